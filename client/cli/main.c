@@ -1,0 +1,153 @@
+/* sluice: the command-line client. */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct command {
+    const char *name;
+    int (*run)(sl_cli *cli, int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"health", cmd_health, "check the daemon's health (grpc.health.v1)"},
+    {"info", cmd_info, "show the daemon's version, uptime, data dir and schema version"},
+};
+
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static void usage(FILE *f)
+{
+    fprintf(f, "Usage: sluice [--addr HOST:PORT] [--json] [--timeout SECONDS] <command> [options]\n"
+               "\n"
+               "Commands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nOptions:\n" SL_CLI_COMMON_HELP "  -V, --version      print the version\n"
+               "\n'sluice <command> --help' describes a command. Exit codes: 0 ok, 1 error, "
+               "2 usage.\n");
+}
+
+int sl_cli_fail(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+
+    fprintf(stderr, "sluice %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return SL_CLI_ERROR;
+}
+
+int sl_cli_bad_opt(const char *cmd, int c, char **argv)
+{
+    const char *opt = argv[optind - 1];
+
+    if (c == ':')
+        fprintf(stderr, "sluice %s: option '%s' needs a value\n", cmd, opt);
+    else
+        fprintf(stderr, "sluice %s: unknown option '%s'\n", cmd, opt);
+    fprintf(stderr, "Try 'sluice %s --help'.\n", cmd);
+    return SL_CLI_USAGE;
+}
+
+int sl_cli_common_opt(sl_cli *cli, const char *cmd, int c, const char *arg)
+{
+    char *end;
+    double s;
+
+    switch (c) {
+    case SL_CLI_OPT_ADDR:
+        if (!*arg) {
+            fprintf(stderr, "sluice %s: --addr must not be empty\n", cmd);
+            return SL_CLI_USAGE;
+        }
+        cli->addr = arg;
+        return 0;
+    case SL_CLI_OPT_JSON:
+        cli->json = 1;
+        return 0;
+    case SL_CLI_OPT_TIMEOUT:
+        errno = 0;
+        s = strtod(arg, &end);
+        if (errno || end == arg || *end || !(s > 0) || s > 86400) {
+            fprintf(stderr, "sluice %s: --timeout '%s' is not a number of seconds in (0, 86400]\n",
+                    cmd, arg);
+            return SL_CLI_USAGE;
+        }
+        cli->timeout_ms = (int64_t)(s * 1000.0);
+        if (cli->timeout_ms == 0)
+            cli->timeout_ms = 1;
+        return 0;
+    default:
+        return 1;
+    }
+}
+
+void sl_cli_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {SL_CLI_COMMON_OPTS,
+                                         {"version", no_argument, NULL, 'V'},
+                                         {NULL, 0, NULL, 0}};
+    sl_cli cli = {.addr = "127.0.0.1:7700", .json = 0, .timeout_ms = 10000};
+    const char *env = getenv("SLUICE_ADDR");
+    int c, r;
+
+    if (env && *env)
+        cli.addr = env;
+    opterr = 0;
+    /* '+' stops at the subcommand; its options are parsed by the subcommand. */
+    while ((c = getopt_long(argc, argv, "+:hV", opts, NULL)) != -1) {
+        if (c == 'h') {
+            usage(stdout);
+            return SL_CLI_OK;
+        }
+        if (c == 'V') {
+            printf("sluice %s\n", SLUICE_VERSION);
+            return SL_CLI_OK;
+        }
+        if (c == '?' || c == ':') {
+            const char *opt = argv[optind - 1];
+            fprintf(stderr, c == ':' ? "sluice: option '%s' needs a value\n"
+                                     : "sluice: unknown option '%s'\n",
+                    opt);
+            fprintf(stderr, "Try 'sluice --help'.\n");
+            return SL_CLI_USAGE;
+        }
+        r = sl_cli_common_opt(&cli, "", c, optarg);
+        if (r)
+            return SL_CLI_USAGE;
+    }
+    if (optind >= argc) {
+        usage(stderr);
+        return SL_CLI_USAGE;
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        if (strcmp(argv[optind], commands[i].name) == 0) {
+            int sub_argc = argc - optind;
+            char **sub_argv = argv + optind;
+            optind = 1;
+            return commands[i].run(&cli, sub_argc, sub_argv);
+        }
+    }
+    fprintf(stderr, "sluice: unknown command '%s'\nTry 'sluice --help'.\n", argv[optind]);
+    return SL_CLI_USAGE;
+}

@@ -1,0 +1,120 @@
+#include "sluice.h"
+
+#include "err.h"
+#include "rpc/client.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "sluice/v1/admin.pb-c.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sl_client {
+    sl_rpc_client *rpc;
+    int64_t timeout_ms;
+};
+
+static _Thread_local char last_error[1100];
+
+static int record(int err, const sl_rpc_status *st)
+{
+    if (err)
+        snprintf(last_error, sizeof(last_error), "%s: %s", sl_rpc_code_name(st->code),
+                 st->message[0] ? st->message : sl_strerror(err));
+    return err;
+}
+
+const char *sl_client_error(void)
+{
+    return last_error;
+}
+
+int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *opts)
+{
+    sl_client *c;
+    int err;
+
+    *out = NULL;
+    if (!addr || !*addr)
+        return SL_EINVAL;
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : 10000;
+    err = sl_rpc_client_new(&c->rpc, addr, NULL);
+    if (err) {
+        free(c);
+        return err;
+    }
+    *out = c;
+    return 0;
+}
+
+void sl_client_close(sl_client *c)
+{
+    if (!c)
+        return;
+    sl_rpc_client_free(c->rpc);
+    free(c);
+}
+
+const char *sl_client_health_name(sl_client_health_status status)
+{
+    switch (status) {
+    case SL_CLIENT_HEALTH_SERVING:
+        return "SERVING";
+    case SL_CLIENT_HEALTH_NOT_SERVING:
+        return "NOT_SERVING";
+    case SL_CLIENT_HEALTH_SERVICE_UNKNOWN:
+        return "SERVICE_UNKNOWN";
+    default:
+        return "UNKNOWN";
+    }
+}
+
+int sl_client_health(sl_client *c, const char *service, sl_client_health_status *status)
+{
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    Grpc__Health__V1__HealthCheckResponse *resp = NULL;
+    sl_rpc_status st;
+    int err;
+
+    req.service = (char *)(service ? service : "");
+    err = sl_rpc_client_unary(c->rpc, "/grpc.health.v1.Health/Check", &req.base,
+                              &grpc__health__v1__health_check_response__descriptor,
+                              (ProtobufCMessage **)&resp, c->timeout_ms, &st);
+    if (err)
+        return record(err, &st);
+    *status = (sl_client_health_status)resp->status;
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+static void copy_str(char *dst, size_t len, const char *src)
+{
+    snprintf(dst, len, "%s", src ? src : "");
+}
+
+int sl_client_info(sl_client *c, sl_info *info)
+{
+    Sluice__V1__GetInfoRequest req = SLUICE__V1__GET_INFO_REQUEST__INIT;
+    Sluice__V1__GetInfoResponse *resp = NULL;
+    sl_rpc_status st;
+    int err;
+
+    err = sl_rpc_client_unary(c->rpc, "/sluice.v1.Admin/GetInfo", &req.base,
+                              &sluice__v1__get_info_response__descriptor,
+                              (ProtobufCMessage **)&resp, c->timeout_ms, &st);
+    if (err)
+        return record(err, &st);
+    memset(info, 0, sizeof(*info));
+    copy_str(info->version, sizeof(info->version), resp->version);
+    info->uptime_ms = resp->uptime_ms;
+    copy_str(info->data_dir, sizeof(info->data_dir), resp->data_dir);
+    info->schema_version = resp->schema_version;
+    info->pid = resp->pid;
+    copy_str(info->listen, sizeof(info->listen), resp->listen);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}

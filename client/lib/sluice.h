@@ -1,0 +1,55 @@
+/* libsluice: the C client of the sluice daemon.
+ *
+ * A client holds one gRPC channel; it is thread-safe except for sl_client_error, which reports
+ * the last failure of the calling thread's most recent call.
+ */
+#ifndef SLUICE_H
+#define SLUICE_H
+
+#include <stdint.h>
+
+typedef struct sl_client sl_client;
+
+typedef struct sl_client_opts {
+    int64_t timeout_ms; /* per-call deadline; 0 means 10 s, < 0 means none */
+} sl_client_opts;
+
+/* Health of a service as grpc.health.v1 reports it. */
+typedef enum sl_client_health_status {
+    SL_CLIENT_HEALTH_UNKNOWN = 0,
+    SL_CLIENT_HEALTH_SERVING = 1,
+    SL_CLIENT_HEALTH_NOT_SERVING = 2,
+    SL_CLIENT_HEALTH_SERVICE_UNKNOWN = 3,
+} sl_client_health_status;
+
+typedef struct sl_info {
+    char version[64];
+    uint64_t uptime_ms;
+    char data_dir[4096];
+    uint32_t schema_version;
+    uint64_t pid;
+    char listen[300];
+} sl_info;
+
+/* Create a client for the daemon at `addr` ("host:port"); connects lazily. opts may be NULL.
+ * Returns 0 and *out (free with sl_client_close), SL_EINVAL for an empty address. */
+int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *opts);
+
+/* Close the client. Accepts NULL. */
+void sl_client_close(sl_client *c);
+
+/* The status code name and message of this thread's last failed call ("UNAVAILABLE: failed to
+ * connect to all addresses"). Thread-local static buffer. */
+const char *sl_client_error(void);
+
+/* grpc.health.v1 Check of `service` ("" for the whole daemon). Returns 0 and *status, or a
+ * negative sluice error (SL_ENOTFOUND for a service the daemon does not know). */
+int sl_client_health(sl_client *c, const char *service, sl_client_health_status *status);
+
+/* Name of a health status ("SERVING"). Static string. */
+const char *sl_client_health_name(sl_client_health_status status);
+
+/* Admin.GetInfo. Returns 0 and *info, or a negative sluice error. */
+int sl_client_info(sl_client *c, sl_info *info);
+
+#endif

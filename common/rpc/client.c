@@ -1,0 +1,325 @@
+/* Blocking client calls: each call gets its own pluck completion queue, and every operation is
+ * a batch followed by a pluck of its tag. The final status operation is started when a stream
+ * opens and plucked by sl_rpc_stream_finish (or on free). */
+#include "client.h"
+
+#include "internal.h"
+#include "../err.h"
+
+#include <errno.h>
+#include <grpc/support/alloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sl_rpc_client {
+    grpc_channel *ch;
+};
+
+struct sl_rpc_stream {
+    grpc_completion_queue *cq;
+    grpc_call *call;
+    grpc_metadata_array init_md;
+    grpc_metadata_array trailing;
+    grpc_status_code status;
+    grpc_slice details;
+    const char *error_string;
+    int got_init_md;
+    int status_plucked;
+    /* Distinct addresses serve as tags. */
+    char t_md, t_write, t_read, t_close, t_status;
+};
+
+int sl_rpc_client_new(sl_rpc_client **out, const char *target, const sl_rpc_client_opts *opts)
+{
+    sl_rpc_client *c;
+    grpc_channel_credentials *creds;
+    grpc_arg args[2];
+    grpc_channel_args chargs;
+
+    *out = NULL;
+    if (!target || !*target)
+        return SL_EINVAL;
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    grpc_init();
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = opts && opts->max_recv_bytes > 0 ? opts->max_recv_bytes : 64 << 20;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = opts && opts->max_send_bytes > 0 ? opts->max_send_bytes : -1;
+    chargs.num_args = 2;
+    chargs.args = args;
+    creds = grpc_insecure_credentials_create();
+    c->ch = grpc_channel_create(target, creds, &chargs);
+    grpc_channel_credentials_release(creds);
+    *out = c;
+    return 0;
+}
+
+void sl_rpc_client_free(sl_rpc_client *c)
+{
+    if (!c)
+        return;
+    grpc_channel_destroy(c->ch);
+    free(c);
+    grpc_shutdown_blocking();
+}
+
+static void drain_and_destroy(grpc_completion_queue *cq)
+{
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(cq);
+}
+
+static int pluck(grpc_completion_queue *cq, void *t)
+{
+    grpc_event ev = grpc_completion_queue_pluck(cq, t, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    return ev.type == GRPC_OP_COMPLETE && ev.success;
+}
+
+static grpc_call *create_call(sl_rpc_client *c, grpc_completion_queue *cq, const char *method,
+                              int64_t timeout_ms)
+{
+    grpc_slice m = grpc_slice_from_copied_string(method);
+    grpc_call *call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
+                                               sl_rpc_deadline(timeout_ms), NULL);
+    grpc_slice_unref(m);
+    return call;
+}
+
+static int fill_status(sl_rpc_status *st, grpc_status_code code, grpc_slice details)
+{
+    if (st) {
+        st->code = (sl_rpc_code)code;
+        sl_rpc_slice_copy(st->message, sizeof(st->message), details);
+    }
+    return sl_rpc_err_from_code((sl_rpc_code)code);
+}
+
+/* One unary exchange with an already-serialized request; on OK, *resp_bb holds the response. */
+static int unary_bb(sl_rpc_client *c, const char *method, grpc_byte_buffer *req,
+                    grpc_byte_buffer **resp_bb, int64_t timeout_ms, sl_rpc_status *st)
+{
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_call *call = create_call(c, cq, method, timeout_ms);
+    grpc_metadata_array init_md, trailing;
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    const char *error_string = NULL;
+    grpc_op ops[6];
+    char t;
+    int err;
+
+    grpc_metadata_array_init(&init_md);
+    grpc_metadata_array_init(&trailing);
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = req;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = resp_bb;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trailing;
+    ops[5].data.recv_status_on_client.status = &status;
+    ops[5].data.recv_status_on_client.status_details = &details;
+    ops[5].data.recv_status_on_client.error_string = &error_string;
+    if (grpc_call_start_batch(call, ops, 6, &t, NULL) != GRPC_CALL_OK) {
+        status = GRPC_STATUS_INTERNAL;
+        details = grpc_slice_from_static_string("could not start the call");
+    } else {
+        pluck(cq, &t);
+    }
+    err = fill_status(st, status, details);
+    grpc_slice_unref(details);
+    gpr_free((void *)error_string);
+    grpc_metadata_array_destroy(&init_md);
+    grpc_metadata_array_destroy(&trailing);
+    grpc_call_unref(call);
+    drain_and_destroy(cq);
+    return err;
+}
+
+int sl_rpc_client_unary(sl_rpc_client *c, const char *method, const ProtobufCMessage *req,
+                        const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+                        int64_t timeout_ms, sl_rpc_status *st)
+{
+    grpc_byte_buffer *req_bb = sl_rpc_pack(req);
+    grpc_byte_buffer *resp_bb = NULL;
+    int err;
+
+    *resp = NULL;
+    err = unary_bb(c, method, req_bb, &resp_bb, timeout_ms, st);
+    grpc_byte_buffer_destroy(req_bb);
+    if (err == 0) {
+        *resp = sl_rpc_unpack(resp_desc, resp_bb);
+        if (!*resp) {
+            err = SL_EPROTO;
+            if (st) {
+                st->code = SL_RPC_INTERNAL;
+                snprintf(st->message, sizeof(st->message), "response is not a valid %s",
+                         resp_desc->name);
+            }
+        }
+    }
+    if (resp_bb)
+        grpc_byte_buffer_destroy(resp_bb);
+    return err;
+}
+
+int sl_rpc_client_unary_raw(sl_rpc_client *c, const char *method, const void *buf, size_t len,
+                            int64_t timeout_ms, sl_rpc_status *st)
+{
+    grpc_byte_buffer *req_bb = sl_rpc_pack_raw(buf, len);
+    grpc_byte_buffer *resp_bb = NULL;
+    int err = unary_bb(c, method, req_bb, &resp_bb, timeout_ms, st);
+
+    grpc_byte_buffer_destroy(req_bb);
+    if (resp_bb)
+        grpc_byte_buffer_destroy(resp_bb);
+    return err;
+}
+
+int sl_rpc_stream_open(sl_rpc_stream **out, sl_rpc_client *c, const char *method,
+                       int64_t timeout_ms)
+{
+    sl_rpc_stream *s = calloc(1, sizeof(*s));
+    grpc_op op;
+
+    *out = NULL;
+    if (!s)
+        return -ENOMEM;
+    s->cq = grpc_completion_queue_create_for_pluck(NULL);
+    s->call = create_call(c, s->cq, method, timeout_ms);
+    s->details = grpc_empty_slice();
+    s->status = GRPC_STATUS_UNKNOWN;
+    grpc_metadata_array_init(&s->init_md);
+    grpc_metadata_array_init(&s->trailing);
+
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op.data.recv_status_on_client.trailing_metadata = &s->trailing;
+    op.data.recv_status_on_client.status = &s->status;
+    op.data.recv_status_on_client.status_details = &s->details;
+    op.data.recv_status_on_client.error_string = &s->error_string;
+    if (grpc_call_start_batch(s->call, &op, 1, &s->t_status, NULL) != GRPC_CALL_OK) {
+        s->status_plucked = 1;
+        sl_rpc_stream_free(s);
+        return SL_ERPC;
+    }
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (grpc_call_start_batch(s->call, &op, 1, &s->t_md, NULL) != GRPC_CALL_OK ||
+        !pluck(s->cq, &s->t_md)) {
+        /* The failure shows in the status; keep the stream so finish can report it. */
+    }
+    *out = s;
+    return 0;
+}
+
+static int write_bb(sl_rpc_stream *s, grpc_byte_buffer *bb, int flags)
+{
+    grpc_op op;
+    int ok = 0;
+
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_MESSAGE;
+    op.data.send_message.send_message = bb;
+    op.flags = (flags & SL_RPC_SEND_MORE) ? GRPC_WRITE_BUFFER_HINT : 0;
+    if (grpc_call_start_batch(s->call, &op, 1, &s->t_write, NULL) == GRPC_CALL_OK)
+        ok = pluck(s->cq, &s->t_write);
+    grpc_byte_buffer_destroy(bb);
+    return ok ? 0 : SL_ERPC;
+}
+
+int sl_rpc_stream_write(sl_rpc_stream *s, const ProtobufCMessage *msg, int flags)
+{
+    return write_bb(s, sl_rpc_pack(msg), flags);
+}
+
+int sl_rpc_stream_write_raw(sl_rpc_stream *s, const void *buf, size_t len, int flags)
+{
+    return write_bb(s, sl_rpc_pack_raw(buf, len), flags);
+}
+
+int sl_rpc_stream_close_send(sl_rpc_stream *s)
+{
+    grpc_op op;
+
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    if (grpc_call_start_batch(s->call, &op, 1, &s->t_close, NULL) != GRPC_CALL_OK)
+        return SL_ERPC;
+    return pluck(s->cq, &s->t_close) ? 0 : SL_ERPC;
+}
+
+int sl_rpc_stream_read(sl_rpc_stream *s, const ProtobufCMessageDescriptor *desc,
+                       ProtobufCMessage **msg)
+{
+    grpc_byte_buffer *bb = NULL;
+    grpc_op ops[2];
+    size_t n = 0;
+
+    *msg = NULL;
+    memset(ops, 0, sizeof(ops));
+    if (!s->got_init_md) {
+        ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+        ops[n].data.recv_initial_metadata.recv_initial_metadata = &s->init_md;
+        n++;
+        s->got_init_md = 1;
+    }
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n].data.recv_message.recv_message = &bb;
+    n++;
+    if (grpc_call_start_batch(s->call, ops, n, &s->t_read, NULL) != GRPC_CALL_OK)
+        return SL_ERPC;
+    if (!pluck(s->cq, &s->t_read)) {
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        return SL_ERPC;
+    }
+    if (!bb)
+        return 0;
+    *msg = sl_rpc_unpack(desc, bb);
+    grpc_byte_buffer_destroy(bb);
+    return *msg ? 1 : SL_EPROTO;
+}
+
+int sl_rpc_stream_finish(sl_rpc_stream *s, sl_rpc_status *st)
+{
+    if (!s->status_plucked) {
+        pluck(s->cq, &s->t_status);
+        s->status_plucked = 1;
+    }
+    return fill_status(st, s->status, s->details);
+}
+
+void sl_rpc_stream_cancel(sl_rpc_stream *s)
+{
+    grpc_call_cancel(s->call, NULL);
+}
+
+void sl_rpc_stream_free(sl_rpc_stream *s)
+{
+    if (!s)
+        return;
+    if (!s->status_plucked) {
+        grpc_call_cancel(s->call, NULL);
+        pluck(s->cq, &s->t_status);
+    }
+    grpc_call_unref(s->call);
+    drain_and_destroy(s->cq);
+    grpc_slice_unref(s->details);
+    gpr_free((void *)s->error_string);
+    grpc_metadata_array_destroy(&s->init_md);
+    grpc_metadata_array_destroy(&s->trailing);
+    free(s);
+}

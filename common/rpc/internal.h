@@ -1,0 +1,30 @@
+/* Glue between protobuf-c and grpc_byte_buffer, shared by server.c and client.c.
+ * Private to common/rpc/. */
+#ifndef SL_RPC_INTERNAL_H
+#define SL_RPC_INTERNAL_H
+
+#include "rpc.h"
+
+#include <grpc/byte_buffer.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <protobuf-c/protobuf-c.h>
+
+/* Serialize a message into a new byte buffer (caller destroys it), or NULL on allocation
+ * failure. */
+grpc_byte_buffer *sl_rpc_pack(const ProtobufCMessage *msg);
+
+/* Byte buffer holding a copy of raw bytes (caller destroys it). */
+grpc_byte_buffer *sl_rpc_pack_raw(const void *buf, size_t len);
+
+/* Decode a byte buffer, or NULL if the bytes are not a valid message of `desc`. The caller frees
+ * the result with protobuf_c_message_free_unpacked. */
+ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb);
+
+/* Deadline `timeout_ms` from now; <= 0 means none. */
+gpr_timespec sl_rpc_deadline(int64_t timeout_ms);
+
+/* Copy a slice into a NUL-terminated buffer, cut to fit. */
+void sl_rpc_slice_copy(char *dst, size_t len, grpc_slice s);
+
+#endif

@@ -1,0 +1,904 @@
+/* The RPC server: gRPC C core completion queue -> threads -> queue -> libuv loop -> handlers.
+ *
+ * Every completion carries a tag that names what finished: a request slot (a new call arrived),
+ * or one of a call's three operation kinds (send, receive, close). Completion-queue threads only
+ * forward (tag, ok) pairs to the loop; all state below is touched on the loop thread only, so the
+ * reference counts need no atomics.
+ *
+ * A call's state lives until (a) its RECV_CLOSE_ON_SERVER operation completed, (b) no send or
+ * receive batch is outstanding and (c) no handler holds a reference. The close operation is how a
+ * client's cancellation is learned, so it is started as soon as the call arrives.
+ */
+#include "server.h"
+
+#include "internal.h"
+#include "../err.h"
+#include "../log.h"
+
+#include <errno.h>
+#include <grpc/support/alloc.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum tag_kind { TAG_SLOT, TAG_SEND, TAG_RECV, TAG_CLOSE, TAG_SHUTDOWN };
+
+typedef struct tag {
+    enum tag_kind kind;
+    void *ptr;
+} tag;
+
+/* A registered method: the handler table entry and the C core's handle for it. */
+typedef struct reg {
+    const sl_rpc_service *svc;
+    const sl_rpc_method *m;
+    char *path;
+    void *handle;
+} reg;
+
+/* An armed request: waits for the next call of one registered method (reg != NULL) or of any
+ * method nobody registered (reg == NULL, answered UNIMPLEMENTED). */
+typedef struct slot {
+    tag tag;
+    sl_rpc_server *srv;
+    const reg *reg;
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_metadata_array md;
+    grpc_byte_buffer *payload;
+    grpc_call_details details;
+} slot;
+
+typedef struct event {
+    tag *tag; /* NULL: a completion-queue thread has exited */
+    int ok;
+} event;
+
+struct sl_rpc_call {
+    sl_rpc_server *srv;
+    const reg *reg; /* NULL for an unknown method */
+    grpc_call *call;
+    grpc_metadata_array md;
+    char *path;
+    char *peer;
+    uint64_t start_us;
+    int refs;
+    unsigned send_busy : 1, recv_busy : 1, finished : 1, done : 1, status_pending : 1,
+        sent_md : 1, has_details : 1;
+    int close_cancelled;
+    tag tag_send, tag_recv, tag_close;
+    grpc_byte_buffer *send_buf;
+    grpc_byte_buffer *recv_buf;
+    sl_rpc_code status_code;
+    grpc_slice status_details;
+    void *data;
+    void (*data_free)(void *);
+};
+
+struct sl_rpc_server {
+    uv_loop_t *loop;
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    sl_rpc_server_opts opts;
+    const sl_rpc_service *const *services;
+    size_t n_services;
+    reg *regs;
+    size_t n_regs;
+    slot *slots;
+    size_t n_slots;
+    int port;
+
+    /* Hand-off from completion-queue threads to the loop. */
+    pthread_mutex_t mu;
+    event *q;
+    size_t q_len, q_cap;
+    event *work;
+    size_t work_cap;
+    uv_async_t async;
+
+    pthread_t *threads;
+    int n_threads;
+    int threads_exited;
+
+    size_t live_calls;
+    int shutting_down;
+    int shutdown_seen;
+    int cq_shut;
+    int torn_down;
+    int handles_open;
+    uv_timer_t grace;
+    tag shutdown_tag;
+    void (*done)(void *);
+    void *done_arg;
+};
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* ---- completion-queue threads ---- */
+
+static void push_event(sl_rpc_server *srv, tag *t, int ok)
+{
+    pthread_mutex_lock(&srv->mu);
+    if (srv->q_len == srv->q_cap) {
+        size_t cap = srv->q_cap ? srv->q_cap * 2 : 256;
+        event *q = realloc(srv->q, cap * sizeof(*q));
+        if (!q) {
+            /* Losing a completion would leak a call forever; there is no way to continue. */
+            sl_log_error("rpc_queue_oom", "capacity=%zu", cap);
+            abort();
+        }
+        srv->q = q;
+        srv->q_cap = cap;
+    }
+    srv->q[srv->q_len].tag = t;
+    srv->q[srv->q_len].ok = ok;
+    srv->q_len++;
+    pthread_mutex_unlock(&srv->mu);
+    uv_async_send(&srv->async);
+}
+
+static void *cq_thread(void *arg)
+{
+    sl_rpc_server *srv = arg;
+
+    for (;;) {
+        grpc_event ev =
+            grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type == GRPC_OP_COMPLETE)
+            push_event(srv, ev.tag, ev.success);
+    }
+    push_event(srv, NULL, 0);
+    return NULL;
+}
+
+/* ---- call lifecycle (loop thread) ---- */
+
+static void maybe_finish_shutdown(sl_rpc_server *srv);
+
+static void call_free(sl_rpc_call *c)
+{
+    sl_rpc_server *srv = c->srv;
+
+    if (c->data_free)
+        c->data_free(c->data);
+    if (c->call)
+        grpc_call_unref(c->call);
+    grpc_metadata_array_destroy(&c->md);
+    if (c->send_buf)
+        grpc_byte_buffer_destroy(c->send_buf);
+    if (c->recv_buf)
+        grpc_byte_buffer_destroy(c->recv_buf);
+    if (c->has_details)
+        grpc_slice_unref(c->status_details);
+    free(c->path);
+    free(c->peer);
+    free(c);
+    srv->live_calls--;
+    maybe_finish_shutdown(srv);
+}
+
+void sl_rpc_call_ref(sl_rpc_call *call)
+{
+    call->refs++;
+}
+
+void sl_rpc_call_unref(sl_rpc_call *call)
+{
+    if (call && --call->refs == 0)
+        call_free(call);
+}
+
+/* Start a batch on the call's send path: initial metadata if not yet sent, then the message
+ * (may be NULL), then the status (if with_status). Takes ownership of bb. */
+static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int flags, int with_status)
+{
+    grpc_op ops[3];
+    size_t n = 0;
+    grpc_call_error e;
+
+    memset(ops, 0, sizeof(ops));
+    if (!c->sent_md) {
+        ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[n].data.send_initial_metadata.count = 0;
+        n++;
+    }
+    if (bb) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = bb;
+        ops[n].flags = (flags & SL_RPC_SEND_MORE) ? GRPC_WRITE_BUFFER_HINT : 0;
+        n++;
+    }
+    if (with_status) {
+        ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[n].data.send_status_from_server.trailing_metadata_count = 0;
+        ops[n].data.send_status_from_server.status = (grpc_status_code)c->status_code;
+        ops[n].data.send_status_from_server.status_details =
+            c->has_details ? &c->status_details : NULL;
+        n++;
+    }
+    c->send_buf = bb;
+    c->send_busy = 1;
+    c->refs++;
+    e = grpc_call_start_batch(c->call, ops, n, &c->tag_send, NULL);
+    if (e != GRPC_CALL_OK) {
+        sl_log_warn("rpc_start_batch_failed", "method=%s error=%d", c->path, (int)e);
+        c->send_busy = 0;
+        c->send_buf = NULL;
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        c->refs--;
+        return SL_ERPC;
+    }
+    c->sent_md = 1;
+    return 0;
+}
+
+static void set_status(sl_rpc_call *c, sl_rpc_code code, const char *msg)
+{
+    c->status_code = code;
+    if (c->has_details)
+        grpc_slice_unref(c->status_details);
+    c->has_details = msg && *msg;
+    if (c->has_details)
+        c->status_details = grpc_slice_from_copied_string(msg);
+    c->finished = 1;
+}
+
+static int call_finish_msg(sl_rpc_call *c, sl_rpc_code code, const char *msg)
+{
+    if (c->done)
+        return SL_ECANCELLED;
+    if (c->finished)
+        return SL_ESTATE;
+    set_status(c, code, msg);
+    if (c->send_busy) {
+        c->status_pending = 1;
+        return 0;
+    }
+    return start_send(c, NULL, 0, 1);
+}
+
+int sl_rpc_call_finish(sl_rpc_call *call, sl_rpc_code code, const char *fmt, ...)
+{
+    char msg[1024] = "";
+    va_list ap;
+
+    if (fmt) {
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+    }
+    return call_finish_msg(call, code, msg);
+}
+
+int sl_rpc_call_fail(sl_rpc_call *call, int err, const char *fmt, ...)
+{
+    char msg[1024] = "";
+    va_list ap;
+
+    if (fmt) {
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+    }
+    return call_finish_msg(call, sl_rpc_code_from_err(err), msg);
+}
+
+static int check_sendable(sl_rpc_call *c)
+{
+    if (c->done)
+        return SL_ECANCELLED;
+    if (c->finished || c->send_busy)
+        return SL_ESTATE;
+    return 0;
+}
+
+static grpc_byte_buffer *pack_limited(sl_rpc_call *c, const ProtobufCMessage *msg, int *err)
+{
+    int max = c->srv->opts.max_send_bytes;
+
+    if (max > 0 && protobuf_c_message_get_packed_size(msg) > (size_t)max) {
+        *err = SL_ELIMIT;
+        return NULL;
+    }
+    *err = 0;
+    return sl_rpc_pack(msg);
+}
+
+int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg, int flags)
+{
+    grpc_byte_buffer *bb;
+    int err = check_sendable(call);
+
+    if (err)
+        return err;
+    bb = pack_limited(call, msg, &err);
+    if (!bb)
+        return err ? err : -ENOMEM;
+    return start_send(call, bb, flags, 0);
+}
+
+int sl_rpc_call_reply(sl_rpc_call *call, const ProtobufCMessage *msg)
+{
+    grpc_byte_buffer *bb;
+    int err = check_sendable(call);
+
+    if (err)
+        return err;
+    bb = pack_limited(call, msg, &err);
+    if (!bb) {
+        return call_finish_msg(call, SL_RPC_RESOURCE_EXHAUSTED,
+                               "response exceeds the send limit");
+    }
+    set_status(call, SL_RPC_OK, NULL);
+    return start_send(call, bb, 0, 1);
+}
+
+int sl_rpc_call_read(sl_rpc_call *call)
+{
+    grpc_op op;
+    grpc_call_error e;
+
+    if (call->done)
+        return SL_ECANCELLED;
+    if (call->finished || call->recv_busy || !call->reg ||
+        (call->reg->m->kind != SL_RPC_CLIENT_STREAM && call->reg->m->kind != SL_RPC_BIDI_STREAM))
+        return SL_ESTATE;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &call->recv_buf;
+    call->recv_busy = 1;
+    call->refs++;
+    e = grpc_call_start_batch(call->call, &op, 1, &call->tag_recv, NULL);
+    if (e != GRPC_CALL_OK) {
+        call->recv_busy = 0;
+        call->refs--;
+        return SL_ERPC;
+    }
+    return 0;
+}
+
+void sl_rpc_call_set_data(sl_rpc_call *call, void *data, void (*free_fn)(void *))
+{
+    call->data = data;
+    call->data_free = free_fn;
+}
+
+void *sl_rpc_call_data(const sl_rpc_call *call)
+{
+    return call->data;
+}
+
+int sl_rpc_call_is_done(const sl_rpc_call *call)
+{
+    return call->done || call->finished;
+}
+
+const char *sl_rpc_call_method(const sl_rpc_call *call)
+{
+    return call->path;
+}
+
+const char *sl_rpc_call_peer(const sl_rpc_call *call)
+{
+    return call->peer ? call->peer : "unknown";
+}
+
+int sl_rpc_call_metadata(const sl_rpc_call *call, const char *key, char *buf, size_t len)
+{
+    size_t klen = strlen(key);
+
+    for (size_t i = 0; i < call->md.count; i++) {
+        const grpc_metadata *m = &call->md.metadata[i];
+        size_t vlen = GRPC_SLICE_LENGTH(m->value);
+        if (GRPC_SLICE_LENGTH(m->key) != klen ||
+            memcmp(GRPC_SLICE_START_PTR(m->key), key, klen) != 0)
+            continue;
+        if (vlen >= len)
+            return SL_ELIMIT;
+        memcpy(buf, GRPC_SLICE_START_PTR(m->value), vlen);
+        buf[vlen] = '\0';
+        return (int)vlen;
+    }
+    return SL_ENOTFOUND;
+}
+
+/* ---- completions (loop thread) ---- */
+
+static void on_send_done(sl_rpc_call *c, int ok)
+{
+    c->send_busy = 0;
+    if (c->send_buf) {
+        grpc_byte_buffer_destroy(c->send_buf);
+        c->send_buf = NULL;
+    }
+    if (c->status_pending) {
+        c->status_pending = 0;
+        if (ok && !c->done)
+            start_send(c, NULL, 0, 1);
+    } else if (ok && !c->finished && !c->done && c->reg && c->reg->m->on_writable) {
+        c->reg->m->on_writable(c, c->reg->svc->arg);
+    }
+    sl_rpc_call_unref(c);
+}
+
+static void on_recv_done(sl_rpc_call *c, int ok)
+{
+    grpc_byte_buffer *bb = c->recv_buf;
+    const sl_rpc_method *m = c->reg->m;
+
+    c->recv_buf = NULL;
+    c->recv_busy = 0;
+    if (!ok || c->finished || c->done) {
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+    } else if (!bb) {
+        m->on_message(c, NULL, c->reg->svc->arg);
+    } else {
+        ProtobufCMessage *msg = sl_rpc_unpack(m->request, bb);
+        grpc_byte_buffer_destroy(bb);
+        if (!msg) {
+            sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "message is not a valid %s",
+                               m->request->name);
+        } else {
+            m->on_message(c, msg, c->reg->svc->arg);
+            protobuf_c_message_free_unpacked(msg, NULL);
+        }
+    }
+    sl_rpc_call_unref(c);
+}
+
+static void on_close_done(sl_rpc_call *c)
+{
+    sl_rpc_server *srv = c->srv;
+    int handler_finished = c->finished;
+    sl_rpc_code code;
+
+    c->done = 1;
+    code = (!handler_finished || c->close_cancelled) ? SL_RPC_CANCELLED : c->status_code;
+    if (!handler_finished) {
+        c->finished = 1;
+        if (c->reg && c->reg->m->on_cancel)
+            c->reg->m->on_cancel(c, c->reg->svc->arg);
+    }
+    if (srv->opts.observer)
+        srv->opts.observer(c->path, sl_rpc_call_peer(c), code, now_us() - c->start_us,
+                           srv->opts.observer_arg);
+    sl_rpc_call_unref(c);
+}
+
+static void arm_slot(slot *s);
+
+static sl_rpc_call *call_from_slot(slot *s)
+{
+    sl_rpc_server *srv = s->srv;
+    sl_rpc_call *c = calloc(1, sizeof(*c));
+    char *peer;
+    grpc_op op;
+
+    if (!c) {
+        grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory",
+                                     NULL);
+        grpc_call_unref(s->call);
+        grpc_metadata_array_destroy(&s->md);
+        return NULL;
+    }
+    c->srv = srv;
+    c->reg = s->reg;
+    c->call = s->call;
+    c->md = s->md;
+    c->start_us = now_us();
+    c->tag_send = (tag){TAG_SEND, c};
+    c->tag_recv = (tag){TAG_RECV, c};
+    c->tag_close = (tag){TAG_CLOSE, c};
+    if (s->reg) {
+        c->path = strdup(s->reg->path);
+    } else {
+        size_t n = GRPC_SLICE_LENGTH(s->details.method);
+        c->path = malloc(n + 1);
+        if (c->path)
+            sl_rpc_slice_copy(c->path, n + 1, s->details.method);
+    }
+    peer = grpc_call_get_peer(c->call);
+    c->peer = peer ? strdup(peer) : NULL;
+    gpr_free(peer);
+    srv->live_calls++;
+
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->close_cancelled;
+    c->refs = 1;
+    if (grpc_call_start_batch(c->call, &op, 1, &c->tag_close, NULL) != GRPC_CALL_OK) {
+        c->refs = 0;
+        call_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
+{
+    const sl_rpc_method *m;
+    ProtobufCMessage *req;
+
+    if (!c->path) {
+        sl_rpc_call_finish(c, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    if (!c->reg) {
+        sl_rpc_call_finish(c, SL_RPC_UNIMPLEMENTED, "unknown method %s", c->path);
+        return;
+    }
+    m = c->reg->m;
+    if (m->kind == SL_RPC_CLIENT_STREAM || m->kind == SL_RPC_BIDI_STREAM) {
+        m->on_start(c, NULL, c->reg->svc->arg);
+        return;
+    }
+    if (!payload) {
+        /* The client half-closed without a request, or cancelled before sending one. */
+        sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "request message missing for %s",
+                           c->path);
+        return;
+    }
+    req = sl_rpc_unpack(m->request, payload);
+    if (!req) {
+        sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "request is not a valid %s message",
+                           m->request->name);
+        return;
+    }
+    m->on_start(c, req, c->reg->svc->arg);
+    protobuf_c_message_free_unpacked(req, NULL);
+}
+
+static void on_slot(slot *s, int ok)
+{
+    sl_rpc_server *srv = s->srv;
+    grpc_byte_buffer *payload = s->payload;
+    sl_rpc_call *c;
+
+    s->payload = NULL;
+    if (!ok) {
+        /* Pending requests complete unsuccessfully when the server shuts down. */
+        if (payload)
+            grpc_byte_buffer_destroy(payload);
+        if (!srv->shutting_down)
+            sl_log_warn("rpc_slot_failed", NULL);
+        return;
+    }
+    c = call_from_slot(s);
+    if (!s->reg) {
+        grpc_call_details_destroy(&s->details);
+        grpc_call_details_init(&s->details);
+    }
+    grpc_metadata_array_init(&s->md);
+    s->call = NULL;
+    if (!srv->shutting_down)
+        arm_slot(s);
+    if (c) {
+        c->refs++;
+        dispatch(c, payload);
+        sl_rpc_call_unref(c);
+    }
+    if (payload)
+        grpc_byte_buffer_destroy(payload);
+}
+
+static void arm_slot(slot *s)
+{
+    sl_rpc_server *srv = s->srv;
+    grpc_call_error e;
+
+    if (s->reg) {
+        int with_payload =
+            s->reg->m->kind == SL_RPC_UNARY || s->reg->m->kind == SL_RPC_SERVER_STREAM;
+        e = grpc_server_request_registered_call(srv->server, s->reg->handle, &s->call,
+                                                &s->deadline, &s->md,
+                                                with_payload ? &s->payload : NULL, srv->cq,
+                                                srv->cq, &s->tag);
+    } else {
+        e = grpc_server_request_call(srv->server, &s->call, &s->details, &s->md, srv->cq,
+                                     srv->cq, &s->tag);
+    }
+    if (e != GRPC_CALL_OK)
+        sl_log_error("rpc_request_call_failed", "error=%d", (int)e);
+}
+
+/* ---- shutdown ---- */
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    sl_rpc_server *srv = h->data;
+
+    if (--srv->handles_open == 0 && srv->done)
+        srv->done(srv->done_arg);
+}
+
+static void teardown(sl_rpc_server *srv)
+{
+    for (int i = 0; i < srv->n_threads; i++)
+        pthread_join(srv->threads[i], NULL);
+    srv->n_threads = 0;
+    grpc_server_destroy(srv->server);
+    srv->server = NULL;
+    grpc_completion_queue_destroy(srv->cq);
+    srv->cq = NULL;
+    srv->torn_down = 1;
+    uv_close((uv_handle_t *)&srv->async, on_handle_closed);
+    uv_close((uv_handle_t *)&srv->grace, on_handle_closed);
+}
+
+static void maybe_finish_shutdown(sl_rpc_server *srv)
+{
+    if (srv->shutdown_seen && srv->live_calls == 0 && !srv->cq_shut) {
+        srv->cq_shut = 1;
+        grpc_completion_queue_shutdown(srv->cq);
+    }
+}
+
+static void on_grace_expired(uv_timer_t *t)
+{
+    sl_rpc_server *srv = t->data;
+
+    sl_log_info("rpc_grace_expired", "cancelling=%zu", srv->live_calls);
+    grpc_server_cancel_all_calls(srv->server);
+}
+
+void sl_rpc_server_shutdown(sl_rpc_server *srv, uint64_t grace_ms, void (*done)(void *arg),
+                            void *arg)
+{
+    if (srv->shutting_down)
+        return;
+    srv->shutting_down = 1;
+    srv->done = done;
+    srv->done_arg = arg;
+    for (size_t i = 0; i < srv->n_services; i++)
+        if (srv->services[i]->on_shutdown)
+            srv->services[i]->on_shutdown(srv->services[i]->arg);
+    grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
+    uv_timer_start(&srv->grace, on_grace_expired, grace_ms, 0);
+}
+
+/* ---- the loop side of the hand-off ---- */
+
+static void on_async(uv_async_t *a)
+{
+    sl_rpc_server *srv = a->data;
+    size_t n;
+
+    for (;;) {
+        pthread_mutex_lock(&srv->mu);
+        n = srv->q_len;
+        if (n > 0) {
+            /* Swap buffers so the threads can keep pushing while we work. */
+            event *tmp = srv->work;
+            size_t cap = srv->work_cap;
+            srv->work = srv->q;
+            srv->work_cap = srv->q_cap;
+            srv->q = tmp;
+            srv->q_cap = cap;
+            srv->q_len = 0;
+        }
+        pthread_mutex_unlock(&srv->mu);
+        if (n == 0)
+            break;
+        for (size_t i = 0; i < n; i++) {
+            tag *t = srv->work[i].tag;
+            int ok = srv->work[i].ok;
+            if (!t) {
+                if (++srv->threads_exited == srv->n_threads)
+                    teardown(srv);
+                continue;
+            }
+            switch (t->kind) {
+            case TAG_SLOT:
+                on_slot(t->ptr, ok);
+                break;
+            case TAG_SEND:
+                on_send_done(t->ptr, ok);
+                break;
+            case TAG_RECV:
+                on_recv_done(t->ptr, ok);
+                break;
+            case TAG_CLOSE:
+                on_close_done(t->ptr);
+                break;
+            case TAG_SHUTDOWN:
+                srv->shutdown_seen = 1;
+                uv_timer_stop(&srv->grace);
+                maybe_finish_shutdown(srv);
+                break;
+            }
+        }
+        if (srv->torn_down)
+            break;
+    }
+}
+
+/* ---- construction ---- */
+
+int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_opts *opts,
+                      const sl_rpc_service *const *services, size_t n_services)
+{
+    sl_rpc_server *srv = NULL;
+    grpc_server_credentials *creds;
+    grpc_arg args[2];
+    grpc_channel_args chargs;
+    size_t n_generic = 4, k = 0;
+    int err = 0, per;
+
+    *out = NULL;
+    if (!opts || !opts->listen || !*opts->listen || opts->max_recv_bytes < 0 ||
+        opts->max_send_bytes < 0 || opts->cq_threads < 0 || opts->slots_per_method < 0)
+        return SL_EINVAL;
+    srv = calloc(1, sizeof(*srv));
+    if (!srv)
+        return -ENOMEM;
+    grpc_init();
+    srv->loop = loop;
+    srv->opts = *opts;
+    srv->opts.listen = NULL;
+    if (srv->opts.cq_threads < 2)
+        srv->opts.cq_threads = 2;
+    if (srv->opts.max_recv_bytes == 0)
+        srv->opts.max_recv_bytes = 4 << 20;
+    per = srv->opts.slots_per_method ? srv->opts.slots_per_method : 16;
+    srv->services = services;
+    srv->n_services = n_services;
+    srv->shutdown_tag = (tag){TAG_SHUTDOWN, srv};
+    pthread_mutex_init(&srv->mu, NULL);
+
+    for (size_t i = 0; i < n_services; i++)
+        srv->n_regs += services[i]->n_methods;
+    srv->regs = calloc(srv->n_regs ? srv->n_regs : 1, sizeof(*srv->regs));
+    srv->n_slots = srv->n_regs * (size_t)per + n_generic;
+    srv->slots = calloc(srv->n_slots, sizeof(*srv->slots));
+    srv->threads = calloc((size_t)srv->opts.cq_threads, sizeof(*srv->threads));
+    if (!srv->regs || !srv->slots || !srv->threads) {
+        err = -ENOMEM;
+        goto out;
+    }
+
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = srv->opts.max_recv_bytes;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = srv->opts.max_send_bytes ? srv->opts.max_send_bytes : -1;
+    chargs.num_args = 2;
+    chargs.args = args;
+    srv->server = grpc_server_create(&chargs, NULL);
+    srv->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
+
+    for (size_t i = 0; i < n_services; i++) {
+        for (size_t j = 0; j < services[i]->n_methods; j++) {
+            const sl_rpc_method *m = &services[i]->methods[j];
+            reg *r = &srv->regs[k++];
+            size_t len = strlen(services[i]->name) + strlen(m->name) + 3;
+            int payload = m->kind == SL_RPC_UNARY || m->kind == SL_RPC_SERVER_STREAM;
+            r->svc = services[i];
+            r->m = m;
+            r->path = malloc(len);
+            if (!r->path) {
+                err = -ENOMEM;
+                goto out;
+            }
+            snprintf(r->path, len, "/%s/%s", services[i]->name, m->name);
+            r->handle = grpc_server_register_method(
+                srv->server, r->path, NULL,
+                payload ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER : GRPC_SRM_PAYLOAD_NONE, 0);
+            if (!r->handle) {
+                sl_log_error("rpc_register_failed", "method=%s", r->path);
+                err = SL_EINVAL;
+                goto out;
+            }
+        }
+    }
+
+    creds = grpc_insecure_server_credentials_create();
+    srv->port = grpc_server_add_http2_port(srv->server, opts->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (srv->port <= 0) {
+        sl_log_error("rpc_bind_failed", "listen=%s", opts->listen);
+        err = SL_EUNAVAILABLE;
+        goto out;
+    }
+
+    if (uv_async_init(loop, &srv->async, on_async) != 0) {
+        err = SL_EINVAL;
+        goto out;
+    }
+    srv->async.data = srv;
+    uv_timer_init(loop, &srv->grace);
+    srv->grace.data = srv;
+    srv->handles_open = 2;
+
+    grpc_server_start(srv->server);
+    k = 0;
+    for (size_t i = 0; i < srv->n_regs; i++) {
+        for (int j = 0; j < per; j++) {
+            slot *s = &srv->slots[k++];
+            s->tag = (tag){TAG_SLOT, s};
+            s->srv = srv;
+            s->reg = &srv->regs[i];
+            grpc_metadata_array_init(&s->md);
+            arm_slot(s);
+        }
+    }
+    for (size_t i = 0; i < n_generic; i++) {
+        slot *s = &srv->slots[k++];
+        s->tag = (tag){TAG_SLOT, s};
+        s->srv = srv;
+        grpc_metadata_array_init(&s->md);
+        grpc_call_details_init(&s->details);
+        arm_slot(s);
+    }
+    for (int i = 0; i < srv->opts.cq_threads; i++) {
+        if (pthread_create(&srv->threads[i], NULL, cq_thread, srv) != 0) {
+            /* The server runs with the threads it has; at least one is needed. */
+            if (i == 0)
+                abort();
+            break;
+        }
+        srv->n_threads++;
+    }
+    *out = srv;
+    return 0;
+
+out:
+    if (srv->server) {
+        grpc_server_destroy(srv->server);
+        grpc_completion_queue_shutdown(srv->cq);
+        while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+                   .type != GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(srv->cq);
+        srv->server = NULL;
+    }
+    sl_rpc_server_free(srv);
+    return err;
+}
+
+int sl_rpc_server_port(const sl_rpc_server *srv)
+{
+    return srv->port;
+}
+
+size_t sl_rpc_server_live_calls(const sl_rpc_server *srv)
+{
+    return srv->live_calls;
+}
+
+void sl_rpc_server_free(sl_rpc_server *srv)
+{
+    if (!srv)
+        return;
+    for (size_t i = 0; srv->slots && i < srv->n_slots; i++) {
+        if (srv->slots[i].srv) {
+            grpc_metadata_array_destroy(&srv->slots[i].md);
+            if (!srv->slots[i].reg)
+                grpc_call_details_destroy(&srv->slots[i].details);
+        }
+    }
+    for (size_t i = 0; srv->regs && i < srv->n_regs; i++)
+        free(srv->regs[i].path);
+    free(srv->regs);
+    free(srv->slots);
+    free(srv->threads);
+    free(srv->q);
+    free(srv->work);
+    pthread_mutex_destroy(&srv->mu);
+    free(srv);
+    grpc_shutdown_blocking();
+}

@@ -1,0 +1,145 @@
+/* A table-driven gRPC server on the gRPC C core and protobuf-c, driven by a libuv loop.
+ *
+ * Services are tables of methods. Handlers run on the loop thread only, receive decoded
+ * protobuf-c messages and answer through the sl_rpc_call API; they never see gRPC types.
+ * Two or more completion-queue threads block in the C core and hand every completion to the loop
+ * (a queue plus uv_async_send), so all call state is owned by the loop thread.
+ *
+ * Per call, at most one send and one read are outstanding: a handler sends the next message
+ * after on_writable and asks for the next incoming message with sl_rpc_call_read(). That is the
+ * flow control: a slow client slows the handler, memory stays flat.
+ */
+#ifndef SL_RPC_SERVER_H
+#define SL_RPC_SERVER_H
+
+#include "rpc.h"
+
+#include <protobuf-c/protobuf-c.h>
+#include <stdint.h>
+#include <uv.h>
+
+typedef struct sl_rpc_server sl_rpc_server;
+typedef struct sl_rpc_call sl_rpc_call;
+
+typedef enum sl_rpc_kind {
+    SL_RPC_UNARY = 0,
+    SL_RPC_SERVER_STREAM = 1,
+    SL_RPC_CLIENT_STREAM = 2,
+    SL_RPC_BIDI_STREAM = 3,
+} sl_rpc_kind;
+
+/* One method of a service. All callbacks run on the loop thread; `svc_arg` is the service's arg. */
+typedef struct sl_rpc_method {
+    const char *name; /* "GetInfo" */
+    sl_rpc_kind kind;
+    const ProtobufCMessageDescriptor *request;
+    const ProtobufCMessageDescriptor *response;
+    /* The call arrived. For unary and server-streaming methods `req` is the decoded request,
+     * owned by the layer and valid only during the callback; for client-streaming and bidi
+     * methods it is NULL and the handler calls sl_rpc_call_read() to receive. Required. */
+    void (*on_start)(sl_rpc_call *call, const ProtobufCMessage *req, void *svc_arg);
+    /* A message asked for with sl_rpc_call_read() arrived (valid only during the callback), or
+     * NULL when the client closed its side. Required for client-streaming and bidi methods. */
+    void (*on_message)(sl_rpc_call *call, const ProtobufCMessage *msg, void *svc_arg);
+    /* The last sl_rpc_call_send() completed; the handler may send again. Optional. */
+    void (*on_writable)(sl_rpc_call *call, void *svc_arg);
+    /* The call ended before the handler finished it (client cancel, deadline, shutdown). Sends
+     * and reads fail from now on. Optional; per-call data is freed when the last reference goes. */
+    void (*on_cancel)(sl_rpc_call *call, void *svc_arg);
+} sl_rpc_method;
+
+typedef struct sl_rpc_service {
+    const char *name; /* fully qualified: "sluice.v1.Admin" */
+    const sl_rpc_method *methods;
+    size_t n_methods;
+    void *arg; /* passed to every callback of this service */
+    /* Called on the loop thread when graceful shutdown starts, so the service can end its
+     * long-lived streams (they would otherwise be cancelled when the grace period ends). */
+    void (*on_shutdown)(void *arg);
+} sl_rpc_service;
+
+/* Observer of finished calls (for logs and metrics), loop thread. `method` is the full path. */
+typedef void (*sl_rpc_call_observer)(const char *method, const char *peer, sl_rpc_code code,
+                                     uint64_t duration_us, void *arg);
+
+typedef struct sl_rpc_server_opts {
+    const char *listen;      /* "host:port"; port 0 picks a free port */
+    int cq_threads;          /* completion-queue threads; 0 means 2, minimum 2 */
+    int max_recv_bytes;      /* largest accepted message; 0 means 4 MiB */
+    int max_send_bytes;      /* largest sent message; 0 means unlimited */
+    int slots_per_method;    /* calls kept armed per method; 0 means 16 */
+    sl_rpc_call_observer observer; /* optional */
+    void *observer_arg;
+} sl_rpc_server_opts;
+
+/* Create a server bound to opts->listen serving `services` (the array and the services must
+ * outlive the server), with completions delivered to `loop`. Starts the completion-queue threads.
+ * Returns 0 and *out, SL_EINVAL for a bad option, or SL_EUNAVAILABLE if the address cannot be
+ * bound. Caller frees with sl_rpc_server_free after shutdown completed. Loop thread. */
+int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_opts *opts,
+                      const sl_rpc_service *const *services, size_t n_services);
+
+/* The port actually bound. Any thread. */
+int sl_rpc_server_port(const sl_rpc_server *srv);
+
+/* Begin graceful shutdown: stop accepting calls, call each service's on_shutdown, let in-flight
+ * calls finish for up to grace_ms, then cancel the rest. `done` runs on the loop thread once every
+ * call is freed and the threads are joined; then sl_rpc_server_free may be called. Loop thread;
+ * a second call is ignored. */
+void sl_rpc_server_shutdown(sl_rpc_server *srv, uint64_t grace_ms, void (*done)(void *arg),
+                            void *arg);
+
+/* Free a server whose shutdown completed (or that never started a call). Accepts NULL. */
+void sl_rpc_server_free(sl_rpc_server *srv);
+
+/* Number of calls whose state is still allocated. Loop thread (tests use it to check that
+ * cancelled calls are freed). */
+size_t sl_rpc_server_live_calls(const sl_rpc_server *srv);
+
+/* ---- The call API for handlers. Loop thread only. ---- */
+
+/* Attach per-call handler state; `free_fn` (may be NULL) runs when the call is freed. */
+void sl_rpc_call_set_data(sl_rpc_call *call, void *data, void (*free_fn)(void *));
+
+/* The per-call state set above, or NULL. */
+void *sl_rpc_call_data(const sl_rpc_call *call);
+
+/* Ask for the next incoming message; it arrives through on_message. Returns 0, SL_ESTATE if a
+ * read is outstanding or the method does not stream requests, SL_ECANCELLED if the call ended. */
+int sl_rpc_call_read(sl_rpc_call *call);
+
+/* Send one response message (streaming methods). on_writable follows when it was written.
+ * Returns 0, SL_ESTATE if a send is outstanding or the call was finished, SL_ECANCELLED if the
+ * call ended, SL_ELIMIT if the message exceeds the send limit. */
+int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg, int flags);
+
+/* Send the response and status OK in one step (unary and client-streaming methods). */
+int sl_rpc_call_reply(sl_rpc_call *call, const ProtobufCMessage *msg);
+
+/* End the call with a status and a printf-style message. If a send is outstanding, the status
+ * follows it. Returns 0, SL_ESTATE if already finished, SL_ECANCELLED if the call ended. */
+int sl_rpc_call_finish(sl_rpc_call *call, sl_rpc_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* sl_rpc_call_finish with the status mapped from a sluice error code. */
+int sl_rpc_call_fail(sl_rpc_call *call, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Keep the call's state alive across asynchronous work (e.g. a worker-pool job). Every ref needs
+ * an unref; the state (and its data) is freed when the last reference goes. */
+void sl_rpc_call_ref(sl_rpc_call *call);
+void sl_rpc_call_unref(sl_rpc_call *call);
+
+/* 1 once the call has ended (finished, cancelled or failed), else 0. */
+int sl_rpc_call_is_done(const sl_rpc_call *call);
+
+/* The full method path ("/sluice.v1.Admin/GetInfo") and the peer ("ipv4:127.0.0.1:5555"). Valid
+ * while the call is. */
+const char *sl_rpc_call_method(const sl_rpc_call *call);
+const char *sl_rpc_call_peer(const sl_rpc_call *call);
+
+/* Copy the value of request metadata `key` (lowercase) into buf, NUL-terminated. Returns its
+ * length, SL_ENOTFOUND if absent, SL_ELIMIT if it does not fit. */
+int sl_rpc_call_metadata(const sl_rpc_call *call, const char *key, char *buf, size_t len);
+
+#endif

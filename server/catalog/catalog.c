@@ -1,0 +1,161 @@
+#include "catalog.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <errno.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct sl_cat {
+    sqlite3 *db;
+    int version;
+};
+
+/* Migration N (1-based) takes the schema from version N-1 to N. Append only: a released
+ * migration is never edited, later changes get a new entry. */
+static const char *const migrations[] = {
+    /* 1: identity of this catalog. */
+    "CREATE TABLE catalog_meta (\n"
+    "  key   TEXT PRIMARY KEY NOT NULL,\n"
+    "  value TEXT NOT NULL\n"
+    ");\n"
+    "INSERT INTO catalog_meta(key, value) VALUES ('created_at', strftime('%Y-%m-%dT%H:%M:%SZ','now'));\n",
+};
+
+#define N_MIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
+
+int sl_cat_latest_version(void)
+{
+    return N_MIGRATIONS;
+}
+
+int sl_cat_schema_version(const sl_cat *cat)
+{
+    return cat->version;
+}
+
+static int exec(sl_cat *cat, const char *sql, const char *what)
+{
+    char *msg = NULL;
+    int rc = sqlite3_exec(cat->db, sql, NULL, NULL, &msg);
+
+    if (rc != SQLITE_OK) {
+        sl_log_error("catalog_error", "op=%s code=%d msg=\"%s\"", what, rc,
+                     msg ? msg : sqlite3_errstr(rc));
+        sqlite3_free(msg);
+        return SL_EDB;
+    }
+    return 0;
+}
+
+static int read_version(sl_cat *cat, int *version)
+{
+    sqlite3_stmt *st = NULL;
+    int rc, err = 0;
+
+    rc = sqlite3_prepare_v2(cat->db, "SELECT version FROM schema_version", -1, &st, NULL);
+    if (rc != SQLITE_OK) {
+        err = SL_EDB;
+        goto out;
+    }
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *version = sqlite3_column_int(st, 0);
+    } else if (rc == SQLITE_DONE) {
+        *version = -1;
+    } else {
+        err = SL_EDB;
+    }
+out:
+    if (err)
+        sl_log_error("catalog_error", "op=read_version msg=\"%s\"", sqlite3_errmsg(cat->db));
+    sqlite3_finalize(st);
+    return err;
+}
+
+static int migrate(sl_cat *cat)
+{
+    char sql[64];
+    int version, err;
+
+    err = exec(cat, "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
+               "create_schema_version");
+    if (err)
+        return err;
+    err = read_version(cat, &version);
+    if (err)
+        return err;
+    if (version < 0) {
+        err = exec(cat, "INSERT INTO schema_version(version) VALUES (0)", "init_version");
+        if (err)
+            return err;
+        version = 0;
+    }
+    if (version > N_MIGRATIONS) {
+        sl_log_error("catalog_too_new", "schema_version=%d supported=%d", version, N_MIGRATIONS);
+        return SL_ESTATE;
+    }
+    while (version < N_MIGRATIONS) {
+        err = exec(cat, "BEGIN IMMEDIATE", "begin");
+        if (err)
+            return err;
+        err = exec(cat, migrations[version], "migrate");
+        if (!err) {
+            snprintf(sql, sizeof(sql), "UPDATE schema_version SET version = %d", version + 1);
+            err = exec(cat, sql, "set_version");
+        }
+        if (err) {
+            exec(cat, "ROLLBACK", "rollback");
+            return err;
+        }
+        err = exec(cat, "COMMIT", "commit");
+        if (err)
+            return err;
+        version++;
+        sl_log_info("catalog_migrated", "schema_version=%d", version);
+    }
+    cat->version = version;
+    return 0;
+}
+
+int sl_cat_open(sl_cat **out, const char *path)
+{
+    sl_cat *cat = calloc(1, sizeof(*cat));
+    int rc, err = 0;
+
+    *out = NULL;
+    if (!cat)
+        return -ENOMEM;
+    rc = sqlite3_open_v2(path, &cat->db,
+                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        sl_log_error("catalog_open_failed", "path=%s msg=\"%s\"", path,
+                     cat->db ? sqlite3_errmsg(cat->db) : sqlite3_errstr(rc));
+        err = SL_EDB;
+        goto out;
+    }
+    sqlite3_busy_timeout(cat->db, 5000);
+    err = exec(cat,
+               "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
+               "pragmas");
+    if (err)
+        goto out;
+    err = migrate(cat);
+out:
+    if (err) {
+        sl_cat_close(cat);
+        return err;
+    }
+    *out = cat;
+    return 0;
+}
+
+void sl_cat_close(sl_cat *cat)
+{
+    if (!cat)
+        return;
+    sqlite3_close(cat->db);
+    free(cat);
+}

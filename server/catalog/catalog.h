@@ -1,0 +1,27 @@
+/* The SQLite catalog: the only code that includes <sqlite3.h>.
+ *
+ * The catalog is one SQLite file in the data dir, in WAL mode with synchronous=FULL, so a
+ * committed row survives a crash. Its schema evolves by numbered migrations, applied in order at
+ * open, each in its own transaction; the schema_version table records how far it got.
+ * A catalog handle belongs to the loop thread.
+ */
+#ifndef SL_CATALOG_H
+#define SL_CATALOG_H
+
+typedef struct sl_cat sl_cat;
+
+/* Open (creating if needed) the catalog at `path` and migrate it to the newest schema.
+ * Returns 0 and *out (close with sl_cat_close), SL_ESTATE if the file was written by a newer
+ * sluiced, SL_EDB for any SQLite failure (logged with SQLite's message). Loop thread. */
+int sl_cat_open(sl_cat **out, const char *path);
+
+/* Close the catalog. Accepts NULL. Loop thread. */
+void sl_cat_close(sl_cat *cat);
+
+/* The schema version after migrations. */
+int sl_cat_schema_version(const sl_cat *cat);
+
+/* The newest schema version this build knows. */
+int sl_cat_latest_version(void);
+
+#endif

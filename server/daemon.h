@@ -1,0 +1,30 @@
+/* The daemon's state, owned by the loop thread. */
+#ifndef SL_DAEMON_H
+#define SL_DAEMON_H
+
+#include "catalog/catalog.h"
+#include "config.h"
+#include "health.h"
+#include "rpc/server.h"
+
+#include <stdint.h>
+#include <uv.h>
+
+typedef struct sl_daemon {
+    sl_config cfg;
+    char data_dir[PATH_MAX]; /* absolute */
+    char listen[300];        /* with the bound port */
+    uv_loop_t loop;
+    sl_cat *cat;
+    sl_health *health;
+    sl_rpc_server *rpc;
+    uint64_t start_ms;
+    int lock_fd;
+    uv_signal_t sigterm, sigint;
+    int stopping;
+} sl_daemon;
+
+/* The Admin service table; its arg is the daemon. */
+const sl_rpc_service *sl_admin_service(sl_daemon *d);
+
+#endif

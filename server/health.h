@@ -1,0 +1,32 @@
+/* grpc.health.v1.Health: Check and Watch, from the system's health.proto.
+ *
+ * Services are registered by name ("" is the whole server). Watch streams get the current status
+ * at once and again on every change; they are ended with UNAVAILABLE when the server shuts down.
+ * Loop thread only.
+ */
+#ifndef SL_HEALTH_H
+#define SL_HEALTH_H
+
+#include "rpc/server.h"
+
+typedef struct sl_health sl_health;
+
+typedef enum sl_health_status {
+    SL_HEALTH_UNKNOWN = 0,
+    SL_HEALTH_SERVING = 1,
+    SL_HEALTH_NOT_SERVING = 2,
+} sl_health_status;
+
+/* Create the health state with `names` (n of them, copied) all NOT_SERVING. Returns 0 or -ENOMEM.
+ * Free with sl_health_free after the RPC server is freed. */
+int sl_health_new(sl_health **out, const char *const *names, size_t n);
+
+void sl_health_free(sl_health *h);
+
+/* Set every registered service's status and notify watchers. */
+void sl_health_set_all(sl_health *h, sl_health_status status);
+
+/* The service table to hand to sl_rpc_server_new; valid while h is. */
+const sl_rpc_service *sl_health_service(sl_health *h);
+
+#endif

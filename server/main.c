@@ -1,0 +1,204 @@
+/* sluiced: parse the configuration, open the data dir and catalog, serve gRPC on a libuv loop
+ * until SIGTERM/SIGINT, then shut down gracefully and exit 0. */
+#include "daemon.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* mkdir -p with mode 0750 for the directories it creates. */
+static int make_dirs(const char *path)
+{
+    char buf[PATH_MAX];
+    size_t len = strlen(path);
+
+    if (len == 0 || len >= sizeof(buf))
+        return -ENAMETOOLONG;
+    memcpy(buf, path, len + 1);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0750) != 0 && errno != EEXIST)
+            return -errno;
+        *p = '/';
+    }
+    if (mkdir(buf, 0750) != 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+/* Create the data dir, resolve it, and take its lock so two daemons never share one. */
+static int open_data_dir(sl_daemon *d)
+{
+    char lock_path[PATH_MAX + 16];
+    int err = make_dirs(d->cfg.data_dir);
+
+    if (err) {
+        sl_log_error("data_dir_failed", "path=%s error=\"%s\"", d->cfg.data_dir, sl_strerror(err));
+        return err;
+    }
+    if (!realpath(d->cfg.data_dir, d->data_dir)) {
+        err = -errno;
+        sl_log_error("data_dir_failed", "path=%s error=\"%s\"", d->cfg.data_dir, sl_strerror(err));
+        return err;
+    }
+    snprintf(lock_path, sizeof(lock_path), "%s/LOCK", d->data_dir);
+    d->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    if (d->lock_fd < 0 || flock(d->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        err = -errno;
+        sl_log_error("data_dir_locked", "path=%s error=\"%s\" hint=\"another sluiced uses it\"",
+                     d->data_dir, sl_strerror(err));
+        return err;
+    }
+    return 0;
+}
+
+/* Write the bound port to the port file atomically, so a script never reads half a number. */
+static int write_port_file(const char *path, int port)
+{
+    char tmp[PATH_MAX + 8];
+    FILE *f;
+
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    f = fopen(tmp, "w");
+    if (!f)
+        return -errno;
+    fprintf(f, "%d\n", port);
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        int err = -errno;
+        unlink(tmp);
+        return err;
+    }
+    return 0;
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+}
+
+static void on_rpc_stopped(void *arg)
+{
+    sl_daemon *d = arg;
+
+    sl_log_info("stopped", NULL);
+    uv_close((uv_handle_t *)&d->sigterm, on_handle_closed);
+    uv_close((uv_handle_t *)&d->sigint, on_handle_closed);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    sl_daemon *d = s->data;
+
+    if (d->stopping) {
+        sl_log_info("signal_ignored", "signal=%s reason=\"already stopping\"", strsignal(signum));
+        return;
+    }
+    d->stopping = 1;
+    sl_log_info("stopping", "signal=%s grace_ms=%llu", strsignal(signum),
+                (unsigned long long)d->cfg.grace_ms);
+    sl_health_set_all(d->health, SL_HEALTH_NOT_SERVING);
+    sl_rpc_server_shutdown(d->rpc, d->cfg.grace_ms, on_rpc_stopped, d);
+}
+
+static void observe_call(const char *method, const char *peer, sl_rpc_code code,
+                         uint64_t duration_us, void *arg)
+{
+    sl_log(code == SL_RPC_OK || code == SL_RPC_CANCELLED ? SL_LOG_DEBUG : SL_LOG_INFO, "rpc",
+           "method=%s peer=%s status=%s duration_us=%llu", method, peer, sl_rpc_code_name(code),
+           (unsigned long long)duration_us);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const health_names[] = {"", "sluice.v1.Admin"};
+    const sl_rpc_service *services[2];
+    sl_rpc_server_opts opts;
+    sl_daemon d;
+    char cat_path[PATH_MAX + 16];
+    int err, rc = 1;
+
+    memset(&d, 0, sizeof(d));
+    d.lock_fd = -1;
+    err = sl_config_parse(&d.cfg, argc, argv, stdout, stderr);
+    if (err == SL_CONFIG_EXIT_OK)
+        return 0;
+    if (err)
+        return 2;
+    sl_log_set_level(d.cfg.log_level);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (uv_loop_init(&d.loop) != 0)
+        return 1;
+    d.start_ms = uv_now(&d.loop);
+    if (open_data_dir(&d) != 0)
+        goto out;
+    snprintf(cat_path, sizeof(cat_path), "%s/catalog.db", d.data_dir);
+    if (sl_cat_open(&d.cat, cat_path) != 0)
+        goto out;
+    if (sl_health_new(&d.health, health_names, 2) != 0)
+        goto out;
+
+    services[0] = sl_health_service(d.health);
+    services[1] = sl_admin_service(&d);
+    memset(&opts, 0, sizeof(opts));
+    opts.listen = d.cfg.listen;
+    opts.cq_threads = d.cfg.rpc_threads;
+    opts.max_recv_bytes = d.cfg.max_message_bytes;
+    opts.observer = observe_call;
+    err = sl_rpc_server_new(&d.rpc, &d.loop, &opts, services, 2);
+    if (err) {
+        sl_log_error("listen_failed", "listen=%s error=\"%s\"", d.cfg.listen, sl_strerror(err));
+        goto out;
+    }
+    {
+        /* Replace the port of the configured address with the bound one. */
+        const char *colon = strrchr(d.cfg.listen, ':');
+        int host_len = colon ? (int)(colon - d.cfg.listen) : (int)strlen(d.cfg.listen);
+        snprintf(d.listen, sizeof(d.listen), "%.*s:%d", host_len, d.cfg.listen,
+                 sl_rpc_server_port(d.rpc));
+    }
+    if (d.cfg.port_file[0]) {
+        err = write_port_file(d.cfg.port_file, sl_rpc_server_port(d.rpc));
+        if (err) {
+            sl_log_error("port_file_failed", "path=%s error=\"%s\"", d.cfg.port_file,
+                         sl_strerror(err));
+            sl_rpc_server_shutdown(d.rpc, 0, NULL, NULL);
+            uv_run(&d.loop, UV_RUN_DEFAULT);
+            goto out;
+        }
+    }
+
+    uv_signal_init(&d.loop, &d.sigterm);
+    uv_signal_init(&d.loop, &d.sigint);
+    d.sigterm.data = d.sigint.data = &d;
+    uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&d.sigint, on_signal, SIGINT);
+
+    sl_health_set_all(d.health, SL_HEALTH_SERVING);
+    sl_log_info("listening", "addr=%s port=%d data_dir=%s version=%s schema_version=%d", d.listen,
+                sl_rpc_server_port(d.rpc), d.data_dir, SLUICE_VERSION,
+                sl_cat_schema_version(d.cat));
+    uv_run(&d.loop, UV_RUN_DEFAULT);
+    rc = 0;
+
+out:
+    sl_rpc_server_free(d.rpc);
+    sl_health_free(d.health);
+    sl_cat_close(d.cat);
+    if (d.lock_fd >= 0)
+        close(d.lock_fd);
+    uv_run(&d.loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(&d.loop) != 0)
+        sl_log_warn("loop_close_busy", NULL);
+    return rc;
+}
