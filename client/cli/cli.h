@@ -52,5 +52,7 @@ void sl_cli_json_str(FILE *f, const char *s);
 
 int cmd_health(sl_cli *cli, int argc, char **argv);
 int cmd_info(sl_cli *cli, int argc, char **argv);
+int cmd_sample(sl_cli *cli, int argc, char **argv);
+int cmd_batch(sl_cli *cli, int argc, char **argv);
 
 #endif

@@ -15,6 +15,8 @@ typedef struct command {
 static const command commands[] = {
     {"health", cmd_health, "check the daemon's health (grpc.health.v1)"},
     {"info", cmd_info, "show the daemon's version, uptime, data dir and schema version"},
+    {"sample", cmd_sample, "list a rank's sample indices for an epoch (local, no daemon)"},
+    {"batch", cmd_batch, "plan token-budget batches from sequence lengths (local, no daemon)"},
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
