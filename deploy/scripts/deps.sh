@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install the Debian bookworm packages sluice needs. Usage: deps.sh [--test]
+# --test adds what the test suite needs (PyTorch for the peer comparisons, numpy).
+set -euo pipefail
+
+pkgs=(build-essential cmake pkg-config
+      libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler protobuf-compiler-grpc
+      grpc-proto libuv1-dev libssl-dev libsqlite3-dev
+      python3 python3-grpcio python3-protobuf)
+if [[ "${1:-}" == "--test" ]]; then
+  pkgs+=(clang-format python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+fi
