@@ -1,0 +1,193 @@
+/* Sampling engine: which sample indices each data-parallel rank reads in an epoch.
+ *
+ * Pure functions and small immutable objects, no I/O, no globals. Shared by the daemon (which
+ * streams each rank's share) and the clients (the `sluice sample` command, libsluice).
+ *
+ * Vocabulary (see docs/sampling.md for the full description):
+ * - N samples, indices [0, N). The world is `replicas` ranks; with a mesh (dp x tp x cp x pp)
+ *   only the dp axis partitions, ranks that differ only in tp/cp/pp get identical streams.
+ * - The *epoch order* is the shuffle of [0, N) for (seed, epoch): identity (none), exactly
+ *   torch.randperm(N, generator=torch.Generator().manual_seed(seed + epoch)) (torch), or a keyed
+ *   Feistel bijection computed per position in O(1) (feistel).
+ * - A rank's *share* is the sequence of indices it reads this epoch; positions in it are 0-based.
+ *   interleaved = torch.utils.data.DistributedSampler; contiguous = one block per rank, shuffled
+ *   within the block; chunked = chunks of chunk_size consecutive samples dealt round-robin.
+ *
+ * Errors: functions return 0 or a negative code from err.h (SL_EINVAL for invalid input, SL_ELIMIT
+ * for a value over a documented limit, -ENOMEM). Functions taking `char *msg, size_t len` write a
+ * NUL-terminated message naming the bad value there on failure ("rank 9 out of range [0, 8)");
+ * msg may be NULL.
+ */
+#ifndef SL_SAMPLE_H
+#define SL_SAMPLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Largest N accepted in any mode. Positions stay far from uint64 overflow below it. */
+#define SL_SAMPLE_MAX_N (UINT64_C(1) << 62)
+/* torch shuffle is exact for N below this (uint32 max / 20, torch's small-n randperm path);
+ * larger N is refused with SL_ELIMIT. */
+#define SL_SAMPLE_TORCH_MAX_N UINT64_C(214748364)
+/* Epochs are in [0, SL_SAMPLE_EPOCH_MAX] (an int64 on the wire and in Python), and seed + epoch
+ * must not exceed UINT64_MAX (torch's manual_seed range). */
+#define SL_SAMPLE_EPOCH_MAX ((uint64_t)INT64_MAX)
+/* Largest chunk size; also bounds the torch-mode within-chunk permutation. */
+#define SL_SAMPLE_MAX_CHUNK (UINT64_C(1) << 32)
+
+typedef enum sl_sample_partition {
+    SL_SAMPLE_INTERLEAVED = 0, /* rank r takes positions r, r+R, ... of the epoch order */
+    SL_SAMPLE_CONTIGUOUS = 1,  /* rank r takes one block; last rank also the remainder */
+    SL_SAMPLE_CHUNKED = 2,     /* chunk c (of chunk_size samples) goes to rank c mod R */
+} sl_sample_partition;
+
+typedef enum sl_sample_shuffle {
+    SL_SAMPLE_SHUFFLE_NONE = 0,
+    SL_SAMPLE_SHUFFLE_TORCH = 1,   /* bit-identical to torch CPU randperm; O(N) memory */
+    SL_SAMPLE_SHUFFLE_FEISTEL = 2, /* O(1) time and memory per index */
+} sl_sample_shuffle;
+
+/* Mesh axes. Values start at 1 so that a zeroed order means "default". */
+typedef enum sl_sample_axis {
+    SL_SAMPLE_AXIS_DP = 1,
+    SL_SAMPLE_AXIS_TP = 2,
+    SL_SAMPLE_AXIS_CP = 3,
+    SL_SAMPLE_AXIS_PP = 4,
+} sl_sample_axis;
+
+/* A device mesh. All sizes 0 means "no mesh": every rank is its own dp rank. Otherwise every size
+ * must be >= 1 and dp*tp*cp*pp must equal the config's replicas. `order` lists the four axes from
+ * outermost (slowest varying in the global rank) to innermost; all zero selects the default
+ * {PP, DP, CP, TP} (Megatron-style: tp ranks are adjacent). */
+typedef struct sl_sample_mesh {
+    uint32_t dp, tp, cp, pp;
+    uint8_t order[4];
+} sl_sample_mesh;
+
+typedef struct sl_sample_config {
+    uint64_t samples;              /* N >= 1 */
+    uint32_t replicas;             /* world size >= 1 (dp*tp*cp*pp with a mesh) */
+    uint32_t rank;                 /* global rank in [0, replicas) */
+    sl_sample_partition partition; /* default interleaved */
+    uint64_t chunk_size;           /* chunked only: >= 1 */
+    sl_sample_shuffle shuffle;     /* default feistel */
+    uint64_t seed;                 /* default 0 */
+    uint64_t epoch;                /* default 0 */
+    bool drop_last;                /* default false: pad (interleaved/contiguous elastic) */
+    sl_sample_mesh mesh;           /* default: no mesh */
+} sl_sample_config;
+
+/* Fill `cfg` with the defaults (N = 0, which the caller must set; one replica; interleaved;
+ * feistel; seed 0; epoch 0; no drop_last; no mesh; chunk_size 1). Thread-safe. */
+void sl_sample_config_init(sl_sample_config *cfg);
+
+/* Validate `cfg`. Returns 0, SL_EINVAL (N = 0, replicas = 0, rank >= replicas, chunk_size 0 in
+ * chunked mode, bad enum, bad mesh or mesh product != replicas, epoch out of range) or SL_ELIMIT
+ * (N, chunk size or torch-mode N over its limit), with a message in msg. Thread-safe. */
+int sl_sample_config_check(const sl_sample_config *cfg, char *msg, size_t len);
+
+/* The data-parallel coordinate of cfg->rank and the dp world size (replicas without a mesh).
+ * Returns 0 or the error of sl_sample_config_check. Thread-safe. */
+int sl_sample_dp_rank(uint32_t *dp_rank, uint32_t *dp_size, const sl_sample_config *cfg, char *msg,
+                      size_t len);
+
+/* Number of indices in cfg->rank's share, in O(1) and without allocating. Returns 0 or the error
+ * of sl_sample_config_check. Thread-safe. */
+int sl_sample_share_count(uint64_t *out, const sl_sample_config *cfg, char *msg, size_t len);
+
+/* The epoch's global order: out[i] = the index at position i of the shuffled [0, n), before any
+ * partitioning, for shuffle_mode (an sl_sample_shuffle) keyed by seed and epoch. `out` must hold
+ * n entries (caller-owned). This is the order the interleaved partition deals from: rank r of R
+ * reads out[(r + i*R) mod n]. For torch it equals torch.randperm(n, generator=
+ * torch.Generator().manual_seed(seed + epoch)). Returns 0, SL_EINVAL (n = 0, bad mode, epoch out
+ * of range), SL_ELIMIT (n over SL_SAMPLE_MAX_N, or SL_SAMPLE_TORCH_MAX_N for torch) or -ENOMEM
+ * (torch allocates n uint32 temporarily). Thread-safe. */
+int sl_sample_epoch_order(uint64_t *out, uint64_t n, int shuffle_mode, uint64_t seed,
+                          uint64_t epoch);
+
+/* One position of the Feistel permutation of [0, n) keyed by (seed, epoch): the value
+ * sl_sample_epoch_order would put at position pos in feistel mode. O(1) time and memory.
+ * Returns 0 or SL_EINVAL (n = 0, pos >= n, n > SL_SAMPLE_MAX_N). Thread-safe. */
+int sl_sample_feistel_at(uint64_t *out, uint64_t n, uint64_t seed, uint64_t epoch, uint64_t pos);
+
+/* A rank's index stream for one epoch: an immutable share plus a cursor. */
+typedef struct sl_sample sl_sample;
+
+/* Create the stream of cfg->rank's share, cursor at position 0. O(1) time and memory for none
+ * and feistel; torch computes its permutations here (O(N) time, 4*N bytes for interleaved,
+ * 4*(block or chunk count + chunk size) bytes otherwise). Returns 0, a config error (see
+ * sl_sample_config_check) or -ENOMEM. The caller frees *out with sl_sample_free. Thread-safe. */
+int sl_sample_new(sl_sample **out, const sl_sample_config *cfg, char *msg, size_t len);
+
+/* Number of indices in the share. Thread-safe on a stream nobody else mutates. */
+uint64_t sl_sample_count(const sl_sample *s);
+
+/* Cursor position: how many indices sl_sample_next has produced since position 0 or the last
+ * seek. Thread-safe on a stream nobody else mutates. */
+uint64_t sl_sample_pos(const sl_sample *s);
+
+/* Move the cursor to position pos in [0, count] (count = end of share). O(1). Returns 0 or
+ * SL_EINVAL. Not thread-safe for one stream (one thread per stream). */
+int sl_sample_seek(sl_sample *s, uint64_t pos);
+
+/* Write up to max indices from the cursor into out (caller-owned, max entries), advance the
+ * cursor, and set *got to how many were written (0 at the end of the share). Returns 0 or
+ * SL_EINVAL (NULL arguments). Not thread-safe for one stream. */
+int sl_sample_next(uint64_t *out, size_t *got, sl_sample *s, size_t max);
+
+/* Write the m indices at positions [pos, pos + m) of the share into out, independent of the
+ * cursor. Returns 0 or SL_EINVAL (range past the end). Thread-safe: any number of threads may
+ * fill from one stream concurrently as long as none calls seek/next on it. */
+int sl_sample_fill(uint64_t *out, const sl_sample *s, uint64_t pos, size_t m);
+
+/* Free a stream. Accepts NULL. A stream created with sl_sample_new_elastic does not free the
+ * plan it borrows. */
+void sl_sample_free(sl_sample *s);
+
+/* Elastic remainder: the rest of an epoch redistributed over a new dp world.
+ *
+ * Given the epoch's config (its world, mesh, N, partition, shuffle, seed, epoch; its rank is
+ * ignored), how many indices each old dp rank has consumed (consumed[r] for dp rank r, a prefix
+ * of its share), and the new dp world size, the plan gives each new rank a share such that the
+ * unconsumed rest of every old share is read exactly once:
+ * - interleaved: new rank s takes positions s, s+R', ... of the rest (old rank 0's unconsumed
+ *   tail, then old rank 1's, ...); without drop_last the rest is padded by wrapping around to its
+ *   start so every new rank reads the same count (the torch padding rule).
+ * - contiguous, chunked: new rank s takes one contiguous piece of the rest (locality is kept);
+ *   contiguous without drop_last pads like interleaved; chunked never pads.
+ * With drop_last nothing is repeated and counts differ by at most one. Creation costs O(old R)
+ * and memory O(old R) plus, for torch, the epoch's permutations: independent of N and of how far
+ * apart the ranks are. */
+typedef struct sl_sample_elastic sl_sample_elastic;
+
+/* Build a plan. consumed has n_consumed entries, which must equal the old dp size, each at most
+ * that rank's share count. new_replicas >= 1 is the new dp world size. Returns 0, SL_EINVAL with a
+ * message, a config error or -ENOMEM. Caller frees with sl_sample_elastic_free. Thread-safe. */
+int sl_sample_elastic_new(sl_sample_elastic **out, const sl_sample_config *epoch_cfg,
+                          const uint64_t *consumed, size_t n_consumed, uint32_t new_replicas,
+                          char *msg, size_t len);
+
+/* Total number of unconsumed indices (the rest of the epoch, before padding). Thread-safe. */
+uint64_t sl_sample_elastic_remaining(const sl_sample_elastic *e);
+
+/* Stream of new dp rank new_rank's share of the plan, cursor at 0. The stream borrows e, which
+ * must outlive it. Returns 0, SL_EINVAL (new_rank out of range) or -ENOMEM. Caller frees with
+ * sl_sample_free. Thread-safe (the plan is immutable). */
+int sl_sample_new_elastic(sl_sample **out, const sl_sample_elastic *e, uint32_t new_rank, char *msg,
+                          size_t len);
+
+/* Free a plan. Accepts NULL. Free its streams first. */
+void sl_sample_elastic_free(sl_sample_elastic *e);
+
+/* Parse helpers for CLIs and config files: "interleaved"/"contiguous"/"chunked",
+ * "none"/"torch"/"feistel", and a mesh order like "pp,dp,cp,tp". Return 0 or SL_EINVAL. */
+int sl_sample_partition_parse(sl_sample_partition *out, const char *s);
+int sl_sample_shuffle_parse(sl_sample_shuffle *out, const char *s);
+int sl_sample_mesh_order_parse(uint8_t out[4], const char *s);
+
+/* Names of the enum values ("interleaved", "feistel", ...), static strings; "?" if unknown. */
+const char *sl_sample_partition_name(sl_sample_partition p);
+const char *sl_sample_shuffle_name(sl_sample_shuffle s);
+
+#endif
