@@ -1,0 +1,733 @@
+/* Sampling engine: configs, layouts of each partition mode, streams and elastic plans. */
+#include "internal.h"
+
+#include "err.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The whole epoch of one config: sizes of every rank's share and the permutations they read. */
+typedef struct layout {
+    sl_sample_config cfg;
+    uint32_t R; /* dp world size */
+    uint64_t n;
+    uint64_t per;      /* interleaved: every rank's count */
+    uint64_t blk;      /* contiguous: block length of ranks 0..R-2 */
+    uint64_t last_len; /* contiguous: the last rank's block length */
+    uint64_t C;        /* chunked: chunk size */
+    uint64_t kfull;    /* chunked: number of full chunks */
+    uint64_t rem;      /* chunked: length of the partial chunk (0 if none or dropped) */
+    uint64_t kuse;     /* chunked: chunk-order positions dealt (partial chunk last) */
+    sl_perm order;     /* interleaved: over n; chunked: over kfull */
+    uint32_t *tab_order, *tab_a, *tab_b; /* torch tables, owned */
+} layout;
+
+struct sl_sample {
+    layout own;
+    const layout *L;
+    const sl_sample_elastic *e;
+    uint32_t r;
+    uint64_t count, pos;
+};
+
+struct sl_sample_elastic {
+    layout L;
+    uint32_t old_R, new_R;
+    int interleave; /* 1: new ranks interleave over the rest; 0: contiguous pieces */
+    int pad;
+    uint64_t T;      /* the rest of the epoch, before padding */
+    uint64_t *start; /* [old_R]: consumed counts */
+    uint64_t *off;   /* [old_R + 1]: prefix sums of the unconsumed lengths */
+};
+
+static int fail(char *msg, size_t len, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(char *msg, size_t len, int code, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (msg && len) {
+        va_start(ap, fmt);
+        vsnprintf(msg, len, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+void sl_sample_config_init(sl_sample_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->replicas = 1;
+    cfg->partition = SL_SAMPLE_INTERLEAVED;
+    cfg->chunk_size = 1;
+    cfg->shuffle = SL_SAMPLE_SHUFFLE_FEISTEL;
+}
+
+static const char *const axis_names[5] = {"?", "dp", "tp", "cp", "pp"};
+
+static int mesh_used(const sl_sample_mesh *m)
+{
+    return m->dp || m->tp || m->cp || m->pp;
+}
+
+static void mesh_order(uint8_t out[4], const sl_sample_mesh *m)
+{
+    static const uint8_t def[4] = {SL_SAMPLE_AXIS_PP, SL_SAMPLE_AXIS_DP, SL_SAMPLE_AXIS_CP,
+                                   SL_SAMPLE_AXIS_TP};
+
+    if (m->order[0] || m->order[1] || m->order[2] || m->order[3])
+        memcpy(out, m->order, 4);
+    else
+        memcpy(out, def, 4);
+}
+
+static int check_mesh(const sl_sample_config *cfg, char *msg, size_t len)
+{
+    const sl_sample_mesh *m = &cfg->mesh;
+    const uint32_t sz[5] = {0, m->dp, m->tp, m->cp, m->pp};
+    uint8_t ord[4];
+    unsigned seen = 0;
+    uint64_t prod = 1;
+
+    if (!mesh_used(m))
+        return 0;
+    for (int a = 1; a <= 4; a++) {
+        if (sz[a] == 0)
+            return fail(msg, len, SL_EINVAL, "mesh %s size 0: every axis must be at least 1",
+                        axis_names[a]);
+        prod *= sz[a];
+    }
+    if (prod != cfg->replicas)
+        return fail(msg, len, SL_EINVAL,
+                    "mesh dp=%" PRIu32 " x tp=%" PRIu32 " x cp=%" PRIu32 " x pp=%" PRIu32
+                    " = %" PRIu64 " ranks does not match world size %" PRIu32,
+                    m->dp, m->tp, m->cp, m->pp, prod, cfg->replicas);
+    mesh_order(ord, m);
+    for (int i = 0; i < 4; i++) {
+        if (ord[i] < 1 || ord[i] > 4 || (seen & (1u << ord[i])))
+            return fail(msg, len, SL_EINVAL,
+                        "mesh order must list each of dp, tp, cp, pp once (entry %d is %u)", i,
+                        ord[i]);
+        seen |= 1u << ord[i];
+    }
+    return 0;
+}
+
+int sl_sample_config_check(const sl_sample_config *cfg, char *msg, size_t len)
+{
+    if (!cfg)
+        return fail(msg, len, SL_EINVAL, "no config");
+    if (cfg->samples == 0)
+        return fail(msg, len, SL_EINVAL, "samples 0: the dataset must hold at least one sample");
+    if (cfg->samples > SL_SAMPLE_MAX_N)
+        return fail(msg, len, SL_ELIMIT, "samples %" PRIu64 " over the limit %" PRIu64,
+                    cfg->samples, SL_SAMPLE_MAX_N);
+    if (cfg->replicas == 0)
+        return fail(msg, len, SL_EINVAL, "replicas 0: the world must hold at least one rank");
+    if (cfg->rank >= cfg->replicas)
+        return fail(msg, len, SL_EINVAL, "rank %" PRIu32 " out of range [0, %" PRIu32 ")",
+                    cfg->rank, cfg->replicas);
+    if ((unsigned)cfg->partition > SL_SAMPLE_CHUNKED)
+        return fail(msg, len, SL_EINVAL, "partition %d unknown", (int)cfg->partition);
+    if ((unsigned)cfg->shuffle > SL_SAMPLE_SHUFFLE_FEISTEL)
+        return fail(msg, len, SL_EINVAL, "shuffle %d unknown", (int)cfg->shuffle);
+    if (cfg->partition == SL_SAMPLE_CHUNKED && cfg->chunk_size == 0)
+        return fail(msg, len, SL_EINVAL, "chunk size 0: chunks hold at least one sample");
+    if (cfg->partition == SL_SAMPLE_CHUNKED && cfg->chunk_size > SL_SAMPLE_MAX_CHUNK)
+        return fail(msg, len, SL_ELIMIT, "chunk size %" PRIu64 " over the limit %" PRIu64,
+                    cfg->chunk_size, SL_SAMPLE_MAX_CHUNK);
+    if (cfg->shuffle == SL_SAMPLE_SHUFFLE_TORCH && cfg->samples >= SL_SAMPLE_TORCH_MAX_N)
+        return fail(msg, len, SL_ELIMIT,
+                    "samples %" PRIu64 " too many for shuffle torch (exact below %" PRIu64
+                    "); use feistel",
+                    cfg->samples, SL_SAMPLE_TORCH_MAX_N);
+    if (cfg->epoch > SL_SAMPLE_EPOCH_MAX)
+        return fail(msg, len, SL_EINVAL, "epoch %" PRIu64 " out of range [0, %" PRIu64 "]",
+                    cfg->epoch, SL_SAMPLE_EPOCH_MAX);
+    if (cfg->seed > UINT64_MAX - cfg->epoch)
+        return fail(msg, len, SL_EINVAL,
+                    "epoch %" PRIu64 " out of range: seed %" PRIu64 " + epoch exceeds %" PRIu64,
+                    cfg->epoch, cfg->seed, UINT64_MAX);
+    return check_mesh(cfg, msg, len);
+}
+
+/* dp coordinate of a valid config's rank. */
+static void dp_of(uint32_t *dp_rank, uint32_t *dp_size, const sl_sample_config *cfg)
+{
+    const sl_sample_mesh *m = &cfg->mesh;
+    const uint32_t sz[5] = {0, m->dp, m->tp, m->cp, m->pp};
+    uint32_t rest = cfg->rank, coord[5] = {0};
+    uint8_t ord[4];
+
+    if (!mesh_used(m)) {
+        *dp_rank = cfg->rank;
+        *dp_size = cfg->replicas;
+        return;
+    }
+    mesh_order(ord, m);
+    /* The innermost axis varies fastest in the global rank. */
+    for (int i = 3; i >= 0; i--) {
+        coord[ord[i]] = rest % sz[ord[i]];
+        rest /= sz[ord[i]];
+    }
+    *dp_rank = coord[SL_SAMPLE_AXIS_DP];
+    *dp_size = m->dp;
+}
+
+int sl_sample_dp_rank(uint32_t *dp_rank, uint32_t *dp_size, const sl_sample_config *cfg, char *msg,
+                      size_t len)
+{
+    int err = sl_sample_config_check(cfg, msg, len);
+
+    if (err)
+        return err;
+    dp_of(dp_rank, dp_size, cfg);
+    return 0;
+}
+
+static int is_torch(const layout *L)
+{
+    return L->cfg.shuffle == SL_SAMPLE_SHUFFLE_TORCH;
+}
+
+/* Sizes only: no permutation is built. */
+static void layout_sizes(layout *L, const sl_sample_config *cfg)
+{
+    uint32_t dummy;
+
+    memset(L, 0, sizeof(*L));
+    L->cfg = *cfg;
+    L->n = cfg->samples;
+    dp_of(&dummy, &L->R, cfg);
+    switch (cfg->partition) {
+    case SL_SAMPLE_INTERLEAVED:
+        L->per = cfg->drop_last ? L->n / L->R : L->n / L->R + (L->n % L->R != 0);
+        break;
+    case SL_SAMPLE_CONTIGUOUS:
+        L->blk = L->n / L->R;
+        L->last_len = cfg->drop_last ? L->blk : L->n - (uint64_t)(L->R - 1) * L->blk;
+        break;
+    case SL_SAMPLE_CHUNKED:
+        L->C = cfg->chunk_size;
+        L->kfull = L->n / L->C;
+        if (cfg->drop_last) {
+            L->kuse = L->kfull / L->R * L->R;
+            L->rem = 0;
+        } else {
+            L->rem = L->n % L->C;
+            L->kuse = L->kfull + (L->rem != 0);
+        }
+        break;
+    }
+}
+
+static uint64_t layout_count(const layout *L, uint32_t r)
+{
+    uint64_t cnt;
+
+    switch (L->cfg.partition) {
+    case SL_SAMPLE_INTERLEAVED:
+        return L->per;
+    case SL_SAMPLE_CONTIGUOUS:
+        return r + 1 == L->R ? L->last_len : L->blk;
+    default:
+        cnt = L->kuse > r ? (L->kuse - 1 - r) / L->R + 1 : 0;
+        if (L->rem && L->kfull % L->R == r)
+            return (cnt - 1) * L->C + L->rem;
+        return cnt * L->C;
+    }
+}
+
+static int torch_table(uint32_t **out, uint64_t n, uint64_t seed)
+{
+    *out = malloc((n ? n : 1) * sizeof(uint32_t));
+    if (!*out)
+        return -ENOMEM;
+    sl_torch_randperm(*out, n, seed);
+    return 0;
+}
+
+/* Build the permutations a layout needs: for every rank (rank < 0) or only for `rank`. */
+static int layout_perms(layout *L, int64_t rank)
+{
+    const sl_sample_config *c = &L->cfg;
+    uint64_t tseed = c->seed + c->epoch;
+    int err = 0;
+
+    L->order.mode = c->shuffle;
+    if (c->partition == SL_SAMPLE_INTERLEAVED)
+        L->order.n = L->n;
+    else if (c->partition == SL_SAMPLE_CHUNKED)
+        L->order.n = L->kfull;
+    if (L->order.mode == SL_SAMPLE_SHUFFLE_FEISTEL)
+        sl_feistel_init(&L->order.f, L->order.n, c->seed, c->epoch, 0);
+    if (!is_torch(L))
+        return 0;
+    if (L->order.n) {
+        if ((err = torch_table(&L->tab_order, L->order.n, tseed)) != 0)
+            return err;
+        L->order.tab = L->tab_order;
+    }
+    /* Within-block and within-chunk orders in torch mode: torch.randperm(length) with the
+     * epoch's generator seed, the same for every block or chunk of one length. */
+    if (c->partition == SL_SAMPLE_CONTIGUOUS) {
+        int need_last = rank < 0 || rank + 1 == (int64_t)L->R;
+        int need_blk = rank < 0 || rank + 1 < (int64_t)L->R;
+        if (need_blk && (err = torch_table(&L->tab_a, L->blk, tseed)) != 0)
+            return err;
+        if (need_last && (err = torch_table(&L->tab_b, L->last_len, tseed)) != 0)
+            return err;
+    } else if (c->partition == SL_SAMPLE_CHUNKED) {
+        if (L->kfull && (err = torch_table(&L->tab_a, L->C, tseed)) != 0)
+            return err;
+        if (L->rem && (err = torch_table(&L->tab_b, L->rem, tseed)) != 0)
+            return err;
+    }
+    return 0;
+}
+
+static void layout_close(layout *L)
+{
+    free(L->tab_order);
+    free(L->tab_a);
+    free(L->tab_b);
+    L->tab_order = L->tab_a = L->tab_b = NULL;
+}
+
+/* The permutation within contiguous block or chunk `id` of length `n`. */
+static void within_perm(sl_perm *p, const layout *L, uint64_t id, uint64_t n, int last)
+{
+    p->n = n;
+    p->mode = L->cfg.shuffle;
+    p->tab = last ? L->tab_b : L->tab_a;
+    if (p->mode == SL_SAMPLE_SHUFFLE_FEISTEL)
+        sl_feistel_init(&p->f, n, L->cfg.seed, L->cfg.epoch, 1 + id);
+}
+
+/* Index at position i < count of dp rank r's share. */
+static uint64_t layout_at(const layout *L, uint32_t r, uint64_t i)
+{
+    sl_perm w;
+    uint64_t p, jj, off, j, id;
+
+    switch (L->cfg.partition) {
+    case SL_SAMPLE_INTERLEAVED:
+        p = r + i * L->R;
+        if (p >= L->n)
+            p %= L->n; /* torch's padding: wrap around to the start of the order */
+        return sl_perm_at(&L->order, p);
+    case SL_SAMPLE_CONTIGUOUS:
+        if (r + 1 == L->R) {
+            within_perm(&w, L, r, L->last_len, 1);
+        } else {
+            within_perm(&w, L, r, L->blk, 0);
+        }
+        return (uint64_t)r * L->blk + sl_perm_at(&w, i);
+    default:
+        jj = i / L->C;
+        off = i % L->C;
+        j = r + jj * L->R;
+        if (j < L->kfull) {
+            id = sl_perm_at(&L->order, j);
+            within_perm(&w, L, id, L->C, 0);
+        } else {
+            id = L->kfull;
+            within_perm(&w, L, id, L->rem, 1);
+        }
+        return id * L->C + sl_perm_at(&w, off);
+    }
+}
+
+/* Fast paths: m indices from position pos of dp rank r's share. */
+static void layout_fill(const layout *L, uint32_t r, uint64_t pos, uint64_t *out, size_t m)
+{
+    sl_perm w;
+    size_t k = 0;
+
+    if (L->cfg.partition == SL_SAMPLE_INTERLEAVED) {
+        uint64_t p = r + pos * L->R, n = L->n, R = L->R;
+        for (; k < m && p < n; k++, p += R)
+            out[k] = sl_perm_at(&L->order, p);
+        for (; k < m; k++, p += R)
+            out[k] = sl_perm_at(&L->order, p % n);
+        return;
+    }
+    if (L->cfg.partition == SL_SAMPLE_CONTIGUOUS) {
+        uint64_t base = (uint64_t)r * L->blk;
+        within_perm(&w, L, r, r + 1 == L->R ? L->last_len : L->blk, r + 1 == L->R);
+        for (; k < m; k++)
+            out[k] = base + sl_perm_at(&w, pos + k);
+        return;
+    }
+    /* Chunked: one permutation set-up per chunk. */
+    while (k < m) {
+        uint64_t i = pos + k, jj = i / L->C, off = i % L->C, j = r + jj * L->R, id, len;
+        if (j < L->kfull) {
+            id = sl_perm_at(&L->order, j);
+            len = L->C;
+        } else {
+            id = L->kfull;
+            len = L->rem;
+        }
+        within_perm(&w, L, id, len, j >= L->kfull);
+        for (; k < m && off < len; k++, off++)
+            out[k] = id * L->C + sl_perm_at(&w, off);
+    }
+}
+
+int sl_sample_share_count(uint64_t *out, const sl_sample_config *cfg, char *msg, size_t len)
+{
+    layout L;
+    uint32_t r, R;
+    int err = sl_sample_config_check(cfg, msg, len);
+
+    if (err)
+        return err;
+    dp_of(&r, &R, cfg);
+    layout_sizes(&L, cfg);
+    *out = layout_count(&L, r);
+    return 0;
+}
+
+int sl_sample_feistel_at(uint64_t *out, uint64_t n, uint64_t seed, uint64_t epoch, uint64_t pos)
+{
+    sl_feistel f;
+
+    if (!out || n == 0 || n > SL_SAMPLE_MAX_N || pos >= n)
+        return SL_EINVAL;
+    sl_feistel_init(&f, n, seed, epoch, 0);
+    *out = sl_feistel_at(&f, pos);
+    return 0;
+}
+
+int sl_sample_epoch_order(uint64_t *out, uint64_t n, int shuffle_mode, uint64_t seed,
+                          uint64_t epoch)
+{
+    sl_feistel f;
+    uint32_t *tab;
+
+    if (!out || n == 0 || epoch > SL_SAMPLE_EPOCH_MAX || seed > UINT64_MAX - epoch)
+        return SL_EINVAL;
+    if (n > SL_SAMPLE_MAX_N)
+        return SL_ELIMIT;
+    switch (shuffle_mode) {
+    case SL_SAMPLE_SHUFFLE_NONE:
+        for (uint64_t i = 0; i < n; i++)
+            out[i] = i;
+        return 0;
+    case SL_SAMPLE_SHUFFLE_TORCH:
+        if (n >= SL_SAMPLE_TORCH_MAX_N)
+            return SL_ELIMIT;
+        if (!(tab = malloc(n * sizeof(*tab))))
+            return -ENOMEM;
+        sl_torch_randperm(tab, n, seed + epoch);
+        for (uint64_t i = 0; i < n; i++)
+            out[i] = tab[i];
+        free(tab);
+        return 0;
+    case SL_SAMPLE_SHUFFLE_FEISTEL:
+        sl_feistel_init(&f, n, seed, epoch, 0);
+        for (uint64_t i = 0; i < n; i++)
+            out[i] = sl_feistel_at(&f, i);
+        return 0;
+    default:
+        return SL_EINVAL;
+    }
+}
+
+int sl_sample_new(sl_sample **out, const sl_sample_config *cfg, char *msg, size_t len)
+{
+    sl_sample *s = NULL;
+    uint32_t R;
+    int err;
+
+    *out = NULL;
+    if ((err = sl_sample_config_check(cfg, msg, len)) != 0)
+        goto out;
+    if (!(s = calloc(1, sizeof(*s)))) {
+        err = fail(msg, len, -ENOMEM, "out of memory");
+        goto out;
+    }
+    layout_sizes(&s->own, cfg);
+    dp_of(&s->r, &R, cfg);
+    if ((err = layout_perms(&s->own, s->r)) != 0) {
+        fail(msg, len, err, "out of memory for the torch permutation of %" PRIu64 " samples",
+             cfg->samples);
+        goto out;
+    }
+    s->L = &s->own;
+    s->count = layout_count(s->L, s->r);
+    *out = s;
+    s = NULL;
+out:
+    sl_sample_free(s);
+    return err;
+}
+
+uint64_t sl_sample_count(const sl_sample *s)
+{
+    return s->count;
+}
+
+uint64_t sl_sample_pos(const sl_sample *s)
+{
+    return s->pos;
+}
+
+int sl_sample_seek(sl_sample *s, uint64_t pos)
+{
+    if (!s || pos > s->count)
+        return SL_EINVAL;
+    s->pos = pos;
+    return 0;
+}
+
+/* Elastic: position v of the rest of the epoch (v < T). */
+static uint64_t elastic_rest_at(const sl_sample_elastic *e, uint64_t v)
+{
+    uint32_t lo = 0, hi = e->old_R; /* off[lo] <= v < off[hi] */
+
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (e->off[mid] <= v)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return layout_at(&e->L, lo, e->start[lo] + (v - e->off[lo]));
+}
+
+static uint64_t elastic_count(const sl_sample_elastic *e, uint32_t s)
+{
+    uint64_t q = e->T / e->new_R, rm = e->T % e->new_R;
+
+    if (e->T == 0)
+        return 0;
+    if (e->pad)
+        return q + (rm != 0);
+    return q + (s < rm);
+}
+
+static uint64_t elastic_at(const sl_sample_elastic *e, uint32_t s, uint64_t i)
+{
+    uint64_t q = e->T / e->new_R, rm = e->T % e->new_R, v;
+
+    if (e->interleave)
+        v = s + i * e->new_R;
+    else
+        v = s * q + (s < rm ? s : rm) + i;
+    if (v >= e->T)
+        v %= e->T; /* padding wraps around to the start of the rest */
+    return elastic_rest_at(e, v);
+}
+
+int sl_sample_fill(uint64_t *out, const sl_sample *s, uint64_t pos, size_t m)
+{
+    if (!s || (m && !out) || pos > s->count || m > s->count - pos)
+        return SL_EINVAL;
+    if (s->e) {
+        for (size_t k = 0; k < m; k++)
+            out[k] = elastic_at(s->e, s->r, pos + k);
+        return 0;
+    }
+    layout_fill(s->L, s->r, pos, out, m);
+    return 0;
+}
+
+int sl_sample_next(uint64_t *out, size_t *got, sl_sample *s, size_t max)
+{
+    uint64_t left;
+    size_t m;
+    int err;
+
+    if (!got || !s)
+        return SL_EINVAL;
+    left = s->count - s->pos;
+    m = left < max ? (size_t)left : max;
+    if ((err = sl_sample_fill(out, s, s->pos, m)) != 0)
+        return err;
+    s->pos += m;
+    *got = m;
+    return 0;
+}
+
+void sl_sample_free(sl_sample *s)
+{
+    if (!s)
+        return;
+    layout_close(&s->own);
+    free(s);
+}
+
+int sl_sample_elastic_new(sl_sample_elastic **out, const sl_sample_config *epoch_cfg,
+                          const uint64_t *consumed, size_t n_consumed, uint32_t new_replicas,
+                          char *msg, size_t len)
+{
+    sl_sample_elastic *e = NULL;
+    sl_sample_config cfg;
+    int err;
+
+    *out = NULL;
+    if (!epoch_cfg || (n_consumed && !consumed)) {
+        err = fail(msg, len, SL_EINVAL, "no config or consumed counts");
+        goto out;
+    }
+    cfg = *epoch_cfg;
+    cfg.rank = 0; /* the plan covers every rank */
+    if ((err = sl_sample_config_check(&cfg, msg, len)) != 0)
+        goto out;
+    if (new_replicas == 0) {
+        err = fail(msg, len, SL_EINVAL, "new replicas 0: the world must hold at least one rank");
+        goto out;
+    }
+    if (!(e = calloc(1, sizeof(*e)))) {
+        err = fail(msg, len, -ENOMEM, "out of memory");
+        goto out;
+    }
+    layout_sizes(&e->L, &cfg);
+    e->old_R = e->L.R;
+    e->new_R = new_replicas;
+    if (n_consumed != e->old_R) {
+        err = fail(msg, len, SL_EINVAL,
+                   "%zu consumed counts for an old dp world of %" PRIu32 " ranks", n_consumed,
+                   e->old_R);
+        goto out;
+    }
+    e->start = malloc(e->old_R * sizeof(*e->start));
+    e->off = malloc((e->old_R + (size_t)1) * sizeof(*e->off));
+    if (!e->start || !e->off) {
+        err = fail(msg, len, -ENOMEM, "out of memory");
+        goto out;
+    }
+    e->off[0] = 0;
+    for (uint32_t r = 0; r < e->old_R; r++) {
+        uint64_t cnt = layout_count(&e->L, r);
+        if (consumed[r] > cnt) {
+            err =
+                fail(msg, len, SL_EINVAL,
+                     "consumed %" PRIu64 " for old rank %" PRIu32 " exceeds its share of %" PRIu64,
+                     consumed[r], r, cnt);
+            goto out;
+        }
+        e->start[r] = consumed[r];
+        e->off[r + 1] = e->off[r] + (cnt - consumed[r]);
+    }
+    e->T = e->off[e->old_R];
+    e->interleave = cfg.partition == SL_SAMPLE_INTERLEAVED;
+    e->pad = !cfg.drop_last && cfg.partition != SL_SAMPLE_CHUNKED;
+    if ((err = layout_perms(&e->L, -1)) != 0) {
+        fail(msg, len, err, "out of memory for the torch permutation of %" PRIu64 " samples",
+             cfg.samples);
+        goto out;
+    }
+    *out = e;
+    e = NULL;
+out:
+    sl_sample_elastic_free(e);
+    return err;
+}
+
+uint64_t sl_sample_elastic_remaining(const sl_sample_elastic *e)
+{
+    return e->T;
+}
+
+int sl_sample_new_elastic(sl_sample **out, const sl_sample_elastic *e, uint32_t new_rank, char *msg,
+                          size_t len)
+{
+    sl_sample *s;
+
+    *out = NULL;
+    if (!e)
+        return fail(msg, len, SL_EINVAL, "no elastic plan");
+    if (new_rank >= e->new_R)
+        return fail(msg, len, SL_EINVAL, "rank %" PRIu32 " out of range [0, %" PRIu32 ")", new_rank,
+                    e->new_R);
+    if (!(s = calloc(1, sizeof(*s))))
+        return fail(msg, len, -ENOMEM, "out of memory");
+    s->L = &e->L;
+    s->e = e;
+    s->r = new_rank;
+    s->count = elastic_count(e, new_rank);
+    *out = s;
+    return 0;
+}
+
+void sl_sample_elastic_free(sl_sample_elastic *e)
+{
+    if (!e)
+        return;
+    layout_close(&e->L);
+    free(e->start);
+    free(e->off);
+    free(e);
+}
+
+static const char *const partition_names[] = {"interleaved", "contiguous", "chunked"};
+static const char *const shuffle_names[] = {"none", "torch", "feistel"};
+
+int sl_sample_partition_parse(sl_sample_partition *out, const char *s)
+{
+    for (int i = 0; s && i < 3; i++) {
+        if (strcmp(s, partition_names[i]) == 0) {
+            *out = (sl_sample_partition)i;
+            return 0;
+        }
+    }
+    return SL_EINVAL;
+}
+
+int sl_sample_shuffle_parse(sl_sample_shuffle *out, const char *s)
+{
+    for (int i = 0; s && i < 3; i++) {
+        if (strcmp(s, shuffle_names[i]) == 0) {
+            *out = (sl_sample_shuffle)i;
+            return 0;
+        }
+    }
+    return SL_EINVAL;
+}
+
+int sl_sample_mesh_order_parse(uint8_t out[4], const char *s)
+{
+    uint8_t ord[4];
+    unsigned seen = 0;
+    int n = 0;
+
+    if (!s)
+        return SL_EINVAL;
+    while (*s) {
+        int a;
+        for (a = 1; a <= 4; a++)
+            if (strncmp(s, axis_names[a], 2) == 0 && (s[2] == ',' || s[2] == '\0'))
+                break;
+        if (a > 4 || n == 4 || (seen & (1u << a)))
+            return SL_EINVAL;
+        seen |= 1u << a;
+        ord[n++] = (uint8_t)a;
+        s += 2;
+        if (*s == ',' && s[1] != '\0')
+            s++;
+        else if (*s)
+            return SL_EINVAL;
+    }
+    if (n != 4)
+        return SL_EINVAL;
+    memcpy(out, ord, 4);
+    return 0;
+}
+
+const char *sl_sample_partition_name(sl_sample_partition p)
+{
+    return (unsigned)p < 3 ? partition_names[p] : "?";
+}
+
+const char *sl_sample_shuffle_name(sl_sample_shuffle s)
+{
+    return (unsigned)s < 3 ? shuffle_names[s] : "?";
+}
