@@ -93,6 +93,10 @@ static void on_rpc_stopped(void *arg)
     sl_log_info("stopped", NULL);
     uv_close((uv_handle_t *)&d->sigterm, on_handle_closed);
     uv_close((uv_handle_t *)&d->sigint, on_handle_closed);
+    /* Closing the handles restored the default action; a repeated signal from an impatient
+     * supervisor must not turn a clean exit into a kill. */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
 }
 
 static void on_signal(uv_signal_t *s, int signum)

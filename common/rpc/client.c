@@ -295,6 +295,16 @@ int sl_rpc_stream_read(sl_rpc_stream *s, const ProtobufCMessageDescriptor *desc,
 
 int sl_rpc_stream_finish(sl_rpc_stream *s, sl_rpc_status *st)
 {
+    if (!s->got_init_md) {
+        /* The status of a call whose initial metadata nobody asked for may never complete. */
+        grpc_op op;
+        memset(&op, 0, sizeof(op));
+        op.op = GRPC_OP_RECV_INITIAL_METADATA;
+        op.data.recv_initial_metadata.recv_initial_metadata = &s->init_md;
+        s->got_init_md = 1;
+        if (grpc_call_start_batch(s->call, &op, 1, &s->t_read, NULL) == GRPC_CALL_OK)
+            pluck(s->cq, &s->t_read);
+    }
     if (!s->status_plucked) {
         pluck(s->cq, &s->t_status);
         s->status_plucked = 1;

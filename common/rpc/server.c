@@ -83,7 +83,7 @@ struct sl_rpc_server {
     grpc_server *server;
     grpc_completion_queue *cq;
     sl_rpc_server_opts opts;
-    const sl_rpc_service *const *services;
+    const sl_rpc_service **services; /* copied array; the services themselves are borrowed */
     size_t n_services;
     reg *regs;
     size_t n_regs;
@@ -216,7 +216,9 @@ static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int flags, int with_
     if (bb) {
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = bb;
-        ops[n].flags = (flags & SL_RPC_SEND_MORE) ? GRPC_WRITE_BUFFER_HINT : 0;
+        /* The write hint on a batch that also carries the initial metadata stalls the call:
+         * the first message of a stream is always sent without it. */
+        ops[n].flags = (flags & SL_RPC_SEND_MORE) && c->sent_md ? GRPC_WRITE_BUFFER_HINT : 0;
         n++;
     }
     if (with_status) {
@@ -753,7 +755,13 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
     if (srv->opts.max_recv_bytes == 0)
         srv->opts.max_recv_bytes = 4 << 20;
     per = srv->opts.slots_per_method ? srv->opts.slots_per_method : 16;
-    srv->services = services;
+    srv->services = calloc(n_services ? n_services : 1, sizeof(*srv->services));
+    if (!srv->services) {
+        free(srv);
+        grpc_shutdown_blocking();
+        return -ENOMEM;
+    }
+    memcpy(srv->services, services, n_services * sizeof(*services));
     srv->n_services = n_services;
     srv->shutdown_tag = (tag){TAG_SHUTDOWN, srv};
     pthread_mutex_init(&srv->mu, NULL);
@@ -894,6 +902,7 @@ void sl_rpc_server_free(sl_rpc_server *srv)
     for (size_t i = 0; srv->regs && i < srv->n_regs; i++)
         free(srv->regs[i].path);
     free(srv->regs);
+    free(srv->services);
     free(srv->slots);
     free(srv->threads);
     free(srv->q);

@@ -72,8 +72,8 @@ typedef struct sl_rpc_server_opts {
     void *observer_arg;
 } sl_rpc_server_opts;
 
-/* Create a server bound to opts->listen serving `services` (the array and the services must
- * outlive the server), with completions delivered to `loop`. Starts the completion-queue threads.
+/* Create a server bound to opts->listen serving `services` (the array is copied; the services
+ * must outlive the server), with completions delivered to `loop`. Starts the completion-queue threads.
  * Returns 0 and *out, SL_EINVAL for a bad option, or SL_EUNAVAILABLE if the address cannot be
  * bound. Caller frees with sl_rpc_server_free after shutdown completed. Loop thread. */
 int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_opts *opts,

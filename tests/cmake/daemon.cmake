@@ -1,0 +1,6 @@
+# sluiced end to end: the real daemon, the CLI and a Python grpcio client.
+add_test(NAME daemon_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_daemon
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(daemon_integration PROPERTIES
+                     ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)

@@ -1,0 +1,283 @@
+#include "testsvc.h"
+
+#include "err.h"
+#include "sluice/test/test.pb-c.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sl_testsrv {
+    uv_loop_t loop;
+    uv_async_t stop;
+    sl_rpc_server *srv;
+    pthread_t thread;
+    uint64_t grace_ms;
+    size_t live_at_stop;
+    sl_rpc_service svc;
+};
+
+/* ---- Echo: answers at once, or after delay_ms from a timer ---- */
+
+typedef struct delayed {
+    uv_timer_t timer;
+    sl_rpc_call *call;
+    char *text;
+    int closing;
+} delayed;
+
+static void delayed_closed(uv_handle_t *h)
+{
+    delayed *d = h->data;
+
+    sl_rpc_call_unref(d->call);
+    free(d->text);
+    free(d);
+}
+
+static void delayed_close(delayed *d)
+{
+    if (d->closing)
+        return;
+    d->closing = 1;
+    uv_close((uv_handle_t *)&d->timer, delayed_closed);
+}
+
+static void delayed_fire(uv_timer_t *t)
+{
+    delayed *d = t->data;
+    Sluice__Test__EchoResponse resp = SLUICE__TEST__ECHO_RESPONSE__INIT;
+
+    resp.text = d->text;
+    sl_rpc_call_reply(d->call, &resp.base);
+    delayed_close(d);
+}
+
+static void echo_cancel(sl_rpc_call *call, void *arg)
+{
+    delayed *d = sl_rpc_call_data(call);
+
+    if (d)
+        delayed_close(d);
+}
+
+static void echo_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__Test__EchoRequest *req = (const void *)msg;
+    Sluice__Test__EchoResponse resp = SLUICE__TEST__ECHO_RESPONSE__INIT;
+    sl_testsrv *s = arg;
+
+    if (req->fail_code) {
+        sl_rpc_call_finish(call, (sl_rpc_code)req->fail_code, "failing as asked: '%s'", req->text);
+        return;
+    }
+    if (req->delay_ms) {
+        delayed *d = calloc(1, sizeof(*d));
+        d->text = strdup(req->text);
+        d->call = call;
+        sl_rpc_call_ref(call);
+        /* The call does not own d (the timer handle must be closed first); it only points to it
+         * so on_cancel can find it. */
+        sl_rpc_call_set_data(call, d, NULL);
+        uv_timer_init(&s->loop, &d->timer);
+        d->timer.data = d;
+        uv_timer_start(&d->timer, delayed_fire, req->delay_ms, 0);
+        return;
+    }
+    resp.text = req->text;
+    resp.payload = req->payload;
+    sl_rpc_call_reply(call, &resp.base);
+}
+
+/* ---- Count: a server stream ---- */
+
+typedef struct counter {
+    uint64_t next, count;
+    uint8_t *payload;
+    size_t payload_size;
+} counter;
+
+static void counter_free(void *p)
+{
+    counter *c = p;
+
+    free(c->payload);
+    free(c);
+}
+
+static void count_pump(sl_rpc_call *call, void *arg)
+{
+    counter *c = sl_rpc_call_data(call);
+    Sluice__Test__CountResponse resp = SLUICE__TEST__COUNT_RESPONSE__INIT;
+    int last;
+
+    if (c->count && c->next >= c->count) {
+        sl_rpc_call_finish(call, SL_RPC_OK, NULL);
+        return;
+    }
+    resp.value = c->next++;
+    resp.payload.data = c->payload;
+    resp.payload.len = c->payload_size;
+    /* Flush every 16th message and the last: the write hint holds data back until then. */
+    last = (c->count && c->next == c->count) || (c->next % 16) == 0;
+    sl_rpc_call_send(call, &resp.base, last ? 0 : SL_RPC_SEND_MORE);
+}
+
+static void count_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__Test__CountRequest *req = (const void *)msg;
+    counter *c = calloc(1, sizeof(*c));
+
+    c->count = req->count;
+    c->payload_size = req->payload_size > (1u << 20) ? (1u << 20) : req->payload_size;
+    c->payload = calloc(1, c->payload_size ? c->payload_size : 1);
+    sl_rpc_call_set_data(call, c, counter_free);
+    count_pump(call, arg);
+}
+
+/* ---- Sum: a client stream ---- */
+
+typedef struct summer {
+    int64_t sum;
+    uint64_t n;
+} summer;
+
+static void sum_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    sl_rpc_call_set_data(call, calloc(1, sizeof(summer)), free);
+    sl_rpc_call_read(call);
+}
+
+static void sum_message(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    summer *s = sl_rpc_call_data(call);
+    Sluice__Test__SumResponse resp = SLUICE__TEST__SUM_RESPONSE__INIT;
+
+    if (!msg) {
+        resp.sum = s->sum;
+        resp.messages = s->n;
+        sl_rpc_call_reply(call, &resp.base);
+        return;
+    }
+    s->sum += ((const Sluice__Test__Num *)msg)->value;
+    s->n++;
+    sl_rpc_call_read(call);
+}
+
+/* ---- Chat: bidi, echo each message, read the next once it was written ---- */
+
+static void chat_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    sl_rpc_call_read(call);
+}
+
+static void chat_message(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    if (!msg) {
+        sl_rpc_call_finish(call, SL_RPC_OK, NULL);
+        return;
+    }
+    sl_rpc_call_send(call, msg, 0);
+}
+
+static void chat_writable(sl_rpc_call *call, void *arg)
+{
+    sl_rpc_call_read(call);
+}
+
+/* ---- Stats ---- */
+
+static void stats_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    sl_testsrv *s = arg;
+    Sluice__Test__StatsResponse resp = SLUICE__TEST__STATS_RESPONSE__INIT;
+
+    resp.live_calls = sl_rpc_server_live_calls(s->srv);
+    sl_rpc_call_reply(call, &resp.base);
+}
+
+static const sl_rpc_method methods[] = {
+    {"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
+     &sluice__test__echo_response__descriptor, echo_start, NULL, NULL, echo_cancel},
+    {"Count", SL_RPC_SERVER_STREAM, &sluice__test__count_request__descriptor,
+     &sluice__test__count_response__descriptor, count_start, NULL, count_pump, NULL},
+    {"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__num__descriptor,
+     &sluice__test__sum_response__descriptor, sum_start, sum_message, NULL, NULL},
+    {"Chat", SL_RPC_BIDI_STREAM, &sluice__test__num__descriptor, &sluice__test__num__descriptor,
+     chat_start, chat_message, chat_writable, NULL},
+    {"Stats", SL_RPC_UNARY, &sluice__test__stats_request__descriptor,
+     &sluice__test__stats_response__descriptor, stats_start, NULL, NULL, NULL},
+};
+
+/* ---- harness ---- */
+
+static void on_stopped(void *arg)
+{
+    sl_testsrv *s = arg;
+
+    uv_close((uv_handle_t *)&s->stop, NULL);
+}
+
+static void on_stop(uv_async_t *a)
+{
+    sl_testsrv *s = a->data;
+
+    sl_rpc_server_shutdown(s->srv, s->grace_ms, on_stopped, s);
+}
+
+static void *loop_main(void *arg)
+{
+    sl_testsrv *s = arg;
+
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    s->live_at_stop = sl_rpc_server_live_calls(s->srv);
+    return NULL;
+}
+
+int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes)
+{
+    sl_testsrv *s = calloc(1, sizeof(*s));
+    const sl_rpc_service *svcs[1];
+    sl_rpc_server_opts opts;
+    int err;
+
+    uv_loop_init(&s->loop);
+    uv_async_init(&s->loop, &s->stop, on_stop);
+    s->stop.data = s;
+    s->svc = (sl_rpc_service){"sluice.test.Test", methods, sizeof(methods) / sizeof(methods[0]),
+                              s, NULL};
+    svcs[0] = &s->svc;
+    memset(&opts, 0, sizeof(opts));
+    opts.listen = "127.0.0.1:0";
+    opts.max_recv_bytes = max_recv_bytes;
+    err = sl_rpc_server_new(&s->srv, &s->loop, &opts, svcs, 1);
+    if (err) {
+        uv_close((uv_handle_t *)&s->stop, NULL);
+        uv_run(&s->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&s->loop);
+        free(s);
+        return err;
+    }
+    pthread_create(&s->thread, NULL, loop_main, s);
+    *out = s;
+    return 0;
+}
+
+int sl_testsrv_port(const sl_testsrv *s)
+{
+    return sl_rpc_server_port(s->srv);
+}
+
+size_t sl_testsrv_stop(sl_testsrv *s, uint64_t grace_ms)
+{
+    size_t live;
+
+    s->grace_ms = grace_ms;
+    uv_async_send(&s->stop);
+    pthread_join(s->thread, NULL);
+    live = s->live_at_stop;
+    sl_rpc_server_free(s->srv);
+    uv_loop_close(&s->loop);
+    free(s);
+    return live;
+}

@@ -1,0 +1,23 @@
+/* The test-only service (tests/rpc/test.proto) and a harness that runs it in a server on its own
+ * libuv loop thread. Used by tests/unit/rpc_test.c and tests/bench/rpc_bench.c. */
+#ifndef SL_TESTSVC_H
+#define SL_TESTSVC_H
+
+#include "rpc/server.h"
+
+#include <stdint.h>
+
+typedef struct sl_testsrv sl_testsrv;
+
+/* Start a test server on 127.0.0.1:0 with `max_recv_bytes` (0 = default) on a new loop thread.
+ * Returns 0 and *out. */
+int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes);
+
+/* The bound port. */
+int sl_testsrv_port(const sl_testsrv *s);
+
+/* Shut down gracefully with `grace_ms`, join the loop thread and free everything. Returns the
+ * number of calls still allocated when shutdown completed (0 is correct). */
+size_t sl_testsrv_stop(sl_testsrv *s, uint64_t grace_ms);
+
+#endif

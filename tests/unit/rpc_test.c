@@ -1,0 +1,484 @@
+/* Tests of common/rpc: a real server (tests/rpc/testsvc.c) on 127.0.0.1 and the real client, in
+ * one process, over real gRPC. Each test prints its name; any failed check fails the program. */
+#include "err.h"
+#include "rpc/client.h"
+#include "sluice/test/test.pb-c.h"
+#include "testsvc.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                       \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
+    } while (0)
+
+static char target[64];
+
+static double now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static sl_rpc_client *new_client(void)
+{
+    sl_rpc_client *c = NULL;
+    int err = sl_rpc_client_new(&c, target, NULL);
+
+    CHECK(err == 0 && c, "client_new: %d", err);
+    return c;
+}
+
+static int echo(sl_rpc_client *c, const char *text, uint32_t delay_ms, uint32_t fail_code,
+                int64_t timeout_ms, sl_rpc_status *st, char *out, size_t out_len)
+{
+    Sluice__Test__EchoRequest req = SLUICE__TEST__ECHO_REQUEST__INIT;
+    Sluice__Test__EchoResponse *resp = NULL;
+    int err;
+
+    req.text = (char *)text;
+    req.delay_ms = delay_ms;
+    req.fail_code = fail_code;
+    err = sl_rpc_client_unary(c, "/sluice.test.Test/Echo", &req.base,
+                              &sluice__test__echo_response__descriptor,
+                              (ProtobufCMessage **)&resp, timeout_ms, st);
+    if (resp) {
+        if (out)
+            snprintf(out, out_len, "%s", resp->text);
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
+    return err;
+}
+
+/* Live calls on the server, not counting the Stats call itself. */
+static long live_calls(sl_rpc_client *c)
+{
+    Sluice__Test__StatsRequest req = SLUICE__TEST__STATS_REQUEST__INIT;
+    Sluice__Test__StatsResponse *resp = NULL;
+    sl_rpc_status st;
+    long n = -1;
+
+    if (sl_rpc_client_unary(c, "/sluice.test.Test/Stats", &req.base,
+                            &sluice__test__stats_response__descriptor, (ProtobufCMessage **)&resp,
+                            5000, &st) == 0) {
+        n = (long)resp->live_calls - 1;
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
+    return n;
+}
+
+/* Poll until the server holds no call state other than the poll itself, or `secs` pass. */
+static long wait_idle(sl_rpc_client *c, double secs)
+{
+    double end = now_s() + secs;
+    long n;
+
+    while ((n = live_calls(c)) != 0 && now_s() < end)
+        usleep(10000);
+    return n;
+}
+
+static void test_unary(void)
+{
+    sl_rpc_client *c = new_client();
+    sl_rpc_status st;
+    char out[64] = "";
+    int err = echo(c, "hello", 0, 0, 5000, &st, out, sizeof(out));
+
+    CHECK(err == 0, "echo: %d %s", err, st.message);
+    CHECK(st.code == SL_RPC_OK, "code %d", st.code);
+    CHECK(strcmp(out, "hello") == 0, "got '%s'", out);
+    sl_rpc_client_free(c);
+}
+
+static void test_unary_status(void)
+{
+    sl_rpc_client *c = new_client();
+    sl_rpc_status st;
+    int err = echo(c, "nope", 0, SL_RPC_NOT_FOUND, 5000, &st, NULL, 0);
+
+    CHECK(err == SL_ENOTFOUND, "err %d", err);
+    CHECK(st.code == SL_RPC_NOT_FOUND, "code %d", st.code);
+    CHECK(strstr(st.message, "'nope'") != NULL, "message '%s'", st.message);
+    sl_rpc_client_free(c);
+}
+
+static void test_empty_request(void)
+{
+    sl_rpc_client *c = new_client();
+    sl_rpc_status st;
+    /* Zero bytes is a valid, empty EchoRequest. */
+    int err = sl_rpc_client_unary_raw(c, "/sluice.test.Test/Echo", "", 0, 5000, &st);
+
+    CHECK(err == 0 && st.code == SL_RPC_OK, "err %d code %d %s", err, st.code, st.message);
+    sl_rpc_client_free(c);
+}
+
+static void test_server_stream(void)
+{
+    Sluice__Test__CountRequest req = SLUICE__TEST__COUNT_REQUEST__INIT;
+    sl_rpc_client *c = new_client();
+    sl_rpc_stream *s = NULL;
+    ProtobufCMessage *msg;
+    sl_rpc_status st;
+    uint64_t expect = 0;
+    int r, bad = 0;
+
+    req.count = 1000;
+    req.payload_size = 10;
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Count", 10000) == 0, "open");
+    CHECK(sl_rpc_stream_write(s, &req.base, 0) == 0, "write");
+    CHECK(sl_rpc_stream_close_send(s) == 0, "close_send");
+    while ((r = sl_rpc_stream_read(s, &sluice__test__count_response__descriptor, &msg)) == 1) {
+        Sluice__Test__CountResponse *m = (void *)msg;
+        if (m->value != expect || m->payload.len != 10)
+            bad++;
+        expect++;
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+    CHECK(r == 0, "read end %d", r);
+    CHECK(expect == 1000 && bad == 0, "got %llu messages, %d bad", (unsigned long long)expect,
+          bad);
+    CHECK(sl_rpc_stream_finish(s, &st) == 0 && st.code == SL_RPC_OK, "status %d %s", st.code,
+          st.message);
+    sl_rpc_stream_free(s);
+    sl_rpc_client_free(c);
+}
+
+static void test_client_stream(void)
+{
+    Sluice__Test__Num num = SLUICE__TEST__NUM__INIT;
+    sl_rpc_client *c = new_client();
+    sl_rpc_stream *s = NULL;
+    ProtobufCMessage *msg = NULL;
+    sl_rpc_status st;
+    int r;
+
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Sum", 10000) == 0, "open");
+    for (int i = 1; i <= 100; i++) {
+        num.value = i;
+        CHECK(sl_rpc_stream_write(s, &num.base, i < 100 ? SL_RPC_SEND_MORE : 0) == 0, "write %d",
+              i);
+    }
+    CHECK(sl_rpc_stream_close_send(s) == 0, "close_send");
+    r = sl_rpc_stream_read(s, &sluice__test__sum_response__descriptor, &msg);
+    CHECK(r == 1, "read %d", r);
+    if (r == 1) {
+        Sluice__Test__SumResponse *m = (void *)msg;
+        CHECK(m->sum == 5050 && m->messages == 100, "sum %lld messages %llu", (long long)m->sum,
+              (unsigned long long)m->messages);
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+    CHECK(sl_rpc_stream_finish(s, &st) == 0, "status %d %s", st.code, st.message);
+    sl_rpc_stream_free(s);
+    sl_rpc_client_free(c);
+}
+
+static void test_bidi(void)
+{
+    Sluice__Test__Num num = SLUICE__TEST__NUM__INIT;
+    sl_rpc_client *c = new_client();
+    sl_rpc_stream *s = NULL;
+    ProtobufCMessage *msg = NULL;
+    sl_rpc_status st;
+    int r;
+
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Chat", 10000) == 0, "open");
+    for (int i = 0; i < 50; i++) {
+        num.value = i * 7;
+        CHECK(sl_rpc_stream_write(s, &num.base, 0) == 0, "write %d", i);
+        r = sl_rpc_stream_read(s, &sluice__test__num__descriptor, &msg);
+        CHECK(r == 1, "read %d: %d", i, r);
+        if (r != 1)
+            break;
+        CHECK(((Sluice__Test__Num *)msg)->value == i * 7, "echo %d", i);
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+    CHECK(sl_rpc_stream_close_send(s) == 0, "close_send");
+    CHECK(sl_rpc_stream_read(s, &sluice__test__num__descriptor, &msg) == 0, "end of stream");
+    CHECK(sl_rpc_stream_finish(s, &st) == 0, "status %d %s", st.code, st.message);
+    sl_rpc_stream_free(s);
+    sl_rpc_client_free(c);
+}
+
+static void test_deadline(void)
+{
+    sl_rpc_client *c = new_client();
+    sl_rpc_status st;
+    double t0 = now_s();
+    int err = echo(c, "slow", 3000, 0, 200, &st, NULL, 0);
+    double took = now_s() - t0;
+
+    CHECK(err == SL_ETIMEOUT && st.code == SL_RPC_DEADLINE_EXCEEDED, "err %d code %d", err,
+          st.code);
+    CHECK(took < 1.5, "deadline took %.3f s", took);
+    /* The server learns of the expired deadline and frees the delayed call's state. */
+    CHECK(wait_idle(c, 3.0) == 0, "call state left after deadline");
+    sl_rpc_client_free(c);
+}
+
+static void test_cancel_mid_stream(void)
+{
+    Sluice__Test__CountRequest req = SLUICE__TEST__COUNT_REQUEST__INIT;
+    sl_rpc_client *c = new_client();
+    sl_rpc_stream *s = NULL;
+    ProtobufCMessage *msg;
+    double t0;
+    long live;
+    int got = 0;
+
+    req.count = 0; /* forever */
+    req.payload_size = 64;
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Count", 0) == 0, "open");
+    CHECK(sl_rpc_stream_write(s, &req.base, 0) == 0, "write");
+    CHECK(sl_rpc_stream_close_send(s) == 0, "close_send");
+    while (got < 500 && sl_rpc_stream_read(s, &sluice__test__count_response__descriptor, &msg) ==
+                            1) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        got++;
+    }
+    CHECK(got == 500, "got %d", got);
+    CHECK(live_calls(c) == 1, "stream not live on the server");
+    t0 = now_s();
+    sl_rpc_stream_cancel(s);
+    sl_rpc_stream_free(s);
+    live = wait_idle(c, 3.0);
+    CHECK(live == 0, "stream state not freed after cancel (%ld live)", live);
+    printf("  cancel noticed and freed in %.3f s\n", now_s() - t0);
+    sl_rpc_client_free(c);
+}
+
+static void test_oversized(void)
+{
+    Sluice__Test__EchoRequest req = SLUICE__TEST__ECHO_REQUEST__INIT;
+    Sluice__Test__EchoResponse *resp = NULL;
+    sl_rpc_client *c = new_client();
+    size_t n = 100 * 1024;
+    uint8_t *big = calloc(1, n);
+    sl_rpc_status st;
+    int err;
+
+    req.text = "big";
+    req.payload.data = big;
+    req.payload.len = n;
+    err = sl_rpc_client_unary(c, "/sluice.test.Test/Echo", &req.base,
+                              &sluice__test__echo_response__descriptor,
+                              (ProtobufCMessage **)&resp, 5000, &st);
+    CHECK(err == SL_ELIMIT && st.code == SL_RPC_RESOURCE_EXHAUSTED, "err %d code %d %s", err,
+          st.code, st.message);
+    /* Just under the limit is fine. */
+    req.payload.len = 60 * 1024;
+    err = sl_rpc_client_unary(c, "/sluice.test.Test/Echo", &req.base,
+                              &sluice__test__echo_response__descriptor,
+                              (ProtobufCMessage **)&resp, 5000, &st);
+    CHECK(err == 0 && resp && resp->payload.len == 60 * 1024, "err %d %s", err, st.message);
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    free(big);
+    sl_rpc_client_free(c);
+}
+
+static void test_unknown_method(void)
+{
+    static const char *const paths[] = {"/sluice.test.Test/Nope", "/no.such.Service/Method",
+                                        "/garbage"};
+    sl_rpc_client *c = new_client();
+
+    for (size_t i = 0; i < 3; i++) {
+        sl_rpc_status st;
+        double t0 = now_s();
+        int err = sl_rpc_client_unary_raw(c, paths[i], "", 0, 10000, &st);
+        double took = now_s() - t0;
+        CHECK(err == SL_EUNIMPL && st.code == SL_RPC_UNIMPLEMENTED, "%s: err %d code %d",
+              paths[i], err, st.code);
+        CHECK(strstr(st.message, paths[i]) != NULL, "message '%s'", st.message);
+        CHECK(took < 1.0, "%s answered after %.3f s", paths[i], took);
+    }
+    sl_rpc_client_free(c);
+}
+
+static void test_garbage(void)
+{
+    static const char garbage[] = "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01";
+    Sluice__Test__Num num = SLUICE__TEST__NUM__INIT;
+    sl_rpc_client *c = new_client();
+    sl_rpc_stream *s = NULL;
+    sl_rpc_status st;
+    char out[16] = "";
+    int err;
+
+    err = sl_rpc_client_unary_raw(c, "/sluice.test.Test/Echo", garbage, sizeof(garbage) - 1,
+                                  5000, &st);
+    CHECK(err == SL_EINVAL && st.code == SL_RPC_INVALID_ARGUMENT, "err %d code %d", err, st.code);
+    CHECK(strstr(st.message, "sluice.test.EchoRequest") != NULL, "message '%s'", st.message);
+
+    /* Garbage in the middle of a client stream. */
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Sum", 5000) == 0, "open");
+    num.value = 1;
+    sl_rpc_stream_write(s, &num.base, 0);
+    sl_rpc_stream_write_raw(s, garbage, sizeof(garbage) - 1, 0);
+    sl_rpc_stream_close_send(s);
+    err = sl_rpc_stream_finish(s, &st);
+    CHECK(err == SL_EINVAL && st.code == SL_RPC_INVALID_ARGUMENT, "stream err %d code %d", err,
+          st.code);
+    sl_rpc_stream_free(s);
+
+    /* The server still serves. */
+    CHECK(echo(c, "still", 0, 0, 5000, &st, out, sizeof(out)) == 0 && strcmp(out, "still") == 0,
+          "after garbage: %s", st.message);
+    sl_rpc_client_free(c);
+}
+
+typedef struct worker {
+    sl_rpc_client *c;
+    int ok;
+} worker;
+
+static void *unary_worker(void *arg)
+{
+    worker *w = arg;
+    sl_rpc_status st;
+    char out[16];
+
+    for (int i = 0; i < 200; i++)
+        if (echo(w->c, "x", 0, 0, 5000, &st, out, sizeof(out)) == 0 && strcmp(out, "x") == 0)
+            w->ok++;
+    return NULL;
+}
+
+static void test_concurrent(void)
+{
+    sl_rpc_client *c = new_client();
+    pthread_t t[8];
+    worker w[8];
+    int ok = 0;
+
+    for (int i = 0; i < 8; i++) {
+        w[i] = (worker){c, 0};
+        pthread_create(&t[i], NULL, unary_worker, &w[i]);
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(t[i], NULL);
+        ok += w[i].ok;
+    }
+    CHECK(ok == 1600, "%d of 1600 calls succeeded", ok);
+    sl_rpc_client_free(c);
+}
+
+typedef struct delayed_call {
+    sl_rpc_client *c;
+    int err;
+} delayed_call;
+
+static void *delayed_echo(void *arg)
+{
+    delayed_call *d = arg;
+    sl_rpc_status st;
+
+    d->err = echo(d->c, "late", 300, 0, 10000, &st, NULL, 0);
+    return NULL;
+}
+
+/* Graceful shutdown: an in-flight unary call finishes within the grace period, an endless stream
+ * is cancelled when it expires, and no call state is left. */
+static void test_shutdown(void)
+{
+    Sluice__Test__CountRequest req = SLUICE__TEST__COUNT_REQUEST__INIT;
+    sl_testsrv *srv = NULL;
+    sl_rpc_client *c;
+    sl_rpc_stream *s = NULL;
+    ProtobufCMessage *msg;
+    sl_rpc_status st;
+    delayed_call d;
+    pthread_t t;
+    char tgt[64];
+    double t0;
+    size_t left;
+    int r;
+
+    CHECK(sl_testsrv_start(&srv, 0) == 0, "start");
+    snprintf(tgt, sizeof(tgt), "127.0.0.1:%d", sl_testsrv_port(srv));
+    sl_rpc_client_new(&c, tgt, NULL);
+    req.count = 0;
+    sl_rpc_stream_open(&s, c, "/sluice.test.Test/Count", 0);
+    sl_rpc_stream_write(s, &req.base, 0);
+    sl_rpc_stream_close_send(s);
+    r = sl_rpc_stream_read(s, &sluice__test__count_response__descriptor, &msg);
+    CHECK(r == 1, "stream read %d", r);
+    if (r == 1)
+        protobuf_c_message_free_unpacked(msg, NULL);
+    d.c = c;
+    pthread_create(&t, NULL, delayed_echo, &d);
+    usleep(100000); /* let the delayed call arrive */
+    t0 = now_s();
+    left = sl_testsrv_stop(srv, 1000);
+    CHECK(left == 0, "%zu calls left after shutdown", left);
+    CHECK(now_s() - t0 < 3.0, "shutdown took %.3f s", now_s() - t0);
+    pthread_join(t, NULL);
+    CHECK(d.err == 0, "in-flight call during grace: err %d", d.err);
+    while ((r = sl_rpc_stream_read(s, &sluice__test__count_response__descriptor, &msg)) == 1)
+        protobuf_c_message_free_unpacked(msg, NULL);
+    r = sl_rpc_stream_finish(s, &st);
+    CHECK(r != 0 && st.code != SL_RPC_OK, "endless stream ended with %s",
+          sl_rpc_code_name(st.code));
+    sl_rpc_stream_free(s);
+    sl_rpc_client_free(c);
+}
+
+int main(void)
+{
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } tests[] = {
+        {"unary", test_unary},
+        {"unary_status", test_unary_status},
+        {"empty_request", test_empty_request},
+        {"server_stream", test_server_stream},
+        {"client_stream", test_client_stream},
+        {"bidi", test_bidi},
+        {"deadline", test_deadline},
+        {"cancel_mid_stream", test_cancel_mid_stream},
+        {"oversized", test_oversized},
+        {"unknown_method", test_unknown_method},
+        {"garbage", test_garbage},
+        {"concurrent", test_concurrent},
+    };
+    sl_testsrv *srv = NULL;
+    size_t left;
+    int err;
+
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    err = sl_testsrv_start(&srv, 64 * 1024);
+    if (err) {
+        fprintf(stderr, "cannot start the test server: %d\n", err);
+        return 1;
+    }
+    snprintf(target, sizeof(target), "127.0.0.1:%d", sl_testsrv_port(srv));
+    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+        int before = failures;
+        tests[i].fn();
+        printf("%s %s\n", failures == before ? "ok  " : "FAIL", tests[i].name);
+    }
+    left = sl_testsrv_stop(srv, 2000);
+    CHECK(left == 0, "%zu calls left at stop", left);
+    test_shutdown();
+    printf("%s shutdown\n", failures ? "?" : "ok  ");
+    if (failures)
+        fprintf(stderr, "%d check(s) failed\n", failures);
+    return failures ? 1 : 0;
+}
