@@ -527,6 +527,32 @@ static int cut_packed(planner *p, size_t a, size_t b)
     return 0;
 }
 
+/* Turn an ascending segment into a descending one. Samples with equal keys keep their relative
+ * (shuffled) order, so the result is exactly a stable descending sort. */
+static void reverse_runs(uint32_t *v, size_t n, const planner *p)
+{
+    size_t i, j;
+
+    for (i = 0, j = n; i + 1 < j; i++, j--) {
+        uint32_t t = v[i];
+
+        v[i] = v[j - 1];
+        v[j - 1] = t;
+    }
+    for (i = 0; i < n; i = j) {
+        uint32_t k = sort_key(p, v[i]);
+
+        for (j = i + 1; j < n && sort_key(p, v[j]) == k; j++)
+            ;
+        for (size_t a = i, b = j; a + 1 < b; a++, b--) {
+            uint32_t t = v[a];
+
+            v[a] = v[b - 1];
+            v[b - 1] = t;
+        }
+    }
+}
+
 static int cmp_u64(const void *x, const void *y)
 {
     uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
@@ -623,10 +649,11 @@ static int scan(planner *p, size_t n_lengths, char *msg, size_t len)
 
 static int alloc_scratch(planner *p, size_t win)
 {
-    size_t nkeys, last = p->n_order % win;
+    size_t nkeys, last;
 
     if (p->n_idx == 0)
         return 0;
+    last = p->n_order % win;
     nkeys = p->c.strategy == SL_BATCH_BUCKET ? p->hmax / p->c.bucket_width + 1 : p->hmax + 1;
     if (p->c.strategy != SL_BATCH_PAD && win > 1) {
         if (win * 4 >= nkeys) {
@@ -747,8 +774,10 @@ static int arrange(planner *p, sl_batch_plan *plan)
             p->recs = r;
             p->cap_recs = total;
         }
-        for (size_t i = nb; i < total; i++)
+        for (size_t i = nb; i < total; i++) {
             p->recs[i] = p->recs[(i - nb) % nb];
+            plan->total.repeated += p->recs[i].count;
+        }
     }
     if (total < p->cap_recs) {
         rec *r = acct_realloc(&p->a, p->recs, p->cap_recs * sizeof(rec),
@@ -789,12 +818,11 @@ static void finish_stats(sl_batch_stats *s, uint64_t max_tokens)
     s->fill = s->batches ? (double)s->tokens / ((double)s->batches * (double)max_tokens) : 0;
 }
 
-static void sum_stats(planner *p, sl_batch_plan *plan, size_t nb_planned)
+static void sum_stats(planner *p, sl_batch_plan *plan)
 {
     const uint32_t d = p->c.replicas;
     sl_batch_stats *t = &plan->total;
 
-    /* Batches past nb_planned are repeats of earlier ones. */
     for (size_t k = 0; k < p->n_recs; k++) {
         const rec *r = &p->recs[k];
         sl_batch_stats *s = &plan->ranks[k % d];
@@ -819,14 +847,11 @@ static void sum_stats(planner *p, sl_batch_plan *plan, size_t nb_planned)
         t->padded_tokens += s->padded_tokens;
         t->truncated += s->truncated;
     }
-    for (size_t k = nb_planned; k < p->n_recs; k++) {
-        t->repeated += p->recs[k].count;
-        plan->ranks[k % d].repeated += p->recs[k].count;
-    }
     t->skipped = p->skipped;
     for (uint32_t r = 0; r < d; r++) {
         plan->ranks[r].skipped = t->skipped;
         plan->ranks[r].dropped = t->dropped;
+        plan->ranks[r].repeated = t->repeated;
         finish_stats(&plan->ranks[r], p->c.max_tokens);
     }
     finish_stats(t, p->c.max_tokens);
@@ -838,7 +863,7 @@ int sl_batch_plan_new(sl_batch_plan **out, const sl_batch_config *cfg, const uin
 {
     planner p = {0};
     sl_batch_plan *plan = NULL;
-    size_t win, n = 0, nb;
+    size_t win, n = 0;
     int err;
 
     if (msg && len)
@@ -889,21 +914,28 @@ int sl_batch_plan_new(sl_batch_plan **out, const sl_batch_config *cfg, const uin
         goto out;
     }
 
-    for (size_t a = 0; a < n_order; a += win) {
+    /* Windows alternate between ascending and descending order, so the longest sequences at
+     * the end of one window meet the longest at the start of the next and the greedy cut runs
+     * across window boundaries without a half-empty batch at each one. */
+    for (size_t a = 0, w = 0; a < n_order; a += win, w++) {
         size_t b = n_order - a < win ? n_order : a + win, seg = n;
 
         sort_window(&p, a, b, &n);
         if (n == seg)
             continue;
-        err = p.c.strategy == SL_BATCH_PACKED ? cut_packed(&p, seg, n) : cut_greedy(&p, seg, n);
-        if (err)
-            goto out;
+        if (p.c.strategy == SL_BATCH_PACKED) {
+            if ((err = cut_packed(&p, seg, n)) != 0)
+                goto out;
+        } else if (w % 2 && p.c.strategy != SL_BATCH_PAD) {
+            reverse_runs(p.idx + seg, n - seg, &p);
+        }
     }
+    if (p.c.strategy != SL_BATCH_PACKED && (err = cut_greedy(&p, 0, n)) != 0)
+        goto out;
     free_scratch(&p);
-    nb = p.n_recs;
     if ((err = arrange(&p, plan)) != 0)
         goto out;
-    sum_stats(&p, plan, nb);
+    sum_stats(&p, plan);
     plan->idx = p.idx;
     plan->n_idx = p.n_idx;
     plan->recs = p.recs;

@@ -91,10 +91,10 @@ typedef struct sl_batch_stats {
     uint64_t sequences;      /* sequences in those batches, repeats included */
     uint64_t tokens;         /* real tokens in those batches */
     uint64_t padded_tokens;  /* sum of count x max_len over those batches */
-    uint64_t truncated;      /* sequences in those batches that were truncated */
+    uint64_t truncated;      /* sequences in those batches that were truncated (repeats too) */
     uint64_t skipped;        /* epoch-wide: sequences left out for being over max_seq_len */
     uint64_t dropped;        /* epoch-wide: sequences in batches dropped by the remainder rule */
-    uint64_t repeated;       /* sequences in batches repeated to pad the remainder */
+    uint64_t repeated;       /* epoch-wide: sequences in batches repeated to pad the remainder */
     double padding_fraction; /* (padded_tokens - tokens) / padded_tokens; 0 when empty */
     double fill;             /* tokens / (batches x max_tokens); 0 when empty */
 } sl_batch_stats;
