@@ -10,28 +10,29 @@
 
 void sl_config_usage(FILE *f)
 {
-    fprintf(f,
-            "Usage: sluiced [options]\n"
-            "\n"
-            "The sluice coordinator daemon: datasets, jobs and epochs in a SQLite catalog, per-rank\n"
-            "index streams and checkpoint shards over gRPC.\n"
-            "\n"
-            "Options (environment variable in brackets; flags win over the environment):\n"
-            "  --listen ADDR            address to serve gRPC on [SLUICE_LISTEN]\n"
-            "                           (default 127.0.0.1:7700; port 0 picks a free port)\n"
-            "  --data-dir DIR           catalog and shard store [SLUICE_DATA_DIR]\n"
-            "                           (default ./sluice-data, created if missing)\n"
-            "  --port-file FILE         write the bound port to FILE once listening\n"
-            "                           [SLUICE_PORT_FILE]\n"
-            "  --log-level LEVEL        debug, info, warn or error [SLUICE_LOG_LEVEL] (default info)\n"
-            "  --grace-period SECONDS   on SIGTERM/SIGINT, how long in-flight calls may finish\n"
-            "                           before they are cancelled [SLUICE_GRACE_PERIOD] (default 10)\n"
-            "  --max-message-bytes N    largest accepted gRPC message [SLUICE_MAX_MESSAGE_BYTES]\n"
-            "                           (default 8388608)\n"
-            "  --rpc-threads N          completion-queue threads, at least 2 [SLUICE_RPC_THREADS]\n"
-            "                           (default 2)\n"
-            "  -h, --help               show this help and exit\n"
-            "  -V, --version            print the version and exit\n");
+    fprintf(
+        f,
+        "Usage: sluiced [options]\n"
+        "\n"
+        "The sluice coordinator daemon: datasets, jobs and epochs in a SQLite catalog, per-rank\n"
+        "index streams and checkpoint shards over gRPC.\n"
+        "\n"
+        "Options (environment variable in brackets; flags win over the environment):\n"
+        "  --listen ADDR            address to serve gRPC on [SLUICE_LISTEN]\n"
+        "                           (default 127.0.0.1:7700; port 0 picks a free port)\n"
+        "  --data-dir DIR           catalog and shard store [SLUICE_DATA_DIR]\n"
+        "                           (default ./sluice-data, created if missing)\n"
+        "  --port-file FILE         write the bound port to FILE once listening\n"
+        "                           [SLUICE_PORT_FILE]\n"
+        "  --log-level LEVEL        debug, info, warn or error [SLUICE_LOG_LEVEL] (default info)\n"
+        "  --grace-period SECONDS   on SIGTERM/SIGINT, how long in-flight calls may finish\n"
+        "                           before they are cancelled [SLUICE_GRACE_PERIOD] (default 10)\n"
+        "  --max-message-bytes N    largest accepted gRPC message [SLUICE_MAX_MESSAGE_BYTES]\n"
+        "                           (default 8388608)\n"
+        "  --rpc-threads N          completion-queue threads, at least 2 [SLUICE_RPC_THREADS]\n"
+        "                           (default 2)\n"
+        "  -h, --help               show this help and exit\n"
+        "  -V, --version            print the version and exit\n");
 }
 
 static int set_str(char *dst, size_t len, const char *v, const char *name, FILE *err)
@@ -83,7 +84,15 @@ static int set_level(sl_log_level *dst, const char *v, const char *name, FILE *e
     return 0;
 }
 
-enum { OPT_LISTEN = 256, OPT_DATA_DIR, OPT_PORT_FILE, OPT_LOG_LEVEL, OPT_GRACE, OPT_MAX_MSG, OPT_THREADS };
+enum {
+    OPT_LISTEN = 256,
+    OPT_DATA_DIR,
+    OPT_PORT_FILE,
+    OPT_LOG_LEVEL,
+    OPT_GRACE,
+    OPT_MAX_MSG,
+    OPT_THREADS
+};
 
 /* Apply one setting by option id; `name` is the flag or variable, for messages. */
 static int apply(sl_config *cfg, int id, const char *v, const char *name, FILE *err)

@@ -24,8 +24,8 @@ struct watcher {
     sl_health *h;
     sl_rpc_call *call;
     char *service;
-    int sent;    /* last status sent, -1 before the first */
-    int busy;    /* a send is outstanding */
+    int sent; /* last status sent, -1 before the first */
+    int busy; /* a send is outstanding */
     watcher *prev, *next;
 };
 

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define SL_CLI_OK 0
+#define SL_CLI_OK    0
 #define SL_CLI_ERROR 1
 #define SL_CLI_USAGE 2
 
@@ -22,15 +22,17 @@ typedef struct sl_cli {
 
 /* Options every subcommand accepts, to splice into its getopt_long table (terminated by
  * SL_CLI_COMMON_OPTS_END). Their ids start at 1000. */
-#define SL_CLI_OPT_ADDR 1000
-#define SL_CLI_OPT_JSON 1001
+#define SL_CLI_OPT_ADDR    1000
+#define SL_CLI_OPT_JSON    1001
 #define SL_CLI_OPT_TIMEOUT 1002
-#define SL_CLI_OPT_HELP 'h'
+#define SL_CLI_OPT_HELP    'h'
 #define SL_CLI_COMMON_OPTS                                                                         \
     {"addr", required_argument, NULL, SL_CLI_OPT_ADDR},                                            \
         {"json", no_argument, NULL, SL_CLI_OPT_JSON},                                              \
         {"timeout", required_argument, NULL, SL_CLI_OPT_TIMEOUT},                                  \
-        {"help", no_argument, NULL, SL_CLI_OPT_HELP}
+    {                                                                                              \
+        "help", no_argument, NULL, SL_CLI_OPT_HELP                                                 \
+    }
 #define SL_CLI_COMMON_HELP                                                                         \
     "  --addr HOST:PORT   daemon address [SLUICE_ADDR] (default 127.0.0.1:7700)\n"                 \
     "  --json             print JSON instead of text\n"                                            \

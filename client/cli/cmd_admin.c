@@ -12,8 +12,7 @@ static int connect_or_fail(sl_client **out, const sl_cli *cli, const char *cmd)
     int err = sl_client_connect(out, cli->addr, &opts);
 
     if (err)
-        return sl_cli_fail(cmd, "cannot create a client for '%s': %s", cli->addr,
-                           sl_strerror(err));
+        return sl_cli_fail(cmd, "cannot create a client for '%s': %s", cli->addr, sl_strerror(err));
     return 0;
 }
 
@@ -32,13 +31,15 @@ int cmd_health(sl_cli *cli, int argc, char **argv)
     opterr = 0;
     while ((ch = getopt_long(argc, argv, ":hs:", opts, NULL)) != -1) {
         if (ch == 'h') {
-            printf("Usage: sluice health [--service NAME] [options]\n"
-                   "\n"
-                   "Ask the daemon's grpc.health.v1 service whether it is serving. Prints SERVING or\n"
-                   "NOT_SERVING; exits 0 only when SERVING.\n"
-                   "\n"
-                   "Options:\n"
-                   "  -s, --service NAME fully qualified service to ask about (default: the daemon)\n" SL_CLI_COMMON_HELP);
+            printf(
+                "Usage: sluice health [--service NAME] [options]\n"
+                "\n"
+                "Ask the daemon's grpc.health.v1 service whether it is serving. Prints SERVING or\n"
+                "NOT_SERVING; exits 0 only when SERVING.\n"
+                "\n"
+                "Options:\n"
+                "  -s, --service NAME fully qualified service to ask about (default: the "
+                "daemon)\n" SL_CLI_COMMON_HELP);
             return SL_CLI_OK;
         }
         if (ch == 's') {

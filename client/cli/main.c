@@ -106,9 +106,8 @@ void sl_cli_json_str(FILE *f, const char *s)
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {SL_CLI_COMMON_OPTS,
-                                         {"version", no_argument, NULL, 'V'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        SL_CLI_COMMON_OPTS, {"version", no_argument, NULL, 'V'}, {NULL, 0, NULL, 0}};
     sl_cli cli = {.addr = "127.0.0.1:7700", .json = 0, .timeout_ms = 10000};
     const char *env = getenv("SLUICE_ADDR");
     int c, r;
@@ -128,8 +127,9 @@ int main(int argc, char **argv)
         }
         if (c == '?' || c == ':') {
             const char *opt = argv[optind - 1];
-            fprintf(stderr, c == ':' ? "sluice: option '%s' needs a value\n"
-                                     : "sluice: unknown option '%s'\n",
+            fprintf(stderr,
+                    c == ':' ? "sluice: option '%s' needs a value\n"
+                             : "sluice: unknown option '%s'\n",
                     opt);
             fprintf(stderr, "Try 'sluice --help'.\n");
             return SL_CLI_USAGE;

@@ -65,17 +65,29 @@ void sl_rpc_slice_copy(char *dst, size_t len, grpc_slice s)
 }
 
 static const char *const code_names[] = {
-    "OK",        "CANCELLED",         "UNKNOWN",           "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL",      "UNAVAILABLE",       "DATA_LOSS",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
     "UNAUTHENTICATED",
 };
 
 const char *sl_rpc_code_name(sl_rpc_code code)
 {
     return (unsigned)code < sizeof(code_names) / sizeof(code_names[0]) ? code_names[code]
-                                                                        : "UNKNOWN";
+                                                                       : "UNKNOWN";
 }
 
 int sl_rpc_code_parse(sl_rpc_code *out, const char *name)

@@ -66,8 +66,8 @@ struct sl_rpc_call {
     char *peer;
     uint64_t start_us;
     int refs;
-    unsigned send_busy : 1, recv_busy : 1, finished : 1, done : 1, status_pending : 1,
-        sent_md : 1, has_details : 1;
+    unsigned send_busy : 1, recv_busy : 1, finished : 1, done : 1, status_pending : 1, sent_md : 1,
+        has_details : 1;
     int close_cancelled;
     tag tag_send, tag_recv, tag_close;
     grpc_byte_buffer *send_buf;
@@ -340,8 +340,7 @@ int sl_rpc_call_reply(sl_rpc_call *call, const ProtobufCMessage *msg)
         return err;
     bb = pack_limited(call, msg, &err);
     if (!bb) {
-        return call_finish_msg(call, SL_RPC_RESOURCE_EXHAUSTED,
-                               "response exceeds the send limit");
+        return call_finish_msg(call, SL_RPC_RESOURCE_EXHAUSTED, "response exceeds the send limit");
     }
     set_status(call, SL_RPC_OK, NULL);
     return start_send(call, bb, 0, 1);
@@ -549,8 +548,7 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
     }
     if (!payload) {
         /* The client half-closed without a request, or cancelled before sending one. */
-        sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "request message missing for %s",
-                           c->path);
+        sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "request message missing for %s", c->path);
         return;
     }
     req = sl_rpc_unpack(m->request, payload);
@@ -604,13 +602,12 @@ static void arm_slot(slot *s)
     if (s->reg) {
         int with_payload =
             s->reg->m->kind == SL_RPC_UNARY || s->reg->m->kind == SL_RPC_SERVER_STREAM;
-        e = grpc_server_request_registered_call(srv->server, s->reg->handle, &s->call,
-                                                &s->deadline, &s->md,
-                                                with_payload ? &s->payload : NULL, srv->cq,
+        e = grpc_server_request_registered_call(srv->server, s->reg->handle, &s->call, &s->deadline,
+                                                &s->md, with_payload ? &s->payload : NULL, srv->cq,
                                                 srv->cq, &s->tag);
     } else {
-        e = grpc_server_request_call(srv->server, &s->call, &s->details, &s->md, srv->cq,
-                                     srv->cq, &s->tag);
+        e = grpc_server_request_call(srv->server, &s->call, &s->details, &s->md, srv->cq, srv->cq,
+                                     &s->tag);
     }
     if (e != GRPC_CALL_OK)
         sl_log_error("rpc_request_call_failed", "error=%d", (int)e);
@@ -868,8 +865,8 @@ out:
     if (srv->server) {
         grpc_server_destroy(srv->server);
         grpc_completion_queue_shutdown(srv->cq);
-        while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
-                   .type != GRPC_QUEUE_SHUTDOWN) {
+        while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN) {
         }
         grpc_completion_queue_destroy(srv->cq);
         srv->server = NULL;

@@ -63,19 +63,19 @@ typedef void (*sl_rpc_call_observer)(const char *method, const char *peer, sl_rp
                                      uint64_t duration_us, void *arg);
 
 typedef struct sl_rpc_server_opts {
-    const char *listen;      /* "host:port"; port 0 picks a free port */
-    int cq_threads;          /* completion-queue threads; 0 means 2, minimum 2 */
-    int max_recv_bytes;      /* largest accepted message; 0 means 4 MiB */
-    int max_send_bytes;      /* largest sent message; 0 means unlimited */
-    int slots_per_method;    /* calls kept armed per method; 0 means 16 */
+    const char *listen;            /* "host:port"; port 0 picks a free port */
+    int cq_threads;                /* completion-queue threads; 0 means 2, minimum 2 */
+    int max_recv_bytes;            /* largest accepted message; 0 means 4 MiB */
+    int max_send_bytes;            /* largest sent message; 0 means unlimited */
+    int slots_per_method;          /* calls kept armed per method; 0 means 16 */
     sl_rpc_call_observer observer; /* optional */
     void *observer_arg;
 } sl_rpc_server_opts;
 
 /* Create a server bound to opts->listen serving `services` (the array is copied; the services
- * must outlive the server), with completions delivered to `loop`. Starts the completion-queue threads.
- * Returns 0 and *out, SL_EINVAL for a bad option, or SL_EUNAVAILABLE if the address cannot be
- * bound. Caller frees with sl_rpc_server_free after shutdown completed. Loop thread. */
+ * must outlive the server), with completions delivered to `loop`. Starts the completion-queue
+ * threads. Returns 0 and *out, SL_EINVAL for a bad option, or SL_EUNAVAILABLE if the address cannot
+ * be bound. Caller frees with sl_rpc_server_free after shutdown completed. Loop thread. */
 int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_opts *opts,
                       const sl_rpc_service *const *services, size_t n_services);
 

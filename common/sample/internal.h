@@ -8,7 +8,9 @@
 
 /* Rounds of the Feistel network. Six rounds of a two-multiply round function pass the
  * chi-square test in tests/unit/sample_test.c for every small N we try; see docs/sampling.md. */
+#ifndef SL_FEISTEL_ROUNDS
 #define SL_FEISTEL_ROUNDS 6
+#endif
 
 /* A keyed bijection of [0, n) built from a balanced-as-possible Feistel network on the smallest
  * power-of-two domain of at least 4 elements that holds n, with cycle-walking back into [0, n). */

@@ -3,6 +3,10 @@
 
 #include <string.h>
 
+#ifndef SL_FEISTEL_MINBITS
+#define SL_FEISTEL_MINBITS 2
+#endif
+
 static uint64_t splitmix64(uint64_t *state)
 {
     uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
@@ -14,7 +18,7 @@ static uint64_t splitmix64(uint64_t *state)
 
 void sl_feistel_init(sl_feistel *f, uint64_t n, uint64_t seed, uint64_t epoch, uint64_t tag)
 {
-    unsigned k = 2;
+    unsigned k = SL_FEISTEL_MINBITS;
     uint64_t st;
 
     memset(f, 0, sizeof(*f));

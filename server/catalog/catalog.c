@@ -21,7 +21,8 @@ static const char *const migrations[] = {
     "  key   TEXT PRIMARY KEY NOT NULL,\n"
     "  value TEXT NOT NULL\n"
     ");\n"
-    "INSERT INTO catalog_meta(key, value) VALUES ('created_at', strftime('%Y-%m-%dT%H:%M:%SZ','now'));\n",
+    "INSERT INTO catalog_meta(key, value) VALUES ('created_at', "
+    "strftime('%Y-%m-%dT%H:%M:%SZ','now'));\n",
 };
 
 #define N_MIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
@@ -137,8 +138,7 @@ int sl_cat_open(sl_cat **out, const char *path)
         goto out;
     }
     sqlite3_busy_timeout(cat->db, 5000);
-    err = exec(cat,
-               "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
+    err = exec(cat, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
                "pragmas");
     if (err)
         goto out;

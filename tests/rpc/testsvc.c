@@ -244,8 +244,8 @@ int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes)
     uv_loop_init(&s->loop);
     uv_async_init(&s->loop, &s->stop, on_stop);
     s->stop.data = s;
-    s->svc = (sl_rpc_service){"sluice.test.Test", methods, sizeof(methods) / sizeof(methods[0]),
-                              s, NULL};
+    s->svc = (sl_rpc_service){"sluice.test.Test", methods, sizeof(methods) / sizeof(methods[0]), s,
+                              NULL};
     svcs[0] = &s->svc;
     memset(&opts, 0, sizeof(opts));
     opts.listen = "127.0.0.1:0";

@@ -18,7 +18,7 @@ static int failures;
     do {                                                                                           \
         if (!(cond)) {                                                                             \
             failures++;                                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                       \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
             fprintf(stderr, __VA_ARGS__);                                                          \
             fputc('\n', stderr);                                                                   \
         }                                                                                          \
@@ -54,8 +54,8 @@ static int echo(sl_rpc_client *c, const char *text, uint32_t delay_ms, uint32_t 
     req.delay_ms = delay_ms;
     req.fail_code = fail_code;
     err = sl_rpc_client_unary(c, "/sluice.test.Test/Echo", &req.base,
-                              &sluice__test__echo_response__descriptor,
-                              (ProtobufCMessage **)&resp, timeout_ms, st);
+                              &sluice__test__echo_response__descriptor, (ProtobufCMessage **)&resp,
+                              timeout_ms, st);
     if (resp) {
         if (out)
             snprintf(out, out_len, "%s", resp->text);
@@ -151,8 +151,7 @@ static void test_server_stream(void)
         protobuf_c_message_free_unpacked(msg, NULL);
     }
     CHECK(r == 0, "read end %d", r);
-    CHECK(expect == 1000 && bad == 0, "got %llu messages, %d bad", (unsigned long long)expect,
-          bad);
+    CHECK(expect == 1000 && bad == 0, "got %llu messages, %d bad", (unsigned long long)expect, bad);
     CHECK(sl_rpc_stream_finish(s, &st) == 0 && st.code == SL_RPC_OK, "status %d %s", st.code,
           st.message);
     sl_rpc_stream_free(s);
@@ -246,8 +245,8 @@ static void test_cancel_mid_stream(void)
     CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Count", 0) == 0, "open");
     CHECK(sl_rpc_stream_write(s, &req.base, 0) == 0, "write");
     CHECK(sl_rpc_stream_close_send(s) == 0, "close_send");
-    while (got < 500 && sl_rpc_stream_read(s, &sluice__test__count_response__descriptor, &msg) ==
-                            1) {
+    while (got < 500 &&
+           sl_rpc_stream_read(s, &sluice__test__count_response__descriptor, &msg) == 1) {
         protobuf_c_message_free_unpacked(msg, NULL);
         got++;
     }
@@ -276,15 +275,15 @@ static void test_oversized(void)
     req.payload.data = big;
     req.payload.len = n;
     err = sl_rpc_client_unary(c, "/sluice.test.Test/Echo", &req.base,
-                              &sluice__test__echo_response__descriptor,
-                              (ProtobufCMessage **)&resp, 5000, &st);
+                              &sluice__test__echo_response__descriptor, (ProtobufCMessage **)&resp,
+                              5000, &st);
     CHECK(err == SL_ELIMIT && st.code == SL_RPC_RESOURCE_EXHAUSTED, "err %d code %d %s", err,
           st.code, st.message);
     /* Just under the limit is fine. */
     req.payload.len = 60 * 1024;
     err = sl_rpc_client_unary(c, "/sluice.test.Test/Echo", &req.base,
-                              &sluice__test__echo_response__descriptor,
-                              (ProtobufCMessage **)&resp, 5000, &st);
+                              &sluice__test__echo_response__descriptor, (ProtobufCMessage **)&resp,
+                              5000, &st);
     CHECK(err == 0 && resp && resp->payload.len == 60 * 1024, "err %d %s", err, st.message);
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
@@ -303,8 +302,8 @@ static void test_unknown_method(void)
         double t0 = now_s();
         int err = sl_rpc_client_unary_raw(c, paths[i], "", 0, 10000, &st);
         double took = now_s() - t0;
-        CHECK(err == SL_EUNIMPL && st.code == SL_RPC_UNIMPLEMENTED, "%s: err %d code %d",
-              paths[i], err, st.code);
+        CHECK(err == SL_EUNIMPL && st.code == SL_RPC_UNIMPLEMENTED, "%s: err %d code %d", paths[i],
+              err, st.code);
         CHECK(strstr(st.message, paths[i]) != NULL, "message '%s'", st.message);
         CHECK(took < 1.0, "%s answered after %.3f s", paths[i], took);
     }
@@ -321,8 +320,8 @@ static void test_garbage(void)
     char out[16] = "";
     int err;
 
-    err = sl_rpc_client_unary_raw(c, "/sluice.test.Test/Echo", garbage, sizeof(garbage) - 1,
-                                  5000, &st);
+    err = sl_rpc_client_unary_raw(c, "/sluice.test.Test/Echo", garbage, sizeof(garbage) - 1, 5000,
+                                  &st);
     CHECK(err == SL_EINVAL && st.code == SL_RPC_INVALID_ARGUMENT, "err %d code %d", err, st.code);
     CHECK(strstr(st.message, "sluice.test.EchoRequest") != NULL, "message '%s'", st.message);
 
