@@ -4,19 +4,21 @@
 
 #include "sample.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
-/* Rounds of the Feistel network. Six rounds of a two-multiply round function pass the
- * chi-square test in tests/unit/sample_test.c for every small N we try; see docs/sampling.md. */
-#ifndef SL_FEISTEL_ROUNDS
-#define SL_FEISTEL_ROUNDS 6
-#endif
+/* Rounds of the Feistel network: 12 on domains up to 2^16, where narrow halves need many rounds
+ * (6 or 8 fail the chi-square test in tests/unit/sample_test.c), 8 above. See docs/sampling.md. */
+#define SL_FEISTEL_ROUNDS      12
+#define SL_FEISTEL_ROUNDS_WIDE 8
+#define SL_FEISTEL_NARROW_BITS 16
 
 /* A keyed bijection of [0, n) built from a balanced-as-possible Feistel network on the smallest
  * power-of-two domain of at least 4 elements that holds n, with cycle-walking back into [0, n). */
 typedef struct sl_feistel {
     uint64_t n;
     unsigned wl, wr; /* widths in bits of the left and right halves at round 0 */
+    unsigned rounds;
     uint64_t mask_l, mask_r;
     uint64_t keys[SL_FEISTEL_ROUNDS];
 } sl_feistel;
@@ -27,6 +29,9 @@ void sl_feistel_init(sl_feistel *f, uint64_t n, uint64_t seed, uint64_t epoch, u
 
 /* The image of x < f->n. */
 uint64_t sl_feistel_at(const sl_feistel *f, uint64_t x);
+
+/* Replace each of v[0..m) (all < f->n) by its image; faster than sl_feistel_at per element. */
+void sl_feistel_map(const sl_feistel *f, uint64_t *v, size_t m);
 
 /* torch.randperm(n, generator=torch.Generator().manual_seed(seed)) on CPU for
  * n < SL_SAMPLE_TORCH_MAX_N, into tab[0..n). */

@@ -3,9 +3,9 @@
 
 #include <string.h>
 
-#ifndef SL_FEISTEL_MINBITS
-#define SL_FEISTEL_MINBITS 2
-#endif
+/* Domains have at least 2^4 elements: with 1-bit halves a Feistel network reaches only a few
+ * permutations, and cycle-walking a tiny n over 16 values costs little. */
+#define SL_FEISTEL_MINBITS 4
 
 static uint64_t splitmix64(uint64_t *state)
 {
@@ -30,6 +30,7 @@ void sl_feistel_init(sl_feistel *f, uint64_t n, uint64_t seed, uint64_t epoch, u
     f->wl = k - f->wr;
     f->mask_l = (UINT64_C(1) << f->wl) - 1;
     f->mask_r = (UINT64_C(1) << f->wr) - 1;
+    f->rounds = k <= SL_FEISTEL_NARROW_BITS ? SL_FEISTEL_ROUNDS : SL_FEISTEL_ROUNDS_WIDE;
     /* Keys come from a hash chain over (seed, epoch, tag, n), so neighbouring seeds, epochs and
      * sizes give unrelated permutations. */
     st = seed;
@@ -41,7 +42,8 @@ void sl_feistel_init(sl_feistel *f, uint64_t n, uint64_t seed, uint64_t epoch, u
 }
 
 /* Round function: a keyed multiply-xorshift-multiply hash of the right half; its top bits are
- * the best mixed, so the result is taken from there. */
+ * the best mixed, so the result is taken from there. (A single multiply, even 64x64->128, is
+ * nearly additive in the key for narrow halves and fails the chi-square test.) */
 static inline uint64_t round_fn(uint64_t r, uint64_t key, unsigned width)
 {
     uint64_t h = (r ^ key) * UINT64_C(0x9E3779B97F4A7C15);
@@ -51,13 +53,13 @@ static inline uint64_t round_fn(uint64_t r, uint64_t key, unsigned width)
     return h >> (64 - width);
 }
 
-static inline uint64_t feistel_once(const sl_feistel *f, uint64_t x)
+static inline uint64_t feistel_rounds(const sl_feistel *f, uint64_t x, const int rounds)
 {
     uint64_t l = x >> f->wr, r = x & f->mask_r, t;
     unsigned wl = f->wl, wr = f->wr, tw;
 
     /* Unbalanced halves swap widths every round; an even round count restores them. */
-    for (int i = 0; i < SL_FEISTEL_ROUNDS; i++) {
+    for (int i = 0; i < rounds; i++) {
         t = l ^ round_fn(r, f->keys[i], wl);
         l = r;
         r = t;
@@ -66,6 +68,14 @@ static inline uint64_t feistel_once(const sl_feistel *f, uint64_t x)
         wr = tw;
     }
     return (l << wr) | r;
+}
+
+/* Constant round counts let the compiler unroll each variant. */
+static inline uint64_t feistel_once(const sl_feistel *f, uint64_t x)
+{
+    if (f->rounds == SL_FEISTEL_ROUNDS_WIDE)
+        return feistel_rounds(f, x, SL_FEISTEL_ROUNDS_WIDE);
+    return feistel_rounds(f, x, SL_FEISTEL_ROUNDS);
 }
 
 uint64_t sl_feistel_at(const sl_feistel *f, uint64_t x)
@@ -78,6 +88,40 @@ uint64_t sl_feistel_at(const sl_feistel *f, uint64_t x)
         x = feistel_once(f, x);
     while (x >= f->n);
     return x;
+}
+
+void sl_feistel_map(const sl_feistel *f, uint64_t *v, size_t m)
+{
+    uint32_t pend[256];
+
+    if (f->n <= 1) {
+        for (size_t j = 0; j < m; j++)
+            v[j] = 0;
+        return;
+    }
+    /* Blocks of independent positions: one branch-free pass over all of them, then passes over
+     * the (fewer) ones that walked out of [0, n). This keeps the pipeline full instead of
+     * mispredicting the cycle-walking branch on every index. */
+    for (size_t b = 0; b < m; b += 256) {
+        size_t len = m - b < 256 ? m - b : 256, np = 0;
+        uint64_t *w = v + b;
+        for (size_t j = 0; j < len; j++) {
+            uint64_t y = feistel_once(f, w[j]);
+            w[j] = y;
+            pend[np] = (uint32_t)j;
+            np += y >= f->n;
+        }
+        while (np) {
+            size_t nq = 0;
+            for (size_t k = 0; k < np; k++) {
+                uint64_t y = feistel_once(f, w[pend[k]]);
+                w[pend[k]] = y;
+                pend[nq] = pend[k];
+                nq += y >= f->n;
+            }
+            np = nq;
+        }
+    }
 }
 
 /* MT19937 as torch's CPU generator uses it: seeded with the low 32 bits of the seed. */

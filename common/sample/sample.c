@@ -351,6 +351,12 @@ static void layout_fill(const layout *L, uint32_t r, uint64_t pos, uint64_t *out
 
     if (L->cfg.partition == SL_SAMPLE_INTERLEAVED) {
         uint64_t p = r + pos * L->R, n = L->n, R = L->R;
+        if (L->order.mode == SL_SAMPLE_SHUFFLE_FEISTEL) {
+            for (; k < m; k++, p += R)
+                out[k] = p < n ? p : p % n;
+            sl_feistel_map(&L->order.f, out, m);
+            return;
+        }
         for (; k < m && p < n; k++, p += R)
             out[k] = sl_perm_at(&L->order, p);
         for (; k < m; k++, p += R)
@@ -360,6 +366,14 @@ static void layout_fill(const layout *L, uint32_t r, uint64_t pos, uint64_t *out
     if (L->cfg.partition == SL_SAMPLE_CONTIGUOUS) {
         uint64_t base = (uint64_t)r * L->blk;
         within_perm(&w, L, r, r + 1 == L->R ? L->last_len : L->blk, r + 1 == L->R);
+        if (w.mode == SL_SAMPLE_SHUFFLE_FEISTEL) {
+            for (; k < m; k++)
+                out[k] = pos + k;
+            sl_feistel_map(&w.f, out, m);
+            for (k = 0; k < m; k++)
+                out[k] += base;
+            return;
+        }
         for (; k < m; k++)
             out[k] = base + sl_perm_at(&w, pos + k);
         return;
@@ -433,7 +447,8 @@ int sl_sample_epoch_order(uint64_t *out, uint64_t n, int shuffle_mode, uint64_t 
     case SL_SAMPLE_SHUFFLE_FEISTEL:
         sl_feistel_init(&f, n, seed, epoch, 0);
         for (uint64_t i = 0; i < n; i++)
-            out[i] = sl_feistel_at(&f, i);
+            out[i] = i;
+        sl_feistel_map(&f, out, n);
         return 0;
     default:
         return SL_EINVAL;
