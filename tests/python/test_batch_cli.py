@@ -1,0 +1,177 @@
+"""`sluice batch` end to end: output format, per-rank slices, determinism, formats and errors.
+
+Runs the real binary named by $SLUICE_CLI on small length files.
+"""
+import json
+import os
+import struct
+import subprocess
+import tempfile
+import unittest
+
+CLI = os.environ.get("SLUICE_CLI", "sluice")
+
+
+def run(*args, stdin=None):
+    return subprocess.run([CLI, "batch", *args], input=stdin, capture_output=True, timeout=60)
+
+
+def lines(p):
+    return [json.loads(x) for x in p.stdout.decode().splitlines()]
+
+
+class BatchCli(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        import random
+        rng = random.Random(4)
+        cls.lengths = [max(1, min(4096, int(rng.lognormvariate(5.5, 1)))) for _ in range(3000)]
+        cls.text = os.path.join(cls.tmp.name, "lengths.txt")
+        with open(cls.text, "w") as f:
+            f.write("\n".join(str(x) for x in cls.lengths) + "\n")
+        cls.u32 = os.path.join(cls.tmp.name, "lengths.u32")
+        with open(cls.u32, "wb") as f:
+            f.write(struct.pack("<%dI" % len(cls.lengths), *cls.lengths))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def write(self, name, data):
+        path = os.path.join(self.tmp.name, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def plan(self, *extra, path=None):
+        p = run("--lengths", path or self.text, "--max-batch-size", "256", "--max-seq-len", "4096",
+                "--max-tokens", "16384", *extra)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        out = lines(p)
+        self.assertIn("summary", out[-1])
+        return out[:-1], out[-1]["summary"]
+
+    def test_every_strategy_stays_in_budget_and_covers_the_epoch(self):
+        for strategy in ["pad", "bucket", "dynamic", "packed"]:
+            for cost in (["sum"] if strategy == "packed" else ["padded", "sum"]):
+                with self.subTest(strategy=strategy, cost=cost):
+                    batches, s = self.plan("--strategy", strategy, "--cost", cost,
+                                           "--window", "500")
+                    seen = []
+                    for b in batches:
+                        for k in ("indices", "max_len", "tokens", "padded_tokens"):
+                            self.assertIn(k, b)
+                        lens = [self.lengths[i] for i in b["indices"]]
+                        self.assertEqual(b["max_len"], max(lens))
+                        self.assertEqual(b["tokens"], sum(lens))
+                        self.assertEqual(b["padded_tokens"], len(lens) * max(lens))
+                        cost_v = b["padded_tokens"] if cost == "padded" else b["tokens"]
+                        self.assertLessEqual(cost_v, 16384)
+                        self.assertLessEqual(len(lens), 256)
+                        seen += b["indices"]
+                    self.assertEqual(sorted(seen), list(range(len(self.lengths))))
+                    self.assertEqual(s["batches"], len(batches))
+                    self.assertEqual(s["strategy"], strategy)
+                    for k in ("padding_fraction", "fill", "truncated", "skipped"):
+                        self.assertIn(k, s)
+
+    def test_ranks_get_equal_counts_and_their_own_slice(self):
+        allb, s = self.plan("--replicas", "3", "--seed", "9", "--epoch", "2")
+        per = s["batches_per_rank"]
+        self.assertEqual(s["batches"], 3 * per)
+        self.assertEqual(s["dropped"] + sum(len(b["indices"]) for b in allb), len(self.lengths))
+        for r in range(3):
+            mine, rs = self.plan("--replicas", "3", "--rank", str(r), "--seed", "9",
+                                 "--epoch", "2")
+            self.assertEqual(len(mine), per)
+            self.assertEqual(rs["rank"], r)
+            self.assertEqual(mine, [b for b in allb if b["rank"] == r])
+            self.assertEqual([b["step"] for b in mine], list(range(per)))
+        padded, ps = self.plan("--replicas", "7", "--remainder", "pad")
+        self.assertEqual(ps["dropped"], 0)
+        self.assertEqual(len(padded), 7 * ps["batches_per_rank"])
+        self.assertEqual(len({i for b in padded for i in b["indices"]}), len(self.lengths))
+
+    def test_deterministic_and_epoch_dependent(self):
+        a = run("--lengths", self.text, "--max-batch-size", "64", "--max-seq-len", "4096",
+                "--seed", "5", "--epoch", "1", "--window", "300")
+        b = run("--lengths", self.text, "--max-batch-size", "64", "--max-seq-len", "4096",
+                "--seed", "5", "--epoch", "1", "--window", "300")
+        c = run("--lengths", self.text, "--max-batch-size", "64", "--max-seq-len", "4096",
+                "--seed", "5", "--epoch", "2", "--window", "300")
+        self.assertEqual(a.returncode, 0)
+        self.assertEqual(a.stdout, b.stdout)
+        self.assertNotEqual(a.stdout, c.stdout)
+        for shuffle in ("none", "torch", "feistel"):
+            x = run("--lengths", self.text, "--max-batch-size", "64", "--max-seq-len", "4096",
+                    "--shuffle", shuffle, "--stats")
+            self.assertEqual(x.returncode, 0, x.stderr)
+            self.assertEqual(lines(x)[0]["summary"]["shuffle"], shuffle)
+
+    def test_u32_equals_text_and_stats_only(self):
+        _, s1 = self.plan("--strategy", "packed")
+        _, s2 = self.plan("--strategy", "packed", "--lengths-format", "u32", path=self.u32)
+        self.assertEqual(s1, s2)
+        p = run("--lengths", self.text, "--max-batch-size", "8", "--max-seq-len", "512",
+                "--stats")
+        out = lines(p)
+        self.assertEqual(len(out), 1)
+        self.assertGreater(out[0]["summary"]["truncated"], 0)
+        p = run("--lengths", "-", "--max-batch-size", "8", "--max-seq-len", "512", "--stats",
+                "--skip-long", stdin=b"3\n700\n5\n")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s = lines(p)[0]["summary"]
+        self.assertEqual((s["skipped"], s["sequences"]), (1, 2))
+
+    def test_seed_003_padded_cost(self):
+        # Summing lengths would put [100, 100, 500] in one batch of max_tokens 1000 (700 tokens)
+        # but a padding trainer computes 3 x 500 = 1500. sluice splits it.
+        path = self.write("seed.txt", b"100\n100\n500\n")
+        batches, s = self.plan("--max-tokens", "1000", "--max-seq-len", "512", "--keep-order",
+                               "--shuffle", "none", path=path)
+        self.assertEqual([b["indices"] for b in batches], [[0, 1], [2]])
+        batches, s = self.plan("--max-tokens", "1000", "--max-seq-len", "512", "--cost", "sum",
+                               "--shuffle", "none", path=path)
+        self.assertEqual(len(batches), 1)
+
+    def test_errors(self):
+        def err(*args, path=None, code=1, needle=""):
+            p = run("--lengths", path or self.text, *args)
+            self.assertEqual(p.returncode, code, (args, p.stderr))
+            self.assertIn(needle, p.stderr.decode())
+
+        base = ["--max-batch-size", "8", "--max-seq-len", "512"]
+        err(*base, path=self.write("empty.txt", b""), needle="empty")
+        err(*base, path=self.write("zero.txt", b"5\n0\n7\n"), needle="zero.txt:2: length 0")
+        err(*base, path=self.write("word.txt", b"5\n6\nseven\n8\n"), needle="word.txt:3:")
+        err(*base, path=self.write("neg.txt", b"5\n-6\n"), needle="neg.txt:2:")
+        err(*base, path=self.write("blank.txt", b"5\n\n6\n"), needle="blank.txt:2:")
+        err(*base, path=self.write("big.txt", b"99999999999\n"), needle="big.txt:1:")
+        err(*base, "--lengths-format", "u32", path=self.write("odd.u32", b"\x01\x00\x00"),
+            needle="multiple of 4")
+        err(*base, "--lengths-format", "u32", path=self.write("z.u32", b"\x00\x00\x00\x00"),
+            needle="length 0")
+        err(*base, path=os.path.join(self.tmp.name, "missing.txt"), needle="cannot open")
+        err("--max-batch-size", "8", "--max-seq-len", "512", "--max-tokens", "100",
+            needle="max_tokens 100 is smaller than max_seq_len 512")
+        err("--max-batch-size", "8", "--max-seq-len", "512", "--batch-size-multiple", "16",
+            needle="batch_size_multiple 16 is larger than max_batch_size 8")
+        err("--max-batch-size", "4294967295", "--max-seq-len", "4096", needle="set max_tokens")
+        err("--max-batch-size", "8", "--max-seq-len", "512", "--strategy", "packed", "--cost",
+            "padded", needle="packed")
+        err(*base, "--strategy", "fast", code=2, needle="--strategy 'fast'")
+        err(*base, "--cost", "free", code=2, needle="--cost 'free'")
+        err(*base, "--replicas", "0", code=2, needle="--replicas '0'")
+        err(*base, "--replicas", "4", "--rank", "4", code=2, needle="--rank 4 out of range [0, 4)")
+        err(*base, "--max-tokens", "x", code=2, needle="--max-tokens 'x'")
+        err("--max-batch-size", "0", "--max-seq-len", "512", code=2, needle="--max-batch-size '0'")
+        err("--max-seq-len", "512", code=2, needle="required")
+        err(*base, "--frobnicate", code=2, needle="unknown option")
+        p = subprocess.run([CLI, "batch", "--help"], capture_output=True)
+        self.assertEqual(p.returncode, 0)
+        self.assertIn(b"--max-tokens", p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
