@@ -6,3 +6,9 @@ set_tests_properties(sample_unit PROPERTIES TIMEOUT 120)
 
 add_executable(sample_bench bench/sample_bench.c)
 target_link_libraries(sample_bench PRIVATE sl_sample sl_common)
+
+add_test(NAME sample_torch COMMAND ${SL_PYTHON} -m unittest -v test_sample_torch
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+add_test(NAME sample_cli COMMAND ${SL_PYTHON} -m unittest -v test_sample_cli
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+set_tests_properties(sample_torch sample_cli PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)

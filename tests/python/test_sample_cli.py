@@ -1,0 +1,111 @@
+"""`sluice sample`: output formats, positions, partitions, mesh, elastic remainder, and the
+usage (exit 2) and configuration (exit 1) errors. Run by ctest as sample_cli."""
+import json
+import os
+import subprocess
+import unittest
+
+CLI = os.environ.get("SLUICE_CLI", "sluice")
+
+
+def run(*args):
+    return subprocess.run([CLI, "sample", *map(str, args)], capture_output=True, text=True)
+
+
+def ints(*args):
+    p = run(*args)
+    if p.returncode != 0:
+        raise AssertionError(f"exit {p.returncode}: {p.stderr}")
+    return [int(x) for x in p.stdout.split()]
+
+
+class Cli(unittest.TestCase):
+    def test_defaults_are_feistel_seed0_epoch0(self):
+        a = ints("--samples", 1000)
+        self.assertEqual(sorted(a), list(range(1000)))
+        self.assertNotEqual(a, list(range(1000)))
+        self.assertEqual(a, ints("--samples", 1000, "--shuffle", "feistel", "--seed", 0,
+                                 "--epoch", 0))
+        self.assertNotEqual(a, ints("--samples", 1000, "--epoch", 1))
+
+    def test_json_and_windows(self):
+        full = ints("--samples", 50, "--replicas", 3, "--rank", 2)
+        p = run("--samples", 50, "--replicas", 3, "--rank", 2, "--json")
+        self.assertEqual(p.returncode, 0)
+        self.assertEqual(json.loads(p.stdout), full)
+        for k in (0, 1, 9, 17):
+            self.assertEqual(ints("--samples", 50, "--replicas", 3, "--rank", 2, "--start", k),
+                             full[k:])
+        self.assertEqual(ints("--samples", 50, "--replicas", 3, "--rank", 2, "--start", 3,
+                              "--count", 4), full[3:7])
+        p = run("--samples", 50, "--replicas", 3, "--rank", 2, "--start", 17, "--json")
+        self.assertEqual(json.loads(p.stdout), [])
+
+    def test_partitions(self):
+        self.assertEqual(ints("--samples", 10, "--replicas", 4, "--rank", 3, "--partition",
+                              "contiguous", "--shuffle", "none"), [6, 7, 8, 9])
+        self.assertEqual(ints("--samples", 10, "--replicas", 2, "--rank", 1, "--partition",
+                              "chunked", "--chunk-size", 3, "--shuffle", "none"), [3, 4, 5, 9])
+        seen = []
+        for r in range(3):
+            seen += ints("--samples", 100, "--replicas", 3, "--rank", r, "--partition",
+                         "chunked", "--chunk-size", 7)
+        self.assertEqual(sorted(seen), list(range(100)))
+
+    def test_mesh_seed_001(self):
+        # 8 ranks, DP=2 TP=2 CP=2: dp 0 reads 0,2,4,...; dp 1 reads 1,3,5,...
+        for rank in range(8):
+            got = ints("--samples", 16, "--replicas", 8, "--rank", rank, "--mesh", "2,2,2,1",
+                       "--shuffle", "none")
+            self.assertEqual(got, list(range(rank // 4, 16, 2)))
+        got = ints("--samples", 16, "--replicas", 8, "--rank", 1, "--mesh", "2,2,2,1",
+                   "--mesh-order", "pp,tp,cp,dp", "--shuffle", "none")
+        self.assertEqual(got, list(range(1, 16, 2)))
+
+    def test_elastic(self):
+        n, R, consumed = 103, 4, [10, 12, 9, 11]
+        old = [ints("--samples", n, "--replicas", R, "--rank", r, "--drop-last",
+                    "--seed", 5) for r in range(R)]
+        read = [i for r in range(R) for i in old[r][:consumed[r]]]
+        rest = []
+        for r in range(3):
+            rest += ints("--samples", n, "--replicas", R, "--rank", r, "--drop-last", "--seed",
+                         5, "--consumed", ",".join(map(str, consumed)), "--new-replicas", 3)
+        self.assertEqual(sorted(read + rest), sorted(i for s in old for i in s))
+
+    def test_config_errors_exit_1(self):
+        for args, msg in [
+            (("--samples", 10, "--replicas", 8, "--rank", 9), "rank 9 out of range [0, 8)"),
+            (("--samples", 0), "samples 0"),
+            (("--samples", 10, "--replicas", 0), "replicas 0"),
+            (("--samples", 10, "--partition", "chunked", "--chunk-size", 0), "chunk size 0"),
+            (("--samples", 10, "--replicas", 6, "--mesh", "2,2,2,1"), "world size 6"),
+            (("--samples", 10, "--epoch", 2**63), "epoch 9223372036854775808 out of range"),
+            (("--samples", 300000000, "--shuffle", "torch"), "too many for shuffle torch"),
+            (("--samples", 10, "--start", 11), "start 11 past the end"),
+            (("--samples", 10, "--replicas", 2, "--consumed", "6,0", "--new-replicas", 3),
+             "consumed 6 for old rank 0 exceeds its share of 5"),
+        ]:
+            p = run(*args)
+            self.assertEqual(p.returncode, 1, (args, p.stderr))
+            self.assertIn(msg, p.stderr)
+            self.assertEqual(p.stdout, "")
+
+    def test_usage_errors_exit_2(self):
+        for args in [(), ("--samples", "-1"), ("--samples", "ten"), ("--samples", 5, "extra"),
+                     ("--samples", 5, "--shuffle", "random"), ("--samples", 5, "--bogus"),
+                     ("--samples", 5, "--partition", "blocks"), ("--samples",),
+                     ("--samples", 5, "--mesh", "2,2"), ("--samples", 5, "--mesh-order", "dp"),
+                     ("--samples", 5, "--consumed", "1,2")]:
+            p = run(*args)
+            self.assertEqual(p.returncode, 2, (args, p.stdout, p.stderr))
+
+    def test_help(self):
+        p = run("--help")
+        self.assertEqual(p.returncode, 0)
+        self.assertIn("--partition", p.stdout)
+        self.assertIn("--drop-last", p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
