@@ -12,3 +12,5 @@ add_test(NAME sample_torch COMMAND ${SL_PYTHON} -m unittest -v test_sample_torch
 add_test(NAME sample_cli COMMAND ${SL_PYTHON} -m unittest -v test_sample_cli
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(sample_torch sample_cli PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
+add_test(NAME sample_bench_smoke COMMAND sample_bench --smoke)
+set_tests_properties(sample_bench_smoke PROPERTIES TIMEOUT 60)
