@@ -451,6 +451,8 @@ static void check_plan(const sl_batch_config *c, const uint32_t *len, size_t n,
 
     if (!p || !seen || !seen_order)
         goto out;
+    if (!order)
+        n_order = n; /* NULL means the identity order over every sample */
     rc = sl_batch_plan_config(p);
     d = sl_batch_plan_replicas(p);
     per = sl_batch_plan_batches_per_rank(p);
@@ -619,6 +621,28 @@ static void test_properties(void)
     printf("properties: %d cases\n", cases);
 }
 
+static void test_extreme_lengths(void)
+{
+    /* Lengths up to the 2^24 limit: the packed strategy's capacity classes then span all three
+     * bitset levels and the windows sort by (key, position) pairs. */
+    size_t n = 3000;
+    uint32_t *len = malloc(n * sizeof(uint32_t));
+    sl_batch_config c = base(SL_BATCH_PACKED, 1000, SL_BATCH_MAX_SEQ_LEN);
+
+    for (size_t i = 0; i < n; i++)
+        len[i] = rnd() % 4 ? 1 + (uint32_t)(rnd() % 5000) : 1 + (uint32_t)(rnd() % (1u << 25));
+    c.max_tokens = 1u << 26;
+    for (int s = 0; s < 4; s++) {
+        c.strategy = (sl_batch_strategy)s;
+        c.cost = s == SL_BATCH_PACKED ? SL_BATCH_COST_SUM : SL_BATCH_COST_PADDED;
+        c.window = s == SL_BATCH_DYNAMIC ? 500 : 0;
+        c.overlong = (sl_batch_overlong)(s % 2);
+        c.replicas = 5;
+        check_plan(&c, len, n, NULL, 0, "extreme lengths");
+    }
+    free(len);
+}
+
 static void test_determinism_epochs(void)
 {
     size_t n = 5000;
@@ -782,6 +806,7 @@ int main(void)
     test_multiple();
     test_ranks();
     test_properties();
+    test_extreme_lengths();
     test_determinism_epochs();
     test_balance();
     test_quality_and_memory();
