@@ -64,7 +64,7 @@ static void watcher_pump(watcher *w)
     st = lookup(w->h, w->service);
     if (st != w->sent) {
         resp.status = st;
-        if (sl_rpc_call_send(w->call, &resp.base, 0) == 0) {
+        if (sl_rpc_call_send(w->call, &resp.base) == 0) {
             w->sent = st;
             w->busy = 1;
         }

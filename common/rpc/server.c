@@ -18,13 +18,18 @@
 #include <errno.h>
 #include <grpc/support/alloc.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-enum tag_kind { TAG_SLOT, TAG_SEND, TAG_RECV, TAG_CLOSE, TAG_SHUTDOWN };
+enum tag_kind { TAG_SLOT, TAG_SEND, TAG_RECV, TAG_CLOSE, TAG_WRITABLE, TAG_SHUTDOWN };
+
+/* A call may queue this many messages; the handler is told it may send more (on_writable) when
+ * the queue has drained to half. */
+#define SEND_WINDOW 64
 
 typedef struct tag {
     enum tag_kind kind;
@@ -65,12 +70,24 @@ struct sl_rpc_call {
     char *path;
     char *peer;
     uint64_t start_us;
-    int refs;
+    /* Atomic because a completion-queue thread drops the reference of a finished send chain;
+     * it never drops the last one, so the state is always freed on the loop. */
+    atomic_int refs;
     unsigned send_busy : 1, recv_busy : 1, finished : 1, done : 1, status_pending : 1, sent_md : 1,
         has_details : 1;
     int close_cancelled;
-    tag tag_send, tag_recv, tag_close;
-    grpc_byte_buffer *send_buf;
+    tag tag_send, tag_recv, tag_close, tag_writable;
+
+    /* The send queue. Queued messages are started by whichever thread sees the previous send
+     * complete: a completion-queue thread keeps the chain going without a trip through the loop,
+     * which is what makes streaming fast. Everything below `mu` is guarded by it; the loop owns
+     * send_busy (a chain is running and holds one reference). */
+    pthread_mutex_t mu;
+    grpc_byte_buffer *send_buf; /* the message in flight */
+    grpc_byte_buffer *sq[SEND_WINDOW];
+    size_t sq_head, sq_len;
+    int writable_posted;
+    int status_sent; /* the batch in flight carries the final status */
     grpc_byte_buffer *recv_buf;
     sl_rpc_code status_code;
     grpc_slice status_details;
@@ -146,6 +163,20 @@ static void push_event(sl_rpc_server *srv, tag *t, int ok)
     uv_async_send(&srv->async);
 }
 
+static int chain_next(sl_rpc_call *c);
+
+/* Drop a reference unless it is the last one (which must be dropped on the loop, where the state
+ * is freed). Returns 1 if dropped. Any thread. */
+static int drop_ref_unless_last(sl_rpc_call *c)
+{
+    int refs = atomic_load(&c->refs);
+
+    while (refs > 1)
+        if (atomic_compare_exchange_weak(&c->refs, &refs, refs - 1))
+            return 1;
+    return 0;
+}
+
 static void *cq_thread(void *arg)
 {
     sl_rpc_server *srv = arg;
@@ -155,8 +186,20 @@ static void *cq_thread(void *arg)
             grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
-        if (ev.type == GRPC_OP_COMPLETE)
-            push_event(srv, ev.tag, ev.success);
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        if (ev.success && ((tag *)ev.tag)->kind == TAG_SEND) {
+            sl_rpc_call *c = ((tag *)ev.tag)->ptr;
+            int more;
+            pthread_mutex_lock(&c->mu);
+            more = chain_next(c);
+            if (!more && c->status_sent && drop_ref_unless_last(c))
+                more = 1; /* the call is over: nothing for the loop to do */
+            pthread_mutex_unlock(&c->mu);
+            if (more)
+                continue;
+        }
+        push_event(srv, ev.tag, ev.success);
     }
     push_event(srv, NULL, 0);
     return NULL;
@@ -165,6 +208,7 @@ static void *cq_thread(void *arg)
 /* ---- call lifecycle (loop thread) ---- */
 
 static void maybe_finish_shutdown(sl_rpc_server *srv);
+static void drain_queue(sl_rpc_call *c);
 
 static void call_free(sl_rpc_call *c)
 {
@@ -175,8 +219,12 @@ static void call_free(sl_rpc_call *c)
     if (c->call)
         grpc_call_unref(c->call);
     grpc_metadata_array_destroy(&c->md);
+    pthread_mutex_lock(&c->mu);
     if (c->send_buf)
         grpc_byte_buffer_destroy(c->send_buf);
+    drain_queue(c);
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_destroy(&c->mu);
     if (c->recv_buf)
         grpc_byte_buffer_destroy(c->recv_buf);
     if (c->has_details)
@@ -190,18 +238,19 @@ static void call_free(sl_rpc_call *c)
 
 void sl_rpc_call_ref(sl_rpc_call *call)
 {
-    call->refs++;
+    atomic_fetch_add(&call->refs, 1);
 }
 
 void sl_rpc_call_unref(sl_rpc_call *call)
 {
-    if (call && --call->refs == 0)
+    if (call && atomic_fetch_sub(&call->refs, 1) == 1)
         call_free(call);
 }
 
 /* Start a batch on the call's send path: initial metadata if not yet sent, then the message
- * (may be NULL), then the status (if with_status). Takes ownership of bb. */
-static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int flags, int with_status)
+ * (may be NULL), then the status (if with_status). Takes ownership of bb. Loop thread, with c->mu
+ * held; the batch's completion owns the reference it takes. */
+static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int with_status)
 {
     grpc_op ops[3];
     size_t n = 0;
@@ -216,9 +265,6 @@ static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int flags, int with_
     if (bb) {
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = bb;
-        /* The write hint on a batch that also carries the initial metadata stalls the call:
-         * the first message of a stream is always sent without it. */
-        ops[n].flags = (flags & SL_RPC_SEND_MORE) && c->sent_md ? GRPC_WRITE_BUFFER_HINT : 0;
         n++;
     }
     if (with_status) {
@@ -231,19 +277,65 @@ static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int flags, int with_
     }
     c->send_buf = bb;
     c->send_busy = 1;
-    c->refs++;
+    c->status_sent = with_status;
+    atomic_fetch_add(&c->refs, 1);
     e = grpc_call_start_batch(c->call, ops, n, &c->tag_send, NULL);
     if (e != GRPC_CALL_OK) {
         sl_log_warn("rpc_start_batch_failed", "method=%s error=%d", c->path, (int)e);
         c->send_busy = 0;
         c->send_buf = NULL;
+        c->status_sent = 0;
         if (bb)
             grpc_byte_buffer_destroy(bb);
-        c->refs--;
+        atomic_fetch_sub(&c->refs, 1);
         return SL_ERPC;
     }
     c->sent_md = 1;
     return 0;
+}
+
+/* Continue a send chain with the next queued message. Any thread, with c->mu held. The write
+ * hint lets the transport coalesce this message with the ones queued behind it; the last queued
+ * message goes without it, so nothing is held back. Returns 1 if a send was started. */
+static int chain_next(sl_rpc_call *c)
+{
+    grpc_byte_buffer *bb;
+    grpc_op op;
+
+    if (c->send_buf) {
+        grpc_byte_buffer_destroy(c->send_buf);
+        c->send_buf = NULL;
+    }
+    if (c->sq_len == 0)
+        return 0;
+    bb = c->sq[c->sq_head];
+    c->sq_head = (c->sq_head + 1) % SEND_WINDOW;
+    c->sq_len--;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_MESSAGE;
+    op.data.send_message.send_message = bb;
+    op.flags = c->sq_len > 0 ? GRPC_WRITE_BUFFER_HINT : 0;
+    c->send_buf = bb;
+    if (grpc_call_start_batch(c->call, &op, 1, &c->tag_send, NULL) != GRPC_CALL_OK) {
+        c->send_buf = NULL;
+        grpc_byte_buffer_destroy(bb);
+        return 0;
+    }
+    if (c->sq_len <= SEND_WINDOW / 2 && !c->writable_posted) {
+        c->writable_posted = 1;
+        push_event(c->srv, &c->tag_writable, 1);
+    }
+    return 1;
+}
+
+/* Drop every queued message (the call is failing). With c->mu held. */
+static void drain_queue(sl_rpc_call *c)
+{
+    while (c->sq_len > 0) {
+        grpc_byte_buffer_destroy(c->sq[c->sq_head]);
+        c->sq_head = (c->sq_head + 1) % SEND_WINDOW;
+        c->sq_len--;
+    }
 }
 
 static void set_status(sl_rpc_call *c, sl_rpc_code code, const char *msg)
@@ -259,6 +351,8 @@ static void set_status(sl_rpc_call *c, sl_rpc_code code, const char *msg)
 
 static int call_finish_msg(sl_rpc_call *c, sl_rpc_code code, const char *msg)
 {
+    int err;
+
     if (c->done)
         return SL_ECANCELLED;
     if (c->finished)
@@ -268,7 +362,10 @@ static int call_finish_msg(sl_rpc_call *c, sl_rpc_code code, const char *msg)
         c->status_pending = 1;
         return 0;
     }
-    return start_send(c, NULL, 0, 1);
+    pthread_mutex_lock(&c->mu);
+    err = start_send(c, NULL, 1);
+    pthread_mutex_unlock(&c->mu);
+    return err;
 }
 
 int sl_rpc_call_finish(sl_rpc_call *call, sl_rpc_code code, const char *fmt, ...)
@@ -297,53 +394,78 @@ int sl_rpc_call_fail(sl_rpc_call *call, int err, const char *fmt, ...)
     return call_finish_msg(call, sl_rpc_code_from_err(err), msg);
 }
 
-static int check_sendable(sl_rpc_call *c)
-{
-    if (c->done)
-        return SL_ECANCELLED;
-    if (c->finished || c->send_busy)
-        return SL_ESTATE;
-    return 0;
-}
-
 static grpc_byte_buffer *pack_limited(sl_rpc_call *c, const ProtobufCMessage *msg, int *err)
 {
     int max = c->srv->opts.max_send_bytes;
+    grpc_byte_buffer *bb;
 
     if (max > 0 && protobuf_c_message_get_packed_size(msg) > (size_t)max) {
         *err = SL_ELIMIT;
         return NULL;
     }
-    *err = 0;
-    return sl_rpc_pack(msg);
+    bb = sl_rpc_pack(msg);
+    *err = bb ? 0 : -ENOMEM;
+    return bb;
 }
 
-int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg, int flags)
+int sl_rpc_call_send_room(const sl_rpc_call *call)
+{
+    sl_rpc_call *c = (sl_rpc_call *)call;
+    size_t used;
+
+    if (c->done || c->finished)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    used = c->sq_len;
+    pthread_mutex_unlock(&c->mu);
+    return (int)(SEND_WINDOW - used);
+}
+
+int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg)
 {
     grpc_byte_buffer *bb;
-    int err = check_sendable(call);
+    int err;
 
-    if (err)
-        return err;
+    if (call->done)
+        return SL_ECANCELLED;
+    if (call->finished)
+        return SL_ESTATE;
     bb = pack_limited(call, msg, &err);
     if (!bb)
-        return err ? err : -ENOMEM;
-    return start_send(call, bb, flags, 0);
+        return err;
+    pthread_mutex_lock(&call->mu);
+    if (!call->send_busy) {
+        err = start_send(call, bb, 0);
+    } else if (call->sq_len == SEND_WINDOW) {
+        grpc_byte_buffer_destroy(bb);
+        err = SL_ELIMIT;
+    } else {
+        call->sq[(call->sq_head + call->sq_len) % SEND_WINDOW] = bb;
+        call->sq_len++;
+    }
+    pthread_mutex_unlock(&call->mu);
+    return err;
 }
 
 int sl_rpc_call_reply(sl_rpc_call *call, const ProtobufCMessage *msg)
 {
     grpc_byte_buffer *bb;
-    int err = check_sendable(call);
+    int err;
 
-    if (err)
-        return err;
+    if (call->done)
+        return SL_ECANCELLED;
+    if (call->finished || call->send_busy)
+        return SL_ESTATE;
     bb = pack_limited(call, msg, &err);
-    if (!bb) {
-        return call_finish_msg(call, SL_RPC_RESOURCE_EXHAUSTED, "response exceeds the send limit");
-    }
+    if (!bb)
+        return call_finish_msg(call, sl_rpc_code_from_err(err),
+                               err == SL_ELIMIT ? "response exceeds the send limit"
+                                                : "out of memory");
     set_status(call, SL_RPC_OK, NULL);
-    return start_send(call, bb, 0, 1);
+    pthread_mutex_lock(&call->mu);
+    err = start_send(call, bb, 1);
+    pthread_mutex_unlock(&call->mu);
+    return err;
 }
 
 int sl_rpc_call_read(sl_rpc_call *call)
@@ -360,11 +482,11 @@ int sl_rpc_call_read(sl_rpc_call *call)
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &call->recv_buf;
     call->recv_busy = 1;
-    call->refs++;
+    atomic_fetch_add(&call->refs, 1);
     e = grpc_call_start_batch(call->call, &op, 1, &call->tag_recv, NULL);
     if (e != GRPC_CALL_OK) {
         call->recv_busy = 0;
-        call->refs--;
+        atomic_fetch_sub(&call->refs, 1);
         return SL_ERPC;
     }
     return 0;
@@ -417,21 +539,49 @@ int sl_rpc_call_metadata(const sl_rpc_call *call, const char *key, char *buf, si
 
 /* ---- completions (loop thread) ---- */
 
+/* A send chain ended: its last batch completed with nothing queued behind it, or failed. */
 static void on_send_done(sl_rpc_call *c, int ok)
 {
-    c->send_busy = 0;
-    if (c->send_buf) {
-        grpc_byte_buffer_destroy(c->send_buf);
-        c->send_buf = NULL;
+    int more;
+
+    pthread_mutex_lock(&c->mu);
+    if (ok && !c->done) {
+        /* The handler may have queued messages since the completion thread looked. */
+        more = chain_next(c);
+    } else {
+        more = 0;
+        if (c->send_buf) {
+            grpc_byte_buffer_destroy(c->send_buf);
+            c->send_buf = NULL;
+        }
+        drain_queue(c);
     }
+    pthread_mutex_unlock(&c->mu);
+    if (more)
+        return;
+    c->send_busy = 0;
     if (c->status_pending) {
         c->status_pending = 0;
-        if (ok && !c->done)
-            start_send(c, NULL, 0, 1);
+        if (ok && !c->done) {
+            pthread_mutex_lock(&c->mu);
+            start_send(c, NULL, 1);
+            pthread_mutex_unlock(&c->mu);
+        }
     } else if (ok && !c->finished && !c->done && c->reg && c->reg->m->on_writable) {
         c->reg->m->on_writable(c, c->reg->svc->arg);
     }
     sl_rpc_call_unref(c);
+}
+
+/* The queue drained to half while a chain runs: the handler may produce more. The chain's
+ * reference keeps the call alive: the event that ends the chain is queued after this one. */
+static void on_writable(sl_rpc_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->writable_posted = 0;
+    pthread_mutex_unlock(&c->mu);
+    if (!c->finished && !c->done && c->reg && c->reg->m->on_writable)
+        c->reg->m->on_writable(c, c->reg->svc->arg);
 }
 
 static void on_recv_done(sl_rpc_call *c, int ok)
@@ -503,6 +653,8 @@ static sl_rpc_call *call_from_slot(slot *s)
     c->tag_send = (tag){TAG_SEND, c};
     c->tag_recv = (tag){TAG_RECV, c};
     c->tag_close = (tag){TAG_CLOSE, c};
+    c->tag_writable = (tag){TAG_WRITABLE, c};
+    pthread_mutex_init(&c->mu, NULL);
     if (s->reg) {
         c->path = strdup(s->reg->path);
     } else {
@@ -519,9 +671,9 @@ static sl_rpc_call *call_from_slot(slot *s)
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     op.data.recv_close_on_server.cancelled = &c->close_cancelled;
-    c->refs = 1;
+    atomic_init(&c->refs, 1);
     if (grpc_call_start_batch(c->call, &op, 1, &c->tag_close, NULL) != GRPC_CALL_OK) {
-        c->refs = 0;
+        atomic_store(&c->refs, 0);
         call_free(c);
         return NULL;
     }
@@ -586,7 +738,7 @@ static void on_slot(slot *s, int ok)
     if (!srv->shutting_down)
         arm_slot(s);
     if (c) {
-        c->refs++;
+        sl_rpc_call_ref(c);
         dispatch(c, payload);
         sl_rpc_call_unref(c);
     }
@@ -711,6 +863,9 @@ static void on_async(uv_async_t *a)
                 break;
             case TAG_CLOSE:
                 on_close_done(t->ptr);
+                break;
+            case TAG_WRITABLE:
+                on_writable(t->ptr);
                 break;
             case TAG_SHUTDOWN:
                 srv->shutdown_seen = 1;

@@ -5,9 +5,10 @@
  * Two or more completion-queue threads block in the C core and hand every completion to the loop
  * (a queue plus uv_async_send), so all call state is owned by the loop thread.
  *
- * Per call, at most one send and one read are outstanding: a handler sends the next message
- * after on_writable and asks for the next incoming message with sl_rpc_call_read(). That is the
- * flow control: a slow client slows the handler, memory stays flat.
+ * Per call, a handler queues at most a window of messages and produces more on on_writable; it
+ * asks for each incoming message with sl_rpc_call_read(). That is the flow control: a slow client
+ * slows the handler, memory stays flat. Send completions are chained on the completion-queue
+ * threads, so a streaming handler is woken once per half window, not once per message.
  */
 #ifndef SL_RPC_SERVER_H
 #define SL_RPC_SERVER_H
@@ -41,7 +42,7 @@ typedef struct sl_rpc_method {
     /* A message asked for with sl_rpc_call_read() arrived (valid only during the callback), or
      * NULL when the client closed its side. Required for client-streaming and bidi methods. */
     void (*on_message)(sl_rpc_call *call, const ProtobufCMessage *msg, void *svc_arg);
-    /* The last sl_rpc_call_send() completed; the handler may send again. Optional. */
+    /* The send queue drained to half or emptied; the handler may send more. Optional. */
     void (*on_writable)(sl_rpc_call *call, void *svc_arg);
     /* The call ended before the handler finished it (client cancel, deadline, shutdown). Sends
      * and reads fail from now on. Optional; per-call data is freed when the last reference goes. */
@@ -108,10 +109,16 @@ void *sl_rpc_call_data(const sl_rpc_call *call);
  * read is outstanding or the method does not stream requests, SL_ECANCELLED if the call ended. */
 int sl_rpc_call_read(sl_rpc_call *call);
 
-/* Send one response message (streaming methods). on_writable follows when it was written.
- * Returns 0, SL_ESTATE if a send is outstanding or the call was finished, SL_ECANCELLED if the
- * call ended, SL_ELIMIT if the message exceeds the send limit. */
-int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg, int flags);
+/* Queue one response message (streaming methods). Up to sl_rpc_call_send_room() messages may
+ * be queued; they are written in order, coalesced by the transport while more are queued, and
+ * on_writable follows when the queue has drained to half (or emptied). Returns 0, SL_ESTATE if
+ * the call was finished, SL_ECANCELLED if it ended, SL_ELIMIT if the queue is full or the message
+ * exceeds the send limit. Queued messages hold memory: handlers sending large messages keep only
+ * a few queued. */
+int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg);
+
+/* How many more messages sl_rpc_call_send accepts now (0 once the call ended). */
+int sl_rpc_call_send_room(const sl_rpc_call *call);
 
 /* Send the response and status OK in one step (unary and client-streaming methods). */
 int sl_rpc_call_reply(sl_rpc_call *call, const ProtobufCMessage *msg);

@@ -109,18 +109,18 @@ static void count_pump(sl_rpc_call *call, void *arg)
 {
     counter *c = sl_rpc_call_data(call);
     Sluice__Test__CountResponse resp = SLUICE__TEST__COUNT_RESPONSE__INIT;
-    int last;
 
-    if (c->count && c->next >= c->count) {
-        sl_rpc_call_finish(call, SL_RPC_OK, NULL);
-        return;
-    }
-    resp.value = c->next++;
     resp.payload.data = c->payload;
     resp.payload.len = c->payload_size;
-    /* Flush every 16th message and the last: the write hint holds data back until then. */
-    last = (c->count && c->next == c->count) || (c->next % 16) == 0;
-    sl_rpc_call_send(call, &resp.base, last ? 0 : SL_RPC_SEND_MORE);
+    while (sl_rpc_call_send_room(call) > 0) {
+        if (c->count && c->next >= c->count) {
+            sl_rpc_call_finish(call, SL_RPC_OK, NULL);
+            return;
+        }
+        resp.value = c->next++;
+        if (sl_rpc_call_send(call, &resp.base) != 0)
+            return;
+    }
 }
 
 static void count_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
@@ -177,7 +177,7 @@ static void chat_message(sl_rpc_call *call, const ProtobufCMessage *msg, void *a
         sl_rpc_call_finish(call, SL_RPC_OK, NULL);
         return;
     }
-    sl_rpc_call_send(call, msg, 0);
+    sl_rpc_call_send(call, msg);
 }
 
 static void chat_writable(sl_rpc_call *call, void *arg)
