@@ -93,6 +93,7 @@ struct sl_rpc_call {
     grpc_slice status_details;
     void *data;
     void (*data_free)(void *);
+    ProtobufCMessage *cur_msg; /* the message being delivered, unless the handler took it */
 };
 
 struct sl_rpc_server {
@@ -492,6 +493,14 @@ int sl_rpc_call_read(sl_rpc_call *call)
     return 0;
 }
 
+ProtobufCMessage *sl_rpc_call_take_message(sl_rpc_call *call)
+{
+    ProtobufCMessage *msg = call->cur_msg;
+
+    call->cur_msg = NULL;
+    return msg;
+}
+
 void sl_rpc_call_set_data(sl_rpc_call *call, void *data, void (*free_fn)(void *))
 {
     call->data = data;
@@ -603,8 +612,11 @@ static void on_recv_done(sl_rpc_call *c, int ok)
             sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "message is not a valid %s",
                                m->request->name);
         } else {
+            c->cur_msg = msg;
             m->on_message(c, msg, c->reg->svc->arg);
-            protobuf_c_message_free_unpacked(msg, NULL);
+            if (c->cur_msg)
+                protobuf_c_message_free_unpacked(c->cur_msg, NULL);
+            c->cur_msg = NULL;
         }
     }
     sl_rpc_call_unref(c);
@@ -709,8 +721,11 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
                            m->request->name);
         return;
     }
+    c->cur_msg = req;
     m->on_start(c, req, c->reg->svc->arg);
-    protobuf_c_message_free_unpacked(req, NULL);
+    if (c->cur_msg)
+        protobuf_c_message_free_unpacked(c->cur_msg, NULL);
+    c->cur_msg = NULL;
 }
 
 static void on_slot(slot *s, int ok)

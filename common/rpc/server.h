@@ -99,6 +99,11 @@ size_t sl_rpc_server_live_calls(const sl_rpc_server *srv);
 
 /* ---- The call API for handlers. Loop thread only. ---- */
 
+/* Take ownership of the message being delivered (only inside on_start or on_message), e.g. to
+ * hand a large upload chunk to a worker without copying it. Returns it, or NULL outside those
+ * callbacks; the caller frees it with protobuf_c_message_free_unpacked(msg, NULL). */
+ProtobufCMessage *sl_rpc_call_take_message(sl_rpc_call *call);
+
 /* Attach per-call handler state; `free_fn` (may be NULL) runs when the call is freed. */
 void sl_rpc_call_set_data(sl_rpc_call *call, void *data, void (*free_fn)(void *));
 
