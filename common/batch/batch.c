@@ -63,8 +63,9 @@ static void *acct_realloc(acct *a, void *old, size_t old_n, size_t n)
     void *p = realloc(old, n ? n : 1);
 
     if (p) {
-        /* realloc may copy: count both blocks at the peak, as the allocator holds them. */
-        if (a->cur + n > a->peak)
+        /* Growing may copy: count both blocks at the peak, as the allocator holds them then.
+         * Shrinking happens in place. */
+        if (n > old_n && a->cur + n > a->peak)
             a->peak = a->cur + n;
         a->cur = a->cur - old_n + n;
     }
@@ -308,7 +309,7 @@ static uint32_t bits_next(const bitset *b, uint32_t x)
 
 /* An open bin of the packed strategy, linked into the list of its capacity class. */
 typedef struct bin {
-    uint64_t rem;
+    uint32_t rem; /* fits: max_tokens <= UINT32_MAX */
     uint32_t count, max_len, tokens, start;
     uint32_t prev, next, cls;
 } bin;
@@ -487,7 +488,7 @@ static int cut_packed(planner *p, size_t a, size_t b)
                 p->cap_bins = ncap;
             }
             bi = (uint32_t)p->n_bins++;
-            p->bins[bi] = (bin){.rem = p->c.max_tokens, .cls = NONE};
+            p->bins[bi] = (bin){.rem = (uint32_t)p->c.max_tokens, .cls = NONE};
         }
         p->bins[bi].rem -= s;
         p->bins[bi].count++;
