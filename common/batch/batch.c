@@ -474,7 +474,21 @@ static int cut_packed(planner *p, size_t a, size_t b)
         uint32_t c = bits_next(&p->bits, s), bi;
 
         if (c != NONE) {
+            bin *bn;
+
             bi = p->heads[c];
+            bn = &p->bins[bi];
+            /* Fast path: a bin that stays open in the same class keeps its place at the head
+             * of the list, exactly where unlinking and relinking would put it. */
+            if (bn->count + 1 < p->beff && bn->rem - s >= 1 &&
+                (bn->rem - s < p->hmax ? bn->rem - s : p->hmax) == c) {
+                bn->rem -= s;
+                bn->count++;
+                bn->tokens += s;
+                bn->max_len = s > bn->max_len ? s : bn->max_len;
+                p->eff[k] = bi;
+                continue;
+            }
             bin_unlink(p, bi);
         } else {
             if (p->n_bins == p->cap_bins) {

@@ -17,7 +17,8 @@
 
 static int failures;
 
-#define PINNED_HASH 0x4415bc3259b280f2ull
+#define PINNED_HASH        0x4415bc3259b280f2ull
+#define PINNED_PACKED_HASH 0x31d5bf1859486138ull
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -688,6 +689,22 @@ static void test_determinism_epochs(void)
             h = (h ^ 0xffffffffu) * 1099511628211ull;
         }
         CHECK(h == PINNED_HASH, "plan hash %016" PRIx64 " changed", h);
+    }
+    sl_batch_plan_free(a);
+    c.strategy = SL_BATCH_PACKED;
+    c.cost = SL_BATCH_COST_SUM;
+    c.window = 0;
+    a = plan_or_die(&c, len, n, NULL, 0);
+    {
+        uint64_t h = 1469598103934665603ull;
+
+        for (uint64_t i = 0; i < sl_batch_plan_batches_per_rank(a); i++) {
+            get(a, 0, i, &x);
+            for (uint32_t j = 0; j < x.count; j++)
+                h = (h ^ x.indices[j]) * 1099511628211ull;
+            h = (h ^ 0xffffffffu) * 1099511628211ull;
+        }
+        CHECK(h == PINNED_PACKED_HASH, "packed plan hash %016" PRIx64 " changed", h);
     }
     sl_batch_plan_free(a);
     free(len);
