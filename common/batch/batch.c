@@ -340,6 +340,8 @@ typedef struct planner {
     size_t n_eff;
     uint32_t *tmp; /* one window of scratch */
     size_t n_tmp;
+    uint32_t *lut; /* bucket: lut[e] = e / bucket_width, when cheaper than dividing */
+    size_t n_lut;
     /* packed scratch */
     bin *bins;
     size_t n_bins, cap_bins;
@@ -355,7 +357,9 @@ static uint32_t order_at(const planner *p, size_t k)
 
 static uint32_t key_of(const planner *p, uint32_t e)
 {
-    return p->c.strategy == SL_BATCH_BUCKET ? e / p->c.bucket_width : e;
+    if (p->c.strategy != SL_BATCH_BUCKET)
+        return e;
+    return p->lut ? p->lut[e] : e / p->c.bucket_width;
 }
 
 static int emit(planner *p, size_t start, uint32_t count, uint32_t max_len, uint64_t tokens)
@@ -672,6 +676,14 @@ static int alloc_scratch(planner *p, size_t win)
         if (!(p->tmp = acct_alloc(&p->a, p->n_tmp * sizeof(uint32_t))))
             return -ENOMEM;
     }
+    if (p->c.strategy == SL_BATCH_BUCKET && win > 1 && p->hmax <= p->n_order) {
+        /* Two divisions per sample cost more than the whole counting sort. */
+        p->n_lut = (size_t)p->hmax + 1;
+        if (!(p->lut = acct_alloc(&p->a, p->n_lut * sizeof(uint32_t))))
+            return -ENOMEM;
+        for (size_t e = 0; e < p->n_lut; e++)
+            p->lut[e] = (uint32_t)(e / p->c.bucket_width);
+    }
     if (p->c.strategy == SL_BATCH_PACKED) {
         p->n_heads = (size_t)p->hmax + 1;
         p->bits.n0 = (p->n_heads + 63) / 64;
@@ -697,6 +709,7 @@ static void free_scratch(planner *p)
     acct_free(&p->a, p->keys, p->n_keys * sizeof(uint64_t));
     acct_free(&p->a, p->eff, p->n_eff * sizeof(uint32_t));
     acct_free(&p->a, p->tmp, p->n_tmp * sizeof(uint32_t));
+    acct_free(&p->a, p->lut, p->n_lut * sizeof(uint32_t));
     acct_free(&p->a, p->heads, p->n_heads * sizeof(uint32_t));
     acct_free(&p->a, p->bits.l0, p->bits.n0 * sizeof(uint64_t));
     acct_free(&p->a, p->bits.l1, p->bits.n1 * sizeof(uint64_t));
@@ -704,7 +717,7 @@ static void free_scratch(planner *p)
     acct_free(&p->a, p->bins, p->cap_bins * sizeof(bin));
     p->hist = NULL;
     p->keys = NULL;
-    p->eff = p->tmp = p->heads = NULL;
+    p->eff = p->tmp = p->heads = p->lut = NULL;
     p->bits.l0 = p->bits.l1 = p->bits.l2 = NULL;
     p->bins = NULL;
 }
