@@ -10,9 +10,12 @@ For each size it draws lognormal(mu 5.5, sigma 1) lengths clipped to [1, 4096] w
   that configuration's own): median plan time over --runs, padding fraction, fill, batch count,
   the planner's peak allocation and the process's RSS growth, per sequence;
 - runs a fairseq-style batch_by_size on the same lengths with numpy: indices sorted by length
-  over the whole epoch (the order fairseq's ordered_indices gives), then the greedy cut under the
-  padded cost (batch size x longest <= max_tokens), one vectorized step per batch. It does not
-  shuffle or shard; the time is the median of --baseline-runs.
+  over the whole epoch, then the greedy cut under the padded cost (batch size x longest <=
+  max_tokens), one vectorized step per batch; the time is the median of --baseline-runs. Two
+  rows: "fairseq-baseline" sorts the identity order (no shuffle: the cheapest possible input,
+  the reference for the "vs baseline" column), "fairseq-shuffled" takes a shuffled order as
+  input like sluice does and sorts it as fairseq's ordered_indices(shuffle=True) does
+  (perm[argsort(sizes[perm], kind="mergesort")]). Neither shards across ranks.
 Both sides use max_tokens 16384, max_seq_len 4096.
 """
 import argparse
@@ -37,10 +40,15 @@ def lengths_for(n):
     return np.clip(v, 1, 4096).astype(np.uint32)
 
 
-def fairseq_batch_by_size(lengths, max_tokens, max_sentences=1 << 20):
+def fairseq_batch_by_size(lengths, max_tokens, perm=None, max_sentences=1 << 20):
     """Greedy batches over the length-sorted order under the padded cost, as fairseq's
-    data_utils.batch_by_size does for ordered indices. Returns (order, starts, counts)."""
-    order = np.argsort(lengths, kind="stable")
+    data_utils.batch_by_size does for ordered indices. With `perm` (a shuffled order), the order
+    is fairseq's ordered_indices() with shuffle: perm[argsort(sizes[perm], kind="mergesort")].
+    Returns (order, sorted lengths, starts, counts)."""
+    if perm is None:
+        order = np.argsort(lengths, kind="stable")
+    else:
+        order = perm[np.argsort(lengths[perm], kind="mergesort")]
     sl = lengths[order].astype(np.int64)
     n = len(sl)
     starts, counts = [], []
@@ -57,11 +65,12 @@ def fairseq_batch_by_size(lengths, max_tokens, max_sentences=1 << 20):
     return order, sl, np.array(starts), np.array(counts)
 
 
-def baseline(lengths, runs):
+def baseline(lengths, runs, shuffled=False):
     times = []
+    perm = np.random.default_rng(1).permutation(len(lengths)) if shuffled else None
     for _ in range(runs):
         t0 = time.perf_counter()
-        order, sl, starts, counts = fairseq_batch_by_size(lengths, MAX_TOKENS)
+        order, sl, starts, counts = fairseq_batch_by_size(lengths, MAX_TOKENS, perm)
         times.append(time.perf_counter() - t0)
     ends = starts + counts - 1
     padded = int(np.sum(counts * sl[ends]))
@@ -69,7 +78,7 @@ def baseline(lengths, runs):
     assert np.all(counts * sl[ends] <= MAX_TOKENS)
     nb = len(counts)
     return {
-        "strategy": "fairseq-baseline",
+        "strategy": "fairseq-shuffled" if shuffled else "fairseq-baseline",
         "n": len(lengths),
         "runs": runs,
         "plan_s_median": float(np.median(times)),
@@ -103,6 +112,7 @@ def main():
                 rows.append(json.loads(out))
             base = baseline(lengths, args.baseline_runs)
             rows.append(base)
+            rows.append(baseline(lengths, args.baseline_runs, shuffled=True))
             print(f"\n## n = {n:,}  (mean length {lengths.mean():.1f}, "
                   f"max_tokens {MAX_TOKENS})\n")
             print("| strategy | window | plan s (median) | vs baseline | batches | padding | "
