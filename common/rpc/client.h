@@ -39,6 +39,31 @@ int sl_rpc_client_unary(sl_rpc_client *c, const char *method, const ProtobufCMes
 int sl_rpc_client_unary_raw(sl_rpc_client *c, const char *method, const void *buf, size_t len,
                             int64_t timeout_ms, sl_rpc_status *st);
 
+/* Asynchronous unary calls: many in flight from one thread. Start calls with
+ * sl_rpc_async_start, collect each outcome with sl_rpc_async_wait. An sl_rpc_async is used by
+ * one thread at a time. */
+typedef struct sl_rpc_async sl_rpc_async;
+
+/* Create an async context on client `c` (which must outlive it). Returns 0 or -ENOMEM. */
+int sl_rpc_async_new(sl_rpc_async **out, sl_rpc_client *c);
+
+/* Start a unary call; `user` comes back from sl_rpc_async_wait. Returns 0 or SL_ERPC. */
+int sl_rpc_async_start(sl_rpc_async *a, const char *method, const ProtobufCMessage *req,
+                       int64_t timeout_ms, void *user);
+
+/* Calls started and not yet collected. */
+size_t sl_rpc_async_pending(const sl_rpc_async *a);
+
+/* Wait for any started call to finish. On OK, *resp (if resp_desc is not NULL) is the decoded
+ * response (free with protobuf_c_message_free_unpacked). *user is the call's user pointer.
+ * Returns 0, the mapped sluice error of the status (st, if not NULL, has code and message), or
+ * SL_ESTATE when nothing is pending. */
+int sl_rpc_async_wait(sl_rpc_async *a, const ProtobufCMessageDescriptor *resp_desc,
+                      ProtobufCMessage **resp, void **user, sl_rpc_status *st);
+
+/* Cancel and collect every pending call, then free. Accepts NULL. */
+void sl_rpc_async_free(sl_rpc_async *a);
+
 /* Start a streaming call (any kind). Returns 0 and *out (free with sl_rpc_stream_free). */
 int sl_rpc_stream_open(sl_rpc_stream **out, sl_rpc_client *c, const char *method,
                        int64_t timeout_ms);

@@ -901,7 +901,7 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
 {
     sl_rpc_server *srv = NULL;
     grpc_server_credentials *creds;
-    grpc_arg args[2];
+    grpc_arg args[3];
     grpc_channel_args chargs;
     size_t n_generic = 4, k = 0;
     int err = 0, per;
@@ -950,7 +950,10 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
     args[1].type = GRPC_ARG_INTEGER;
     args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
     args[1].value.integer = srv->opts.max_send_bytes ? srv->opts.max_send_bytes : -1;
-    chargs.num_args = 2;
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = GRPC_ARG_ENABLE_PER_MESSAGE_COMPRESSION;
+    args[2].value.integer = 0;
+    chargs.num_args = 3;
     chargs.args = args;
     srv->server = grpc_server_create(&chargs, NULL);
     srv->cq = grpc_completion_queue_create_for_next(NULL);

@@ -104,6 +104,37 @@ static double run_unary(sl_rpc_client *c, int in_flight, double secs, int *error
     return (double)atomic_load(&calls) / took;
 }
 
+/* `in_flight` calls kept outstanding from one thread with the async API. */
+static double run_async(sl_rpc_client *c, int in_flight, double secs, int *errors)
+{
+    Sluice__Test__EchoRequest req = SLUICE__TEST__ECHO_REQUEST__INIT;
+    sl_rpc_async *a = NULL;
+    double t0 = now_s(), until = t0 + secs;
+    long calls = 0;
+
+    req.text = "ping";
+    if (sl_rpc_async_new(&a, c) != 0) {
+        (*errors)++;
+        return 0;
+    }
+    for (int i = 0; i < in_flight; i++)
+        sl_rpc_async_start(a, "/sluice.test.Test/Echo", &req.base, 10000, NULL);
+    while (sl_rpc_async_pending(a) > 0) {
+        ProtobufCMessage *resp = NULL;
+        if (sl_rpc_async_wait(a, &sluice__test__echo_response__descriptor, &resp, NULL, NULL) ==
+            0) {
+            calls++;
+            protobuf_c_message_free_unpacked(resp, NULL);
+        } else {
+            (*errors)++;
+        }
+        if (now_s() < until)
+            sl_rpc_async_start(a, "/sluice.test.Test/Echo", &req.base, 10000, NULL);
+    }
+    sl_rpc_async_free(a);
+    return (double)calls / (now_s() - t0);
+}
+
 static double run_stream(sl_rpc_client *c, uint64_t count, uint32_t payload, int *errors)
 {
     Sluice__Test__CountRequest req = SLUICE__TEST__COUNT_REQUEST__INIT;
@@ -141,7 +172,7 @@ static void print_row(const char *what, double *v, int runs)
 int main(int argc, char **argv)
 {
     int runs = 5, errors = 0;
-    double secs = 2.0, u1[32], u32[32], st[32];
+    double secs = 2.0, u1[32], u32[32], a32[32], st[32];
     uint64_t stream_msgs = 1000000;
     uint32_t payload = 8;
     int to_child[2], from_child[2], port = 0;
@@ -204,10 +235,12 @@ int main(int argc, char **argv)
     for (int r = 0; r < runs; r++) {
         u1[r] = run_unary(c, 1, secs, &errors);
         u32[r] = run_unary(c, 32, secs, &errors);
+        a32[r] = run_async(c, 32, secs, &errors);
         st[r] = run_stream(c, stream_msgs, payload, &errors);
     }
-    print_row("unary calls/s, 1 in flight", u1, runs);
-    print_row("unary calls/s, 32 in flight", u32, runs);
+    print_row("unary calls/s, 1 in flight (blocking)", u1, runs);
+    print_row("unary calls/s, 32 threads x 1 blocking", u32, runs);
+    print_row("unary calls/s, 32 in flight (async)", a32, runs);
     print_row("server-streamed messages/s", st, runs);
     printf("errors: %d\n", errors);
 

@@ -378,6 +378,48 @@ static void test_concurrent(void)
     sl_rpc_client_free(c);
 }
 
+static void test_async(void)
+{
+    Sluice__Test__EchoRequest req = SLUICE__TEST__ECHO_REQUEST__INIT;
+    sl_rpc_client *c = new_client();
+    sl_rpc_async *a = NULL;
+    char texts[50][8];
+    int seen[50] = {0}, ok = 0;
+
+    CHECK(sl_rpc_async_new(&a, c) == 0, "async_new");
+    for (int i = 0; i < 50; i++) {
+        snprintf(texts[i], sizeof(texts[i]), "m%d", i);
+        req.text = texts[i];
+        CHECK(sl_rpc_async_start(a, "/sluice.test.Test/Echo", &req.base, 5000, &seen[i]) == 0,
+              "start %d", i);
+    }
+    CHECK(sl_rpc_async_pending(a) == 50, "pending %zu", sl_rpc_async_pending(a));
+    while (sl_rpc_async_pending(a) > 0) {
+        ProtobufCMessage *resp = NULL;
+        sl_rpc_status st;
+        void *user = NULL;
+        int err = sl_rpc_async_wait(a, &sluice__test__echo_response__descriptor, &resp, &user, &st);
+        int i = (int)((int *)user - seen);
+        CHECK(err == 0 && i >= 0 && i < 50, "wait: %d %s", err, st.message);
+        if (err == 0 && i >= 0 && i < 50) {
+            seen[i]++;
+            if (strcmp(((Sluice__Test__EchoResponse *)resp)->text, texts[i]) == 0)
+                ok++;
+        }
+        if (resp)
+            protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    CHECK(ok == 50, "%d of 50 async answers matched", ok);
+    CHECK(sl_rpc_async_wait(a, NULL, NULL, NULL, NULL) == SL_ESTATE, "wait with nothing pending");
+    /* Freeing with calls in flight cancels them. */
+    req.text = "slow";
+    req.delay_ms = 5000;
+    sl_rpc_async_start(a, "/sluice.test.Test/Echo", &req.base, 10000, NULL);
+    sl_rpc_async_free(a);
+    CHECK(wait_idle(c, 3.0) == 0, "cancelled async call left state on the server");
+    sl_rpc_client_free(c);
+}
+
 typedef struct delayed_call {
     sl_rpc_client *c;
     int err;
@@ -456,6 +498,7 @@ int main(void)
         {"unknown_method", test_unknown_method},
         {"garbage", test_garbage},
         {"concurrent", test_concurrent},
+        {"async", test_async},
     };
     sl_testsrv *srv = NULL;
     size_t left;
