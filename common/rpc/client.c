@@ -43,6 +43,7 @@ int sl_rpc_client_new(sl_rpc_client **out, const char *target, const sl_rpc_clie
     grpc_channel_credentials *creds;
     grpc_arg args[4];
     grpc_channel_args chargs;
+    int err;
 
     *out = NULL;
     if (!target || !*target)
@@ -51,6 +52,12 @@ int sl_rpc_client_new(sl_rpc_client **out, const char *target, const sl_rpc_clie
     if (!c)
         return -ENOMEM;
     grpc_init();
+    err = sl_rpc_channel_creds(&creds, opts ? opts->tls : NULL);
+    if (err) {
+        free(c);
+        grpc_shutdown_blocking();
+        return err;
+    }
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[0].value.integer = opts && opts->max_recv_bytes > 0 ? opts->max_recv_bytes : 64 << 20;
@@ -67,7 +74,6 @@ int sl_rpc_client_new(sl_rpc_client **out, const char *target, const sl_rpc_clie
     args[3].value.integer = 0;
     chargs.num_args = 4;
     chargs.args = args;
-    creds = grpc_insecure_credentials_create();
     c->ch = grpc_channel_create(target, creds, &chargs);
     pthread_mutex_init(&c->mu, NULL);
     grpc_channel_credentials_release(creds);

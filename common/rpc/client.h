@@ -16,12 +16,14 @@ typedef struct sl_rpc_client sl_rpc_client;
 typedef struct sl_rpc_stream sl_rpc_stream;
 
 typedef struct sl_rpc_client_opts {
-    int max_recv_bytes; /* largest accepted message; 0 means 64 MiB */
-    int max_send_bytes; /* largest sent message; 0 means unlimited */
+    int max_recv_bytes;    /* largest accepted message; 0 means 64 MiB */
+    int max_send_bytes;    /* largest sent message; 0 means unlimited */
+    const sl_rpc_tls *tls; /* NULL: plaintext */
 } sl_rpc_client_opts;
 
 /* Open a channel to `target` ("host:port"). Connection happens lazily on the first call.
- * Returns 0 and *out (free with sl_rpc_client_free), SL_EINVAL for an empty target, -ENOMEM. */
+ * Returns 0 and *out (free with sl_rpc_client_free), SL_EINVAL for an empty target, the error of
+ * unreadable TLS files, -ENOMEM. */
 int sl_rpc_client_new(sl_rpc_client **out, const char *target, const sl_rpc_client_opts *opts);
 
 /* Close the channel. Streams must be freed first. Accepts NULL. */

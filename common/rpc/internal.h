@@ -21,6 +21,14 @@ grpc_byte_buffer *sl_rpc_pack_raw(const void *buf, size_t len);
  * the result with protobuf_c_message_free_unpacked. */
 ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb);
 
+/* Server credentials for `tls` (NULL: plaintext). Returns 0 and *out (release with
+ * grpc_server_credentials_release), or the error of an unreadable or non-PEM file (logged with
+ * its path). */
+int sl_rpc_server_creds(grpc_server_credentials **out, const sl_rpc_tls *tls);
+
+/* Channel credentials for `tls` (NULL: plaintext), as above. */
+int sl_rpc_channel_creds(grpc_channel_credentials **out, const sl_rpc_tls *tls);
+
 /* Deadline `timeout_ms` from now; <= 0 means none. */
 gpr_timespec sl_rpc_deadline(int64_t timeout_ms);
 

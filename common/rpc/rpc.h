@@ -38,6 +38,15 @@ typedef struct sl_rpc_status {
     char message[1024]; /* status details, NUL-terminated, cut to fit */
 } sl_rpc_status;
 
+/* TLS settings, by PEM file path. Server: cert_file + key_file are required; ca_file, if set,
+ * makes client certificates mandatory and verified against it (mTLS). Client: ca_file verifies
+ * the server (NULL: the system roots); cert_file + key_file present a client certificate. */
+typedef struct sl_rpc_tls {
+    const char *cert_file;
+    const char *key_file;
+    const char *ca_file;
+} sl_rpc_tls;
+
 /* "OK", "INVALID_ARGUMENT", ... Static string. Thread-safe. */
 const char *sl_rpc_code_name(sl_rpc_code code);
 

@@ -917,6 +917,7 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
     srv->loop = loop;
     srv->opts = *opts;
     srv->opts.listen = NULL;
+    srv->opts.tls = NULL; /* only used here; the caller's struct need not outlive the call */
     if (srv->opts.cq_threads < 2)
         srv->opts.cq_threads = 2;
     if (srv->opts.max_recv_bytes == 0)
@@ -984,7 +985,9 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
         }
     }
 
-    creds = grpc_insecure_server_credentials_create();
+    err = sl_rpc_server_creds(&creds, opts->tls);
+    if (err)
+        goto out;
     srv->port = grpc_server_add_http2_port(srv->server, opts->listen, creds);
     grpc_server_credentials_release(creds);
     if (srv->port <= 0) {

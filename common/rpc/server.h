@@ -69,6 +69,7 @@ typedef struct sl_rpc_server_opts {
     int max_recv_bytes;            /* largest accepted message; 0 means 4 MiB */
     int max_send_bytes;            /* largest sent message; 0 means unlimited */
     int slots_per_method;          /* calls kept armed per method; 0 means 16 */
+    const sl_rpc_tls *tls;         /* NULL: plaintext */
     sl_rpc_call_observer observer; /* optional */
     void *observer_arg;
 } sl_rpc_server_opts;
@@ -76,7 +77,8 @@ typedef struct sl_rpc_server_opts {
 /* Create a server bound to opts->listen serving `services` (the array is copied; the services
  * must outlive the server), with completions delivered to `loop`. Starts the completion-queue
  * threads. Returns 0 and *out, SL_EINVAL for a bad option, or SL_EUNAVAILABLE if the address cannot
- * be bound. Caller frees with sl_rpc_server_free after shutdown completed. Loop thread. */
+ * be bound, or the error of unreadable TLS files. Caller frees with sl_rpc_server_free after
+ * shutdown completed. Loop thread. */
 int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_opts *opts,
                       const sl_rpc_service *const *services, size_t n_services);
 

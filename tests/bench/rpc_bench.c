@@ -45,7 +45,7 @@ static int serve(void)
     sl_testsrv *s;
     char buf[16];
 
-    if (sl_testsrv_start(&s, 0) != 0)
+    if (sl_testsrv_start(&s, 0, NULL) != 0)
         return 1;
     printf("%d\n", sl_testsrv_port(s));
     fflush(stdout);

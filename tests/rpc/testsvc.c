@@ -234,7 +234,7 @@ static void *loop_main(void *arg)
     return NULL;
 }
 
-int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes)
+int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls)
 {
     sl_testsrv *s = calloc(1, sizeof(*s));
     const sl_rpc_service *svcs[1];
@@ -250,6 +250,7 @@ int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes)
     memset(&opts, 0, sizeof(opts));
     opts.listen = "127.0.0.1:0";
     opts.max_recv_bytes = max_recv_bytes;
+    opts.tls = tls;
     err = sl_rpc_server_new(&s->srv, &s->loop, &opts, svcs, 1);
     if (err) {
         uv_close((uv_handle_t *)&s->stop, NULL);

@@ -9,9 +9,9 @@
 
 typedef struct sl_testsrv sl_testsrv;
 
-/* Start a test server on 127.0.0.1:0 with `max_recv_bytes` (0 = default) on a new loop thread.
- * Returns 0 and *out. */
-int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes);
+/* Start a test server on 127.0.0.1:0 with `max_recv_bytes` (0 = default) and `tls` (NULL:
+ * plaintext) on a new loop thread. Returns 0 and *out. */
+int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls);
 
 /* The bound port. */
 int sl_testsrv_port(const sl_testsrv *s);

@@ -5,6 +5,7 @@
 #include "sluice/test/test.pb-c.h"
 #include "testsvc.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -451,7 +452,7 @@ static void test_shutdown(void)
     size_t left;
     int r;
 
-    CHECK(sl_testsrv_start(&srv, 0) == 0, "start");
+    CHECK(sl_testsrv_start(&srv, 0, NULL) == 0, "start");
     snprintf(tgt, sizeof(tgt), "127.0.0.1:%d", sl_testsrv_port(srv));
     sl_rpc_client_new(&c, tgt, NULL);
     req.count = 0;
@@ -480,6 +481,102 @@ static void test_shutdown(void)
     sl_rpc_client_free(c);
 }
 
+/* Certificates made by the openssl CLI: a CA, a server certificate for 127.0.0.1 and a client
+ * certificate signed by it, and a second, unrelated CA with its own client certificate. */
+static int make_certs(const char *dir)
+{
+    char cmd[4096];
+
+    snprintf(cmd, sizeof(cmd),
+             "set -e; cd '%s'; exec >/dev/null 2>&1;"
+             "for ca in ca other; do"
+             " openssl req -x509 -newkey rsa:2048 -nodes -keyout $ca.key -out $ca.pem -days 2"
+             "  -subj /CN=$ca-test-ca; done;"
+             "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > san.ext;"
+             "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr"
+             " -subj /CN=127.0.0.1;"
+             "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial"
+             " -out server.pem -days 2 -extfile san.ext;"
+             "for c in client:ca rogue:other; do n=${c%%:*}; ca=${c#*:};"
+             " openssl req -newkey rsa:2048 -nodes -keyout $n.key -out $n.csr -subj /CN=$n;"
+             " openssl x509 -req -in $n.csr -CA $ca.pem -CAkey $ca.key -CAcreateserial"
+             "  -out $n.pem -days 2; done",
+             dir);
+    return system(cmd);
+}
+
+static int tls_echo(const char *tgt, const sl_rpc_tls *tls, sl_rpc_status *st)
+{
+    sl_rpc_client_opts opts = {.tls = tls};
+    sl_rpc_client *c = NULL;
+    char out[16] = "";
+    int err = sl_rpc_client_new(&c, tgt, &opts);
+
+    if (err)
+        return err;
+    err = echo(c, "tls", 0, 0, 3000, st, out, sizeof(out));
+    if (err == 0 && strcmp(out, "tls") != 0)
+        err = SL_EPROTO;
+    sl_rpc_client_free(c);
+    return err;
+}
+
+static void test_tls(void)
+{
+    char dir[] = "/tmp/sluice-tls-XXXXXX", p[16][300], tgt[64], cmd[400];
+    const char *names[] = {"ca.pem",     "server.pem", "server.key", "client.pem",
+                           "client.key", "other.pem",  "rogue.pem",  "rogue.key"};
+    sl_testsrv *srv = NULL;
+    sl_rpc_status st;
+    int err;
+
+    if (!mkdtemp(dir) || make_certs(dir) != 0) {
+        CHECK(0, "cannot make certificates with the openssl CLI in %s", dir);
+        return;
+    }
+    for (int i = 0; i < 8; i++)
+        snprintf(p[i], sizeof(p[i]), "%s/%s", dir, names[i]);
+    sl_rpc_tls server_tls = {p[1], p[2], NULL};
+    sl_rpc_tls server_mtls = {p[1], p[2], p[0]};
+    sl_rpc_tls client_ca = {NULL, NULL, p[0]};
+    sl_rpc_tls client_wrong_ca = {NULL, NULL, p[5]};
+    sl_rpc_tls client_cert = {p[3], p[4], p[0]};
+    sl_rpc_tls client_rogue = {p[6], p[7], p[0]};
+    sl_rpc_tls missing = {"/nonexistent/cert.pem", p[2], NULL};
+    sl_rpc_tls not_pem = {p[1], "/etc/hostname", NULL};
+
+    /* Server-side TLS. */
+    CHECK(sl_testsrv_start(&srv, 0, &server_tls) == 0, "tls server");
+    snprintf(tgt, sizeof(tgt), "127.0.0.1:%d", sl_testsrv_port(srv));
+    err = tls_echo(tgt, &client_ca, &st);
+    CHECK(err == 0, "TLS client with the CA: %d %s", err, st.message);
+    err = tls_echo(tgt, NULL, &st);
+    CHECK(err != 0 && st.code == SL_RPC_UNAVAILABLE, "plaintext client accepted: %d", err);
+    err = tls_echo(tgt, &client_wrong_ca, &st);
+    CHECK(err != 0 && st.code == SL_RPC_UNAVAILABLE, "client trusting another CA: %d", err);
+    CHECK(sl_testsrv_stop(srv, 500) == 0, "stop");
+
+    /* mTLS: client certificates required and verified. */
+    CHECK(sl_testsrv_start(&srv, 0, &server_mtls) == 0, "mtls server");
+    snprintf(tgt, sizeof(tgt), "127.0.0.1:%d", sl_testsrv_port(srv));
+    err = tls_echo(tgt, &client_cert, &st);
+    CHECK(err == 0, "mTLS client with its certificate: %d %s", err, st.message);
+    err = tls_echo(tgt, &client_ca, &st);
+    CHECK(err != 0, "mTLS server accepted a client without a certificate");
+    err = tls_echo(tgt, &client_rogue, &st);
+    CHECK(err != 0, "mTLS server accepted a certificate from another CA");
+    err = tls_echo(tgt, NULL, &st);
+    CHECK(err != 0, "mTLS server accepted plaintext");
+    CHECK(sl_testsrv_stop(srv, 500) == 0, "stop");
+
+    /* Unreadable or non-PEM files are refused up front. */
+    CHECK(sl_testsrv_start(&srv, 0, &missing) == -ENOENT, "missing certificate file");
+    CHECK(sl_testsrv_start(&srv, 0, &not_pem) == SL_EINVAL, "non-PEM key file");
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}
+
 int main(void)
 {
     static const struct {
@@ -499,13 +596,14 @@ int main(void)
         {"garbage", test_garbage},
         {"concurrent", test_concurrent},
         {"async", test_async},
+        {"tls", test_tls},
     };
     sl_testsrv *srv = NULL;
     size_t left;
     int err;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
-    err = sl_testsrv_start(&srv, 64 * 1024);
+    err = sl_testsrv_start(&srv, 64 * 1024, NULL);
     if (err) {
         fprintf(stderr, "cannot start the test server: %d\n", err);
         return 1;
