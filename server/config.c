@@ -31,6 +31,10 @@ void sl_config_usage(FILE *f)
         "                           (default 8388608)\n"
         "  --rpc-threads N          completion-queue threads, at least 2 [SLUICE_RPC_THREADS]\n"
         "                           (default 2)\n"
+        "  --max-shard-bytes N      largest checkpoint shard accepted, in bytes\n"
+        "                           [SLUICE_MAX_SHARD_BYTES] (default 1099511627776)\n"
+        "  --upload-timeout SECONDS partial shard uploads idle this long are removed\n"
+        "                           [SLUICE_UPLOAD_TIMEOUT] (default 3600)\n"
         "  -h, --help               show this help and exit\n"
         "  -V, --version            print the version and exit\n");
 }
@@ -75,6 +79,22 @@ static int set_grace(uint64_t *dst, const char *v, const char *name, FILE *err)
     return 0;
 }
 
+static int set_u64(uint64_t *dst, const char *v, const char *name, FILE *err)
+{
+    char *end;
+    unsigned long long n;
+
+    errno = 0;
+    n = strtoull(v, &end, 10);
+    if (errno || end == v || *end || *v == '-' || n > (unsigned long long)INT64_MAX) {
+        fprintf(err, "sluiced: %s: '%s' is not a byte count in [0, %lld]\n", name, v,
+                (long long)INT64_MAX);
+        return SL_EINVAL;
+    }
+    *dst = (uint64_t)n;
+    return 0;
+}
+
 static int set_level(sl_log_level *dst, const char *v, const char *name, FILE *err)
 {
     if (sl_log_parse_level(dst, v) != 0) {
@@ -91,7 +111,9 @@ enum {
     OPT_LOG_LEVEL,
     OPT_GRACE,
     OPT_MAX_MSG,
-    OPT_THREADS
+    OPT_THREADS,
+    OPT_MAX_SHARD,
+    OPT_UPLOAD_TIMEOUT
 };
 
 /* Apply one setting by option id; `name` is the flag or variable, for messages. */
@@ -112,6 +134,10 @@ static int apply(sl_config *cfg, int id, const char *v, const char *name, FILE *
         return set_int(&cfg->max_message_bytes, v, 1024, 1L << 30, name, err);
     case OPT_THREADS:
         return set_int(&cfg->rpc_threads, v, 2, 64, name, err);
+    case OPT_MAX_SHARD:
+        return set_u64(&cfg->max_shard_bytes, v, name, err);
+    case OPT_UPLOAD_TIMEOUT:
+        return set_grace(&cfg->upload_timeout_ms, v, name, err);
     default:
         return SL_EINVAL;
     }
@@ -121,10 +147,15 @@ static const struct {
     int id;
     const char *env;
 } env_vars[] = {
-    {OPT_LISTEN, "SLUICE_LISTEN"},       {OPT_DATA_DIR, "SLUICE_DATA_DIR"},
-    {OPT_PORT_FILE, "SLUICE_PORT_FILE"}, {OPT_LOG_LEVEL, "SLUICE_LOG_LEVEL"},
-    {OPT_GRACE, "SLUICE_GRACE_PERIOD"},  {OPT_MAX_MSG, "SLUICE_MAX_MESSAGE_BYTES"},
+    {OPT_LISTEN, "SLUICE_LISTEN"},
+    {OPT_DATA_DIR, "SLUICE_DATA_DIR"},
+    {OPT_PORT_FILE, "SLUICE_PORT_FILE"},
+    {OPT_LOG_LEVEL, "SLUICE_LOG_LEVEL"},
+    {OPT_GRACE, "SLUICE_GRACE_PERIOD"},
+    {OPT_MAX_MSG, "SLUICE_MAX_MESSAGE_BYTES"},
     {OPT_THREADS, "SLUICE_RPC_THREADS"},
+    {OPT_MAX_SHARD, "SLUICE_MAX_SHARD_BYTES"},
+    {OPT_UPLOAD_TIMEOUT, "SLUICE_UPLOAD_TIMEOUT"},
 };
 
 int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)
@@ -137,6 +168,8 @@ int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)
         {"grace-period", required_argument, NULL, OPT_GRACE},
         {"max-message-bytes", required_argument, NULL, OPT_MAX_MSG},
         {"rpc-threads", required_argument, NULL, OPT_THREADS},
+        {"max-shard-bytes", required_argument, NULL, OPT_MAX_SHARD},
+        {"upload-timeout", required_argument, NULL, OPT_UPLOAD_TIMEOUT},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -151,6 +184,8 @@ int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)
     cfg->grace_ms = 10000;
     cfg->max_message_bytes = 8 << 20;
     cfg->rpc_threads = 2;
+    cfg->max_shard_bytes = 1ULL << 40;
+    cfg->upload_timeout_ms = 3600 * 1000;
 
     for (size_t i = 0; i < sizeof(env_vars) / sizeof(env_vars[0]); i++) {
         const char *v = getenv(env_vars[i].env);

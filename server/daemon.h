@@ -3,6 +3,7 @@
 #define SL_DAEMON_H
 
 #include "catalog/catalog.h"
+#include "checkpoints.h"
 #include "config.h"
 #include "health.h"
 #include "rpc/server.h"
@@ -18,6 +19,7 @@ typedef struct sl_daemon {
     sl_cat *cat;
     sl_health *health;
     sl_rpc_server *rpc;
+    sl_ckpt_svc *ckpt;
     uint64_t start_ms;
     int lock_fd;
     uv_signal_t sigterm, sigint;

@@ -124,8 +124,8 @@ static void observe_call(const char *method, const char *peer, sl_rpc_code code,
 
 int main(int argc, char **argv)
 {
-    static const char *const health_names[] = {"", "sluice.v1.Admin"};
-    const sl_rpc_service *services[2];
+    static const char *const health_names[] = {"", "sluice.v1.Admin", "sluice.v1.Checkpoints"};
+    const sl_rpc_service *services[3];
     sl_rpc_server_opts opts;
     sl_daemon d;
     char cat_path[PATH_MAX + 16];
@@ -149,17 +149,20 @@ int main(int argc, char **argv)
     snprintf(cat_path, sizeof(cat_path), "%s/catalog.db", d.data_dir);
     if (sl_cat_open(&d.cat, cat_path) != 0)
         goto out;
-    if (sl_health_new(&d.health, health_names, 2) != 0)
+    if (sl_ckpt_svc_new(&d.ckpt, &d) != 0)
+        goto out;
+    if (sl_health_new(&d.health, health_names, 3) != 0)
         goto out;
 
     services[0] = sl_health_service(d.health);
     services[1] = sl_admin_service(&d);
+    services[2] = sl_ckpt_service(d.ckpt);
     memset(&opts, 0, sizeof(opts));
     opts.listen = d.cfg.listen;
     opts.cq_threads = d.cfg.rpc_threads;
     opts.max_recv_bytes = d.cfg.max_message_bytes;
     opts.observer = observe_call;
-    err = sl_rpc_server_new(&d.rpc, &d.loop, &opts, services, 2);
+    err = sl_rpc_server_new(&d.rpc, &d.loop, &opts, services, 3);
     if (err) {
         sl_log_error("listen_failed", "listen=%s error=\"%s\"", d.cfg.listen, sl_strerror(err));
         goto out;
@@ -197,6 +200,7 @@ int main(int argc, char **argv)
 
 out:
     sl_rpc_server_free(d.rpc);
+    sl_ckpt_svc_free(d.ckpt);
     sl_health_free(d.health);
     sl_cat_close(d.cat);
     if (d.lock_fd >= 0)

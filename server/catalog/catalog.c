@@ -1,5 +1,7 @@
 #include "catalog.h"
 
+#include "internal.h"
+
 #include "err.h"
 #include "log.h"
 
@@ -7,11 +9,6 @@
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-struct sl_cat {
-    sqlite3 *db;
-    int version;
-};
 
 /* Migration N (1-based) takes the schema from version N-1 to N. Append only: a released
  * migration is never edited, later changes get a new entry. */
@@ -23,6 +20,37 @@ static const char *const migrations[] = {
     ");\n"
     "INSERT INTO catalog_meta(key, value) VALUES ('created_at', "
     "strftime('%Y-%m-%dT%H:%M:%SZ','now'));\n",
+    /* 2: checkpoints and their shards (server/catalog/ckpt.c). `job` is a plain name,
+     * not a reference: checkpoints do not depend on any other table. */
+    "CREATE TABLE checkpoints (\n"
+    "  id            INTEGER PRIMARY KEY,\n"
+    "  job           TEXT NOT NULL,\n"
+    "  name          TEXT NOT NULL,\n"
+    "  step          INTEGER NOT NULL CHECK (step >= 0),\n"
+    "  world_size    INTEGER NOT NULL CHECK (world_size > 0),\n"
+    "  state         INTEGER NOT NULL CHECK (state IN (1, 2, 3)), -- WRITING, COMPLETE, "
+    "INCOMPLETE\n"
+    "  user_metadata TEXT NOT NULL DEFAULT '',\n"
+    "  created_ms    INTEGER NOT NULL,\n"
+    "  committed_ms  INTEGER NOT NULL DEFAULT 0,\n"
+    "  UNIQUE (job, name)\n"
+    ");\n"
+    "CREATE INDEX checkpoints_job_state ON checkpoints(job, state, step);\n"
+    "CREATE TABLE checkpoint_shards (\n"
+    "  checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id) ON DELETE CASCADE,\n"
+    "  rank          INTEGER NOT NULL CHECK (rank >= 0),\n"
+    "  data_size     INTEGER NOT NULL CHECK (data_size >= 0),\n"
+    "  file_size     INTEGER NOT NULL CHECK (file_size >= 0),\n"
+    "  sha256        TEXT NOT NULL,\n"
+    "  tensor_count  INTEGER NOT NULL,\n"
+    "  tensors       TEXT NOT NULL, -- JSON array, as written to metadata.json\n"
+    "  created_ms    INTEGER NOT NULL,\n"
+    "  PRIMARY KEY (checkpoint_id, rank)\n"
+    ") WITHOUT ROWID;\n"
+    "CREATE TABLE checkpoint_retention (\n"
+    "  job       TEXT PRIMARY KEY NOT NULL,\n"
+    "  keep_last INTEGER NOT NULL CHECK (keep_last >= 0)\n"
+    ");\n",
 };
 
 #define N_MIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))

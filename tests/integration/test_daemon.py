@@ -2,6 +2,7 @@
 real `sluice` CLI and a Python grpcio client with stubs generated from the system health.proto."""
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -18,6 +19,17 @@ from sltest import SLUICED, Daemon, cli
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _newest_migration():
+    """The newest migration number ("/* N: ..." entries of server/catalog/catalog.c)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "server",
+                        "catalog", "catalog.c")
+    with open(path) as f:
+        return max(int(n) for n in re.findall(r"^\s*/\* (\d+): ", f.read(), re.M))
+
+
+SCHEMA_VERSION = _newest_migration()
 
 
 class DaemonTest(unittest.TestCase):
@@ -57,13 +69,13 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         info = json.loads(r.stdout)
         self.assertEqual(info["data_dir"], os.path.realpath(self.d.data_dir))
-        self.assertEqual(info["schema_version"], 1)
+        self.assertEqual(info["schema_version"], SCHEMA_VERSION)
         self.assertEqual(info["pid"], self.d.proc.pid)
         self.assertEqual(info["listen"], self.d.addr)
         self.assertRegex(info["version"], r"^\d+\.\d+\.\d+$")
         self.assertGreaterEqual(info["uptime_ms"], 0)
         r = cli("info", addr=self.d.addr)
-        self.assertIn("schema version:  1", r.stdout)
+        self.assertIn("schema version:  %d" % SCHEMA_VERSION, r.stdout)
 
     def test_grpcio_health_check(self):
         stub = health_pb2_grpc.HealthStub(self.channel)
@@ -77,7 +89,7 @@ class DaemonTest(unittest.TestCase):
     def test_grpcio_get_info(self):
         stub = admin_pb2_grpc.AdminStub(self.channel)
         resp = stub.GetInfo(admin_pb2.GetInfoRequest(), timeout=5)
-        self.assertEqual(resp.schema_version, 1)
+        self.assertEqual(resp.schema_version, SCHEMA_VERSION)
         self.assertEqual(resp.data_dir, os.path.realpath(self.d.data_dir))
 
     def test_unknown_method_fast(self):
@@ -223,13 +235,13 @@ class ConfigTest(unittest.TestCase):
             db = os.path.join(data, "catalog.db")
             con = sqlite3.connect(db)
             self.assertEqual(con.execute("PRAGMA journal_mode").fetchone()[0], "wal")
-            self.assertEqual(con.execute("SELECT version FROM schema_version").fetchall(), [(1,)])
+            self.assertEqual(con.execute("SELECT version FROM schema_version").fetchall(), [(SCHEMA_VERSION,)])
             self.assertEqual(con.execute("PRAGMA integrity_check").fetchone()[0], "ok")
             con.close()
             # A restart on the same data dir migrates nothing and serves.
             with Daemon(data_dir=data) as d2:
                 info = json.loads(cli("info", "--json", addr=d2.addr).stdout)
-                self.assertEqual(info["schema_version"], 1)
+                self.assertEqual(info["schema_version"], SCHEMA_VERSION)
                 self.assertNotIn("catalog_migrated", d2.log().split("event=stopped")[-1])
                 self.assertEqual(d2.stop(), 0)
 

@@ -1,0 +1,220 @@
+#include "shard.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <errno.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct sl_sha256 {
+    EVP_MD_CTX *ctx;
+};
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+void sl_shard_header_encode(uint8_t out[SL_SHARD_HEADER_SIZE], const sl_shard_header *h)
+{
+    put_u32(out, SL_SHARD_MAGIC);
+    put_u32(out + 4, (uint32_t)h->rank);
+    put_u32(out + 8, SL_SHARD_HEX_LEN);
+    memcpy(out + 12, h->sha256, SL_SHARD_HEX_LEN);
+    put_u32(out + 76, (uint32_t)h->tensor_count);
+    put_u64(out + 80, h->data_len);
+}
+
+static int is_hex_char(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+int sl_shard_header_decode(sl_shard_header *out, const uint8_t *buf, size_t len)
+{
+    int32_t rank, count;
+    uint64_t data_len;
+
+    if (len < SL_SHARD_HEADER_SIZE || get_u32(buf) != SL_SHARD_MAGIC ||
+        get_u32(buf + 8) != SL_SHARD_HEX_LEN)
+        return SL_ECORRUPT;
+    for (int i = 0; i < SL_SHARD_HEX_LEN; i++)
+        if (!is_hex_char((char)buf[12 + i]))
+            return SL_ECORRUPT;
+    rank = (int32_t)get_u32(buf + 4);
+    count = (int32_t)get_u32(buf + 76);
+    data_len = get_u64(buf + 80);
+    if (rank < 0 || count < 0 || data_len > (uint64_t)INT64_MAX)
+        return SL_ECORRUPT;
+    out->rank = rank;
+    memcpy(out->sha256, buf + 12, SL_SHARD_HEX_LEN);
+    out->sha256[SL_SHARD_HEX_LEN] = '\0';
+    out->tensor_count = count;
+    out->data_len = data_len;
+    return 0;
+}
+
+int sl_shard_name_check(const char *name)
+{
+    size_t n;
+
+    if (!name)
+        return SL_EINVAL;
+    n = strnlen(name, SL_SHARD_NAME_MAX + 1);
+    if (n == 0 || n > SL_SHARD_NAME_MAX || name[0] == '.' || strstr(name, ".."))
+        return SL_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return SL_EINVAL;
+    }
+    return 0;
+}
+
+int sl_shard_hex_check(const char *hex)
+{
+    if (!hex || strnlen(hex, SL_SHARD_HEX_LEN + 1) != SL_SHARD_HEX_LEN)
+        return SL_EINVAL;
+    for (int i = 0; i < SL_SHARD_HEX_LEN; i++)
+        if (!is_hex_char(hex[i]))
+            return SL_EINVAL;
+    return 0;
+}
+
+int sl_shard_file_name(char *buf, size_t len, const char *prefix, int rank)
+{
+    int n = snprintf(buf, len, "%s_shard_%d.shard", prefix, rank);
+
+    return n < 0 || (size_t)n >= len ? SL_ELIMIT : 0;
+}
+
+static int ossl_fail(const char *op)
+{
+    char msg[256];
+
+    ERR_error_string_n(ERR_get_error(), msg, sizeof(msg));
+    sl_log_error("openssl_error", "op=%s msg=\"%s\"", op, msg);
+    return SL_EUNAVAILABLE;
+}
+
+int sl_sha256_new(sl_sha256 **out)
+{
+    sl_sha256 *h = calloc(1, sizeof(*h));
+
+    *out = NULL;
+    if (!h)
+        return -ENOMEM;
+    h->ctx = EVP_MD_CTX_new();
+    if (!h->ctx) {
+        free(h);
+        return -ENOMEM;
+    }
+    if (sl_sha256_reset(h) != 0) {
+        sl_sha256_free(h);
+        return SL_EUNAVAILABLE;
+    }
+    *out = h;
+    return 0;
+}
+
+int sl_sha256_reset(sl_sha256 *h)
+{
+    if (EVP_DigestInit_ex(h->ctx, EVP_sha256(), NULL) != 1)
+        return ossl_fail("digest_init");
+    return 0;
+}
+
+int sl_sha256_update(sl_sha256 *h, const void *buf, size_t len)
+{
+    if (len && EVP_DigestUpdate(h->ctx, buf, len) != 1)
+        return ossl_fail("digest_update");
+    return 0;
+}
+
+int sl_sha256_final(sl_sha256 *h, char hex[SL_SHARD_HEX_LEN + 1])
+{
+    static const char digits[] = "0123456789abcdef";
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+
+    if (EVP_DigestFinal_ex(h->ctx, md, &n) != 1 || n != 32)
+        return ossl_fail("digest_final");
+    for (unsigned i = 0; i < 32; i++) {
+        hex[2 * i] = digits[md[i] >> 4];
+        hex[2 * i + 1] = digits[md[i] & 15];
+    }
+    hex[SL_SHARD_HEX_LEN] = '\0';
+    return 0;
+}
+
+void sl_sha256_free(sl_sha256 *h)
+{
+    if (!h)
+        return;
+    EVP_MD_CTX_free(h->ctx);
+    free(h);
+}
+
+#define HASH_BUF (1u << 20)
+
+int sl_shard_hash_fd(sl_sha256 *h, int fd, uint64_t offset, uint64_t len)
+{
+    uint8_t *buf = malloc(HASH_BUF);
+    int err = 0;
+
+    if (!buf)
+        return -ENOMEM;
+    while (len > 0) {
+        size_t want = len < HASH_BUF ? (size_t)len : HASH_BUF;
+        ssize_t n = pread(fd, buf, want, (off_t)offset);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            err = -errno;
+            goto out;
+        }
+        if (n == 0) {
+            err = SL_ECORRUPT;
+            goto out;
+        }
+        err = sl_sha256_update(h, buf, (size_t)n);
+        if (err)
+            goto out;
+        offset += (uint64_t)n;
+        len -= (uint64_t)n;
+    }
+out:
+    free(buf);
+    return err;
+}

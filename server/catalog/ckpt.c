@@ -1,0 +1,361 @@
+/* Checkpoint queries. Statements are prepared per call: these are control-plane operations (a
+ * few per checkpoint and rank), so caching them would buy nothing measurable. */
+#include "ckpt.h"
+
+#include "internal.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+const char *sl_cat_ckpt_state_name(int state)
+{
+    switch (state) {
+    case SL_CKPT_WRITING:
+        return "WRITING";
+    case SL_CKPT_COMPLETE:
+        return "COMPLETE";
+    case SL_CKPT_INCOMPLETE:
+        return "INCOMPLETE";
+    default:
+        return "UNKNOWN";
+    }
+}
+
+static int db_fail(sl_cat *cat, const char *op)
+{
+    sl_log_error("catalog_error", "op=%s code=%d msg=\"%s\"", op, sqlite3_extended_errcode(cat->db),
+                 sqlite3_errmsg(cat->db));
+    return SL_EDB;
+}
+
+static int prepare(sl_cat *cat, sqlite3_stmt **st, const char *sql, const char *op)
+{
+    if (sqlite3_prepare_v2(cat->db, sql, -1, st, NULL) != SQLITE_OK)
+        return db_fail(cat, op);
+    return 0;
+}
+
+static void copy_col(char *dst, size_t len, sqlite3_stmt *st, int col)
+{
+    const unsigned char *s = sqlite3_column_text(st, col);
+
+    snprintf(dst, len, "%s", s ? (const char *)s : "");
+}
+
+#define CKPT_COLS                                                                                  \
+    "SELECT c.id, c.job, c.name, c.step, c.world_size, c.state, c.user_metadata, c.created_ms, "   \
+    "c.committed_ms, (SELECT count(*) FROM checkpoint_shards s WHERE s.checkpoint_id = c.id), "    \
+    "(SELECT coalesce(sum(data_size), 0) FROM checkpoint_shards s WHERE s.checkpoint_id = c.id) "  \
+    "FROM checkpoints c "
+
+static void read_ckpt(sl_cat_ckpt *out, sqlite3_stmt *st)
+{
+    memset(out, 0, sizeof(*out));
+    out->id = sqlite3_column_int64(st, 0);
+    copy_col(out->job, sizeof(out->job), st, 1);
+    copy_col(out->name, sizeof(out->name), st, 2);
+    out->step = (uint64_t)sqlite3_column_int64(st, 3);
+    out->world_size = sqlite3_column_int(st, 4);
+    out->state = sqlite3_column_int(st, 5);
+    copy_col(out->user_metadata, sizeof(out->user_metadata), st, 6);
+    out->created_ms = sqlite3_column_int64(st, 7);
+    out->committed_ms = sqlite3_column_int64(st, 8);
+    out->shards = (uint32_t)sqlite3_column_int64(st, 9);
+    out->total_bytes = (uint64_t)sqlite3_column_int64(st, 10);
+}
+
+/* Step a statement expected to yield at most one checkpoint row. */
+static int one_ckpt(sl_cat *cat, sqlite3_stmt *st, sl_cat_ckpt *out, const char *op)
+{
+    int rc = sqlite3_step(st);
+
+    if (rc == SQLITE_ROW) {
+        read_ckpt(out, st);
+        return 0;
+    }
+    if (rc == SQLITE_DONE)
+        return SL_ENOTFOUND;
+    return db_fail(cat, op);
+}
+
+int sl_cat_ckpt_get(sl_cat *cat, sl_cat_ckpt *out, const char *job, const char *name)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st, CKPT_COLS "WHERE c.job = ?1 AND c.name = ?2", "ckpt_get");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+    err = one_ckpt(cat, st, out, "ckpt_get");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_ckpt_latest(sl_cat *cat, sl_cat_ckpt *out, const char *job)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st,
+                      CKPT_COLS "WHERE c.job = ?1 AND c.state = 2 "
+                                "ORDER BY c.step DESC, c.committed_ms DESC, c.id DESC LIMIT 1",
+                      "ckpt_latest");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+    err = one_ckpt(cat, st, out, "ckpt_latest");
+    sqlite3_finalize(st);
+    return err;
+}
+
+static int exec_stmt(sl_cat *cat, sqlite3_stmt *st, const char *op)
+{
+    int rc = sqlite3_step(st);
+
+    return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : db_fail(cat, op);
+}
+
+int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *job,
+                      const char *name, uint64_t step, int32_t world_size, const char *user_md,
+                      int64_t now_ms)
+{
+    sqlite3_stmt *st = NULL;
+    int err;
+
+    *created = 0;
+    err = sl_cat_ckpt_get(cat, out, job, name);
+    if (err == 0) {
+        if (out->state == SL_CKPT_INCOMPLETE) {
+            err = prepare(cat, &st,
+                          "UPDATE checkpoints SET state = 1, world_size = ?2, step = ?3, "
+                          "user_metadata = ?4, created_ms = ?5, committed_ms = 0 WHERE id = ?1",
+                          "ckpt_reopen");
+            if (err)
+                return err;
+            sqlite3_bind_int64(st, 1, out->id);
+            sqlite3_bind_int(st, 2, world_size);
+            sqlite3_bind_int64(st, 3, (int64_t)step);
+            sqlite3_bind_text(st, 4, user_md ? user_md : "", -1, SQLITE_STATIC);
+            sqlite3_bind_int64(st, 5, now_ms);
+            err = exec_stmt(cat, st, "ckpt_reopen");
+            sqlite3_finalize(st);
+            if (!err)
+                err = sl_cat_ckpt_get(cat, out, job, name);
+            if (!err)
+                *created = 1;
+            return err;
+        }
+        return out->world_size == world_size ? 0 : SL_EEXIST;
+    }
+    if (err != SL_ENOTFOUND)
+        return err;
+    err = prepare(cat, &st,
+                  "INSERT INTO checkpoints(job, name, step, world_size, state, user_metadata, "
+                  "created_ms) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6)",
+                  "ckpt_insert");
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, (int64_t)step);
+    sqlite3_bind_int(st, 4, world_size);
+    sqlite3_bind_text(st, 5, user_md ? user_md : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 6, now_ms);
+    err = exec_stmt(cat, st, "ckpt_insert");
+    sqlite3_finalize(st);
+    if (!err)
+        err = sl_cat_ckpt_get(cat, out, job, name);
+    if (!err)
+        *created = 1;
+    return err;
+}
+
+int sl_cat_ckpt_list(sl_cat *cat, const char *job, int state, sl_cat_ckpt_fn fn, void *arg)
+{
+    sqlite3_stmt *st = NULL;
+    sl_cat_ckpt c;
+    int rc, err = prepare(cat, &st,
+                          CKPT_COLS "WHERE (?1 = '' OR c.job = ?1) AND (?2 = 0 OR c.state = ?2) "
+                                    "ORDER BY c.job, c.step DESC, c.id DESC",
+                          "ckpt_list");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, job ? job : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, state);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        read_ckpt(&c, st);
+        err = fn(&c, arg);
+        if (err)
+            break;
+    }
+    if (!err && rc != SQLITE_DONE)
+        err = db_fail(cat, "ckpt_list");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_ckpt_set_state(sl_cat *cat, int64_t id, int state, int64_t committed_ms)
+{
+    sqlite3_stmt *st = NULL;
+    int err =
+        prepare(cat, &st, "UPDATE checkpoints SET state = ?2, committed_ms = ?3 WHERE id = ?1",
+                "ckpt_set_state");
+
+    if (err)
+        return err;
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int(st, 2, state);
+    sqlite3_bind_int64(st, 3, committed_ms);
+    err = exec_stmt(cat, st, "ckpt_set_state");
+    if (!err && sqlite3_changes(cat->db) == 0)
+        err = SL_ENOTFOUND;
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_ckpt_delete(sl_cat *cat, int64_t id)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st, "DELETE FROM checkpoints WHERE id = ?1", "ckpt_delete");
+
+    if (err)
+        return err;
+    sqlite3_bind_int64(st, 1, id);
+    err = exec_stmt(cat, st, "ckpt_delete");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st,
+                      "INSERT OR REPLACE INTO checkpoint_shards(checkpoint_id, rank, data_size, "
+                      "file_size, sha256, tensor_count, tensors, created_ms) "
+                      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                      "shard_put");
+
+    if (err)
+        return err;
+    sqlite3_bind_int64(st, 1, ckpt_id);
+    sqlite3_bind_int(st, 2, s->rank);
+    sqlite3_bind_int64(st, 3, (int64_t)s->data_size);
+    sqlite3_bind_int64(st, 4, (int64_t)s->file_size);
+    sqlite3_bind_text(st, 5, s->sha256, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 6, s->tensor_count);
+    sqlite3_bind_text(st, 7, s->tensors_json ? s->tensors_json : "[]", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 8, now_ms);
+    err = exec_stmt(cat, st, "shard_put");
+    sqlite3_finalize(st);
+    return err;
+}
+
+static void read_shard(sl_cat_shard *out, sqlite3_stmt *st, int with_tensors)
+{
+    memset(out, 0, sizeof(*out));
+    out->rank = sqlite3_column_int(st, 0);
+    out->data_size = (uint64_t)sqlite3_column_int64(st, 1);
+    out->file_size = (uint64_t)sqlite3_column_int64(st, 2);
+    copy_col(out->sha256, sizeof(out->sha256), st, 3);
+    out->tensor_count = (uint32_t)sqlite3_column_int64(st, 4);
+    out->tensors_json = with_tensors ? (const char *)sqlite3_column_text(st, 5) : NULL;
+}
+
+int sl_cat_shard_get(sl_cat *cat, sl_cat_shard *out, int64_t ckpt_id, int32_t rank)
+{
+    sqlite3_stmt *st = NULL;
+    int rc, err = prepare(cat, &st,
+                          "SELECT rank, data_size, file_size, sha256, tensor_count, '' FROM "
+                          "checkpoint_shards WHERE checkpoint_id = ?1 AND rank = ?2",
+                          "shard_get");
+
+    if (err)
+        return err;
+    sqlite3_bind_int64(st, 1, ckpt_id);
+    sqlite3_bind_int(st, 2, rank);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        read_shard(out, st, 0);
+    else
+        err = rc == SQLITE_DONE ? SL_ENOTFOUND : db_fail(cat, "shard_get");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_shard_delete(sl_cat *cat, int64_t ckpt_id, int32_t rank)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st,
+                      "DELETE FROM checkpoint_shards WHERE checkpoint_id = ?1 AND "
+                      "(?2 < 0 OR rank = ?2)",
+                      "shard_delete");
+
+    if (err)
+        return err;
+    sqlite3_bind_int64(st, 1, ckpt_id);
+    sqlite3_bind_int(st, 2, rank);
+    err = exec_stmt(cat, st, "shard_delete");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_shard_list(sl_cat *cat, int64_t ckpt_id, int with_tensors, sl_cat_shard_fn fn, void *arg)
+{
+    sqlite3_stmt *st = NULL;
+    sl_cat_shard s;
+    int rc, err = prepare(cat, &st,
+                          "SELECT rank, data_size, file_size, sha256, tensor_count, tensors FROM "
+                          "checkpoint_shards WHERE checkpoint_id = ?1 ORDER BY rank",
+                          "shard_list");
+
+    if (err)
+        return err;
+    sqlite3_bind_int64(st, 1, ckpt_id);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        read_shard(&s, st, with_tensors);
+        err = fn(&s, arg);
+        if (err)
+            break;
+    }
+    if (!err && rc != SQLITE_DONE)
+        err = db_fail(cat, "shard_list");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_retention_set(sl_cat *cat, const char *job, uint32_t keep_last)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st,
+                      "INSERT OR REPLACE INTO checkpoint_retention(job, keep_last) VALUES (?1, ?2)",
+                      "retention_set");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, keep_last);
+    err = exec_stmt(cat, st, "retention_set");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_retention_get(sl_cat *cat, const char *job, uint32_t *keep_last)
+{
+    sqlite3_stmt *st = NULL;
+    int rc, err = prepare(cat, &st, "SELECT keep_last FROM checkpoint_retention WHERE job = ?1",
+                          "retention_get");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+    rc = sqlite3_step(st);
+    *keep_last = rc == SQLITE_ROW ? (uint32_t)sqlite3_column_int64(st, 0) : 0;
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        err = db_fail(cat, "retention_get");
+    sqlite3_finalize(st);
+    return err;
+}

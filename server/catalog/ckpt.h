@@ -1,0 +1,91 @@
+/* Catalog queries for checkpoints and their shards (schema: migration 2 in catalog.c).
+ *
+ * A checkpoint is WRITING until every rank's shard is durable and recorded, then COMPLETE; an
+ * aborted one is INCOMPLETE. The catalog records only what is already durable on disk. Every
+ * function here runs on the loop thread (the catalog handle belongs to it) and returns 0, SL_EDB
+ * for a SQLite failure (logged with SQLite's message), or the code named in its comment.
+ */
+#ifndef SL_CATALOG_CKPT_H
+#define SL_CATALOG_CKPT_H
+
+#include "catalog.h"
+
+#include <stdint.h>
+
+/* Same numbers as sluice.v1.CheckpointState. */
+enum { SL_CKPT_WRITING = 1, SL_CKPT_COMPLETE = 2, SL_CKPT_INCOMPLETE = 3 };
+
+#define SL_CAT_NAME_MAX    128
+#define SL_CAT_USER_MD_MAX 8192
+
+typedef struct sl_cat_ckpt {
+    int64_t id;
+    char job[SL_CAT_NAME_MAX + 1];
+    char name[SL_CAT_NAME_MAX + 1];
+    uint64_t step;
+    int32_t world_size;
+    int state;
+    char user_metadata[SL_CAT_USER_MD_MAX + 1];
+    int64_t created_ms, committed_ms;
+    uint32_t shards;      /* shard rows recorded */
+    uint64_t total_bytes; /* sum of their data sizes */
+} sl_cat_ckpt;
+
+typedef struct sl_cat_shard {
+    int32_t rank;
+    uint64_t data_size, file_size;
+    char sha256[65];
+    uint32_t tensor_count;
+    const char *tensors_json; /* JSON array; borrowed (valid during a callback or a put) */
+} sl_cat_shard;
+
+/* Name of a state ("WRITING"), "UNKNOWN" otherwise. Static string. */
+const char *sl_cat_ckpt_state_name(int state);
+
+/* Create checkpoint (job, name) in state WRITING, or return the existing one: *created says
+ * which. An existing INCOMPLETE checkpoint is reopened (WRITING, new world size and metadata).
+ * Returns SL_EEXIST if it exists WRITING or COMPLETE with another world size. */
+int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *job,
+                      const char *name, uint64_t step, int32_t world_size, const char *user_md,
+                      int64_t now_ms);
+
+/* Look up (job, name). Returns SL_ENOTFOUND if absent. */
+int sl_cat_ckpt_get(sl_cat *cat, sl_cat_ckpt *out, const char *job, const char *name);
+
+/* The job's newest COMPLETE checkpoint: highest step, then newest commit. SL_ENOTFOUND if none. */
+int sl_cat_ckpt_latest(sl_cat *cat, sl_cat_ckpt *out, const char *job);
+
+/* Called per checkpoint; return nonzero to stop (that value is returned by the iteration). */
+typedef int (*sl_cat_ckpt_fn)(const sl_cat_ckpt *c, void *arg);
+
+/* Checkpoints of `job` (NULL or "": all jobs) in `state` (0: all), newest first (step, then id). */
+int sl_cat_ckpt_list(sl_cat *cat, const char *job, int state, sl_cat_ckpt_fn fn, void *arg);
+
+/* Set the state (and committed_ms, 0 unless COMPLETE). SL_ENOTFOUND if the id is gone. */
+int sl_cat_ckpt_set_state(sl_cat *cat, int64_t id, int state, int64_t committed_ms);
+
+/* Delete a checkpoint and its shard rows. */
+int sl_cat_ckpt_delete(sl_cat *cat, int64_t id);
+
+/* Record (insert or replace) a durable shard of checkpoint `ckpt_id`. */
+int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms);
+
+/* Look up one shard (tensors_json is NULL). SL_ENOTFOUND if the rank has none. */
+int sl_cat_shard_get(sl_cat *cat, sl_cat_shard *out, int64_t ckpt_id, int32_t rank);
+
+/* Forget one shard, or all shards of a checkpoint (rank < 0). */
+int sl_cat_shard_delete(sl_cat *cat, int64_t ckpt_id, int32_t rank);
+
+typedef int (*sl_cat_shard_fn)(const sl_cat_shard *s, void *arg);
+
+/* The checkpoint's shards in rank order; tensors_json is set only if with_tensors. */
+int sl_cat_shard_list(sl_cat *cat, int64_t ckpt_id, int with_tensors, sl_cat_shard_fn fn,
+                      void *arg);
+
+/* Retention policy: keep the last `keep_last` COMPLETE checkpoints of `job` (0: keep all). */
+int sl_cat_retention_set(sl_cat *cat, const char *job, uint32_t keep_last);
+
+/* The job's policy into *keep_last (0 when none was set). */
+int sl_cat_retention_get(sl_cat *cat, const char *job, uint32_t *keep_last);
+
+#endif

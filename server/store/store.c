@@ -1,0 +1,206 @@
+#include "store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+int sl_store_fsync_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int err = 0;
+
+    if (fd < 0)
+        return -errno;
+    if (fsync(fd) != 0)
+        err = -errno;
+    close(fd);
+    return err;
+}
+
+int sl_store_mkdirs(const char *path)
+{
+    char buf[PATH_MAX];
+    size_t len = strlen(path);
+    int created = 0;
+
+    if (len == 0 || len >= sizeof(buf))
+        return -ENAMETOOLONG;
+    memcpy(buf, path, len + 1);
+    for (char *p = buf + 1;; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char saved = *p;
+        *p = '\0';
+        if (mkdir(buf, 0750) == 0) {
+            created = 1;
+        } else if (errno != EEXIST) {
+            return -errno;
+        }
+        if (created) {
+            /* The new entry lives in the parent: make it durable there. */
+            char *slash = strrchr(buf, '/');
+            if (slash && slash != buf) {
+                *slash = '\0';
+                int err = sl_store_fsync_dir(buf);
+                *slash = '/';
+                if (err)
+                    return err;
+            }
+        }
+        *p = saved;
+        if (saved == '\0')
+            break;
+    }
+    return 0;
+}
+
+int sl_store_rename_noreplace(const char *from, const char *to)
+{
+    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0)
+        return 0;
+    if (errno != EINVAL && errno != ENOSYS)
+        return -errno;
+    /* No RENAME_NOREPLACE on this file system: link() fails with EEXIST just the same. */
+    if (link(from, to) != 0)
+        return -errno;
+    if (unlink(from) != 0)
+        return -errno;
+    return 0;
+}
+
+int sl_store_pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
+{
+    const char *p = buf;
+
+    while (len > 0) {
+        ssize_t n = pwrite(fd, p, len, (off_t)offset);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += n;
+        len -= (size_t)n;
+        offset += (uint64_t)n;
+    }
+    return 0;
+}
+
+int sl_store_pread_all(int fd, void *buf, size_t len, uint64_t offset)
+{
+    char *p = buf;
+
+    while (len > 0) {
+        ssize_t n = pread(fd, p, len, (off_t)offset);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (n == 0)
+            return -EIO;
+        p += n;
+        len -= (size_t)n;
+        offset += (uint64_t)n;
+    }
+    return 0;
+}
+
+static int join(char *buf, size_t len, const char *dir, const char *name)
+{
+    int n = snprintf(buf, len, "%s/%s", dir, name);
+
+    return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+int sl_store_remove(const char *dir, const char *name)
+{
+    char path[PATH_MAX];
+    int err = join(path, sizeof(path), dir, name);
+
+    if (err)
+        return err;
+    if (unlink(path) != 0 && errno != ENOENT)
+        return -errno;
+    return 0;
+}
+
+int sl_store_write_file(const char *dir, const char *name, const void *buf, size_t len)
+{
+    char tmp[PATH_MAX], path[PATH_MAX], tname[NAME_MAX + 1];
+    int fd = -1, err;
+
+    if ((size_t)snprintf(tname, sizeof(tname), ".%s.tmp", name) >= sizeof(tname))
+        return -ENAMETOOLONG;
+    err = join(tmp, sizeof(tmp), dir, tname);
+    if (!err)
+        err = join(path, sizeof(path), dir, name);
+    if (err)
+        return err;
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0)
+        return -errno;
+    err = sl_store_pwrite_all(fd, buf, len, 0);
+    if (!err && fsync(fd) != 0)
+        err = -errno;
+    if (close(fd) != 0 && !err)
+        err = -errno;
+    if (!err && unlink(path) != 0 && errno != ENOENT)
+        err = -errno;
+    if (!err)
+        err = sl_store_rename_noreplace(tmp, path);
+    if (!err)
+        err = sl_store_fsync_dir(dir);
+    if (err)
+        unlink(tmp);
+    return err;
+}
+
+int sl_store_free_bytes(const char *path, uint64_t *out)
+{
+    struct statvfs sv;
+
+    if (statvfs(path, &sv) != 0)
+        return -errno;
+    *out = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+    return 0;
+}
+
+int sl_store_sweep(const char *dir, sl_store_keep_fn keep, void *arg, int *removed)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0, err = 0;
+
+    if (removed)
+        *removed = 0;
+    if (!d)
+        return errno == ENOENT ? 0 : -errno;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (keep ? keep(e->d_name, &st, arg) : e->d_name[0] != '.')
+            continue;
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0)
+            n++;
+        else if (errno != ENOENT)
+            err = -errno;
+    }
+    closedir(d);
+    if (n > 0) {
+        int e2 = sl_store_fsync_dir(dir);
+        if (!err)
+            err = e2;
+    }
+    if (removed)
+        *removed = n;
+    return err;
+}

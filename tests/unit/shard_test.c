@@ -1,0 +1,147 @@
+/* common/shard: header encoding, name validation, SHA-256 vectors, hashing a file range. */
+#include "err.h"
+#include "shard.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int failures;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static void test_header(void)
+{
+    uint8_t buf[SL_SHARD_HEADER_SIZE];
+    sl_shard_header h = {0}, g;
+
+    h.rank = 7;
+    memcpy(h.sha256, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", 65);
+    h.tensor_count = 3;
+    h.data_len = 0x0102030405060708ull;
+    sl_shard_header_encode(buf, &h);
+    /* Little-endian layout of DESIGN.md. */
+    CHECK(buf[0] == 0x52 && buf[1] == 0x41 && buf[2] == 0x48 && buf[3] == 0x53);
+    CHECK(buf[4] == 7 && buf[5] == 0 && buf[8] == 64);
+    CHECK(memcmp(buf + 12, h.sha256, 64) == 0);
+    CHECK(buf[76] == 3);
+    CHECK(buf[80] == 0x08 && buf[87] == 0x01);
+    CHECK(sl_shard_header_decode(&g, buf, sizeof(buf)) == 0);
+    CHECK(g.rank == 7 && g.tensor_count == 3 && g.data_len == h.data_len);
+    CHECK(strcmp(g.sha256, h.sha256) == 0);
+
+    CHECK(sl_shard_header_decode(&g, buf, sizeof(buf) - 1) == SL_ECORRUPT);
+    buf[0] ^= 1;
+    CHECK(sl_shard_header_decode(&g, buf, sizeof(buf)) == SL_ECORRUPT);
+    buf[0] ^= 1;
+    buf[8] = 63;
+    CHECK(sl_shard_header_decode(&g, buf, sizeof(buf)) == SL_ECORRUPT);
+    buf[8] = 64;
+    buf[12] = 'G';
+    CHECK(sl_shard_header_decode(&g, buf, sizeof(buf)) == SL_ECORRUPT);
+    buf[12] = 'e';
+    buf[7] = 0x80; /* negative rank */
+    CHECK(sl_shard_header_decode(&g, buf, sizeof(buf)) == SL_ECORRUPT);
+    buf[7] = 0;
+    buf[87] = 0x80; /* data length above INT64_MAX */
+    CHECK(sl_shard_header_decode(&g, buf, sizeof(buf)) == SL_ECORRUPT);
+}
+
+static void test_names(void)
+{
+    static const char *const good[] = {"a", "step_100", "run-1.2", "A.b_c-d", "y"};
+    static const char *const bad[] = {"",     ".",   "..",   ".hidden", "a/b", "../x",
+                                      "a..b", "a b", "a\\b", "é",       "a\n"};
+    char buf[200];
+
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        CHECK(sl_shard_name_check(good[i]) == 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        CHECK(sl_shard_name_check(bad[i]) == SL_EINVAL);
+    CHECK(sl_shard_name_check(NULL) == SL_EINVAL);
+    memset(buf, 'x', sizeof(buf));
+    buf[SL_SHARD_NAME_MAX] = '\0';
+    CHECK(sl_shard_name_check(buf) == 0);
+    buf[SL_SHARD_NAME_MAX] = 'x';
+    buf[SL_SHARD_NAME_MAX + 1] = '\0';
+    CHECK(sl_shard_name_check(buf) == SL_EINVAL);
+
+    CHECK(sl_shard_file_name(buf, sizeof(buf), "step_1", 12) == 0);
+    CHECK(strcmp(buf, "step_1_shard_12.shard") == 0);
+    CHECK(sl_shard_file_name(buf, 10, "step_1", 12) == SL_ELIMIT);
+
+    CHECK(sl_shard_hex_check("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855") ==
+          0);
+    CHECK(sl_shard_hex_check("E3B0C44298FC1C149AFBF4C8996FB92427AE41E4649B934CA495991B7852B855") ==
+          SL_EINVAL);
+    CHECK(sl_shard_hex_check("e3b0") == SL_EINVAL);
+    CHECK(sl_shard_hex_check(NULL) == SL_EINVAL);
+}
+
+static void test_sha256(void)
+{
+    char hex[65];
+    sl_sha256 *h = NULL;
+
+    CHECK(sl_sha256_new(&h) == 0);
+    CHECK(sl_sha256_final(h, hex) == 0);
+    CHECK(strcmp(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855") == 0);
+    CHECK(sl_sha256_reset(h) == 0);
+    CHECK(sl_sha256_update(h, "ab", 2) == 0);
+    CHECK(sl_sha256_update(h, "c", 1) == 0);
+    CHECK(sl_sha256_final(h, hex) == 0);
+    CHECK(strcmp(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad") == 0);
+    sl_sha256_free(h);
+    sl_sha256_free(NULL);
+}
+
+static void test_hash_fd(void)
+{
+    char path[] = "/tmp/shard_test_XXXXXX";
+    char hex[65];
+    sl_sha256 *h = NULL;
+    size_t n = (3u << 20) + 5;
+    uint8_t *buf = malloc(n);
+    int fd = mkstemp(path);
+
+    CHECK(fd >= 0 && buf);
+    if (fd < 0 || !buf)
+        goto out;
+    unlink(path);
+    /* 1,000,000 'a' bytes have a well-known digest; put them behind a 7-byte prefix. */
+    memset(buf, 'a', n);
+    memcpy(buf, "prefix!", 7);
+    CHECK(write(fd, buf, n) == (ssize_t)n);
+    CHECK(sl_sha256_new(&h) == 0);
+    CHECK(sl_shard_hash_fd(h, fd, 7, 1000000) == 0);
+    CHECK(sl_sha256_final(h, hex) == 0);
+    CHECK(strcmp(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0") == 0);
+    /* A range past the end of the file is corrupt, not a short success. */
+    CHECK(sl_sha256_reset(h) == 0);
+    CHECK(sl_shard_hash_fd(h, fd, n - 10, 11) == SL_ECORRUPT);
+    sl_sha256_free(h);
+    close(fd);
+out:
+    free(buf);
+}
+
+int main(void)
+{
+    test_header();
+    test_names();
+    test_sha256();
+    test_hash_fd();
+    if (failures) {
+        fprintf(stderr, "shard_test: %d failures\n", failures);
+        return 1;
+    }
+    printf("shard_test: ok\n");
+    return 0;
+}
