@@ -18,6 +18,8 @@
 
 struct sl_rpc_client {
     grpc_channel *ch;
+    grpc_metadata md; /* the authorization header, when a token is set */
+    size_t n_md;
     pthread_mutex_t mu;
     grpc_completion_queue *pool[CQ_POOL_MAX];
     size_t n_pool;
@@ -76,6 +78,21 @@ int sl_rpc_client_new(sl_rpc_client **out, const char *target, const sl_rpc_clie
     chargs.args = args;
     c->ch = grpc_channel_create(target, creds, &chargs);
     pthread_mutex_init(&c->mu, NULL);
+    if (opts && opts->token && *opts->token) {
+        size_t len = strlen(opts->token) + 8;
+        char *v = malloc(len);
+        if (!v) {
+            sl_rpc_client_free(c);
+            return -ENOMEM;
+        }
+        snprintf(v, len, "Bearer %s", opts->token);
+        c->md.key = grpc_slice_from_static_string("authorization");
+        c->md.value = grpc_slice_from_copied_string(v);
+        c->n_md = 1;
+        /* The header holds a secret: wipe the temporary copy. */
+        memset(v, 0, len);
+        free(v);
+    }
     grpc_channel_credentials_release(creds);
     *out = c;
     return 0;
@@ -120,6 +137,10 @@ void sl_rpc_client_free(sl_rpc_client *c)
         return;
     for (size_t i = 0; i < c->n_pool; i++)
         drain_and_destroy(c->pool[i]);
+    if (c->n_md) {
+        grpc_slice_unref(c->md.key);
+        grpc_slice_unref(c->md.value);
+    }
     pthread_mutex_destroy(&c->mu);
     grpc_channel_destroy(c->ch);
     free(c);
@@ -169,6 +190,8 @@ static int unary_bb(sl_rpc_client *c, const char *method, grpc_byte_buffer *req,
     grpc_metadata_array_init(&trailing);
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = c->n_md;
+    ops[0].data.send_initial_metadata.metadata = &c->md;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = req;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -301,6 +324,8 @@ int sl_rpc_async_start(sl_rpc_async *a, const char *method, const ProtobufCMessa
     grpc_metadata_array_init(&ac->trailing);
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = a->c->n_md;
+    ops[0].data.send_initial_metadata.metadata = &a->c->md;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = ac->req;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -415,6 +440,8 @@ int sl_rpc_stream_open(sl_rpc_stream **out, sl_rpc_client *c, const char *method
     }
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_SEND_INITIAL_METADATA;
+    op.data.send_initial_metadata.count = c->n_md;
+    op.data.send_initial_metadata.metadata = &c->md;
     if (grpc_call_start_batch(s->call, &op, 1, &s->t_md, NULL) != GRPC_CALL_OK ||
         !pluck(s->cq, &s->t_md)) {
         /* The failure shows in the status; keep the stream so finish can report it. */

@@ -19,6 +19,7 @@ typedef struct sl_rpc_client_opts {
     int max_recv_bytes;    /* largest accepted message; 0 means 64 MiB */
     int max_send_bytes;    /* largest sent message; 0 means unlimited */
     const sl_rpc_tls *tls; /* NULL: plaintext */
+    const char *token;     /* sent as "authorization: Bearer <token>" on every call; NULL: none */
 } sl_rpc_client_opts;
 
 /* Open a channel to `target` ("host:port"). Connection happens lazily on the first call.

@@ -692,6 +692,26 @@ static sl_rpc_call *call_from_slot(slot *s)
     return c;
 }
 
+/* Ask the server's authorize callback; on refusal the call is finished. Returns 1 if allowed. */
+static int authorized(sl_rpc_call *c)
+{
+    static const char bearer[] = "Bearer ";
+    char value[1024], msg[512] = "";
+    const char *token = NULL;
+    int n, err;
+
+    n = sl_rpc_call_metadata(c, "authorization", value, sizeof(value));
+    if (n >= (int)sizeof(bearer) - 1 && strncmp(value, bearer, sizeof(bearer) - 1) == 0)
+        token = value + sizeof(bearer) - 1;
+    err = c->srv->opts.authorize(c->path, c->reg->m->access, token, msg, sizeof(msg),
+                                 c->srv->opts.authorize_arg);
+    if (err == 0)
+        return 1;
+    sl_rpc_call_fail(c, err == SL_EPERM ? SL_EPERM : SL_EAUTH, "%s",
+                     msg[0] ? msg : (err == SL_EPERM ? "permission denied" : "not authenticated"));
+    return 0;
+}
+
 static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
 {
     const sl_rpc_method *m;
@@ -706,6 +726,8 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
         return;
     }
     m = c->reg->m;
+    if (c->srv->opts.authorize && !authorized(c))
+        return;
     if (m->kind == SL_RPC_CLIENT_STREAM || m->kind == SL_RPC_BIDI_STREAM) {
         m->on_start(c, NULL, c->reg->svc->arg);
         return;

@@ -35,6 +35,9 @@ typedef struct sl_rpc_method {
     sl_rpc_kind kind;
     const ProtobufCMessageDescriptor *request;
     const ProtobufCMessageDescriptor *response;
+    /* Who may call it: opaque to the layer, handed to the server's authorize callback (the
+     * daemon's roles; 0 is the most restrictive there, so a forgotten entry fails closed). */
+    unsigned access;
     /* The call arrived. For unary and server-streaming methods `req` is the decoded request,
      * owned by the layer and valid only during the callback; for client-streaming and bidi
      * methods it is NULL and the handler calls sl_rpc_call_read() to receive. Required. */
@@ -59,6 +62,12 @@ typedef struct sl_rpc_service {
     void (*on_shutdown)(void *arg);
 } sl_rpc_service;
 
+/* Decide whether a call may proceed, before its handler sees it (loop thread). `token` is the
+ * bearer token of the "authorization: Bearer <token>" metadata, or NULL if absent. Returns 0 to
+ * allow, SL_EAUTH (UNAUTHENTICATED) or SL_EPERM (PERMISSION_DENIED) with a message in msg. */
+typedef int (*sl_rpc_authorize_fn)(const char *method, unsigned access, const char *token,
+                                   char *msg, size_t msg_len, void *arg);
+
 /* Observer of finished calls (for logs and metrics), loop thread. `method` is the full path. */
 typedef void (*sl_rpc_call_observer)(const char *method, const char *peer, sl_rpc_code code,
                                      uint64_t duration_us, void *arg);
@@ -70,6 +79,8 @@ typedef struct sl_rpc_server_opts {
     int max_send_bytes;            /* largest sent message; 0 means unlimited */
     int slots_per_method;          /* calls kept armed per method; 0 means 16 */
     const sl_rpc_tls *tls;         /* NULL: plaintext */
+    sl_rpc_authorize_fn authorize; /* NULL: every call is allowed */
+    void *authorize_arg;
     sl_rpc_call_observer observer; /* optional */
     void *observer_arg;
 } sl_rpc_server_opts;

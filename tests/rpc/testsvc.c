@@ -4,6 +4,7 @@
 #include "sluice/test/test.pb-c.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -196,18 +197,35 @@ static void stats_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     sl_rpc_call_reply(call, &resp.base);
 }
 
+/* Access levels of the test service: 0 writer, 1 public, 2 reader. */
 static const sl_rpc_method methods[] = {
     {"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
-     &sluice__test__echo_response__descriptor, echo_start, NULL, NULL, echo_cancel},
+     &sluice__test__echo_response__descriptor, 2, echo_start, NULL, NULL, echo_cancel},
     {"Count", SL_RPC_SERVER_STREAM, &sluice__test__count_request__descriptor,
-     &sluice__test__count_response__descriptor, count_start, NULL, count_pump, NULL},
+     &sluice__test__count_response__descriptor, 0, count_start, NULL, count_pump, NULL},
     {"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__num__descriptor,
-     &sluice__test__sum_response__descriptor, sum_start, sum_message, NULL, NULL},
-    {"Chat", SL_RPC_BIDI_STREAM, &sluice__test__num__descriptor, &sluice__test__num__descriptor,
+     &sluice__test__sum_response__descriptor, 0, sum_start, sum_message, NULL, NULL},
+    {"Chat", SL_RPC_BIDI_STREAM, &sluice__test__num__descriptor, &sluice__test__num__descriptor, 0,
      chat_start, chat_message, chat_writable, NULL},
     {"Stats", SL_RPC_UNARY, &sluice__test__stats_request__descriptor,
-     &sluice__test__stats_response__descriptor, stats_start, NULL, NULL, NULL},
+     &sluice__test__stats_response__descriptor, 1, stats_start, NULL, NULL, NULL},
 };
+
+static int authorize(const char *method, unsigned access, const char *token, char *msg, size_t len,
+                     void *arg)
+{
+    if (access == 1)
+        return 0;
+    if (!token || (strcmp(token, "r-token") != 0 && strcmp(token, "w-token") != 0)) {
+        snprintf(msg, len, "%s needs a token", method);
+        return SL_EAUTH;
+    }
+    if (access == 0 && strcmp(token, "w-token") != 0) {
+        snprintf(msg, len, "reader may not call %s", method);
+        return SL_EPERM;
+    }
+    return 0;
+}
 
 /* ---- harness ---- */
 
@@ -234,7 +252,7 @@ static void *loop_main(void *arg)
     return NULL;
 }
 
-int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls)
+static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, int auth)
 {
     sl_testsrv *s = calloc(1, sizeof(*s));
     const sl_rpc_service *svcs[1];
@@ -251,6 +269,7 @@ int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls
     opts.listen = "127.0.0.1:0";
     opts.max_recv_bytes = max_recv_bytes;
     opts.tls = tls;
+    opts.authorize = auth ? authorize : NULL;
     err = sl_rpc_server_new(&s->srv, &s->loop, &opts, svcs, 1);
     if (err) {
         uv_close((uv_handle_t *)&s->stop, NULL);
@@ -262,6 +281,16 @@ int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls
     pthread_create(&s->thread, NULL, loop_main, s);
     *out = s;
     return 0;
+}
+
+int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls)
+{
+    return start(out, max_recv_bytes, tls, 0);
+}
+
+int sl_testsrv_start_auth(sl_testsrv **out)
+{
+    return start(out, 0, NULL, 1);
 }
 
 int sl_testsrv_port(const sl_testsrv *s)

@@ -13,6 +13,10 @@ typedef struct sl_testsrv sl_testsrv;
  * plaintext) on a new loop thread. Returns 0 and *out. */
 int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls);
 
+/* As sl_testsrv_start, with bearer tokens required: "r-token" may call Echo (reader), "w-token"
+ * everything (writer); Stats is public. */
+int sl_testsrv_start_auth(sl_testsrv **out);
+
 /* The bound port. */
 int sl_testsrv_port(const sl_testsrv *s);
 

@@ -577,6 +577,51 @@ static void test_tls(void)
         fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* One unary exchange with `method` as a client holding `token`. */
+static int auth_call(const char *tgt, const char *token, const char *method, sl_rpc_status *st)
+{
+    sl_rpc_client_opts opts = {.token = token};
+    sl_rpc_client *c = NULL;
+    int err = sl_rpc_client_new(&c, tgt, &opts);
+
+    if (err)
+        return err;
+    /* Count streams one message for count=1; the other methods take an empty request. */
+    if (strstr(method, "/Count"))
+        err = sl_rpc_client_unary_raw(c, method, "\x08\x01", 2, 3000, st);
+    else
+        err = sl_rpc_client_unary_raw(c, method, "", 0, 3000, st);
+    sl_rpc_client_free(c);
+    return err;
+}
+
+static void test_auth(void)
+{
+    sl_testsrv *srv = NULL;
+    sl_rpc_status st;
+    char tgt[64];
+    int err;
+
+    CHECK(sl_testsrv_start_auth(&srv) == 0, "auth server");
+    snprintf(tgt, sizeof(tgt), "127.0.0.1:%d", sl_testsrv_port(srv));
+    err = auth_call(tgt, NULL, "/sluice.test.Test/Stats", &st);
+    CHECK(err == 0, "public method without a token: %d %s", err, st.message);
+    err = auth_call(tgt, NULL, "/sluice.test.Test/Echo", &st);
+    CHECK(err == SL_EAUTH && st.code == SL_RPC_UNAUTHENTICATED, "no token: %d", err);
+    CHECK(strstr(st.message, "/sluice.test.Test/Echo") != NULL, "message '%s'", st.message);
+    err = auth_call(tgt, "bogus", "/sluice.test.Test/Echo", &st);
+    CHECK(err == SL_EAUTH, "unknown token: %d", err);
+    CHECK(strstr(st.message, "bogus") == NULL, "the token leaked into '%s'", st.message);
+    err = auth_call(tgt, "r-token", "/sluice.test.Test/Echo", &st);
+    CHECK(err == 0, "reader on a reader method: %d %s", err, st.message);
+    err = auth_call(tgt, "r-token", "/sluice.test.Test/Count", &st);
+    CHECK(err == SL_EPERM && st.code == SL_RPC_PERMISSION_DENIED, "reader on a writer method: %d",
+          err);
+    err = auth_call(tgt, "w-token", "/sluice.test.Test/Count", &st);
+    CHECK(err == 0, "writer: %d %s", err, st.message);
+    CHECK(sl_testsrv_stop(srv, 500) == 0, "stop");
+}
+
 int main(void)
 {
     static const struct {
@@ -597,6 +642,7 @@ int main(void)
         {"concurrent", test_concurrent},
         {"async", test_async},
         {"tls", test_tls},
+        {"auth", test_auth},
     };
     sl_testsrv *srv = NULL;
     size_t left;
