@@ -56,5 +56,6 @@ int cmd_health(sl_cli *cli, int argc, char **argv);
 int cmd_info(sl_cli *cli, int argc, char **argv);
 int cmd_sample(sl_cli *cli, int argc, char **argv);
 int cmd_batch(sl_cli *cli, int argc, char **argv);
+int cmd_ckpt(sl_cli *cli, int argc, char **argv);
 
 #endif

@@ -17,6 +17,7 @@ static const command commands[] = {
     {"info", cmd_info, "show the daemon's version, uptime, data dir and schema version"},
     {"sample", cmd_sample, "list a rank's sample indices for an epoch (local, no daemon)"},
     {"batch", cmd_batch, "plan token-budget batches from sequence lengths (local, no daemon)"},
+    {"ckpt", cmd_ckpt, "checkpoint shards: begin, upload, commit, verify, ls, download, ..."},
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))

@@ -1,19 +1,17 @@
 #include "sluice.h"
 
+#include "internal.h"
+
 #include "err.h"
 #include "rpc/client.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "sluice/v1/admin.pb-c.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct sl_client {
-    sl_rpc_client *rpc;
-    int64_t timeout_ms;
-};
 
 static _Thread_local char last_error[1100];
 
@@ -22,6 +20,21 @@ static int record(int err, const sl_rpc_status *st)
     if (err)
         snprintf(last_error, sizeof(last_error), "%s: %s", sl_rpc_code_name(st->code),
                  st->message[0] ? st->message : sl_strerror(err));
+    return err;
+}
+
+int sl_client_record(int err, const sl_rpc_status *st)
+{
+    return record(err, st);
+}
+
+int sl_client_set_error(int err, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
     return err;
 }
 

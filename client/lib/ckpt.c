@@ -1,0 +1,561 @@
+#include "sluice_ckpt.h"
+
+#include "internal.h"
+
+#include "err.h"
+#include "shard.h"
+#include "sluice/v1/checkpoint.pb-c.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SVC "/sluice.v1.Checkpoints/"
+
+const char *sl_ckpt_state_name(int state)
+{
+    switch (state) {
+    case SL_CKPT_STATE_WRITING:
+        return "WRITING";
+    case SL_CKPT_STATE_COMPLETE:
+        return "COMPLETE";
+    case SL_CKPT_STATE_INCOMPLETE:
+        return "INCOMPLETE";
+    default:
+        return "UNKNOWN";
+    }
+}
+
+const char *sl_ckpt_verdict_name(int verdict)
+{
+    static const char *const names[] = {
+        "UNCHECKED",         "OK",           "MISSING", "SIZE_MISMATCH", "HEADER_CORRUPT",
+        "CHECKSUM_MISMATCH", "NOT_UPLOADED", "IO_ERROR"};
+
+    return verdict >= 0 && verdict < 8 ? names[verdict] : "UNKNOWN";
+}
+
+static void copy_str(char *dst, size_t len, const char *src)
+{
+    snprintf(dst, len, "%s", src ? src : "");
+}
+
+static void from_pb(sl_ckpt *out, const Sluice__V1__Checkpoint *m)
+{
+    memset(out, 0, sizeof(*out));
+    copy_str(out->job, sizeof(out->job), m->job);
+    copy_str(out->name, sizeof(out->name), m->name);
+    out->step = m->step;
+    out->world_size = m->world_size;
+    out->state = (int)m->state;
+    copy_str(out->user_metadata, sizeof(out->user_metadata), m->user_metadata);
+    out->created_ms = m->created_at_ms;
+    out->committed_ms = m->committed_at_ms;
+    out->shards_uploaded = m->shards_uploaded;
+    out->total_bytes = m->total_bytes;
+}
+
+static int unary(sl_client *c, const char *method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp)
+{
+    sl_rpc_status st;
+    int err = sl_rpc_client_unary(c->rpc, method, req, desc, resp, c->timeout_ms, &st);
+
+    return err ? sl_client_record(err, &st) : 0;
+}
+
+static int ref_call(sl_client *c, const char *method, sl_ckpt *out, const char *job,
+                    const char *name)
+{
+    Sluice__V1__CheckpointRef req = SLUICE__V1__CHECKPOINT_REF__INIT;
+    Sluice__V1__Checkpoint *resp = NULL;
+    int err;
+
+    req.job = (char *)job;
+    req.name = (char *)name;
+    err = unary(c, method, &req.base, &sluice__v1__checkpoint__descriptor,
+                (ProtobufCMessage **)&resp);
+    if (err)
+        return err;
+    if (out)
+        from_pb(out, resp);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+int sl_ckpt_begin(sl_client *c, sl_ckpt *out, const char *job, const char *name, uint64_t step,
+                  int32_t world_size, const char *user_metadata)
+{
+    Sluice__V1__BeginRequest req = SLUICE__V1__BEGIN_REQUEST__INIT;
+    Sluice__V1__Checkpoint *resp = NULL;
+    int err;
+
+    req.job = (char *)job;
+    req.name = (char *)(name ? name : "");
+    req.step = step;
+    req.world_size = world_size;
+    req.user_metadata = (char *)(user_metadata ? user_metadata : "");
+    err = unary(c, SVC "Begin", &req.base, &sluice__v1__checkpoint__descriptor,
+                (ProtobufCMessage **)&resp);
+    if (err)
+        return err;
+    if (out)
+        from_pb(out, resp);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+int sl_ckpt_commit(sl_client *c, sl_ckpt *out, const char *job, const char *name)
+{
+    return ref_call(c, SVC "Commit", out, job, name);
+}
+
+int sl_ckpt_abort(sl_client *c, sl_ckpt *out, const char *job, const char *name)
+{
+    return ref_call(c, SVC "Abort", out, job, name);
+}
+
+int sl_ckpt_get(sl_client *c, sl_ckpt *out, sl_ckpt_shard **shards, size_t *n_shards,
+                const char *job, const char *name)
+{
+    Sluice__V1__CheckpointRef req = SLUICE__V1__CHECKPOINT_REF__INIT;
+    Sluice__V1__Checkpoint *resp = NULL;
+    int err;
+
+    req.job = (char *)job;
+    req.name = (char *)name;
+    err = unary(c, SVC "Get", &req.base, &sluice__v1__checkpoint__descriptor,
+                (ProtobufCMessage **)&resp);
+    if (err)
+        return err;
+    if (out)
+        from_pb(out, resp);
+    if (shards) {
+        *shards = calloc(resp->n_shards ? resp->n_shards : 1, sizeof(**shards));
+        *n_shards = resp->n_shards;
+        if (!*shards) {
+            err = sl_client_set_error(-ENOMEM, "out of memory");
+        } else {
+            for (size_t i = 0; i < resp->n_shards; i++) {
+                const Sluice__V1__ShardInfo *si = resp->shards[i];
+                sl_ckpt_shard *s = &(*shards)[i];
+                s->rank = si->rank;
+                s->data_size = si->data_size;
+                s->file_size = si->file_size;
+                copy_str(s->sha256, sizeof(s->sha256), si->sha256);
+                copy_str(s->path, sizeof(s->path), si->path);
+                s->tensor_count = si->tensor_count;
+            }
+        }
+    }
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return err;
+}
+
+int sl_ckpt_list(sl_client *c, sl_ckpt **out, size_t *n, const char *job, int state)
+{
+    Sluice__V1__ListRequest req = SLUICE__V1__LIST_REQUEST__INIT;
+    Sluice__V1__ListResponse *resp = NULL;
+    int err;
+
+    *out = NULL;
+    *n = 0;
+    req.job = (char *)(job ? job : "");
+    req.state = (Sluice__V1__CheckpointState)state;
+    err = unary(c, SVC "List", &req.base, &sluice__v1__list_response__descriptor,
+                (ProtobufCMessage **)&resp);
+    if (err)
+        return err;
+    *out = calloc(resp->n_checkpoints ? resp->n_checkpoints : 1, sizeof(**out));
+    if (!*out) {
+        err = sl_client_set_error(-ENOMEM, "out of memory");
+    } else {
+        for (size_t i = 0; i < resp->n_checkpoints; i++)
+            from_pb(&(*out)[i], resp->checkpoints[i]);
+        *n = resp->n_checkpoints;
+    }
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return err;
+}
+
+int sl_ckpt_latest(sl_client *c, sl_ckpt *out, const char *job)
+{
+    Sluice__V1__LatestRequest req = SLUICE__V1__LATEST_REQUEST__INIT;
+    Sluice__V1__Checkpoint *resp = NULL;
+    int err;
+
+    req.job = (char *)job;
+    err = unary(c, SVC "Latest", &req.base, &sluice__v1__checkpoint__descriptor,
+                (ProtobufCMessage **)&resp);
+    if (err)
+        return err;
+    from_pb(out, resp);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+int sl_ckpt_delete(sl_client *c, const char *job, const char *name)
+{
+    Sluice__V1__CheckpointRef req = SLUICE__V1__CHECKPOINT_REF__INIT;
+    ProtobufCMessage *resp = NULL;
+    int err;
+
+    req.job = (char *)job;
+    req.name = (char *)name;
+    err = unary(c, SVC "Delete", &req.base, &sluice__v1__delete_response__descriptor, &resp);
+    if (!err)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    return err;
+}
+
+int sl_ckpt_set_retention(sl_client *c, const char *job, uint32_t keep_last, size_t *n_deleted)
+{
+    Sluice__V1__SetRetentionRequest req = SLUICE__V1__SET_RETENTION_REQUEST__INIT;
+    Sluice__V1__SetRetentionResponse *resp = NULL;
+    int err;
+
+    req.job = (char *)job;
+    req.keep_last = keep_last;
+    err = unary(c, SVC "SetRetention", &req.base, &sluice__v1__set_retention_response__descriptor,
+                (ProtobufCMessage **)&resp);
+    if (err)
+        return err;
+    if (n_deleted)
+        *n_deleted = resp->n_deleted;
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+int sl_ckpt_verify(sl_client *c, int *ok, sl_ckpt_verdict **shards, size_t *n_shards,
+                   sl_ckpt_verdict *metadata, const char *job, const char *name, int deep)
+{
+    Sluice__V1__VerifyRequest req = SLUICE__V1__VERIFY_REQUEST__INIT;
+    Sluice__V1__VerifyResponse *resp = NULL;
+    sl_rpc_status st;
+    int err;
+
+    req.job = (char *)job;
+    req.name = (char *)name;
+    req.mode = deep ? SLUICE__V1__VERIFY_MODE__DEEP : SLUICE__V1__VERIFY_MODE__QUICK;
+    /* A deep verification reads every byte: no per-call deadline. */
+    err = sl_rpc_client_unary(c->rpc, SVC "Verify", &req.base,
+                              &sluice__v1__verify_response__descriptor, (ProtobufCMessage **)&resp,
+                              deep ? -1 : c->timeout_ms, &st);
+    if (err)
+        return sl_client_record(err, &st);
+    *ok = resp->ok;
+    if (metadata) {
+        metadata->rank = -1;
+        metadata->verdict = (int)resp->metadata;
+        copy_str(metadata->detail, sizeof(metadata->detail), resp->metadata_detail);
+    }
+    if (shards) {
+        *shards = calloc(resp->n_shards ? resp->n_shards : 1, sizeof(**shards));
+        *n_shards = resp->n_shards;
+        if (!*shards) {
+            err = sl_client_set_error(-ENOMEM, "out of memory");
+        } else {
+            for (size_t i = 0; i < resp->n_shards; i++) {
+                (*shards)[i].rank = resp->shards[i]->rank;
+                (*shards)[i].verdict = (int)resp->shards[i]->verdict;
+                copy_str((*shards)[i].detail, sizeof((*shards)[i].detail), resp->shards[i]->detail);
+            }
+        }
+    }
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return err;
+}
+
+int sl_ckpt_upload_status(sl_client *c, uint64_t *held, int *in_progress, int *stored,
+                          const char *job, const char *name, int32_t rank)
+{
+    Sluice__V1__UploadStatusRequest req = SLUICE__V1__UPLOAD_STATUS_REQUEST__INIT;
+    Sluice__V1__UploadStatusResponse *resp = NULL;
+    int err;
+
+    req.job = (char *)job;
+    req.checkpoint = (char *)name;
+    req.rank = rank;
+    err = unary(c, SVC "UploadStatus", &req.base, &sluice__v1__upload_status_response__descriptor,
+                (ProtobufCMessage **)&resp);
+    if (err)
+        return err;
+    if (held)
+        *held = resp->held_bytes;
+    if (in_progress)
+        *in_progress = resp->in_progress;
+    if (stored)
+        *stored = resp->stored;
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+/* Read exactly len bytes at offset. */
+static int read_at(int fd, void *buf, size_t len, uint64_t off)
+{
+    char *p = buf;
+
+    while (len > 0) {
+        ssize_t n = pread(fd, p, len, (off_t)off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            return -EIO;
+        p += n;
+        len -= (size_t)n;
+        off += (uint64_t)n;
+    }
+    return 0;
+}
+
+int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, const char *name,
+                      int32_t rank, int fd, uint64_t size, const sl_ckpt_upload_opts *opts)
+{
+    static const sl_ckpt_upload_opts defaults = {0};
+    Sluice__V1__UploadShardRequest msg = SLUICE__V1__UPLOAD_SHARD_REQUEST__INIT;
+    Sluice__V1__ShardHeader hdr = SLUICE__V1__SHARD_HEADER__INIT;
+    Sluice__V1__TensorInfo *tinfo = NULL, **tptr = NULL, one = SLUICE__V1__TENSOR_INFO__INIT;
+    Sluice__V1__UploadShardResponse *resp = NULL;
+    sl_rpc_stream *s = NULL;
+    sl_sha256 *sha = NULL;
+    sl_rpc_status st;
+    uint8_t *buf = NULL;
+    char local[65];
+    uint64_t off = 0;
+    int64_t shape1;
+    size_t chunk;
+    int err;
+
+    if (!opts)
+        opts = &defaults;
+    chunk = opts->chunk_bytes ? opts->chunk_bytes : (1u << 20);
+    if (chunk > (4u << 20))
+        chunk = 4u << 20;
+    if (opts->resume) {
+        uint64_t held = 0;
+        int running = 0;
+        err = sl_ckpt_upload_status(c, &held, &running, NULL, job, name, rank);
+        if (err)
+            return err;
+        if (running)
+            return sl_client_set_error(SL_ESTATE, "an upload of rank %d is running now", rank);
+        off = held <= size ? held : 0;
+    }
+    if (opts->tensors) {
+        tinfo = calloc(opts->n_tensors ? opts->n_tensors : 1, sizeof(*tinfo));
+        tptr = calloc(opts->n_tensors ? opts->n_tensors : 1, sizeof(*tptr));
+        if (!tinfo || !tptr) {
+            err = sl_client_set_error(-ENOMEM, "out of memory");
+            goto out;
+        }
+        for (size_t i = 0; i < opts->n_tensors; i++) {
+            sluice__v1__tensor_info__init(&tinfo[i]);
+            tinfo[i].name = (char *)opts->tensors[i].name;
+            tinfo[i].dtype = (char *)opts->tensors[i].dtype;
+            tinfo[i].shape = (int64_t *)opts->tensors[i].shape;
+            tinfo[i].n_shape = opts->tensors[i].n_dims;
+            tinfo[i].offset = opts->tensors[i].offset;
+            tinfo[i].size = opts->tensors[i].size;
+            tptr[i] = &tinfo[i];
+        }
+        hdr.tensors = tptr;
+        hdr.n_tensors = opts->n_tensors;
+    } else {
+        shape1 = (int64_t)size;
+        one.name = (char *)"data";
+        one.dtype = (char *)"bytes";
+        one.shape = &shape1;
+        one.n_shape = 1;
+        one.size = size;
+        tptr = calloc(1, sizeof(*tptr));
+        if (!tptr) {
+            err = sl_client_set_error(-ENOMEM, "out of memory");
+            goto out;
+        }
+        tptr[0] = &one;
+        hdr.tensors = tptr;
+        hdr.n_tensors = 1;
+    }
+    hdr.job = (char *)job;
+    hdr.checkpoint = (char *)name;
+    hdr.rank = rank;
+    hdr.data_size = size;
+    hdr.sha256 = (char *)(opts->sha256 ? opts->sha256 : "");
+    hdr.offset = off;
+    buf = malloc(chunk);
+    if (!buf) {
+        err = sl_client_set_error(-ENOMEM, "out of memory");
+        goto out;
+    }
+    if (!opts->no_verify) {
+        err = sl_sha256_new(&sha);
+        /* A resumed upload hashes its prefix again here: the check covers every byte. */
+        if (!err && off)
+            err = sl_shard_hash_fd(sha, fd, 0, off);
+        if (err) {
+            err = sl_client_set_error(err, "cannot hash the local file: %s", sl_strerror(err));
+            goto out;
+        }
+    }
+    err = sl_rpc_stream_open(&s, c->rpc, SVC "UploadShard", -1);
+    if (err) {
+        err = sl_client_set_error(err, "cannot start the upload: %s", sl_strerror(err));
+        goto out;
+    }
+    msg.kind_case = SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_HEADER;
+    msg.header = &hdr;
+    err = sl_rpc_stream_write(s, &msg.base, 0);
+    msg.kind_case = SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK;
+    while (!err && off < size) {
+        size_t n = size - off < chunk ? (size_t)(size - off) : chunk;
+        err = read_at(fd, buf, n, off);
+        if (err) {
+            sl_rpc_stream_cancel(s);
+            err = sl_client_set_error(err, "cannot read the shard at offset %llu: %s",
+                                      (unsigned long long)off, sl_strerror(err));
+            goto out;
+        }
+        if (sha)
+            sl_sha256_update(sha, buf, n);
+        msg.chunk.data = buf;
+        msg.chunk.len = n;
+        err = sl_rpc_stream_write(s, &msg.base, 0);
+        off += n;
+        if (!err && opts->progress)
+            opts->progress(off, size, opts->arg);
+    }
+    if (!err)
+        err = sl_rpc_stream_close_send(s);
+    if (!err) {
+        int r = sl_rpc_stream_read(s, &sluice__v1__upload_shard_response__descriptor,
+                                   (ProtobufCMessage **)&resp);
+        err = r == 1 ? 0 : (r == 0 ? SL_ERPC : r);
+    }
+    {
+        int ferr = sl_rpc_stream_finish(s, &st);
+        if (ferr) {
+            err = sl_client_record(ferr, &st);
+            goto out;
+        }
+    }
+    if (err) {
+        err = sl_client_set_error(err, "upload failed: %s", sl_strerror(err));
+        goto out;
+    }
+    if (sha) {
+        sl_sha256_final(sha, local);
+        if (strcmp(local, resp->sha256 ? resp->sha256 : "") != 0) {
+            err = sl_client_set_error(SL_ECORRUPT,
+                                      "the daemon stored sha256 %s but the local data hashes to %s",
+                                      resp->sha256, local);
+            goto out;
+        }
+    }
+    if (receipt) {
+        memset(receipt, 0, sizeof(*receipt));
+        receipt->rank = resp->rank;
+        receipt->data_size = resp->data_size;
+        receipt->file_size = resp->file_size;
+        copy_str(receipt->sha256, sizeof(receipt->sha256), resp->sha256);
+        copy_str(receipt->path, sizeof(receipt->path), resp->path);
+        receipt->tensor_count = (uint32_t)hdr.n_tensors;
+    }
+out:
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    sl_rpc_stream_free(s);
+    sl_sha256_free(sha);
+    free(buf);
+    free(tinfo);
+    free(tptr);
+    return err;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int sl_ckpt_download_fd(sl_client *c, char sha256[65], const char *job, const char *name,
+                        int32_t rank, int fd, sl_ckpt_progress_fn progress, void *arg)
+{
+    Sluice__V1__DownloadShardRequest req = SLUICE__V1__DOWNLOAD_SHARD_REQUEST__INIT;
+    Sluice__V1__DownloadShardResponse *m = NULL;
+    ProtobufCMessage *packed = NULL;
+    sl_rpc_stream *s = NULL;
+    sl_sha256 *sha = NULL;
+    sl_rpc_status st;
+    char want[65] = "", got[65];
+    uint64_t done = 0;
+    int r = 0, err;
+
+    req.job = (char *)job;
+    req.name = (char *)name;
+    req.rank = rank;
+    err = sl_sha256_new(&sha);
+    if (err)
+        return sl_client_set_error(err, "cannot hash: %s", sl_strerror(err));
+    err = sl_rpc_stream_open(&s, c->rpc, SVC "DownloadShard", -1);
+    if (!err)
+        err = sl_rpc_stream_write(s, &req.base, 0);
+    if (!err)
+        err = sl_rpc_stream_close_send(s);
+    while (!err && (r = sl_rpc_stream_read(s, &sluice__v1__download_shard_response__descriptor,
+                                           &packed)) == 1) {
+        m = (Sluice__V1__DownloadShardResponse *)packed;
+        if (m->offset != done) {
+            err = sl_client_set_error(SL_EPROTO, "data at offset %llu, expected %llu",
+                                      (unsigned long long)m->offset, (unsigned long long)done);
+        } else {
+            sl_sha256_update(sha, m->data.data, m->data.len);
+            err = write_all(fd, m->data.data, m->data.len);
+            if (err)
+                err = sl_client_set_error(err, "cannot write: %s", sl_strerror(err));
+            done += m->data.len;
+            if (m->sha256 && *m->sha256)
+                copy_str(want, sizeof(want), m->sha256);
+            if (!err && progress)
+                progress(done, m->data_size, arg);
+        }
+        protobuf_c_message_free_unpacked(packed, NULL);
+        packed = NULL;
+    }
+    if (!err && r < 0)
+        err = r;
+    {
+        int ferr = sl_rpc_stream_finish(s, &st);
+        if (ferr) {
+            err = sl_client_record(ferr, &st);
+            goto out;
+        }
+    }
+    if (err)
+        goto out;
+    sl_sha256_final(sha, got);
+    if (strcmp(got, want) != 0) {
+        err = sl_client_set_error(SL_ECORRUPT, "received data hashes to %s, the daemon says %s",
+                                  got, want);
+        goto out;
+    }
+    if (sha256)
+        memcpy(sha256, got, 65);
+out:
+    sl_rpc_stream_free(s);
+    sl_sha256_free(sha);
+    return err;
+}
