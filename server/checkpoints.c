@@ -2152,31 +2152,96 @@ static void on_sweep(uv_timer_t *t)
 
 /* ---- service ---- */
 
+/* Designated initializers: the table stays valid when the layer adds fields. Methods carry no
+ * access level yet (see docs/checkpoints.md). */
 static const sl_rpc_method ckpt_methods[] = {
-    {"Begin", SL_RPC_UNARY, &sluice__v1__begin_request__descriptor,
-     &sluice__v1__checkpoint__descriptor, ckpt_begin, NULL, NULL, NULL},
-    {"UploadShard", SL_RPC_CLIENT_STREAM, &sluice__v1__upload_shard_request__descriptor,
-     &sluice__v1__upload_shard_response__descriptor, up_start, up_message, NULL, up_cancel},
-    {"UploadStatus", SL_RPC_UNARY, &sluice__v1__upload_status_request__descriptor,
-     &sluice__v1__upload_status_response__descriptor, ckpt_upload_status, NULL, NULL, NULL},
-    {"Commit", SL_RPC_UNARY, &sluice__v1__checkpoint_ref__descriptor,
-     &sluice__v1__checkpoint__descriptor, ckpt_commit, NULL, NULL, NULL},
-    {"Abort", SL_RPC_UNARY, &sluice__v1__checkpoint_ref__descriptor,
-     &sluice__v1__checkpoint__descriptor, ckpt_abort, NULL, NULL, NULL},
-    {"Get", SL_RPC_UNARY, &sluice__v1__checkpoint_ref__descriptor,
-     &sluice__v1__checkpoint__descriptor, ckpt_get, NULL, NULL, NULL},
-    {"List", SL_RPC_UNARY, &sluice__v1__list_request__descriptor,
-     &sluice__v1__list_response__descriptor, ckpt_list_rpc, NULL, NULL, NULL},
-    {"Latest", SL_RPC_UNARY, &sluice__v1__latest_request__descriptor,
-     &sluice__v1__checkpoint__descriptor, ckpt_latest, NULL, NULL, NULL},
-    {"Verify", SL_RPC_UNARY, &sluice__v1__verify_request__descriptor,
-     &sluice__v1__verify_response__descriptor, ckpt_verify, NULL, NULL, NULL},
-    {"DownloadShard", SL_RPC_SERVER_STREAM, &sluice__v1__download_shard_request__descriptor,
-     &sluice__v1__download_shard_response__descriptor, ckpt_download, NULL, dl_pump, NULL},
-    {"Delete", SL_RPC_UNARY, &sluice__v1__checkpoint_ref__descriptor,
-     &sluice__v1__delete_response__descriptor, ckpt_delete, NULL, NULL, NULL},
-    {"SetRetention", SL_RPC_UNARY, &sluice__v1__set_retention_request__descriptor,
-     &sluice__v1__set_retention_response__descriptor, ckpt_set_retention, NULL, NULL, NULL},
+    {
+        .name = "Begin",
+        .kind = SL_RPC_UNARY,
+        .request = &sluice__v1__begin_request__descriptor,
+        .response = &sluice__v1__checkpoint__descriptor,
+        .on_start = ckpt_begin,
+    },
+    {
+        .name = "UploadShard",
+        .kind = SL_RPC_CLIENT_STREAM,
+        .request = &sluice__v1__upload_shard_request__descriptor,
+        .response = &sluice__v1__upload_shard_response__descriptor,
+        .on_start = up_start,
+        .on_message = up_message,
+        .on_cancel = up_cancel,
+    },
+    {
+        .name = "UploadStatus",
+        .kind = SL_RPC_UNARY,
+        .request = &sluice__v1__upload_status_request__descriptor,
+        .response = &sluice__v1__upload_status_response__descriptor,
+        .on_start = ckpt_upload_status,
+    },
+    {
+        .name = "Commit",
+        .kind = SL_RPC_UNARY,
+        .request = &sluice__v1__checkpoint_ref__descriptor,
+        .response = &sluice__v1__checkpoint__descriptor,
+        .on_start = ckpt_commit,
+    },
+    {
+        .name = "Abort",
+        .kind = SL_RPC_UNARY,
+        .request = &sluice__v1__checkpoint_ref__descriptor,
+        .response = &sluice__v1__checkpoint__descriptor,
+        .on_start = ckpt_abort,
+    },
+    {
+        .name = "Get",
+        .kind = SL_RPC_UNARY,
+        .request = &sluice__v1__checkpoint_ref__descriptor,
+        .response = &sluice__v1__checkpoint__descriptor,
+        .on_start = ckpt_get,
+    },
+    {
+        .name = "List",
+        .kind = SL_RPC_UNARY,
+        .request = &sluice__v1__list_request__descriptor,
+        .response = &sluice__v1__list_response__descriptor,
+        .on_start = ckpt_list_rpc,
+    },
+    {
+        .name = "Latest",
+        .kind = SL_RPC_UNARY,
+        .request = &sluice__v1__latest_request__descriptor,
+        .response = &sluice__v1__checkpoint__descriptor,
+        .on_start = ckpt_latest,
+    },
+    {
+        .name = "Verify",
+        .kind = SL_RPC_UNARY,
+        .request = &sluice__v1__verify_request__descriptor,
+        .response = &sluice__v1__verify_response__descriptor,
+        .on_start = ckpt_verify,
+    },
+    {
+        .name = "DownloadShard",
+        .kind = SL_RPC_SERVER_STREAM,
+        .request = &sluice__v1__download_shard_request__descriptor,
+        .response = &sluice__v1__download_shard_response__descriptor,
+        .on_start = ckpt_download,
+        .on_writable = dl_pump,
+    },
+    {
+        .name = "Delete",
+        .kind = SL_RPC_UNARY,
+        .request = &sluice__v1__checkpoint_ref__descriptor,
+        .response = &sluice__v1__delete_response__descriptor,
+        .on_start = ckpt_delete,
+    },
+    {
+        .name = "SetRetention",
+        .kind = SL_RPC_UNARY,
+        .request = &sluice__v1__set_retention_request__descriptor,
+        .response = &sluice__v1__set_retention_response__descriptor,
+        .on_start = ckpt_set_retention,
+    },
 };
 
 int sl_ckpt_svc_new(sl_ckpt_svc **out, sl_daemon *d)
@@ -2200,8 +2265,12 @@ int sl_ckpt_svc_new(sl_ckpt_svc **out, sl_daemon *d)
         free(s);
         return err;
     }
-    s->svc = (sl_rpc_service){"sluice.v1.Checkpoints", ckpt_methods,
-                              sizeof(ckpt_methods) / sizeof(ckpt_methods[0]), s, NULL};
+    s->svc = (sl_rpc_service){
+        .name = "sluice.v1.Checkpoints",
+        .methods = ckpt_methods,
+        .n_methods = sizeof(ckpt_methods) / sizeof(ckpt_methods[0]),
+        .arg = s,
+    };
     sweep_all(s, 1);
     uv_timer_init(&d->loop, &s->sweep);
     s->sweep.data = s;
