@@ -352,9 +352,17 @@ static void layout_fill(const layout *L, uint32_t r, uint64_t pos, uint64_t *out
     if (L->cfg.partition == SL_SAMPLE_INTERLEAVED) {
         uint64_t p = r + pos * L->R, n = L->n, R = L->R;
         if (L->order.mode == SL_SAMPLE_SHUFFLE_FEISTEL) {
-            for (; k < m; k++, p += R)
-                out[k] = p < n ? p : p % n;
-            sl_feistel_map(&L->order.f, out, m);
+            /* Positions below n form an arithmetic sequence the network reads directly; only
+             * the padding tail wraps around. */
+            if (p < n) {
+                uint64_t run = (n - p + R - 1) / R;
+                k = run < m ? (size_t)run : m;
+                sl_feistel_map_seq(&L->order.f, out, p, R, k);
+                p += k * R;
+            }
+            for (size_t j = k; j < m; j++, p += R)
+                out[j] = p % n;
+            sl_feistel_map(&L->order.f, out + k, m - k);
             return;
         }
         for (; k < m && p < n; k++, p += R)
@@ -367,10 +375,8 @@ static void layout_fill(const layout *L, uint32_t r, uint64_t pos, uint64_t *out
         uint64_t base = (uint64_t)r * L->blk;
         within_perm(&w, L, r, r + 1 == L->R ? L->last_len : L->blk, r + 1 == L->R);
         if (w.mode == SL_SAMPLE_SHUFFLE_FEISTEL) {
+            sl_feistel_map_seq(&w.f, out, pos, 1, m);
             for (; k < m; k++)
-                out[k] = pos + k;
-            sl_feistel_map(&w.f, out, m);
-            for (k = 0; k < m; k++)
                 out[k] += base;
             return;
         }
@@ -389,6 +395,13 @@ static void layout_fill(const layout *L, uint32_t r, uint64_t pos, uint64_t *out
             len = L->rem;
         }
         within_perm(&w, L, id, len, j >= L->kfull);
+        if (w.mode == SL_SAMPLE_SHUFFLE_FEISTEL) {
+            size_t cnt = len - off < m - k ? (size_t)(len - off) : m - k;
+            sl_feistel_map_seq(&w.f, out + k, off, 1, cnt);
+            for (size_t e = k + cnt; k < e; k++)
+                out[k] += id * L->C;
+            continue;
+        }
         for (; k < m && off < len; k++, off++)
             out[k] = id * L->C + sl_perm_at(&w, off);
     }
@@ -446,9 +459,7 @@ int sl_sample_epoch_order(uint64_t *out, uint64_t n, int shuffle_mode, uint64_t 
         return 0;
     case SL_SAMPLE_SHUFFLE_FEISTEL:
         sl_feistel_init(&f, n, seed, epoch, 0);
-        for (uint64_t i = 0; i < n; i++)
-            out[i] = i;
-        sl_feistel_map(&f, out, n);
+        sl_feistel_map_seq(&f, out, 0, 1, n);
         return 0;
     default:
         return SL_EINVAL;

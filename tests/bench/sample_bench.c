@@ -2,12 +2,13 @@
  * peak RSS, per shuffle mode and dataset size. Each measurement runs in a forked child so its
  * peak RSS is its own. Prints medians of --runs runs (default 5).
  *
- *   sample_bench [--runs K] [--smoke] [--share R]
+ *   sample_bench [--runs K] [--smoke] [--share R] [--shuffle none|torch|feistel]
  *
  * Modes: throughput lists one rank's share with R = 1 (the whole epoch order; at most 2e8
  * indices, so the 1e9 feistel case measures the first 2e8); --share R lists rank 0's share of R
  * replicas at N = 1e7 and 1e8, the figure to put next to torch's DistributedSampler (see
- * sample_bench.py). --smoke runs tiny sizes once (for ctest). */
+ * sample_bench.py). --shuffle runs the rows of one shuffle mode only. --smoke runs tiny sizes once
+ * (for ctest). */
 #define _POSIX_C_SOURCE 200809L
 #include "sample/sample.h"
 
@@ -129,8 +130,9 @@ static void row(const char *what, uint64_t n, uint32_t R, int shuffle, uint64_t 
 
 int main(int argc, char **argv)
 {
-    int runs = 5, smoke = 0;
+    int runs = 5, smoke = 0, only = -1;
     uint32_t share = 8;
+    sl_sample_shuffle sh_only;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
@@ -139,8 +141,13 @@ int main(int argc, char **argv)
             share = (uint32_t)atoi(argv[++i]);
         else if (strcmp(argv[i], "--smoke") == 0)
             smoke = 1;
-        else {
-            fprintf(stderr, "usage: sample_bench [--runs K] [--smoke] [--share R]\n");
+        else if (strcmp(argv[i], "--shuffle") == 0 && i + 1 < argc &&
+                 sl_sample_shuffle_parse(&sh_only, argv[i + 1]) == 0) {
+            only = (int)sh_only;
+            i++;
+        } else {
+            fprintf(stderr, "usage: sample_bench [--runs K] [--smoke] [--share R] "
+                            "[--shuffle none|torch|feistel]\n");
             return 2;
         }
     }
@@ -153,11 +160,16 @@ int main(int argc, char **argv)
     }
     printf("# median of %d runs; one core; seed 1 epoch 2\n", runs);
     for (int sh = 0; sh < 3; sh++) {
+        if (only >= 0 && sh != only)
+            continue;
         row("epoch", 1000000, 1, sh, UINT64_MAX, runs);
         row("epoch", 100000000, 1, sh, UINT64_MAX, runs);
     }
-    row("epoch-2e8", 1000000000, 1, SL_SAMPLE_SHUFFLE_FEISTEL, 200000000, runs);
+    if (only < 0 || only == SL_SAMPLE_SHUFFLE_FEISTEL)
+        row("epoch-2e8", 1000000000, 1, SL_SAMPLE_SHUFFLE_FEISTEL, 200000000, runs);
     for (int sh = 1; sh < 3; sh++) {
+        if (only >= 0 && sh != only)
+            continue;
         row("rank-share", 10000000, share, sh, UINT64_MAX, runs);
         row("rank-share", 100000000, share, sh, UINT64_MAX, runs);
     }

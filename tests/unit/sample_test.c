@@ -534,11 +534,13 @@ static void test_feistel_uniformity(void)
     }
 }
 
-/* The same idea for a domain wide enough to use the 8-round network (N = 100003 > 2^16): index
- * and position are grouped into 16 buckets each (dof 225, same limit rule). */
-static void test_feistel_uniformity_wide(void)
+/* The same idea for domains wide enough to use the 8-round network: index and position are
+ * grouped into 16 buckets each (dof 225, same limit rule). N = 65537 has the narrowest halves
+ * (8 and 9 bits) that get 8 rounds, 100003 is a typical size and 2^20 + 1 walks the most
+ * (nearly half of each pass lands outside [0, N)). */
+static void feistel_uniformity_wide(uint64_t n, uint64_t seeds)
 {
-    const uint64_t n = 100003, B = 16, seeds = 60;
+    const uint64_t B = 16;
     uint64_t *v = malloc(n * sizeof(*v)), cnt[16 * 16] = {0}, size[16] = {0};
     double chi = 0, dof = (double)((B - 1) * (B - 1)), lim = dof + 6 * sqrt(2 * dof);
 
@@ -557,8 +559,62 @@ static void test_feistel_uniformity_wide(void)
     printf("chi-square N=%" PRIu64 " (16x16 buckets) seeds=%" PRIu64 " chi2=%.1f dof=%.0f "
            "limit=%.1f\n",
            n, seeds, chi, dof, lim);
-    CHECK(chi <= lim, "wide: chi2 %.1f over %.1f", chi, lim);
+    CHECK(chi <= lim, "wide N=%" PRIu64 ": chi2 %.1f over %.1f", n, chi, lim);
     free(v);
+}
+
+static void test_feistel_uniformity_wide(void)
+{
+    feistel_uniformity_wide(65537, 60);
+    feistel_uniformity_wide(100003, 60);
+    feistel_uniformity_wide((UINT64_C(1) << 20) + 1, 60);
+}
+
+/* The vectorized block path (sl_sample_fill / epoch order) and the per-position path
+ * (sl_sample_feistel_at) must agree, on both sides of the 32-bit/64-bit word boundary, at
+ * block edges and in the padding tail. */
+static void test_feistel_paths(void)
+{
+    static const uint64_t ns[] = {1,
+                                  2,
+                                  17,
+                                  1000003,
+                                  (UINT64_C(1) << 31) + 1,
+                                  (UINT64_C(1) << 32) - 1,
+                                  UINT64_C(1) << 32,
+                                  (UINT64_C(1) << 32) + 1,
+                                  (UINT64_C(1) << 40) + 3};
+    static uint64_t buf[3000];
+
+    for (size_t t = 0; t < sizeof(ns) / sizeof(ns[0]); t++) {
+        uint64_t n = ns[t];
+        for (uint32_t R = 1; R <= 7; R += 3) {
+            sl_sample_config c;
+            sl_sample *s;
+            uint64_t pos, cnt, x;
+            size_t m;
+            sl_sample_config_init(&c);
+            c.samples = n;
+            c.replicas = R;
+            c.rank = R - 1;
+            c.seed = 11 + t;
+            c.epoch = R;
+            CHECK(sl_sample_new(&s, &c, NULL, 0) == 0, "new");
+            cnt = sl_sample_count(s);
+            /* The last positions of the share (the padding tail when R does not divide n). */
+            pos = cnt > 2900 ? cnt - 2900 : 0;
+            m = (size_t)(cnt - pos);
+            CHECK(sl_sample_fill(buf, s, pos, m) == 0, "fill");
+            for (size_t k = 0; k < m; k++) {
+                uint64_t p = c.rank + (pos + k) * R;
+                CHECK(sl_sample_feistel_at(&x, n, c.seed, c.epoch, p % n) == 0 && x == buf[k],
+                      "n=%" PRIu64 " R=%" PRIu32 " position %" PRIu64 ": %" PRIu64
+                      " from the stream, %" PRIu64 " alone",
+                      n, R, pos + k, buf[k], x);
+            }
+            sl_sample_free(s);
+        }
+    }
 }
 
 int main(void)
@@ -566,6 +622,7 @@ int main(void)
     test_validation();
     test_torch_known();
     test_feistel_bijection();
+    test_feistel_paths();
     test_partitions();
     test_exact_layouts();
     test_mesh();
