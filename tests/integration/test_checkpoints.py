@@ -491,6 +491,66 @@ class CrashTest(unittest.TestCase):
                 self.assertIn(f.split("_shard_")[0].replace(".metadata.json", ""), known, f)
 
 
+class DiskFullTest(unittest.TestCase):
+    """A small tmpfs as the data dir: uploads that do not fit fail with RESOURCE_EXHAUSTED, their
+    temp files are removed and existing checkpoints still verify. Needs permission to mount."""
+
+    def test_disk_full(self):
+        import subprocess
+        with tempfile.TemporaryDirectory() as tmp:
+            mnt = os.path.join(tmp, "mnt")
+            os.makedirs(mnt)
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", mnt],
+                               capture_output=True)
+            if r.returncode != 0:
+                self.skipTest("cannot mount a tmpfs here: %s" % r.stderr.decode().strip())
+            d = None
+            try:
+                d = Daemon(data_dir=os.path.join(mnt, "data")).start()
+                ch = grpc.insecure_channel(d.addr)
+                stub = pbg.CheckpointsStub(ch)
+                stub.Begin(pb.BeginRequest(job="j", name="a", world_size=2), timeout=10)
+                for rank in range(2):
+                    stub.UploadShard(upload_requests("j", "a", rank, shard_bytes(rank, 4 * MiB)),
+                                     timeout=30)
+                stub.Commit(pb.CheckpointRef(job="j", name="a"), timeout=10)
+                stub.Begin(pb.BeginRequest(job="j", name="b", world_size=2), timeout=10)
+                # Larger than the file system: refused before any byte is written.
+                with self.assertRaises(grpc.RpcError) as e:
+                    stub.UploadShard(upload_requests("j", "b", 0, b"", data_size=40 * MiB,
+                                                     tensors=[]), timeout=30)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+                self.assertIn("free", e.exception.details())
+                # Two uploads that each fit but not together: the second to reserve its space
+                # fails while the first completes.
+                results = []
+
+                def up(rank):
+                    try:
+                        stub.UploadShard(upload_requests("j", "b", rank,
+                                                         shard_bytes(rank, 9 * MiB)), timeout=30)
+                        results.append("ok")
+                    except grpc.RpcError as err:
+                        results.append(err.code())
+                ts = [threading.Thread(target=up, args=(r,)) for r in range(2)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+                self.assertIn(grpc.StatusCode.RESOURCE_EXHAUSTED, results)
+                jobdir = os.path.join(d.data_dir, "checkpoints", "j")
+                self.assertEqual([f for f in os.listdir(jobdir) if f.startswith(".")], [])
+                v = stub.Verify(pb.VerifyRequest(job="j", name="a", mode=pb.DEEP), timeout=30)
+                self.assertTrue(v.ok, v)
+                ch.close()
+                self.assertEqual(d.stop(), 0, d.log())
+                self.assertEqual(d.sanitizer_reports(), [], d.log())
+            finally:
+                if d is not None:
+                    d.cleanup()
+                subprocess.run(["umount", mnt], capture_output=True)
+
+
 class CliTest(CheckpointTest):
     """`sluice ckpt` end to end: directory upload in parallel, commit, verify, download."""
 
