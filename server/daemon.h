@@ -5,6 +5,7 @@
 #include "catalog/catalog.h"
 #include "checkpoints.h"
 #include "config.h"
+#include "feed/feed.h"
 #include "health.h"
 #include "rpc/server.h"
 
@@ -20,6 +21,7 @@ typedef struct sl_daemon {
     sl_health *health;
     sl_rpc_server *rpc;
     sl_ckpt_svc *ckpt;
+    sl_feed *feed;
     uint64_t start_ms;
     int lock_fd;
     uv_signal_t sigterm, sigint;

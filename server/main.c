@@ -124,8 +124,14 @@ static void observe_call(const char *method, const char *peer, sl_rpc_code code,
 
 int main(int argc, char **argv)
 {
-    static const char *const health_names[] = {"", "sluice.v1.Admin", "sluice.v1.Checkpoints"};
-    const sl_rpc_service *services[3];
+    static const char *const health_names[] = {"",
+                                               "sluice.v1.Admin",
+                                               "sluice.v1.Checkpoints",
+                                               "sluice.v1.Datasets",
+                                               "sluice.v1.Jobs",
+                                               "sluice.v1.Epochs",
+                                               "sluice.v1.Feed"};
+    const sl_rpc_service *services[3 + SL_FEED_N_SERVICES];
     sl_rpc_server_opts opts;
     sl_daemon d;
     char cat_path[PATH_MAX + 16];
@@ -151,18 +157,22 @@ int main(int argc, char **argv)
         goto out;
     if (sl_ckpt_svc_new(&d.ckpt, &d) != 0)
         goto out;
-    if (sl_health_new(&d.health, health_names, 3) != 0)
+    if (sl_feed_new(&d.feed, &d.loop, d.cat, d.data_dir) != 0)
+        goto out;
+    if (sl_health_new(&d.health, health_names, 3 + SL_FEED_N_SERVICES) != 0)
         goto out;
 
     services[0] = sl_health_service(d.health);
     services[1] = sl_admin_service(&d);
     services[2] = sl_ckpt_service(d.ckpt);
+    for (int i = 0; i < SL_FEED_N_SERVICES; i++)
+        services[3 + i] = sl_feed_service(d.feed, i);
     memset(&opts, 0, sizeof(opts));
     opts.listen = d.cfg.listen;
     opts.cq_threads = d.cfg.rpc_threads;
     opts.max_recv_bytes = d.cfg.max_message_bytes;
     opts.observer = observe_call;
-    err = sl_rpc_server_new(&d.rpc, &d.loop, &opts, services, 3);
+    err = sl_rpc_server_new(&d.rpc, &d.loop, &opts, services, 3 + SL_FEED_N_SERVICES);
     if (err) {
         sl_log_error("listen_failed", "listen=%s error=\"%s\"", d.cfg.listen, sl_strerror(err));
         goto out;
@@ -201,6 +211,7 @@ int main(int argc, char **argv)
 out:
     sl_rpc_server_free(d.rpc);
     sl_ckpt_svc_free(d.ckpt);
+    sl_feed_free(d.feed);
     sl_health_free(d.health);
     sl_cat_close(d.cat);
     if (d.lock_fd >= 0)

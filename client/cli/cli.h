@@ -57,5 +57,10 @@ int cmd_info(sl_cli *cli, int argc, char **argv);
 int cmd_sample(sl_cli *cli, int argc, char **argv);
 int cmd_batch(sl_cli *cli, int argc, char **argv);
 int cmd_ckpt(sl_cli *cli, int argc, char **argv);
+int cmd_dataset(sl_cli *cli, int argc, char **argv);
+int cmd_job(sl_cli *cli, int argc, char **argv);
+int cmd_epoch(sl_cli *cli, int argc, char **argv);
+int cmd_indices(sl_cli *cli, int argc, char **argv);
+int cmd_batches(sl_cli *cli, int argc, char **argv);
 
 #endif

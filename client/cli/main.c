@@ -18,6 +18,11 @@ static const command commands[] = {
     {"sample", cmd_sample, "list a rank's sample indices for an epoch (local, no daemon)"},
     {"batch", cmd_batch, "plan token-budget batches from sequence lengths (local, no daemon)"},
     {"ckpt", cmd_ckpt, "checkpoint shards: begin, upload, commit, verify, ls, download, ..."},
+    {"dataset", cmd_dataset, "datasets on the daemon: create, lengths, ls, show, rm"},
+    {"job", cmd_job, "training jobs: create, ls, show, rm, resize"},
+    {"epoch", cmd_epoch, "a job's epoch and per-rank progress: show, next, report"},
+    {"indices", cmd_indices, "stream a rank's sample indices from the daemon"},
+    {"batches", cmd_batches, "stream a rank's token-budget batches from the daemon"},
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))

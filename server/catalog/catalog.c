@@ -51,6 +51,31 @@ static const char *const migrations[] = {
     "  job       TEXT PRIMARY KEY NOT NULL,\n"
     "  keep_last INTEGER NOT NULL CHECK (keep_last >= 0)\n"
     ");\n",
+    /* 3: feeding service: datasets, jobs (config as an opaque spec blob), per-rank progress of
+     * each job's current epoch (server/catalog/feed.c). */
+    "CREATE TABLE feed_datasets (\n"
+    "  name           TEXT PRIMARY KEY NOT NULL,\n"
+    "  samples        INTEGER NOT NULL CHECK (samples > 0),\n"
+    "  lengths_sha256 TEXT NOT NULL DEFAULT '',\n"
+    "  created_ms     INTEGER NOT NULL\n"
+    ");\n"
+    "CREATE TABLE feed_jobs (\n"
+    "  name       TEXT PRIMARY KEY NOT NULL,\n"
+    "  dataset    TEXT NOT NULL REFERENCES feed_datasets(name),\n"
+    "  spec       BLOB NOT NULL,\n"
+    "  world_size INTEGER NOT NULL CHECK (world_size > 0),\n"
+    "  epoch      INTEGER NOT NULL DEFAULT 0 CHECK (epoch >= 0),\n"
+    "  elastic    BLOB,\n"
+    "  created_ms INTEGER NOT NULL\n"
+    ");\n"
+    "CREATE INDEX feed_jobs_dataset ON feed_jobs(dataset);\n"
+    "CREATE TABLE feed_progress (\n"
+    "  job      TEXT NOT NULL REFERENCES feed_jobs(name) ON DELETE CASCADE,\n"
+    "  dp_rank  INTEGER NOT NULL CHECK (dp_rank >= 0),\n"
+    "  epoch    INTEGER NOT NULL,\n"
+    "  position INTEGER NOT NULL CHECK (position >= 0),\n"
+    "  PRIMARY KEY (job, dp_rank)\n"
+    ") WITHOUT ROWID;\n",
 };
 
 #define N_MIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))

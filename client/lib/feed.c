@@ -1,0 +1,609 @@
+/* libsluice: datasets, jobs, epochs, index and batch streams. */
+#include "sluice_feed.h"
+
+#include "internal.h"
+
+#include "err.h"
+#include "sluice/v1/feed.pb-c.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define P_DATASETS "/sluice.v1.Datasets/"
+#define P_JOBS     "/sluice.v1.Jobs/"
+#define P_EPOCHS   "/sluice.v1.Epochs/"
+#define P_FEED     "/sluice.v1.Feed/"
+
+static void cpy(char *dst, size_t len, const char *src)
+{
+    snprintf(dst, len, "%s", src ? src : "");
+}
+
+static int unary(sl_client *c, const char *method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resp)
+{
+    sl_rpc_status st;
+    int err = sl_rpc_client_unary(c->rpc, method, req, rd, resp, c->timeout_ms, &st);
+
+    return err ? sl_client_record(err, &st) : 0;
+}
+
+/* ---- datasets ---- */
+
+static void from_dataset(sl_dataset *out, const Sluice__V1__Dataset *d)
+{
+    memset(out, 0, sizeof(*out));
+    cpy(out->name, sizeof(out->name), d->name);
+    out->samples = d->samples;
+    out->has_lengths = d->has_lengths;
+    cpy(out->lengths_sha256, sizeof(out->lengths_sha256), d->lengths_sha256);
+    out->created_ms = d->created_ms;
+    out->jobs = d->jobs;
+}
+
+static int dataset_reply(int err, Sluice__V1__Dataset *resp, sl_dataset *out)
+{
+    if (!err && out)
+        from_dataset(out, resp);
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return err;
+}
+
+int sl_dataset_create(sl_client *c, const char *name, uint64_t samples, sl_dataset *out)
+{
+    Sluice__V1__CreateDatasetRequest req = SLUICE__V1__CREATE_DATASET_REQUEST__INIT;
+    Sluice__V1__Dataset *resp = NULL;
+
+    req.name = (char *)name;
+    req.samples = samples;
+    int err = unary(c, P_DATASETS "Create", &req.base, &sluice__v1__dataset__descriptor,
+                    (ProtobufCMessage **)&resp);
+
+    return dataset_reply(err, resp, out);
+}
+
+int sl_dataset_get(sl_client *c, const char *name, sl_dataset *out)
+{
+    Sluice__V1__GetDatasetRequest req = SLUICE__V1__GET_DATASET_REQUEST__INIT;
+    Sluice__V1__Dataset *resp = NULL;
+
+    req.name = (char *)name;
+    int err = unary(c, P_DATASETS "Get", &req.base, &sluice__v1__dataset__descriptor,
+                    (ProtobufCMessage **)&resp);
+
+    return dataset_reply(err, resp, out);
+}
+
+int sl_dataset_upload_lengths(sl_client *c, const char *name, const uint32_t *lengths, uint64_t n,
+                              sl_dataset *out)
+{
+    Sluice__V1__UploadLengthsRequest msg = SLUICE__V1__UPLOAD_LENGTHS_REQUEST__INIT;
+    Sluice__V1__Dataset *resp = NULL;
+    sl_rpc_stream *s = NULL;
+    sl_rpc_status st;
+    uint64_t off = 0;
+    int err, ferr;
+
+    err = sl_rpc_stream_open(&s, c->rpc, P_DATASETS "UploadLengths", -1);
+    if (err)
+        return sl_client_set_error(err, "cannot start the upload: %s", sl_strerror(err));
+    msg.name = (char *)name;
+    do {
+        uint64_t k = n - off < (1u << 20) ? n - off : (1u << 20);
+        msg.lengths = (uint32_t *)(lengths + off);
+        msg.n_lengths = (size_t)k;
+        err = sl_rpc_stream_write(s, &msg.base, 0);
+        off += k;
+    } while (!err && off < n);
+    if (!err)
+        err = sl_rpc_stream_close_send(s);
+    if (!err) {
+        int r = sl_rpc_stream_read(s, &sluice__v1__dataset__descriptor, (ProtobufCMessage **)&resp);
+        err = r == 1 ? 0 : (r == 0 ? SL_ERPC : r);
+    }
+    ferr = sl_rpc_stream_finish(s, &st);
+    sl_rpc_stream_free(s);
+    if (ferr)
+        err = sl_client_record(ferr, &st);
+    else if (err)
+        err = sl_client_set_error(err, "upload failed: %s", sl_strerror(err));
+    return dataset_reply(err, resp, out);
+}
+
+int sl_dataset_list(sl_client *c, sl_dataset **out, size_t *n)
+{
+    Sluice__V1__ListDatasetsRequest req = SLUICE__V1__LIST_DATASETS_REQUEST__INIT;
+    Sluice__V1__ListDatasetsResponse *resp = NULL;
+    int err = unary(c, P_DATASETS "List", &req.base,
+                    &sluice__v1__list_datasets_response__descriptor, (ProtobufCMessage **)&resp);
+
+    *out = NULL;
+    *n = 0;
+    if (err)
+        return err;
+    *out = calloc(resp->n_datasets + 1, sizeof(**out));
+    if (!*out) {
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+        return sl_client_set_error(-ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < resp->n_datasets; i++)
+        from_dataset(&(*out)[i], resp->datasets[i]);
+    *n = resp->n_datasets;
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+int sl_dataset_delete(sl_client *c, const char *name)
+{
+    Sluice__V1__DeleteDatasetRequest req = SLUICE__V1__DELETE_DATASET_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int err;
+
+    req.name = (char *)name;
+    err = unary(c, P_DATASETS "Delete", &req.base, &sluice__v1__delete_dataset_response__descriptor,
+                &resp);
+    if (resp)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    return err;
+}
+
+/* ---- jobs ---- */
+
+static void from_job(sl_job *out, const Sluice__V1__Job *j)
+{
+    memset(out, 0, sizeof(*out));
+    cpy(out->name, sizeof(out->name), j->name);
+    cpy(out->dataset, sizeof(out->dataset), j->dataset);
+    out->world_size = j->world_size;
+    if (j->mesh) {
+        out->mesh.dp = j->mesh->dp;
+        out->mesh.tp = j->mesh->tp;
+        out->mesh.cp = j->mesh->cp;
+        out->mesh.pp = j->mesh->pp;
+        cpy(out->mesh.order, sizeof(out->mesh.order), j->mesh->order);
+    }
+    cpy(out->partition, sizeof(out->partition), j->partition);
+    out->chunk_size = j->chunk_size;
+    cpy(out->shuffle, sizeof(out->shuffle), j->shuffle);
+    out->seed = j->seed;
+    out->drop_last = j->drop_last;
+    out->manual_advance = j->manual_advance;
+    if (j->batching) {
+        const Sluice__V1__BatchConfig *b = j->batching;
+        out->has_batching = 1;
+        cpy(out->batching.strategy, sizeof(out->batching.strategy), b->strategy);
+        out->batching.max_batch_size = b->max_batch_size;
+        out->batching.max_seq_len = b->max_seq_len;
+        out->batching.max_tokens = b->max_tokens;
+        cpy(out->batching.cost, sizeof(out->batching.cost), b->cost);
+        out->batching.window = b->window;
+        out->batching.bucket_width = b->bucket_width;
+        out->batching.batch_size_multiple = b->batch_size_multiple;
+        out->batching.skip_overlong = b->skip_overlong;
+        out->batching.pad_remainder = b->pad_remainder;
+        out->batching.balance = b->balance;
+    }
+    out->epoch = j->epoch;
+    out->created_ms = j->created_ms;
+    out->dp_size = j->dp_size;
+    out->resized_in_epoch = j->resized_in_epoch;
+}
+
+static int job_reply(int err, Sluice__V1__Job *resp, sl_job *out)
+{
+    if (!err && out)
+        from_job(out, resp);
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return err;
+}
+
+static void to_mesh(Sluice__V1__Mesh *m, const sl_job_mesh *in)
+{
+    sluice__v1__mesh__init(m);
+    m->dp = in->dp;
+    m->tp = in->tp;
+    m->cp = in->cp;
+    m->pp = in->pp;
+    m->order = (char *)in->order;
+}
+
+int sl_job_create(sl_client *c, const sl_job *spec, sl_job *out)
+{
+    Sluice__V1__CreateJobRequest req = SLUICE__V1__CREATE_JOB_REQUEST__INIT;
+    Sluice__V1__Job j = SLUICE__V1__JOB__INIT;
+    Sluice__V1__Mesh mesh;
+    Sluice__V1__BatchConfig bc = SLUICE__V1__BATCH_CONFIG__INIT;
+    Sluice__V1__Job *resp = NULL;
+
+    j.name = (char *)spec->name;
+    j.dataset = (char *)spec->dataset;
+    j.world_size = spec->world_size;
+    if (spec->mesh.dp || spec->mesh.tp || spec->mesh.cp || spec->mesh.pp) {
+        to_mesh(&mesh, &spec->mesh);
+        j.mesh = &mesh;
+    }
+    j.partition = (char *)spec->partition;
+    j.chunk_size = spec->chunk_size;
+    j.shuffle = (char *)spec->shuffle;
+    j.seed = spec->seed;
+    j.drop_last = spec->drop_last;
+    j.manual_advance = spec->manual_advance;
+    if (spec->has_batching) {
+        const sl_job_batching *b = &spec->batching;
+        bc.strategy = (char *)b->strategy;
+        bc.max_batch_size = b->max_batch_size;
+        bc.max_seq_len = b->max_seq_len;
+        bc.max_tokens = b->max_tokens;
+        bc.cost = (char *)b->cost;
+        bc.window = b->window;
+        bc.bucket_width = b->bucket_width;
+        bc.batch_size_multiple = b->batch_size_multiple;
+        bc.skip_overlong = b->skip_overlong;
+        bc.pad_remainder = b->pad_remainder;
+        bc.balance = b->balance;
+        j.batching = &bc;
+    }
+    req.job = &j;
+    int err = unary(c, P_JOBS "Create", &req.base, &sluice__v1__job__descriptor,
+                    (ProtobufCMessage **)&resp);
+
+    return job_reply(err, resp, out);
+}
+
+int sl_job_get(sl_client *c, const char *name, sl_job *out)
+{
+    Sluice__V1__GetJobRequest req = SLUICE__V1__GET_JOB_REQUEST__INIT;
+    Sluice__V1__Job *resp = NULL;
+
+    req.name = (char *)name;
+    return job_reply(
+        unary(c, P_JOBS "Get", &req.base, &sluice__v1__job__descriptor, (ProtobufCMessage **)&resp),
+        resp, out);
+}
+
+int sl_job_list(sl_client *c, const char *dataset, sl_job **out, size_t *n)
+{
+    Sluice__V1__ListJobsRequest req = SLUICE__V1__LIST_JOBS_REQUEST__INIT;
+    Sluice__V1__ListJobsResponse *resp = NULL;
+    int err;
+
+    *out = NULL;
+    *n = 0;
+    req.dataset = (char *)(dataset ? dataset : "");
+    err = unary(c, P_JOBS "List", &req.base, &sluice__v1__list_jobs_response__descriptor,
+                (ProtobufCMessage **)&resp);
+    if (err)
+        return err;
+    *out = calloc(resp->n_jobs + 1, sizeof(**out));
+    if (!*out) {
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+        return sl_client_set_error(-ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < resp->n_jobs; i++)
+        from_job(&(*out)[i], resp->jobs[i]);
+    *n = resp->n_jobs;
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+int sl_job_delete(sl_client *c, const char *name)
+{
+    Sluice__V1__DeleteJobRequest req = SLUICE__V1__DELETE_JOB_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int err;
+
+    req.name = (char *)name;
+    err = unary(c, P_JOBS "Delete", &req.base, &sluice__v1__delete_job_response__descriptor, &resp);
+    if (resp)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    return err;
+}
+
+int sl_job_resize(sl_client *c, const char *name, uint32_t world_size, const sl_job_mesh *mesh,
+                  sl_job *out)
+{
+    Sluice__V1__ResizeJobRequest req = SLUICE__V1__RESIZE_JOB_REQUEST__INIT;
+    Sluice__V1__Mesh m;
+    Sluice__V1__Job *resp = NULL;
+
+    req.name = (char *)name;
+    req.world_size = world_size;
+    if (mesh) {
+        to_mesh(&m, mesh);
+        req.mesh = &m;
+    }
+    int err = unary(c, P_JOBS "Resize", &req.base, &sluice__v1__job__descriptor,
+                    (ProtobufCMessage **)&resp);
+
+    return job_reply(err, resp, out);
+}
+
+/* ---- epochs ---- */
+
+void sl_epoch_clear(sl_epoch *e)
+{
+    if (!e)
+        return;
+    free(e->ranks);
+    e->ranks = NULL;
+}
+
+static int epoch_reply(int err, Sluice__V1__EpochState *resp, sl_epoch *out)
+{
+    if (!err && out) {
+        memset(out, 0, sizeof(*out));
+        cpy(out->job, sizeof(out->job), resp->job);
+        out->epoch = resp->epoch;
+        out->dp_size = resp->dp_size;
+        out->complete = resp->complete;
+        cpy(out->unit, sizeof(out->unit), resp->unit);
+        out->ranks = calloc(resp->n_ranks + 1, sizeof(*out->ranks));
+        if (!out->ranks) {
+            err = sl_client_set_error(-ENOMEM, "out of memory");
+        } else {
+            for (size_t i = 0; i < resp->n_ranks; i++) {
+                out->ranks[i].dp_rank = resp->ranks[i]->dp_rank;
+                out->ranks[i].position = resp->ranks[i]->position;
+                out->ranks[i].count = resp->ranks[i]->count;
+                out->ranks[i].done = resp->ranks[i]->done;
+            }
+            out->dp_size = (uint32_t)resp->n_ranks;
+        }
+    }
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return err;
+}
+
+int sl_epoch_get(sl_client *c, const char *job, sl_epoch *out)
+{
+    Sluice__V1__GetEpochRequest req = SLUICE__V1__GET_EPOCH_REQUEST__INIT;
+    Sluice__V1__EpochState *resp = NULL;
+
+    req.job = (char *)job;
+    int err = unary(c, P_EPOCHS "Get", &req.base, &sluice__v1__epoch_state__descriptor,
+                    (ProtobufCMessage **)&resp);
+
+    return epoch_reply(err, resp, out);
+}
+
+int sl_epoch_next(sl_client *c, const char *job, int check, uint64_t expect, sl_epoch *out)
+{
+    Sluice__V1__NextEpochRequest req = SLUICE__V1__NEXT_EPOCH_REQUEST__INIT;
+    Sluice__V1__EpochState *resp = NULL;
+
+    req.job = (char *)job;
+    req.check_epoch = check;
+    req.expect_epoch = expect;
+    int err = unary(c, P_EPOCHS "Next", &req.base, &sluice__v1__epoch_state__descriptor,
+                    (ProtobufCMessage **)&resp);
+
+    return epoch_reply(err, resp, out);
+}
+
+int sl_epoch_report(sl_client *c, const char *job, uint32_t rank, uint64_t epoch, uint64_t position,
+                    uint64_t *cur_epoch, int *advanced)
+{
+    Sluice__V1__ReportProgressRequest req = SLUICE__V1__REPORT_PROGRESS_REQUEST__INIT;
+    Sluice__V1__ReportProgressResponse *resp = NULL;
+    int err;
+
+    req.job = (char *)job;
+    req.rank = rank;
+    req.epoch = epoch;
+    req.position = position;
+    err = unary(c, P_EPOCHS "ReportProgress", &req.base,
+                &sluice__v1__report_progress_response__descriptor, (ProtobufCMessage **)&resp);
+    if (err)
+        return err;
+    if (cur_epoch)
+        *cur_epoch = resp->epoch;
+    if (advanced)
+        *advanced = resp->advanced;
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+/* ---- streams ---- */
+
+struct sl_index_stream {
+    sl_rpc_stream *s;
+    Sluice__V1__IndexChunk *chunk;
+    uint64_t epoch, share_count;
+    int done;
+};
+
+struct sl_batch_stream {
+    sl_rpc_stream *s;
+    Sluice__V1__BatchChunk *chunk;
+    size_t next; /* next batch of chunk */
+    uint64_t epoch, per_rank;
+    int done;
+};
+
+static int open_stream(sl_rpc_stream **out, sl_client *c, const char *method,
+                       const ProtobufCMessage *req)
+{
+    int err = sl_rpc_stream_open(out, c->rpc, method, -1);
+
+    if (!err)
+        err = sl_rpc_stream_write(*out, req, 0);
+    if (!err)
+        err = sl_rpc_stream_close_send(*out);
+    if (err) {
+        sl_rpc_stream_free(*out);
+        *out = NULL;
+        return sl_client_set_error(err, "cannot open the stream: %s", sl_strerror(err));
+    }
+    return 0;
+}
+
+/* Read one message; on end or failure record the final status. Returns 1, 0 or an error. */
+static int read_msg(sl_rpc_stream *s, const ProtobufCMessageDescriptor *d, ProtobufCMessage **m,
+                    int *done)
+{
+    sl_rpc_status st;
+    int r = sl_rpc_stream_read(s, d, m);
+
+    if (r == 1)
+        return 1;
+    *done = 1;
+    {
+        int ferr = sl_rpc_stream_finish(s, &st);
+        if (ferr)
+            return sl_client_record(ferr, &st);
+    }
+    return r == 0 ? 0 : sl_client_set_error(r, "stream failed: %s", sl_strerror(r));
+}
+
+int sl_indices_open(sl_index_stream **out, sl_client *c, const char *job, uint32_t rank,
+                    const sl_stream_opts *opts)
+{
+    Sluice__V1__StreamIndicesRequest req = SLUICE__V1__STREAM_INDICES_REQUEST__INIT;
+    sl_index_stream *s = calloc(1, sizeof(*s));
+    int err;
+
+    *out = NULL;
+    if (!s)
+        return sl_client_set_error(-ENOMEM, "out of memory");
+    req.job = (char *)job;
+    req.rank = rank;
+    if (opts) {
+        req.epoch_set = opts->epoch_set;
+        req.epoch = opts->epoch;
+        req.position_set = opts->position_set;
+        req.position = opts->position;
+        req.max_chunk = opts->max_chunk;
+    }
+    err = open_stream(&s->s, c, P_FEED "StreamIndices", &req.base);
+    if (err) {
+        free(s);
+        return err;
+    }
+    *out = s;
+    return 0;
+}
+
+int sl_indices_next(sl_index_stream *s, const uint64_t **idx, size_t *n, uint64_t *start)
+{
+    int r;
+
+    if (s->chunk) {
+        protobuf_c_message_free_unpacked(&s->chunk->base, NULL);
+        s->chunk = NULL;
+    }
+    if (s->done)
+        return 0;
+    r = read_msg(s->s, &sluice__v1__index_chunk__descriptor, (ProtobufCMessage **)&s->chunk,
+                 &s->done);
+    if (r != 1)
+        return r;
+    s->epoch = s->chunk->epoch;
+    s->share_count = s->chunk->share_count;
+    *idx = s->chunk->indices;
+    *n = s->chunk->n_indices;
+    *start = s->chunk->start;
+    return 1;
+}
+
+uint64_t sl_indices_epoch(const sl_index_stream *s)
+{
+    return s->epoch;
+}
+
+uint64_t sl_indices_share_count(const sl_index_stream *s)
+{
+    return s->share_count;
+}
+
+void sl_indices_close(sl_index_stream *s)
+{
+    if (!s)
+        return;
+    if (s->chunk)
+        protobuf_c_message_free_unpacked(&s->chunk->base, NULL);
+    sl_rpc_stream_free(s->s);
+    free(s);
+}
+
+int sl_batches_open(sl_batch_stream **out, sl_client *c, const char *job, uint32_t rank,
+                    const sl_stream_opts *opts)
+{
+    Sluice__V1__StreamBatchesRequest req = SLUICE__V1__STREAM_BATCHES_REQUEST__INIT;
+    sl_batch_stream *s = calloc(1, sizeof(*s));
+    int err;
+
+    *out = NULL;
+    if (!s)
+        return sl_client_set_error(-ENOMEM, "out of memory");
+    req.job = (char *)job;
+    req.rank = rank;
+    if (opts) {
+        req.epoch_set = opts->epoch_set;
+        req.epoch = opts->epoch;
+        req.step_set = opts->position_set;
+        req.step = opts->position;
+        req.max_batches = opts->max_chunk;
+    }
+    err = open_stream(&s->s, c, P_FEED "StreamBatches", &req.base);
+    if (err) {
+        free(s);
+        return err;
+    }
+    *out = s;
+    return 0;
+}
+
+int sl_batches_next(sl_batch_stream *s, sl_feed_batch *out)
+{
+    const Sluice__V1__Batch *b;
+
+    while (!s->chunk || s->next >= s->chunk->n_batches) {
+        int r;
+        if (s->chunk) {
+            protobuf_c_message_free_unpacked(&s->chunk->base, NULL);
+            s->chunk = NULL;
+        }
+        if (s->done)
+            return 0;
+        r = read_msg(s->s, &sluice__v1__batch_chunk__descriptor, (ProtobufCMessage **)&s->chunk,
+                     &s->done);
+        if (r != 1)
+            return r;
+        s->next = 0;
+        s->epoch = s->chunk->epoch;
+        s->per_rank = s->chunk->batches_per_rank;
+    }
+    b = s->chunk->batches[s->next++];
+    out->step = b->step;
+    out->indices = b->indices;
+    out->count = b->n_indices;
+    out->max_len = b->max_len;
+    out->tokens = b->tokens;
+    out->padded_tokens = b->padded_tokens;
+    return 1;
+}
+
+uint64_t sl_batches_epoch(const sl_batch_stream *s)
+{
+    return s->epoch;
+}
+
+uint64_t sl_batches_per_rank(const sl_batch_stream *s)
+{
+    return s->per_rank;
+}
+
+void sl_batches_close(sl_batch_stream *s)
+{
+    if (!s)
+        return;
+    if (s->chunk)
+        protobuf_c_message_free_unpacked(&s->chunk->base, NULL);
+    sl_rpc_stream_free(s->s);
+    free(s);
+}

@@ -1,0 +1,162 @@
+/* libsluice: datasets, jobs, epochs and the per-rank index and batch streams (sluice.v1.Datasets,
+ * Jobs, Epochs, Feed).
+ *
+ * Every function is thread-safe on one sl_client and returns 0 or a negative sluice error;
+ * sl_client_error() then says what the daemon reported ("NOT_FOUND: job 'x' not found"). A
+ * stream object is used by one thread at a time. Streams have no deadline (a stream for the next
+ * epoch waits until the coordinator begins it).
+ */
+#ifndef SLUICE_FEED_H
+#define SLUICE_FEED_H
+
+#include "sluice.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sl_dataset {
+    char name[129];
+    uint64_t samples;
+    int has_lengths;
+    char lengths_sha256[65];
+    uint64_t created_ms;
+    uint32_t jobs; /* jobs using it */
+} sl_dataset;
+
+/* Datasets.Create. `out` may be NULL. */
+int sl_dataset_create(sl_client *c, const char *name, uint64_t samples, sl_dataset *out);
+
+/* Datasets.UploadLengths: stream n lengths (n must equal the sample count), 1 Mi per message.
+ * `out` may be NULL. */
+int sl_dataset_upload_lengths(sl_client *c, const char *name, const uint32_t *lengths, uint64_t n,
+                              sl_dataset *out);
+
+int sl_dataset_get(sl_client *c, const char *name, sl_dataset *out);
+
+/* Datasets.List: *out is an array of *n datasets; the caller frees it with free(). */
+int sl_dataset_list(sl_client *c, sl_dataset **out, size_t *n);
+
+int sl_dataset_delete(sl_client *c, const char *name);
+
+typedef struct sl_job_mesh {
+    uint32_t dp, tp, cp, pp; /* all 0: no mesh */
+    char order[32];          /* "" = pp,dp,cp,tp */
+} sl_job_mesh;
+
+typedef struct sl_job_batching {
+    char strategy[16]; /* pad | bucket | dynamic | packed; "" = dynamic */
+    uint32_t max_batch_size, max_seq_len;
+    uint64_t max_tokens; /* 0 = max_batch_size x max_seq_len */
+    char cost[16];       /* padded | sum | "" */
+    uint64_t window;     /* 0 = whole epoch */
+    uint32_t bucket_width, batch_size_multiple;
+    int skip_overlong, pad_remainder, balance;
+} sl_job_batching;
+
+/* A job as configured (input of sl_job_create) and as reported (output fields marked). */
+typedef struct sl_job {
+    char name[129];
+    char dataset[129];
+    uint32_t world_size;
+    sl_job_mesh mesh;
+    char partition[16]; /* interleaved | contiguous | chunked; "" = interleaved */
+    uint64_t chunk_size;
+    char shuffle[16]; /* feistel | torch | none; "" = feistel */
+    uint64_t seed;
+    int drop_last;
+    int manual_advance;
+    int has_batching;
+    sl_job_batching batching;
+    uint64_t epoch;       /* output */
+    uint64_t created_ms;  /* output */
+    uint32_t dp_size;     /* output */
+    int resized_in_epoch; /* output */
+} sl_job;
+
+/* Jobs.Create from `spec` (name, dataset, world_size required). `out` may be NULL. */
+int sl_job_create(sl_client *c, const sl_job *spec, sl_job *out);
+int sl_job_get(sl_client *c, const char *name, sl_job *out);
+/* Jobs.List (dataset NULL or "" = all): *out has *n jobs; caller frees with free(). */
+int sl_job_list(sl_client *c, const char *dataset, sl_job **out, size_t *n);
+int sl_job_delete(sl_client *c, const char *name);
+/* Jobs.Resize; mesh NULL keeps no mesh. `out` may be NULL. */
+int sl_job_resize(sl_client *c, const char *name, uint32_t world_size, const sl_job_mesh *mesh,
+                  sl_job *out);
+
+typedef struct sl_epoch_rank {
+    uint32_t dp_rank;
+    uint64_t position, count;
+    int done;
+} sl_epoch_rank;
+
+typedef struct sl_epoch {
+    char job[129];
+    uint64_t epoch;
+    uint32_t dp_size;
+    int complete;
+    char unit[16];        /* "indices" or "batches" */
+    sl_epoch_rank *ranks; /* dp_size entries; free with sl_epoch_clear */
+} sl_epoch;
+
+int sl_epoch_get(sl_client *c, const char *job, sl_epoch *out);
+/* Epochs.Next; with check, fails (SL_ESTATE) unless `expect` is the current epoch. `out` may be
+ * NULL. */
+int sl_epoch_next(sl_client *c, const char *job, int check, uint64_t expect, sl_epoch *out);
+/* Epochs.ReportProgress: `rank` consumed positions [0, position) of its share in `epoch`.
+ * *cur_epoch (may be NULL) receives the current epoch after the report, *advanced (may be NULL)
+ * whether this report began the next epoch. */
+int sl_epoch_report(sl_client *c, const char *job, uint32_t rank, uint64_t epoch, uint64_t position,
+                    uint64_t *cur_epoch, int *advanced);
+/* Free the ranks of an sl_epoch. Accepts a zeroed struct. */
+void sl_epoch_clear(sl_epoch *e);
+
+/* Where a stream starts: by default the current epoch at the rank's reported position. */
+typedef struct sl_stream_opts {
+    int epoch_set;
+    uint64_t epoch;
+    int position_set;
+    uint64_t position;  /* a step for batch streams */
+    uint32_t max_chunk; /* indices (or batches) per message; 0 = server default */
+} sl_stream_opts;
+
+typedef struct sl_index_stream sl_index_stream;
+
+/* Feed.StreamIndices for global rank `rank` of `job`. opts may be NULL. Free with
+ * sl_indices_close. Errors of the request itself surface from the first sl_indices_next. */
+int sl_indices_open(sl_index_stream **out, sl_client *c, const char *job, uint32_t rank,
+                    const sl_stream_opts *opts);
+
+/* The next chunk: *idx (valid until the next call) holds *n indices at positions [*start,
+ * *start + *n). Returns 1 with a chunk (possibly empty), 0 at the end, or a negative error. */
+int sl_indices_next(sl_index_stream *s, const uint64_t **idx, size_t *n, uint64_t *start);
+
+/* Epoch and share size of the stream, known after the first chunk. */
+uint64_t sl_indices_epoch(const sl_index_stream *s);
+uint64_t sl_indices_share_count(const sl_index_stream *s);
+
+/* Cancel (if not finished) and free. Accepts NULL. */
+void sl_indices_close(sl_index_stream *s);
+
+typedef struct sl_feed_batch {
+    uint64_t step;
+    const uint32_t *indices; /* valid until the next sl_batches_next */
+    size_t count;
+    uint32_t max_len;
+    uint64_t tokens, padded_tokens;
+} sl_feed_batch;
+
+typedef struct sl_batch_stream sl_batch_stream;
+
+/* Feed.StreamBatches; like sl_indices_open. */
+int sl_batches_open(sl_batch_stream **out, sl_client *c, const char *job, uint32_t rank,
+                    const sl_stream_opts *opts);
+
+/* The next batch. Returns 1 with a batch, 0 at the end, or a negative error. */
+int sl_batches_next(sl_batch_stream *s, sl_feed_batch *out);
+
+uint64_t sl_batches_epoch(const sl_batch_stream *s);
+uint64_t sl_batches_per_rank(const sl_batch_stream *s);
+
+void sl_batches_close(sl_batch_stream *s);
+
+#endif

@@ -1,0 +1,334 @@
+/* Feeding-service queries. Statements are prepared per call except progress updates, which are
+ * the only frequent write (one per rank report); SQLite's prepare is a few microseconds, far below
+ * the fsync every committed write costs anyway. */
+#include "feed.h"
+
+#include "internal.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int db_fail(sl_cat *cat, const char *op)
+{
+    sl_log_error("catalog_error", "op=%s code=%d msg=\"%s\"", op, sqlite3_extended_errcode(cat->db),
+                 sqlite3_errmsg(cat->db));
+    return SL_EDB;
+}
+
+static int prepare(sl_cat *cat, sqlite3_stmt **st, const char *sql, const char *op)
+{
+    if (sqlite3_prepare_v2(cat->db, sql, -1, st, NULL) != SQLITE_OK)
+        return db_fail(cat, op);
+    return 0;
+}
+
+/* Run a prepared write; maps constraint failures to `constraint_err`. */
+static int run(sl_cat *cat, sqlite3_stmt *st, const char *op, int constraint_err)
+{
+    int rc = sqlite3_step(st);
+
+    if (rc == SQLITE_DONE || rc == SQLITE_ROW)
+        return 0;
+    if ((rc & 0xff) == SQLITE_CONSTRAINT && constraint_err)
+        return constraint_err;
+    return db_fail(cat, op);
+}
+
+static int exec_sql(sl_cat *cat, const char *sql, const char *op)
+{
+    if (sqlite3_exec(cat->db, sql, NULL, NULL, NULL) != SQLITE_OK)
+        return db_fail(cat, op);
+    return 0;
+}
+
+static void copy_col(char *dst, size_t len, sqlite3_stmt *st, int col)
+{
+    const unsigned char *s = sqlite3_column_text(st, col);
+
+    snprintf(dst, len, "%s", s ? (const char *)s : "");
+}
+
+#define DATASET_COLS                                                                               \
+    "SELECT d.name, d.samples, d.lengths_sha256, d.created_ms, "                                   \
+    "(SELECT count(*) FROM feed_jobs j WHERE j.dataset = d.name) FROM feed_datasets d "
+
+static void read_dataset(sl_cat_dataset *out, sqlite3_stmt *st)
+{
+    memset(out, 0, sizeof(*out));
+    copy_col(out->name, sizeof(out->name), st, 0);
+    out->samples = (uint64_t)sqlite3_column_int64(st, 1);
+    copy_col(out->lengths_sha256, sizeof(out->lengths_sha256), st, 2);
+    out->has_lengths = out->lengths_sha256[0] != '\0';
+    out->created_ms = sqlite3_column_int64(st, 3);
+    out->jobs = (uint32_t)sqlite3_column_int64(st, 4);
+}
+
+int sl_cat_dataset_create(sl_cat *cat, const char *name, uint64_t samples, int64_t now_ms)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st,
+                      "INSERT INTO feed_datasets(name, samples, created_ms) VALUES (?1, ?2, ?3)",
+                      "dataset_create");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, (int64_t)samples);
+    sqlite3_bind_int64(st, 3, now_ms);
+    err = run(cat, st, "dataset_create", SL_EEXIST);
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_dataset_get(sl_cat *cat, sl_cat_dataset *out, const char *name)
+{
+    sqlite3_stmt *st = NULL;
+    int rc, err = prepare(cat, &st, DATASET_COLS "WHERE d.name = ?1", "dataset_get");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        read_dataset(out, st);
+    else
+        err = rc == SQLITE_DONE ? SL_ENOTFOUND : db_fail(cat, "dataset_get");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_dataset_list(sl_cat *cat, int (*fn)(const sl_cat_dataset *d, void *arg), void *arg)
+{
+    sqlite3_stmt *st = NULL;
+    sl_cat_dataset d;
+    int rc, err = prepare(cat, &st, DATASET_COLS "ORDER BY d.name", "dataset_list");
+
+    if (err)
+        return err;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        read_dataset(&d, st);
+        if ((err = fn(&d, arg)) != 0)
+            break;
+    }
+    if (!err && rc != SQLITE_DONE)
+        err = db_fail(cat, "dataset_list");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_dataset_set_lengths(sl_cat *cat, const char *name, const char *sha256)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st, "UPDATE feed_datasets SET lengths_sha256 = ?2 WHERE name = ?1",
+                      "dataset_set_lengths");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, sha256, -1, SQLITE_STATIC);
+    err = run(cat, st, "dataset_set_lengths", 0);
+    if (!err && sqlite3_changes(cat->db) == 0)
+        err = SL_ENOTFOUND;
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_dataset_delete(sl_cat *cat, const char *name)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st, "DELETE FROM feed_datasets WHERE name = ?1", "dataset_delete");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    /* The jobs' foreign key refuses the delete while a job refers to the dataset. */
+    err = run(cat, st, "dataset_delete", SL_ESTATE);
+    if (!err && sqlite3_changes(cat->db) == 0)
+        err = SL_ENOTFOUND;
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_job_create(sl_cat *cat, const sl_cat_job *job)
+{
+    sqlite3_stmt *st = NULL;
+    sl_cat_dataset d;
+    int err = sl_cat_dataset_get(cat, &d, job->dataset);
+
+    if (err)
+        return err;
+    err = prepare(cat, &st,
+                  "INSERT INTO feed_jobs(name, dataset, spec, world_size, epoch, created_ms) "
+                  "VALUES (?1, ?2, ?3, ?4, 0, ?5)",
+                  "job_create");
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, job->name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, job->dataset, -1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 3, job->spec, (int)job->spec_len, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 4, job->world_size);
+    sqlite3_bind_int64(st, 5, job->created_ms);
+    err = run(cat, st, "job_create", SL_EEXIST);
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_job_list(sl_cat *cat, int (*fn)(const sl_cat_job *j, void *arg), void *arg)
+{
+    sqlite3_stmt *st = NULL;
+    sl_cat_job j;
+    int rc, err = prepare(cat, &st,
+                          "SELECT name, dataset, spec, world_size, epoch, elastic, created_ms "
+                          "FROM feed_jobs ORDER BY name",
+                          "job_list");
+
+    if (err)
+        return err;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        memset(&j, 0, sizeof(j));
+        j.name = (const char *)sqlite3_column_text(st, 0);
+        j.dataset = (const char *)sqlite3_column_text(st, 1);
+        j.spec = sqlite3_column_blob(st, 2);
+        j.spec_len = (size_t)sqlite3_column_bytes(st, 2);
+        j.world_size = (uint32_t)sqlite3_column_int64(st, 3);
+        j.epoch = (uint64_t)sqlite3_column_int64(st, 4);
+        j.elastic = sqlite3_column_blob(st, 5);
+        j.elastic_len = (size_t)sqlite3_column_bytes(st, 5);
+        j.created_ms = sqlite3_column_int64(st, 6);
+        if (!j.name || !j.dataset)
+            continue;
+        if ((err = fn(&j, arg)) != 0)
+            break;
+    }
+    if (!err && rc != SQLITE_DONE)
+        err = db_fail(cat, "job_list");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_job_delete(sl_cat *cat, const char *name)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st, "DELETE FROM feed_jobs WHERE name = ?1", "job_delete");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    err = run(cat, st, "job_delete", 0);
+    if (!err && sqlite3_changes(cat->db) == 0)
+        err = SL_ENOTFOUND;
+    sqlite3_finalize(st);
+    return err;
+}
+
+/* Run `st` (an UPDATE of one job) and clear the job's progress, in one transaction. */
+static int update_and_clear(sl_cat *cat, sqlite3_stmt *st, const char *name, const char *op)
+{
+    sqlite3_stmt *del = NULL;
+    int err = exec_sql(cat, "BEGIN IMMEDIATE", "begin");
+
+    if (err)
+        return err;
+    err = run(cat, st, op, 0);
+    if (!err && sqlite3_changes(cat->db) == 0)
+        err = SL_ENOTFOUND;
+    if (!err)
+        err = prepare(cat, &del, "DELETE FROM feed_progress WHERE job = ?1", op);
+    if (!err) {
+        sqlite3_bind_text(del, 1, name, -1, SQLITE_STATIC);
+        err = run(cat, del, op, 0);
+    }
+    sqlite3_finalize(del);
+    if (err) {
+        exec_sql(cat, "ROLLBACK", "rollback");
+        return err;
+    }
+    return exec_sql(cat, "COMMIT", "commit");
+}
+
+int sl_cat_job_set_epoch(sl_cat *cat, const char *name, uint64_t epoch)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st, "UPDATE feed_jobs SET epoch = ?2, elastic = NULL WHERE name = ?1",
+                      "job_set_epoch");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, (int64_t)epoch);
+    err = update_and_clear(cat, st, name, "job_set_epoch");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_job_resize(sl_cat *cat, const char *name, const void *spec, size_t spec_len,
+                      uint32_t world_size, const void *elastic, size_t elastic_len)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st,
+                      "UPDATE feed_jobs SET spec = ?2, world_size = ?3, elastic = ?4 "
+                      "WHERE name = ?1",
+                      "job_resize");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 2, spec, (int)spec_len, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, world_size);
+    if (elastic && elastic_len)
+        sqlite3_bind_blob(st, 4, elastic, (int)elastic_len, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 4);
+    err = update_and_clear(cat, st, name, "job_resize");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t epoch,
+                        uint64_t position)
+{
+    sqlite3_stmt *st = NULL;
+    int err = prepare(cat, &st,
+                      "INSERT INTO feed_progress(job, dp_rank, epoch, position) "
+                      "VALUES (?1, ?2, ?3, ?4) ON CONFLICT(job, dp_rank) DO UPDATE SET "
+                      "epoch = excluded.epoch, position = excluded.position",
+                      "progress_set");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, dp_rank);
+    sqlite3_bind_int64(st, 3, (int64_t)epoch);
+    sqlite3_bind_int64(st, 4, (int64_t)position);
+    /* The foreign key fails for a job that does not exist. */
+    err = run(cat, st, "progress_set", SL_ENOTFOUND);
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_progress_list(sl_cat *cat, const char *job,
+                         int (*fn)(uint32_t dp_rank, uint64_t epoch, uint64_t position, void *arg),
+                         void *arg)
+{
+    sqlite3_stmt *st = NULL;
+    int rc,
+        err = prepare(cat, &st, "SELECT dp_rank, epoch, position FROM feed_progress WHERE job = ?1",
+                      "progress_list");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        err = fn((uint32_t)sqlite3_column_int64(st, 0), (uint64_t)sqlite3_column_int64(st, 1),
+                 (uint64_t)sqlite3_column_int64(st, 2), arg);
+        if (err)
+            break;
+    }
+    if (!err && rc != SQLITE_DONE)
+        err = db_fail(cat, "progress_list");
+    sqlite3_finalize(st);
+    return err;
+}

@@ -1,0 +1,87 @@
+/* Catalog queries for the feeding service: datasets, jobs, and each job's epoch and per-rank
+ * progress (schema: the feed migration in catalog.c).
+ *
+ * A job's configuration is stored as an opaque blob (the feed service's serialized job spec) next
+ * to the columns the catalog itself needs (name, dataset, world size, epoch), so adding a job
+ * option never needs a migration. Progress rows are keyed by (job, dp rank) and belong to the
+ * job's current epoch: advancing the epoch or resizing the job deletes them in the same
+ * transaction that changes the job.
+ *
+ * Every function runs on the loop thread and returns 0, SL_EDB for a SQLite failure (logged with
+ * SQLite's message), or the code named in its comment.
+ */
+#ifndef SL_CATALOG_FEED_H
+#define SL_CATALOG_FEED_H
+
+#include "catalog.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SL_CAT_FEED_NAME_MAX 128
+
+typedef struct sl_cat_dataset {
+    char name[SL_CAT_FEED_NAME_MAX + 1];
+    uint64_t samples;
+    int has_lengths;
+    char lengths_sha256[65];
+    int64_t created_ms;
+    uint32_t jobs; /* jobs referring to it */
+} sl_cat_dataset;
+
+/* Insert a dataset without lengths. SL_EEXIST if the name is taken. */
+int sl_cat_dataset_create(sl_cat *cat, const char *name, uint64_t samples, int64_t now_ms);
+
+/* Look a dataset up. SL_ENOTFOUND if absent. */
+int sl_cat_dataset_get(sl_cat *cat, sl_cat_dataset *out, const char *name);
+
+/* Call fn for every dataset in name order; a nonzero return stops and is returned. */
+int sl_cat_dataset_list(sl_cat *cat, int (*fn)(const sl_cat_dataset *d, void *arg), void *arg);
+
+/* Record that the dataset's lengths file is complete with this checksum. SL_ENOTFOUND. */
+int sl_cat_dataset_set_lengths(sl_cat *cat, const char *name, const char *sha256);
+
+/* Delete a dataset. SL_ENOTFOUND if absent, SL_ESTATE if a job uses it. */
+int sl_cat_dataset_delete(sl_cat *cat, const char *name);
+
+/* A job row. The blobs are borrowed: valid during the callback (list) or the call (writes). */
+typedef struct sl_cat_job {
+    const char *name;
+    const char *dataset;
+    const void *spec; /* the feed service's job spec */
+    size_t spec_len;
+    uint32_t world_size;
+    uint64_t epoch;
+    const void *elastic; /* the current epoch's elastic state, NULL/0 when none */
+    size_t elastic_len;
+    int64_t created_ms;
+} sl_cat_job;
+
+/* Insert a job at epoch 0. SL_EEXIST if the name is taken, SL_ENOTFOUND if the dataset is not. */
+int sl_cat_job_create(sl_cat *cat, const sl_cat_job *job);
+
+/* Call fn for every job in name order; a nonzero return stops and is returned. */
+int sl_cat_job_list(sl_cat *cat, int (*fn)(const sl_cat_job *j, void *arg), void *arg);
+
+/* Delete a job and its progress. SL_ENOTFOUND if absent. */
+int sl_cat_job_delete(sl_cat *cat, const char *name);
+
+/* Make `epoch` the job's current epoch with no elastic state and no progress (one transaction).
+ * SL_ENOTFOUND. */
+int sl_cat_job_set_epoch(sl_cat *cat, const char *name, uint64_t epoch);
+
+/* Replace the job's spec, world size and elastic state and clear its progress (one
+ * transaction). SL_ENOTFOUND. */
+int sl_cat_job_resize(sl_cat *cat, const char *name, const void *spec, size_t spec_len,
+                      uint32_t world_size, const void *elastic, size_t elastic_len);
+
+/* Record dp rank `dp_rank`'s position in the job's current epoch. SL_ENOTFOUND. */
+int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t epoch,
+                        uint64_t position);
+
+/* Call fn for each progress row of the job (any order); nonzero stops and is returned. */
+int sl_cat_progress_list(sl_cat *cat, const char *job,
+                         int (*fn)(uint32_t dp_rank, uint64_t epoch, uint64_t position, void *arg),
+                         void *arg);
+
+#endif

@@ -1,0 +1,449 @@
+/* sluice.v1.Datasets: registration and per-sample lengths files.
+ *
+ * Lengths arrive as a client stream and are written to a temporary file next to their final
+ * name while they are hashed; at the end of the stream the file is made durable and renamed, then
+ * the checksum goes into the catalog. Nothing is visible before the bytes are durable. The writes
+ * run on the loop thread: they are page-cache writes of at most one message (a few MiB) each.
+ */
+#include "internal.h"
+
+#include "err.h"
+#include "log.h"
+#include "shard/shard.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void describe(const sl_cat_dataset *d, Sluice__V1__Dataset *out)
+{
+    sluice__v1__dataset__init(out);
+    out->name = (char *)d->name;
+    out->samples = d->samples;
+    out->has_lengths = d->has_lengths;
+    out->lengths_sha256 = (char *)d->lengths_sha256;
+    out->created_ms = (uint64_t)d->created_ms;
+    out->jobs = d->jobs;
+}
+
+static void reply_dataset(sl_rpc_call *call, sl_feed *f, const char *name)
+{
+    Sluice__V1__Dataset resp;
+    sl_cat_dataset d;
+    int err = sl_cat_dataset_get(f->cat, &d, name);
+
+    if (err) {
+        sl_rpc_call_fail(call, err, "dataset '%.140s': %s", name, sl_strerror(err));
+        return;
+    }
+    describe(&d, &resp);
+    sl_rpc_call_reply(call, &resp.base);
+}
+
+static void create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__CreateDatasetRequest *req = (const void *)m;
+    sl_feed *f = arg;
+    char msg[256];
+    int err = feed_name_check("dataset", req->name, msg, sizeof(msg));
+
+    if (err) {
+        sl_rpc_call_fail(call, err, "%s", msg);
+        return;
+    }
+    if (req->samples == 0 || req->samples > SL_SAMPLE_MAX_N) {
+        sl_rpc_call_fail(call, SL_EINVAL, "samples %llu out of range [1, 2^62]",
+                         (unsigned long long)req->samples);
+        return;
+    }
+    err = sl_cat_dataset_create(f->cat, req->name, req->samples, now_ms());
+    if (err == SL_EEXIST) {
+        sl_rpc_call_fail(call, err, "dataset '%s' already exists", req->name);
+        return;
+    }
+    if (err) {
+        sl_rpc_call_fail(call, err, "could not create dataset '%s'", req->name);
+        return;
+    }
+    sl_log_info("dataset_created", "name=%s samples=%llu", req->name,
+                (unsigned long long)req->samples);
+    reply_dataset(call, f, req->name);
+}
+
+static void get(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__GetDatasetRequest *req = (const void *)m;
+    char msg[256];
+    int err = feed_name_check("dataset", req->name, msg, sizeof(msg));
+
+    if (err) {
+        sl_rpc_call_fail(call, err, "%s", msg);
+        return;
+    }
+    reply_dataset(call, arg, req->name);
+}
+
+typedef struct list_acc {
+    sl_cat_dataset *items;
+    size_t n, cap;
+} list_acc;
+
+static int list_one(const sl_cat_dataset *d, void *arg)
+{
+    list_acc *a = arg;
+
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? 2 * a->cap : 16;
+        sl_cat_dataset *p = realloc(a->items, cap * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        a->items = p;
+        a->cap = cap;
+    }
+    a->items[a->n++] = *d;
+    return 0;
+}
+
+static void list(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    Sluice__V1__ListDatasetsResponse resp = SLUICE__V1__LIST_DATASETS_RESPONSE__INIT;
+    Sluice__V1__Dataset *msgs = NULL, **ptrs = NULL;
+    sl_feed *f = arg;
+    list_acc a = {0};
+    int err = sl_cat_dataset_list(f->cat, list_one, &a);
+
+    (void)m;
+    if (!err && a.n) {
+        msgs = calloc(a.n, sizeof(*msgs));
+        ptrs = calloc(a.n, sizeof(*ptrs));
+        if (!msgs || !ptrs)
+            err = -ENOMEM;
+    }
+    if (err) {
+        sl_rpc_call_fail(call, err, "could not list datasets");
+        goto out;
+    }
+    for (size_t i = 0; i < a.n; i++) {
+        describe(&a.items[i], &msgs[i]);
+        ptrs[i] = &msgs[i];
+    }
+    resp.n_datasets = a.n;
+    resp.datasets = ptrs;
+    sl_rpc_call_reply(call, &resp.base);
+out:
+    free(msgs);
+    free(ptrs);
+    free(a.items);
+}
+
+static void delete (sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__DeleteDatasetRequest *req = (const void *)m;
+    Sluice__V1__DeleteDatasetResponse resp = SLUICE__V1__DELETE_DATASET_RESPONSE__INIT;
+    sl_feed *f = arg;
+    sl_cat_dataset d;
+    char msg[256], path[4300];
+    int err = feed_name_check("dataset", req->name, msg, sizeof(msg));
+
+    if (err) {
+        sl_rpc_call_fail(call, err, "%s", msg);
+        return;
+    }
+    err = sl_cat_dataset_get(f->cat, &d, req->name);
+    if (!err && d.jobs)
+        err = SL_ESTATE;
+    if (!err)
+        err = sl_cat_dataset_delete(f->cat, req->name);
+    if (err == SL_ESTATE) {
+        sl_rpc_call_fail(call, err, "dataset '%s' is used by %u job(s); delete them first",
+                         req->name, d.jobs);
+        return;
+    }
+    if (err) {
+        sl_rpc_call_fail(call, err, "dataset '%s': %s", req->name, sl_strerror(err));
+        return;
+    }
+    if (feed_lengths_path(f, req->name, path, sizeof(path)) == 0 && unlink(path) != 0 &&
+        errno != ENOENT)
+        sl_log_warn("lengths_unlink_failed", "path=%s errno=%d", path, errno);
+    sl_log_info("dataset_deleted", "name=%s", req->name);
+    sl_rpc_call_reply(call, &resp.base);
+}
+
+/* ---- UploadLengths ---- */
+
+typedef struct upload {
+    sl_feed *f;
+    char name[SL_CAT_FEED_NAME_MAX + 1];
+    uint64_t samples, got;
+    int fd;
+    char tmp[4300];
+    sl_sha256 *sha;
+    uint8_t *buf;
+    size_t buf_cap;
+} upload;
+
+static void upload_free(void *p)
+{
+    upload *u = p;
+
+    if (u->fd >= 0) {
+        close(u->fd);
+        unlink(u->tmp);
+    }
+    sl_sha256_free(u->sha);
+    free(u->buf);
+    free(u);
+}
+
+static void upload_start(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    upload *u = calloc(1, sizeof(*u));
+
+    (void)m;
+    if (!u) {
+        sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+        return;
+    }
+    u->f = arg;
+    u->fd = -1;
+    sl_rpc_call_set_data(call, u, upload_free);
+    sl_rpc_call_read(call);
+}
+
+static int fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err = 0;
+
+    if (fd < 0)
+        return -errno;
+    if (fsync(fd) != 0)
+        err = -errno;
+    close(fd);
+    return err;
+}
+
+/* First message: check the dataset and open the temporary file. */
+static int upload_open(sl_rpc_call *call, upload *u, const char *name)
+{
+    sl_cat_dataset d;
+    char msg[256], dir[4200];
+    int err = feed_name_check("dataset", name, msg, sizeof(msg));
+
+    if (err)
+        return sl_rpc_call_fail(call, err, "%s", msg), err;
+    err = sl_cat_dataset_get(u->f->cat, &d, name);
+    if (err)
+        return sl_rpc_call_fail(call, err, "dataset '%s': %s", name, sl_strerror(err)), err;
+    if (d.has_lengths && d.jobs) {
+        sl_rpc_call_fail(call, SL_ESTATE,
+                         "dataset '%s' already has lengths and %u job(s) use it; its lengths "
+                         "cannot change under them",
+                         name, d.jobs);
+        return SL_ESTATE;
+    }
+    snprintf(u->name, sizeof(u->name), "%s", name);
+    u->samples = d.samples;
+    snprintf(dir, sizeof(dir), "%s/datasets", u->f->data_dir);
+    if (mkdir(dir, 0750) != 0 && errno != EEXIST) {
+        err = -errno;
+        return sl_rpc_call_fail(call, err, "cannot create %s: %s", dir, sl_strerror(err)), err;
+    }
+    snprintf(u->tmp, sizeof(u->tmp), "%s/.%s.lengths.%llu.tmp", dir, name,
+             (unsigned long long)++u->f->upload_seq);
+    u->fd = open(u->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (u->fd < 0) {
+        err = -errno;
+        return sl_rpc_call_fail(call, err, "cannot create the lengths file: %s", sl_strerror(err)),
+               err;
+    }
+    err = sl_sha256_new(&u->sha);
+    if (!err)
+        err = sl_sha256_reset(u->sha);
+    if (err)
+        return sl_rpc_call_fail(call, err, "hashing unavailable"), err;
+    return 0;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void upload_finish(sl_rpc_call *call, upload *u)
+{
+    char hex[SL_SHARD_HEX_LEN + 1], path[4300], dir[4200];
+    int err;
+
+    if (u->fd < 0) {
+        sl_rpc_call_fail(call, SL_EINVAL, "empty stream: the first message must name a dataset");
+        return;
+    }
+    if (u->got != u->samples) {
+        sl_rpc_call_fail(call, SL_EINVAL, "got %llu lengths, dataset '%s' has %llu samples",
+                         (unsigned long long)u->got, u->name, (unsigned long long)u->samples);
+        return;
+    }
+    err = sl_sha256_final(u->sha, hex);
+    if (!err && fsync(u->fd) != 0)
+        err = -errno;
+    if (!err)
+        err = feed_lengths_path(u->f, u->name, path, sizeof(path));
+    if (!err && rename(u->tmp, path) != 0)
+        err = -errno;
+    if (err) {
+        sl_rpc_call_fail(call, err, "could not store the lengths file: %s", sl_strerror(err));
+        return;
+    }
+    close(u->fd);
+    u->fd = -1;
+    snprintf(dir, sizeof(dir), "%s/datasets", u->f->data_dir);
+    if ((err = fsync_dir(dir)) != 0) {
+        sl_rpc_call_fail(call, err, "could not sync %s: %s", dir, sl_strerror(err));
+        return;
+    }
+    err = sl_cat_dataset_set_lengths(u->f->cat, u->name, hex);
+    if (err) {
+        sl_rpc_call_fail(call, err, "dataset '%s': %s", u->name, sl_strerror(err));
+        return;
+    }
+    sl_log_info("lengths_stored", "dataset=%s samples=%llu sha256=%s", u->name,
+                (unsigned long long)u->got, hex);
+    reply_dataset(call, u->f, u->name);
+}
+
+static void upload_message(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__UploadLengthsRequest *req = (const void *)m;
+    upload *u = sl_rpc_call_data(call);
+    size_t bytes;
+    int err;
+
+    (void)arg;
+    if (!req) {
+        upload_finish(call, u);
+        return;
+    }
+    if (u->fd < 0) {
+        if (upload_open(call, u, req->name) != 0)
+            return;
+    } else if (req->name[0] && strcmp(req->name, u->name) != 0) {
+        sl_rpc_call_fail(call, SL_EINVAL, "dataset changed mid-stream from '%s' to '%.140s'",
+                         u->name, req->name);
+        return;
+    }
+    if (req->n_lengths > u->samples - u->got) {
+        sl_rpc_call_fail(call, SL_EINVAL, "more than %llu lengths for dataset '%s'",
+                         (unsigned long long)u->samples, u->name);
+        return;
+    }
+    bytes = req->n_lengths * 4;
+    if (bytes > u->buf_cap) {
+        uint8_t *p = realloc(u->buf, bytes);
+        if (!p) {
+            sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+            return;
+        }
+        u->buf = p;
+        u->buf_cap = bytes;
+    }
+    for (size_t i = 0; i < req->n_lengths; i++) {
+        uint32_t v = req->lengths[i];
+        if (v == 0) {
+            sl_rpc_call_fail(call, SL_EINVAL, "length 0 for sample %llu (lengths must be >= 1)",
+                             (unsigned long long)(u->got + i));
+            return;
+        }
+        u->buf[4 * i] = (uint8_t)v;
+        u->buf[4 * i + 1] = (uint8_t)(v >> 8);
+        u->buf[4 * i + 2] = (uint8_t)(v >> 16);
+        u->buf[4 * i + 3] = (uint8_t)(v >> 24);
+    }
+    err = write_all(u->fd, u->buf, bytes);
+    if (!err)
+        err = sl_sha256_update(u->sha, u->buf, bytes);
+    if (err) {
+        sl_rpc_call_fail(call, err, "could not write the lengths file: %s", sl_strerror(err));
+        return;
+    }
+    u->got += req->n_lengths;
+    sl_rpc_call_read(call);
+}
+
+static const sl_rpc_method methods[] = {
+    {
+        .name = "Create",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_ADMIN,
+        .request = &sluice__v1__create_dataset_request__descriptor,
+        .response = &sluice__v1__dataset__descriptor,
+        .on_start = create,
+    },
+    {
+        .name = "UploadLengths",
+        .kind = SL_RPC_CLIENT_STREAM,
+        .access = FEED_ACCESS_ADMIN,
+        .request = &sluice__v1__upload_lengths_request__descriptor,
+        .response = &sluice__v1__dataset__descriptor,
+        .on_start = upload_start,
+        .on_message = upload_message,
+    },
+    {
+        .name = "Get",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_READER,
+        .request = &sluice__v1__get_dataset_request__descriptor,
+        .response = &sluice__v1__dataset__descriptor,
+        .on_start = get,
+    },
+    {
+        .name = "List",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_READER,
+        .request = &sluice__v1__list_datasets_request__descriptor,
+        .response = &sluice__v1__list_datasets_response__descriptor,
+        .on_start = list,
+    },
+    {
+        .name = "Delete",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_ADMIN,
+        .request = &sluice__v1__delete_dataset_request__descriptor,
+        .response = &sluice__v1__delete_dataset_response__descriptor,
+        .on_start = delete,
+    },
+};
+
+const sl_rpc_service *feed_datasets_service(sl_feed *f)
+{
+    f->svcs[0] = (sl_rpc_service){
+        .name = "sluice.v1.Datasets",
+        .methods = methods,
+        .n_methods = sizeof(methods) / sizeof(methods[0]),
+        .arg = f,
+    };
+    return &f->svcs[0];
+}

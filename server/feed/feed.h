@@ -1,0 +1,31 @@
+/* The feeding service: sluice.v1.Datasets, Jobs, Epochs and Feed (docs/feeding.md).
+ *
+ * Datasets, jobs, epochs and per-rank progress live in the catalog; the service keeps every job
+ * in memory for the streams. Index chunks are produced from (seed, epoch, rank, position) when
+ * the previous ones drained, so memory stays flat; an epoch's batch plan is computed once on the
+ * worker pool and shared by every rank. Loop thread only.
+ */
+#ifndef SL_FEED_H
+#define SL_FEED_H
+
+#include "catalog/catalog.h"
+#include "rpc/server.h"
+
+#include <uv.h>
+
+typedef struct sl_feed sl_feed;
+
+/* Load every job from the catalog. `data_dir` holds datasets/<name>.lengths (created if
+ * missing). Returns 0 and *out (free with sl_feed_free after the RPC server stopped), SL_EDB or
+ * -errno. Loop thread. */
+int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_dir);
+
+/* Free the service. Accepts NULL. */
+void sl_feed_free(sl_feed *f);
+
+/* The four service tables, in the order Datasets, Jobs, Epochs, Feed; their arg is f. */
+const sl_rpc_service *sl_feed_service(sl_feed *f, int i);
+
+#define SL_FEED_N_SERVICES 4
+
+#endif

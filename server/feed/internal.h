@@ -1,0 +1,160 @@
+/* Private to server/feed/: the feeding service's in-memory state. Loop thread only.
+ *
+ * The catalog is the source of truth; the daemon keeps every job in memory (loaded at start) so a
+ * stream or a progress report needs no query. Each job knows its current epoch, the share size of
+ * every dp rank in it, every dp rank's reported position, and its open streams.
+ */
+#ifndef SL_FEED_INTERNAL_H
+#define SL_FEED_INTERNAL_H
+
+#include "feed.h"
+
+#include "batch/batch.h"
+#include "catalog/feed.h"
+#include "sample/sample.h"
+#include "sluice/v1/feed.pb-c.h"
+
+#include <stdint.h>
+
+#define FEED_MAX_WORLD 65536u
+
+/* Access levels of the methods (sl_rpc_method.access): the same numbers as sl_access in
+ * server/auth.h. Reading streams and state is for readers, reporting progress for trainers,
+ * everything that changes datasets, jobs or epochs for admins. */
+#define FEED_ACCESS_ADMIN   0u
+#define FEED_ACCESS_READER  2u
+#define FEED_ACCESS_TRAINER 3u
+
+typedef struct fjob fjob;
+typedef struct fstream fstream;
+
+/* The source of a job's shares in one epoch when the epoch was resized: the elastic plan,
+ * shared by the job and its streams (reference counted, since streams borrow it). */
+typedef struct fsrc {
+    int refs;
+    sl_sample_elastic *plan;
+} fsrc;
+
+/* A batch plan for one (job, epoch), computed on the worker pool and shared by all ranks. */
+typedef struct fplan {
+    int refs;
+    int state; /* 0 computing, 1 ready, -1 failed */
+    int err;
+    char msg[256];
+    uint64_t epoch;
+    sl_batch_plan *plan;
+    fjob *job; /* NULL once the job let go of it */
+    uv_work_t work;
+    /* inputs for the worker, owned until it finishes */
+    sl_batch_config cfg;
+    sl_sample_config scfg;
+    char path[4200];
+    char sha256[65];
+} fplan;
+
+struct fjob {
+    sl_feed *feed;
+    char name[SL_CAT_FEED_NAME_MAX + 1];
+    char dataset[SL_CAT_FEED_NAME_MAX + 1];
+    Sluice__V1__Job *spec; /* unpacked, owned; epoch/created_ms are kept in the fields below */
+    uint64_t samples;
+    uint64_t epoch;
+    int64_t created_ms;
+    sl_sample_config cfg; /* the epoch's config for rank 0 */
+    uint32_t dp_size;
+    uint64_t *counts;   /* [dp_size] share size (indices) of each dp rank this epoch */
+    uint64_t *progress; /* [dp_size] reported position of each dp rank */
+    /* Elastic remainder of the current epoch (resized mid-epoch), else NULL. */
+    fsrc *src;
+    uint8_t *elastic_blob; /* as stored in the catalog */
+    size_t elastic_len;
+    fplan *plan; /* batch plan of the current epoch, NULL until first asked for */
+    fstream *streams;
+    fjob *next;
+};
+
+struct sl_feed {
+    uv_loop_t *loop;
+    sl_cat *cat;
+    char data_dir[4096];
+    fjob *jobs;
+    int shutting_down;
+    uint64_t upload_seq;
+    sl_rpc_service svcs[4];
+};
+
+/* ---- state.c ---- */
+
+/* Check a name that becomes part of a path: 1..128 of [A-Za-z0-9._-], not starting with '.',
+ * no "..". Returns 0 or SL_EINVAL with a message. */
+int feed_name_check(const char *what, const char *name, char *msg, size_t len);
+
+/* data_dir/datasets/<name>.lengths into buf (name already checked). */
+int feed_lengths_path(const sl_feed *f, const char *name, char *buf, size_t len);
+
+fjob *feed_job_find(sl_feed *f, const char *name);
+
+/* Build the epoch's sample config of a spec for `samples`; validates everything about the spec.
+ * Returns 0 or SL_EINVAL / SL_ELIMIT with a message. */
+int feed_spec_config(sl_sample_config *cfg, const Sluice__V1__Job *spec, uint64_t samples,
+                     uint64_t epoch, char *msg, size_t len);
+
+/* The spec's batch config for dp_size ranks (spec->batching must be set). */
+int feed_spec_batch_config(sl_batch_config *bc, const Sluice__V1__Job *spec, uint32_t dp_size,
+                           uint64_t seed, uint64_t epoch, char *msg, size_t len);
+
+/* Create the in-memory job (and compute its epoch state). Takes ownership of spec. */
+int feed_job_add(sl_feed *f, fjob **out, const char *name, const char *dataset,
+                 Sluice__V1__Job *spec, uint64_t samples, uint64_t epoch, int64_t created_ms,
+                 const void *elastic, size_t elastic_len, char *msg, size_t len);
+
+/* Remove and free a job, ending its streams with `code`. */
+void feed_job_remove(sl_feed *f, fjob *j, sl_rpc_code code, const char *why);
+
+/* Fill a Job message for replies (pointers into j; valid while j is). */
+void feed_job_describe(const fjob *j, Sluice__V1__Job *out, Sluice__V1__Mesh *mesh,
+                       Sluice__V1__BatchConfig *bc);
+
+/* dp rank of a global rank in the job's current world. SL_EINVAL if out of range. */
+int feed_job_dp_rank(const fjob *j, uint32_t rank, uint32_t *dp, char *msg, size_t len);
+
+/* Whether positions are counted in batches (the job has batching) and the dp rank's share size
+ * in that unit; for batch jobs the plan must be ready, else SL_ESTATE. */
+int feed_job_count(const fjob *j, uint32_t dp, uint64_t *count);
+
+/* Record a report; advances the epoch when complete (unless manual). */
+int feed_job_report(fjob *j, uint32_t dp, uint64_t epoch, uint64_t position, int *advanced,
+                    char *msg, size_t len);
+
+/* Begin epoch j->epoch + 1. */
+int feed_job_advance(fjob *j);
+
+/* Resize to a new world (and mesh). */
+int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char *msg, size_t len);
+
+/* 1 if every dp rank finished the epoch. */
+int feed_job_complete(const fjob *j);
+
+void fsrc_unref(fsrc *s);
+void fplan_unref(fplan *p);
+
+/* ---- stream.c ---- */
+
+/* End every stream of the job in the current epoch (resize) or all (delete). */
+void feed_streams_end(fjob *j, int all, sl_rpc_code code, const char *why);
+
+/* The job's epoch advanced: start the streams waiting for it. */
+void feed_streams_epoch_began(fjob *j);
+
+/* A batch plan finished: start the streams waiting for it. */
+void feed_streams_plan_ready(fjob *j);
+
+/* Ask for the current epoch's plan (starts it on the worker pool if needed). */
+int feed_plan_request(fjob *j, char *msg, size_t len);
+
+const sl_rpc_service *feed_datasets_service(sl_feed *f);
+const sl_rpc_service *feed_jobs_service(sl_feed *f);
+const sl_rpc_service *feed_epochs_service(sl_feed *f);
+const sl_rpc_service *feed_stream_service(sl_feed *f);
+
+#endif

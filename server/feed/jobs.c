@@ -1,0 +1,418 @@
+/* sluice.v1.Jobs and sluice.v1.Epochs. */
+#include "internal.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void reply_job(sl_rpc_call *call, const fjob *j)
+{
+    Sluice__V1__Job out;
+    Sluice__V1__Mesh mesh;
+    Sluice__V1__BatchConfig bc;
+
+    feed_job_describe(j, &out, &mesh, &bc);
+    sl_rpc_call_reply(call, &out.base);
+}
+
+/* Look a job up by a request's name: NOT_FOUND / INVALID_ARGUMENT are answered here. */
+static fjob *job_or_fail(sl_rpc_call *call, sl_feed *f, const char *name)
+{
+    char msg[256];
+    fjob *j;
+
+    if (feed_name_check("job", name, msg, sizeof(msg)) != 0) {
+        sl_rpc_call_fail(call, SL_EINVAL, "%s", msg);
+        return NULL;
+    }
+    j = feed_job_find(f, name);
+    if (!j)
+        sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", name);
+    return j;
+}
+
+static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__CreateJobRequest *req = (const void *)m;
+    const Sluice__V1__Job *in = req->job;
+    Sluice__V1__Job *spec = NULL;
+    sl_feed *f = arg;
+    sl_cat_dataset d;
+    sl_sample_config cfg;
+    sl_batch_config bc;
+    sl_cat_job row;
+    uint8_t *buf = NULL;
+    size_t len;
+    uint32_t dp, dp_size;
+    char msg[320];
+    fjob *j = NULL;
+    int err;
+
+    if (!in) {
+        sl_rpc_call_fail(call, SL_EINVAL, "missing job");
+        return;
+    }
+    if ((err = feed_name_check("job", in->name, msg, sizeof(msg))) != 0 ||
+        (err = feed_name_check("dataset", in->dataset, msg, sizeof(msg))) != 0)
+        goto fail;
+    if (feed_job_find(f, in->name)) {
+        err = SL_EEXIST;
+        snprintf(msg, sizeof(msg), "job '%s' already exists", in->name);
+        goto fail;
+    }
+    err = sl_cat_dataset_get(f->cat, &d, in->dataset);
+    if (err) {
+        snprintf(msg, sizeof(msg), "dataset '%s': %s", in->dataset, sl_strerror(err));
+        goto fail;
+    }
+    if ((err = feed_spec_config(&cfg, in, d.samples, 0, msg, sizeof(msg))) != 0)
+        goto fail;
+    if ((err = sl_sample_dp_rank(&dp, &dp_size, &cfg, msg, sizeof(msg))) != 0)
+        goto fail;
+    if (in->batching &&
+        (err = feed_spec_batch_config(&bc, in, dp_size, in->seed, 0, msg, sizeof(msg))) != 0)
+        goto fail;
+    if (in->batching && d.samples > SL_BATCH_MAX_SEQUENCES) {
+        err = SL_ELIMIT;
+        snprintf(msg, sizeof(msg), "batching supports at most %u samples, dataset has %llu",
+                 SL_BATCH_MAX_SEQUENCES, (unsigned long long)d.samples);
+        goto fail;
+    }
+    /* Store the spec without the output-only fields. */
+    {
+        Sluice__V1__Job copy = *in;
+        copy.epoch = 0;
+        copy.created_ms = 0;
+        copy.dp_size = 0;
+        copy.resized_in_epoch = 0;
+        len = sluice__v1__job__get_packed_size(&copy);
+        buf = malloc(len ? len : 1);
+        if (!buf) {
+            err = -ENOMEM;
+            snprintf(msg, sizeof(msg), "out of memory");
+            goto fail;
+        }
+        sluice__v1__job__pack(&copy, buf);
+    }
+    spec = sluice__v1__job__unpack(NULL, len, buf);
+    if (!spec) {
+        err = -ENOMEM;
+        snprintf(msg, sizeof(msg), "out of memory");
+        goto fail;
+    }
+    memset(&row, 0, sizeof(row));
+    row.name = in->name;
+    row.dataset = in->dataset;
+    row.spec = buf;
+    row.spec_len = len;
+    row.world_size = in->world_size;
+    row.created_ms = now_ms();
+    err = sl_cat_job_create(f->cat, &row);
+    if (err) {
+        snprintf(msg, sizeof(msg), "job '%s': %s", in->name,
+                 err == SL_EEXIST ? "already exists" : sl_strerror(err));
+        goto fail;
+    }
+    err = feed_job_add(f, &j, in->name, in->dataset, spec, d.samples, 0, row.created_ms, NULL, 0,
+                       msg, sizeof(msg));
+    spec = NULL;
+    if (err)
+        goto fail;
+    sl_log_info("job_created", "job=%s dataset=%s world=%u partition=%s shuffle=%s", j->name,
+                j->dataset, j->spec->world_size, sl_sample_partition_name(j->cfg.partition),
+                sl_sample_shuffle_name(j->cfg.shuffle));
+    free(buf);
+    reply_job(call, j);
+    return;
+fail:
+    if (spec)
+        sluice__v1__job__free_unpacked(spec, NULL);
+    free(buf);
+    sl_rpc_call_fail(call, err, "%s", msg);
+}
+
+static void job_get(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__GetJobRequest *req = (const void *)m;
+    fjob *j = job_or_fail(call, arg, req->name);
+
+    if (j)
+        reply_job(call, j);
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp((*(fjob *const *)a)->name, (*(fjob *const *)b)->name);
+}
+
+static void job_list(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__ListJobsRequest *req = (const void *)m;
+    Sluice__V1__ListJobsResponse resp = SLUICE__V1__LIST_JOBS_RESPONSE__INIT;
+    sl_feed *f = arg;
+    size_t n = 0, k = 0;
+    fjob **js = NULL;
+    Sluice__V1__Job *msgs = NULL, **ptrs = NULL;
+    Sluice__V1__Mesh *meshes = NULL;
+    Sluice__V1__BatchConfig *bcs = NULL;
+
+    for (fjob *j = f->jobs; j; j = j->next)
+        n++;
+    js = calloc(n + 1, sizeof(*js));
+    msgs = calloc(n + 1, sizeof(*msgs));
+    ptrs = calloc(n + 1, sizeof(*ptrs));
+    meshes = calloc(n + 1, sizeof(*meshes));
+    bcs = calloc(n + 1, sizeof(*bcs));
+    if (!js || !msgs || !ptrs || !meshes || !bcs) {
+        sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (fjob *j = f->jobs; j; j = j->next)
+        if (!req->dataset[0] || strcmp(req->dataset, j->dataset) == 0)
+            js[k++] = j;
+    qsort(js, k, sizeof(*js), cmp_name);
+    for (size_t i = 0; i < k; i++) {
+        feed_job_describe(js[i], &msgs[i], &meshes[i], &bcs[i]);
+        ptrs[i] = &msgs[i];
+    }
+    resp.n_jobs = k;
+    resp.jobs = ptrs;
+    sl_rpc_call_reply(call, &resp.base);
+out:
+    free(js);
+    free(msgs);
+    free(ptrs);
+    free(meshes);
+    free(bcs);
+}
+
+static void job_delete(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__DeleteJobRequest *req = (const void *)m;
+    Sluice__V1__DeleteJobResponse resp = SLUICE__V1__DELETE_JOB_RESPONSE__INIT;
+    sl_feed *f = arg;
+    fjob *j = job_or_fail(call, f, req->name);
+    int err;
+
+    if (!j)
+        return;
+    err = sl_cat_job_delete(f->cat, j->name);
+    if (err) {
+        sl_rpc_call_fail(call, err, "job '%s': %s", req->name, sl_strerror(err));
+        return;
+    }
+    sl_log_info("job_deleted", "job=%s", j->name);
+    feed_job_remove(f, j, SL_RPC_ABORTED, "job deleted");
+    sl_rpc_call_reply(call, &resp.base);
+}
+
+static void job_resize(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__ResizeJobRequest *req = (const void *)m;
+    fjob *j = job_or_fail(call, arg, req->name);
+    char msg[320];
+    int err;
+
+    if (!j)
+        return;
+    err = feed_job_resize(j, req->world_size, req->mesh, msg, sizeof(msg));
+    if (err) {
+        sl_rpc_call_fail(call, err, "%s", msg);
+        return;
+    }
+    reply_job(call, j);
+}
+
+/* ---- Epochs ---- */
+
+static void reply_epoch(sl_rpc_call *call, const fjob *j)
+{
+    Sluice__V1__EpochState st = SLUICE__V1__EPOCH_STATE__INIT;
+    Sluice__V1__RankProgress *rp = calloc(j->dp_size, sizeof(*rp));
+    Sluice__V1__RankProgress **ptrs = calloc(j->dp_size, sizeof(*ptrs));
+
+    if (!rp || !ptrs) {
+        sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+        goto out;
+    }
+    st.job = (char *)j->name;
+    st.epoch = j->epoch;
+    st.dp_size = j->dp_size;
+    st.unit = (char *)(j->spec->batching ? "batches" : "indices");
+    for (uint32_t d = 0; d < j->dp_size; d++) {
+        uint64_t n = 0;
+        int known = feed_job_count(j, d, &n) == 0;
+        sluice__v1__rank_progress__init(&rp[d]);
+        rp[d].dp_rank = d;
+        rp[d].position = j->progress[d];
+        rp[d].count = n;
+        rp[d].done = known && j->progress[d] >= n;
+        ptrs[d] = &rp[d];
+    }
+    st.n_ranks = j->dp_size;
+    st.ranks = ptrs;
+    st.complete = feed_job_complete(j);
+    sl_rpc_call_reply(call, &st.base);
+out:
+    free(rp);
+    free(ptrs);
+}
+
+static void epoch_get(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__GetEpochRequest *req = (const void *)m;
+    fjob *j = job_or_fail(call, arg, req->job);
+
+    if (j)
+        reply_epoch(call, j);
+}
+
+static void epoch_report(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__ReportProgressRequest *req = (const void *)m;
+    Sluice__V1__ReportProgressResponse resp = SLUICE__V1__REPORT_PROGRESS_RESPONSE__INIT;
+    fjob *j = job_or_fail(call, arg, req->job);
+    char msg[256];
+    uint32_t dp;
+    int advanced, err;
+
+    if (!j)
+        return;
+    if ((err = feed_job_dp_rank(j, req->rank, &dp, msg, sizeof(msg))) != 0 ||
+        (err = feed_job_report(j, dp, req->epoch, req->position, &advanced, msg, sizeof(msg))) !=
+            0) {
+        sl_rpc_call_fail(call, err, "%s", msg);
+        return;
+    }
+    resp.epoch = j->epoch;
+    resp.advanced = advanced;
+    resp.position = advanced ? req->position : j->progress[dp];
+    sl_rpc_call_reply(call, &resp.base);
+}
+
+static void epoch_next(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__NextEpochRequest *req = (const void *)m;
+    fjob *j = job_or_fail(call, arg, req->job);
+    int err;
+
+    if (!j)
+        return;
+    if (req->check_epoch && req->expect_epoch != j->epoch) {
+        sl_rpc_call_fail(call, SL_ESTATE, "job '%s' is at epoch %llu, not %llu", j->name,
+                         (unsigned long long)j->epoch, (unsigned long long)req->expect_epoch);
+        return;
+    }
+    err = feed_job_advance(j);
+    if (err) {
+        sl_rpc_call_fail(call, err, "job '%s': could not begin epoch %llu: %s", j->name,
+                         (unsigned long long)j->epoch + 1, sl_strerror(err));
+        return;
+    }
+    reply_epoch(call, j);
+}
+
+static const sl_rpc_method job_methods[] = {
+    {
+        .name = "Create",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_ADMIN,
+        .request = &sluice__v1__create_job_request__descriptor,
+        .response = &sluice__v1__job__descriptor,
+        .on_start = job_create,
+    },
+    {
+        .name = "Get",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_READER,
+        .request = &sluice__v1__get_job_request__descriptor,
+        .response = &sluice__v1__job__descriptor,
+        .on_start = job_get,
+    },
+    {
+        .name = "List",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_READER,
+        .request = &sluice__v1__list_jobs_request__descriptor,
+        .response = &sluice__v1__list_jobs_response__descriptor,
+        .on_start = job_list,
+    },
+    {
+        .name = "Delete",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_ADMIN,
+        .request = &sluice__v1__delete_job_request__descriptor,
+        .response = &sluice__v1__delete_job_response__descriptor,
+        .on_start = job_delete,
+    },
+    {
+        .name = "Resize",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_ADMIN,
+        .request = &sluice__v1__resize_job_request__descriptor,
+        .response = &sluice__v1__job__descriptor,
+        .on_start = job_resize,
+    },
+};
+
+static const sl_rpc_method epoch_methods[] = {
+    {
+        .name = "Get",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_READER,
+        .request = &sluice__v1__get_epoch_request__descriptor,
+        .response = &sluice__v1__epoch_state__descriptor,
+        .on_start = epoch_get,
+    },
+    {
+        .name = "ReportProgress",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_TRAINER,
+        .request = &sluice__v1__report_progress_request__descriptor,
+        .response = &sluice__v1__report_progress_response__descriptor,
+        .on_start = epoch_report,
+    },
+    {
+        .name = "Next",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_ADMIN,
+        .request = &sluice__v1__next_epoch_request__descriptor,
+        .response = &sluice__v1__epoch_state__descriptor,
+        .on_start = epoch_next,
+    },
+};
+
+const sl_rpc_service *feed_jobs_service(sl_feed *f)
+{
+    f->svcs[1] = (sl_rpc_service){
+        .name = "sluice.v1.Jobs",
+        .methods = job_methods,
+        .n_methods = sizeof(job_methods) / sizeof(job_methods[0]),
+        .arg = f,
+    };
+    return &f->svcs[1];
+}
+
+const sl_rpc_service *feed_epochs_service(sl_feed *f)
+{
+    f->svcs[2] = (sl_rpc_service){
+        .name = "sluice.v1.Epochs",
+        .methods = epoch_methods,
+        .n_methods = sizeof(epoch_methods) / sizeof(epoch_methods[0]),
+        .arg = f,
+    };
+    return &f->svcs[2];
+}
