@@ -2,6 +2,7 @@
 
 #include "err.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 static atomic_int log_level = SL_LOG_INFO;
+static atomic_int log_format = SL_LOG_LOGFMT;
 
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
 
@@ -34,36 +36,132 @@ int sl_log_parse_level(sl_log_level *out, const char *s)
     return SL_EINVAL;
 }
 
+void sl_log_set_format(sl_log_format format)
+{
+    atomic_store(&log_format, (int)format);
+}
+
+int sl_log_parse_format(sl_log_format *out, const char *s)
+{
+    if (s && strcmp(s, "logfmt") == 0)
+        *out = SL_LOG_LOGFMT;
+    else if (s && strcmp(s, "json") == 0)
+        *out = SL_LOG_JSON;
+    else
+        return SL_EINVAL;
+    return 0;
+}
+
+const char *sl_log_format_name(sl_log_format format)
+{
+    return format == SL_LOG_JSON ? "json" : "logfmt";
+}
+
 const char *sl_log_level_name(sl_log_level level)
 {
     return (unsigned)level < 4 ? level_names[level] : "unknown";
 }
 
-void sl_log(sl_log_level level, const char *event, const char *fields, ...)
+/* Append a JSON string literal of s[0..n) to line at *pos (bounded by cap). */
+static void json_str(char *line, size_t cap, size_t *pos, const char *s, size_t n)
 {
-    char line[4096];
-    struct timespec ts;
+    size_t p = *pos;
+
+    if (p < cap)
+        line[p++] = '"';
+    for (size_t i = 0; i < n && p + 7 < cap; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\') {
+            line[p++] = '\\';
+            line[p++] = (char)ch;
+        } else if (ch < 0x20) {
+            p += (size_t)snprintf(line + p, cap - p, "\\u%04x", ch);
+        } else {
+            line[p++] = (char)ch;
+        }
+    }
+    if (p < cap)
+        line[p++] = '"';
+    *pos = p;
+}
+
+/* Turn logfmt fields (key=value, key="quoted value") into JSON members. */
+static void fields_to_json(char *line, size_t cap, size_t *pos, const char *f)
+{
+    while (*f && *pos + 8 < cap) {
+        const char *k, *v;
+        size_t klen, vlen;
+        char unq[1024];
+
+        while (*f == ' ')
+            f++;
+        k = f;
+        while (*f && *f != '=' && *f != ' ')
+            f++;
+        klen = (size_t)(f - k);
+        if (klen == 0 || *f != '=') {
+            /* Not a key=value pair: keep the words as a message. */
+            while (*f && *f != ' ')
+                f++;
+            continue;
+        }
+        f++;
+        if (*f == '"') {
+            size_t u = 0;
+            f++;
+            while (*f && *f != '"' && u < sizeof(unq) - 1) {
+                if (*f == '\\' && f[1])
+                    f++;
+                unq[u++] = *f++;
+            }
+            if (*f == '"')
+                f++;
+            v = unq;
+            vlen = u;
+        } else {
+            v = f;
+            while (*f && *f != ' ')
+                f++;
+            vlen = (size_t)(f - v);
+        }
+        line[(*pos)++] = ',';
+        json_str(line, cap, pos, k, klen);
+        if (*pos < cap)
+            line[(*pos)++] = ':';
+        json_str(line, cap, pos, v, vlen);
+    }
+}
+
+static void vlog(sl_log_level level, const char *event, const char *suffix, const char *fields,
+                 va_list ap)
+{
+    char line[4096], ts[40], body[3072] = "";
+    struct timespec t;
     struct tm tm;
-    size_t n;
+    size_t n = 0;
     int r;
 
-    if ((int)level < atomic_load(&log_level))
-        return;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    n = strftime(line, sizeof(line), "ts=%Y-%m-%dT%H:%M:%S", &tm);
-    r = snprintf(line + n, sizeof(line) - n, ".%03ldZ level=%s event=%s", ts.tv_nsec / 1000000L,
-                 sl_log_level_name(level), event);
-    if (r > 0)
-        n += (size_t)r;
-    if (fields && n < sizeof(line) - 2) {
-        va_list ap;
-        line[n++] = ' ';
-        va_start(ap, fields);
-        r = vsnprintf(line + n, sizeof(line) - n, fields, ap);
-        va_end(ap);
-        if (r > 0)
-            n += (size_t)r;
+    clock_gettime(CLOCK_REALTIME, &t);
+    gmtime_r(&t.tv_sec, &tm);
+    r = (int)strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(ts + r, sizeof(ts) - (size_t)r, ".%03ldZ", t.tv_nsec / 1000000L);
+    if (fields)
+        vsnprintf(body, sizeof(body), fields, ap);
+    if (suffix) {
+        size_t b = strlen(body);
+        snprintf(body + b, sizeof(body) - b, "%s%s", b ? " " : "", suffix);
+    }
+    if (atomic_load(&log_format) == SL_LOG_JSON) {
+        r = snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"%s\",\"event\":", ts,
+                     sl_log_level_name(level));
+        n = r > 0 ? (size_t)r : 0;
+        json_str(line, sizeof(line) - 4, &n, event, strlen(event));
+        fields_to_json(line, sizeof(line) - 4, &n, body);
+        line[n++] = '}';
+    } else {
+        r = snprintf(line, sizeof(line), "ts=%s level=%s event=%s%s%s", ts,
+                     sl_log_level_name(level), event, body[0] ? " " : "", body);
+        n = r > 0 ? (size_t)r : 0;
     }
     /* Long lines are cut, never split: one event stays one line. */
     if (n > sizeof(line) - 2)
@@ -72,4 +170,65 @@ void sl_log(sl_log_level level, const char *event, const char *fields, ...)
     if (write(STDERR_FILENO, line, n) < 0) {
         /* Nowhere left to report a failing stderr. */
     }
+}
+
+void sl_log(sl_log_level level, const char *event, const char *fields, ...)
+{
+    va_list ap;
+
+    if ((int)level < atomic_load(&log_level))
+        return;
+    va_start(ap, fields);
+    vlog(level, event, NULL, fields, ap);
+    va_end(ap);
+}
+
+/* Per-event-name state of rate-limited lines. */
+static struct {
+    const char *event;
+    struct timespec last;
+    unsigned long suppressed;
+} limits[64];
+static pthread_mutex_t limits_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void sl_log_limited(sl_log_level level, unsigned interval_ms, const char *event, const char *fields,
+                    ...)
+{
+    char suffix[48] = "";
+    struct timespec now;
+    unsigned long suppressed = 0;
+    int write_it = 1, slot = -1;
+    va_list ap;
+
+    if ((int)level < atomic_load(&log_level))
+        return;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    pthread_mutex_lock(&limits_mu);
+    for (int i = 0; i < 64 && slot < 0; i++)
+        if (!limits[i].event || strcmp(limits[i].event, event) == 0)
+            slot = i;
+    if (slot >= 0) {
+        if (limits[slot].event) {
+            long long ms = (long long)(now.tv_sec - limits[slot].last.tv_sec) * 1000 +
+                           (now.tv_nsec - limits[slot].last.tv_nsec) / 1000000;
+            if (ms < (long long)interval_ms) {
+                limits[slot].suppressed++;
+                write_it = 0;
+            }
+        }
+        if (write_it) {
+            limits[slot].event = event;
+            limits[slot].last = now;
+            suppressed = limits[slot].suppressed;
+            limits[slot].suppressed = 0;
+        }
+    }
+    pthread_mutex_unlock(&limits_mu);
+    if (!write_it)
+        return;
+    if (suppressed)
+        snprintf(suffix, sizeof(suffix), "suppressed=%lu", suppressed);
+    va_start(ap, fields);
+    vlog(level, event, suppressed ? suffix : NULL, fields, ap);
+    va_end(ap);
 }

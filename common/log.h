@@ -13,6 +13,20 @@ typedef enum sl_log_level {
     SL_LOG_ERROR = 3,
 } sl_log_level;
 
+typedef enum sl_log_format {
+    SL_LOG_LOGFMT = 0, /* ts=... level=info event=x key=value */
+    SL_LOG_JSON = 1,   /* {"ts":"...","level":"info","event":"x","key":"value"} */
+} sl_log_format;
+
+/* Choose the line format. Thread-safe. */
+void sl_log_set_format(sl_log_format format);
+
+/* Parse "logfmt" or "json". Returns 0 or SL_EINVAL. */
+int sl_log_parse_format(sl_log_format *out, const char *s);
+
+/* Name of a format. Static string. */
+const char *sl_log_format_name(sl_log_format format);
+
 /* Set the lowest level that is written. Thread-safe. */
 void sl_log_set_level(sl_log_level level);
 
@@ -29,6 +43,12 @@ const char *sl_log_level_name(sl_log_level level);
  * "key=value key2=\"quoted value\"", and may be NULL. Thread-safe. */
 void sl_log(sl_log_level level, const char *event, const char *fields, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* As sl_log, but writes `event` at most once per `interval_ms` (per event name, for up to 64
+ * names); the next line written says how many were suppressed. For hot error paths that a
+ * misbehaving client can trigger at will. Thread-safe. */
+void sl_log_limited(sl_log_level level, unsigned interval_ms, const char *event, const char *fields,
+                    ...) __attribute__((format(printf, 4, 5)));
 
 #define sl_log_debug(event, ...) sl_log(SL_LOG_DEBUG, event, __VA_ARGS__)
 #define sl_log_info(event, ...)  sl_log(SL_LOG_INFO, event, __VA_ARGS__)

@@ -25,6 +25,7 @@ static const sl_rpc_method admin_methods[] = {
         .kind = SL_RPC_UNARY,
         .request = &sluice__v1__get_info_request__descriptor,
         .response = &sluice__v1__get_info_response__descriptor,
+        .access = SL_ACCESS_READER,
         .on_start = get_info,
     },
 };

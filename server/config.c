@@ -4,198 +4,242 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <ini.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+typedef enum kind { K_STR, K_INT, K_BYTES, K_SECONDS, K_LEVEL, K_FORMAT } kind;
+
+/* One setting: flag name (also its config-file key), variable, and where it lands in sl_config. */
+typedef struct setting {
+    const char *name;
+    const char *env;
+    kind kind;
+    size_t off;
+    size_t size;  /* K_STR: buffer size */
+    long long lo; /* K_INT / K_BYTES / K_SECONDS: range */
+    long long hi;
+    int optional; /* K_STR: may be empty */
+    const char *usage;
+} setting;
+
+#define STR(field, opt)                                                                            \
+    K_STR, offsetof(sl_config, field), sizeof(((sl_config *)0)->field), 0, 0, opt
+
+static const setting settings[] = {
+    {"listen", "SLUICE_LISTEN", STR(listen, 0),
+     "ADDR      gRPC address; port 0 picks a free one (default 127.0.0.1:7700)"},
+    {"data-dir", "SLUICE_DATA_DIR", STR(data_dir, 0),
+     "DIR     catalog and shard store, created if missing (default ./sluice-data)"},
+    {"port-file", "SLUICE_PORT_FILE", STR(port_file, 1),
+     "FILE   write the bound port there once listening"},
+    {"log-level", "SLUICE_LOG_LEVEL", K_LEVEL, offsetof(sl_config, log_level), 0, 0, 0, 0,
+     "L      debug, info, warn or error (default info)"},
+    {"log-format", "SLUICE_LOG_FORMAT", K_FORMAT, offsetof(sl_config, log_format), 0, 0, 0, 0,
+     "F     logfmt or json (default logfmt)"},
+    {"grace-period", "SLUICE_GRACE_PERIOD", K_SECONDS, offsetof(sl_config, grace_ms), 0, 0, 86400,
+     0, "S   on SIGTERM/SIGINT, seconds in-flight calls may finish (default 10)"},
+    {"max-message-bytes", "SLUICE_MAX_MESSAGE_BYTES", K_INT, offsetof(sl_config, max_message_bytes),
+     0, 1024, 1LL << 30, 0, "N largest accepted gRPC message (default 8388608)"},
+    {"rpc-threads", "SLUICE_RPC_THREADS", K_INT, offsetof(sl_config, rpc_threads), 0, 2, 64, 0,
+     "N       completion-queue threads, at least 2 (default 2)"},
+    {"max-shard-bytes", "SLUICE_MAX_SHARD_BYTES", K_BYTES, offsetof(sl_config, max_shard_bytes), 0,
+     0, INT64_MAX, 0, "N   largest checkpoint shard accepted (default 1099511627776)"},
+    {"upload-timeout", "SLUICE_UPLOAD_TIMEOUT", K_SECONDS, offsetof(sl_config, upload_timeout_ms),
+     0, 0, 86400 * 30, 0, "S  idle partial uploads are removed after S seconds (default 3600)"},
+    {"metrics-listen", "SLUICE_METRICS_LISTEN", STR(metrics_listen, 1),
+     "ADDR Prometheus /metrics over HTTP on ADDR (default: off)"},
+    {"tls-cert", "SLUICE_TLS_CERT", STR(tls_cert, 1),
+     "FILE    PEM certificate chain; with --tls-key enables TLS"},
+    {"tls-key", "SLUICE_TLS_KEY", STR(tls_key, 1), "FILE     PEM private key of --tls-cert"},
+    {"tls-client-ca", "SLUICE_TLS_CLIENT_CA", STR(tls_client_ca, 1),
+     "FILE PEM CA: client certificates are required and verified (mTLS)"},
+    {"token-file", "SLUICE_TOKEN_FILE", STR(token_file, 1),
+     "FILE  bearer tokens with roles, '<reader|trainer|admin> <token>' per line;\n"
+     "                            without it every call is allowed (reloaded on SIGHUP)"},
+};
+
+#define N_SETTINGS (sizeof(settings) / sizeof(settings[0]))
+
+enum { OPT_CONFIG = 1000, OPT_CHECK = 1001, OPT_FIRST = 2000 };
+
 void sl_config_usage(FILE *f)
 {
-    fprintf(
-        f,
-        "Usage: sluiced [options]\n"
-        "\n"
-        "The sluice coordinator daemon: datasets, jobs and epochs in a SQLite catalog, per-rank\n"
-        "index streams and checkpoint shards over gRPC.\n"
-        "\n"
-        "Options (environment variable in brackets; flags win over the environment):\n"
-        "  --listen ADDR            address to serve gRPC on [SLUICE_LISTEN]\n"
-        "                           (default 127.0.0.1:7700; port 0 picks a free port)\n"
-        "  --data-dir DIR           catalog and shard store [SLUICE_DATA_DIR]\n"
-        "                           (default ./sluice-data, created if missing)\n"
-        "  --port-file FILE         write the bound port to FILE once listening\n"
-        "                           [SLUICE_PORT_FILE]\n"
-        "  --log-level LEVEL        debug, info, warn or error [SLUICE_LOG_LEVEL] (default info)\n"
-        "  --grace-period SECONDS   on SIGTERM/SIGINT, how long in-flight calls may finish\n"
-        "                           before they are cancelled [SLUICE_GRACE_PERIOD] (default 10)\n"
-        "  --max-message-bytes N    largest accepted gRPC message [SLUICE_MAX_MESSAGE_BYTES]\n"
-        "                           (default 8388608)\n"
-        "  --rpc-threads N          completion-queue threads, at least 2 [SLUICE_RPC_THREADS]\n"
-        "                           (default 2)\n"
-        "  --max-shard-bytes N      largest checkpoint shard accepted, in bytes\n"
-        "                           [SLUICE_MAX_SHARD_BYTES] (default 1099511627776)\n"
-        "  --upload-timeout SECONDS partial shard uploads idle this long are removed\n"
-        "                           [SLUICE_UPLOAD_TIMEOUT] (default 3600)\n"
-        "  -h, --help               show this help and exit\n"
-        "  -V, --version            print the version and exit\n");
+    fprintf(f, "Usage: sluiced [options]\n"
+               "\n"
+               "The sluice coordinator daemon: datasets, jobs and epochs in a SQLite catalog,\n"
+               "per-rank index streams and checkpoint shards over gRPC.\n"
+               "\n"
+               "Every option is also a SLUICE_* environment variable (in brackets) and a key of\n"
+               "the config file (the option name without dashes, e.g. 'listen = ...').\n"
+               "Precedence: flags > environment > config file > defaults.\n"
+               "\n");
+    for (size_t i = 0; i < N_SETTINGS; i++)
+        fprintf(f, "  --%s %s\n      [%s]\n", settings[i].name, settings[i].usage, settings[i].env);
+    fprintf(f,
+            "  --config FILE   read settings from FILE (INI: 'key = value', optional [sluiced]\n"
+            "                  section; unknown keys are errors) [SLUICE_CONFIG]\n"
+            "  --check-config  validate the configuration, print the effective settings, exit\n"
+            "  -h, --help      show this help and exit\n"
+            "  -V, --version   print the version and exit\n"
+            "\n"
+            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads the token file and the log\n"
+            "level.\n");
 }
 
-static int set_str(char *dst, size_t len, const char *v, const char *name, FILE *err)
+static int apply(sl_config *cfg, const setting *s, const char *v, const char *src, char *msg,
+                 size_t len)
 {
-    if (!v || !*v || strlen(v) >= len) {
-        fprintf(err, "sluiced: %s: value '%s' is empty or too long\n", name, v ? v : "");
-        return SL_EINVAL;
-    }
-    strcpy(dst, v);
-    return 0;
-}
-
-static int set_int(int *dst, const char *v, long lo, long hi, const char *name, FILE *err)
-{
+    char *p = (char *)cfg + s->off;
     char *end;
-    long n;
 
-    errno = 0;
-    n = strtol(v, &end, 10);
-    if (errno || end == v || *end || n < lo || n > hi) {
-        fprintf(err, "sluiced: %s: '%s' is not an integer in [%ld, %ld]\n", name, v, lo, hi);
-        return SL_EINVAL;
+    switch (s->kind) {
+    case K_STR:
+        if ((!*v && !s->optional) || strlen(v) >= s->size) {
+            snprintf(msg, len, "%s: value '%.64s' is %s", src, v, *v ? "too long" : "empty");
+            return SL_EINVAL;
+        }
+        strcpy(p, v);
+        return 0;
+    case K_INT:
+    case K_BYTES: {
+        long long n;
+        errno = 0;
+        n = strtoll(v, &end, 10);
+        if (errno || end == v || *end || n < s->lo || n > s->hi) {
+            snprintf(msg, len, "%s: '%.64s' is not an integer in [%lld, %lld]", src, v, s->lo,
+                     s->hi);
+            return SL_EINVAL;
+        }
+        if (s->kind == K_INT)
+            *(int *)p = (int)n;
+        else
+            *(uint64_t *)p = (uint64_t)n;
+        return 0;
     }
-    *dst = (int)n;
-    return 0;
+    case K_SECONDS: {
+        double d;
+        errno = 0;
+        d = strtod(v, &end);
+        if (errno || end == v || *end || !isfinite(d) || d < (double)s->lo || d > (double)s->hi) {
+            snprintf(msg, len, "%s: '%.64s' is not a number of seconds in [%lld, %lld]", src, v,
+                     s->lo, s->hi);
+            return SL_EINVAL;
+        }
+        *(uint64_t *)p = (uint64_t)(d * 1000.0);
+        return 0;
+    }
+    case K_LEVEL:
+        if (sl_log_parse_level((sl_log_level *)p, v) != 0) {
+            snprintf(msg, len, "%s: '%.64s' is not one of debug, info, warn, error", src, v);
+            return SL_EINVAL;
+        }
+        return 0;
+    case K_FORMAT:
+        if (sl_log_parse_format((sl_log_format *)p, v) != 0) {
+            snprintf(msg, len, "%s: '%.64s' is not one of logfmt, json", src, v);
+            return SL_EINVAL;
+        }
+        return 0;
+    }
+    return SL_EINVAL;
 }
 
-static int set_grace(uint64_t *dst, const char *v, const char *name, FILE *err)
+static const setting *find_setting(const char *key)
 {
-    char *end;
-    double s;
+    char norm[64];
+    size_t n = strlen(key);
 
-    errno = 0;
-    s = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(s) || s < 0 || s > 86400) {
-        fprintf(err, "sluiced: %s: '%s' is not a number of seconds in [0, 86400]\n", name, v);
-        return SL_EINVAL;
-    }
-    *dst = (uint64_t)(s * 1000.0);
-    return 0;
+    if (n >= sizeof(norm))
+        return NULL;
+    /* Config files may spell keys with '_' or '-'. */
+    for (size_t i = 0; i <= n; i++)
+        norm[i] = key[i] == '_' ? '-' : key[i];
+    for (size_t i = 0; i < N_SETTINGS; i++)
+        if (strcmp(settings[i].name, norm) == 0)
+            return &settings[i];
+    return NULL;
 }
 
-static int set_u64(uint64_t *dst, const char *v, const char *name, FILE *err)
-{
-    char *end;
-    unsigned long long n;
+typedef struct file_ctx {
+    sl_config *cfg;
+    const char *path;
+    char msg[512];
+} file_ctx;
 
-    errno = 0;
-    n = strtoull(v, &end, 10);
-    if (errno || end == v || *end || *v == '-' || n > (unsigned long long)INT64_MAX) {
-        fprintf(err, "sluiced: %s: '%s' is not a byte count in [0, %lld]\n", name, v,
-                (long long)INT64_MAX);
-        return SL_EINVAL;
+static int on_ini(void *user, const char *section, const char *name, const char *value)
+{
+    file_ctx *ctx = user;
+    const setting *s;
+    char src[PATH_MAX + 64];
+
+    if (*section && strcmp(section, "sluiced") != 0) {
+        snprintf(ctx->msg, sizeof(ctx->msg), "unknown section [%.64s] (only [sluiced])", section);
+        return 0;
     }
-    *dst = (uint64_t)n;
-    return 0;
+    s = find_setting(name);
+    if (!s) {
+        snprintf(ctx->msg, sizeof(ctx->msg), "unknown key '%.64s'", name);
+        return 0;
+    }
+    snprintf(src, sizeof(src), "key '%s'", s->name);
+    return apply(ctx->cfg, s, value, src, ctx->msg, sizeof(ctx->msg)) == 0;
 }
 
-static int set_level(sl_log_level *dst, const char *v, const char *name, FILE *err)
+static int load_file(sl_config *cfg, const char *path, FILE *err)
 {
-    if (sl_log_parse_level(dst, v) != 0) {
-        fprintf(err, "sluiced: %s: '%s' is not one of debug, info, warn, error\n", name, v);
-        return SL_EINVAL;
-    }
-    return 0;
+    file_ctx ctx = {cfg, path, ""};
+    int line = ini_parse(path, on_ini, &ctx);
+
+    if (line == 0)
+        return 0;
+    if (line < 0)
+        fprintf(err, "sluiced: config file %s: %s\n", path,
+                line == -1 ? strerror(errno) : "out of memory");
+    else
+        fprintf(err, "sluiced: config file %s line %d: %s\n", path, line,
+                ctx.msg[0] ? ctx.msg : "syntax error");
+    return SL_EINVAL;
 }
 
-enum {
-    OPT_LISTEN = 256,
-    OPT_DATA_DIR,
-    OPT_PORT_FILE,
-    OPT_LOG_LEVEL,
-    OPT_GRACE,
-    OPT_MAX_MSG,
-    OPT_THREADS,
-    OPT_MAX_SHARD,
-    OPT_UPLOAD_TIMEOUT
-};
-
-/* Apply one setting by option id; `name` is the flag or variable, for messages. */
-static int apply(sl_config *cfg, int id, const char *v, const char *name, FILE *err)
+static void set_defaults(sl_config *cfg)
 {
-    switch (id) {
-    case OPT_LISTEN:
-        return set_str(cfg->listen, sizeof(cfg->listen), v, name, err);
-    case OPT_DATA_DIR:
-        return set_str(cfg->data_dir, sizeof(cfg->data_dir), v, name, err);
-    case OPT_PORT_FILE:
-        return set_str(cfg->port_file, sizeof(cfg->port_file), v, name, err);
-    case OPT_LOG_LEVEL:
-        return set_level(&cfg->log_level, v, name, err);
-    case OPT_GRACE:
-        return set_grace(&cfg->grace_ms, v, name, err);
-    case OPT_MAX_MSG:
-        return set_int(&cfg->max_message_bytes, v, 1024, 1L << 30, name, err);
-    case OPT_THREADS:
-        return set_int(&cfg->rpc_threads, v, 2, 64, name, err);
-    case OPT_MAX_SHARD:
-        return set_u64(&cfg->max_shard_bytes, v, name, err);
-    case OPT_UPLOAD_TIMEOUT:
-        return set_grace(&cfg->upload_timeout_ms, v, name, err);
-    default:
-        return SL_EINVAL;
-    }
-}
-
-static const struct {
-    int id;
-    const char *env;
-} env_vars[] = {
-    {OPT_LISTEN, "SLUICE_LISTEN"},
-    {OPT_DATA_DIR, "SLUICE_DATA_DIR"},
-    {OPT_PORT_FILE, "SLUICE_PORT_FILE"},
-    {OPT_LOG_LEVEL, "SLUICE_LOG_LEVEL"},
-    {OPT_GRACE, "SLUICE_GRACE_PERIOD"},
-    {OPT_MAX_MSG, "SLUICE_MAX_MESSAGE_BYTES"},
-    {OPT_THREADS, "SLUICE_RPC_THREADS"},
-    {OPT_MAX_SHARD, "SLUICE_MAX_SHARD_BYTES"},
-    {OPT_UPLOAD_TIMEOUT, "SLUICE_UPLOAD_TIMEOUT"},
-};
-
-int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)
-{
-    static const struct option opts[] = {
-        {"listen", required_argument, NULL, OPT_LISTEN},
-        {"data-dir", required_argument, NULL, OPT_DATA_DIR},
-        {"port-file", required_argument, NULL, OPT_PORT_FILE},
-        {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-        {"grace-period", required_argument, NULL, OPT_GRACE},
-        {"max-message-bytes", required_argument, NULL, OPT_MAX_MSG},
-        {"rpc-threads", required_argument, NULL, OPT_THREADS},
-        {"max-shard-bytes", required_argument, NULL, OPT_MAX_SHARD},
-        {"upload-timeout", required_argument, NULL, OPT_UPLOAD_TIMEOUT},
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},
-        {NULL, 0, NULL, 0},
-    };
-    char name[64];
-    int c, idx;
-
     memset(cfg, 0, sizeof(*cfg));
     strcpy(cfg->listen, "127.0.0.1:7700");
     strcpy(cfg->data_dir, "./sluice-data");
     cfg->log_level = SL_LOG_INFO;
+    cfg->log_format = SL_LOG_LOGFMT;
     cfg->grace_ms = 10000;
     cfg->max_message_bytes = 8 << 20;
     cfg->rpc_threads = 2;
     cfg->max_shard_bytes = 1ULL << 40;
     cfg->upload_timeout_ms = 3600 * 1000;
+}
 
-    for (size_t i = 0; i < sizeof(env_vars) / sizeof(env_vars[0]); i++) {
-        const char *v = getenv(env_vars[i].env);
-        if (v && apply(cfg, env_vars[i].id, v, env_vars[i].env, err) != 0)
-            return SL_EINVAL;
-    }
+int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)
+{
+    struct option opts[N_SETTINGS + 5];
+    const char *config = getenv("SLUICE_CONFIG");
+    char msg[512], src[96];
+    size_t k = 0;
+    int c, idx;
 
+    set_defaults(cfg);
+    for (size_t i = 0; i < N_SETTINGS; i++)
+        opts[k++] = (struct option){settings[i].name, required_argument, NULL, OPT_FIRST + (int)i};
+    opts[k++] = (struct option){"config", required_argument, NULL, OPT_CONFIG};
+    opts[k++] = (struct option){"check-config", no_argument, NULL, OPT_CHECK};
+    opts[k++] = (struct option){"help", no_argument, NULL, 'h'};
+    opts[k++] = (struct option){"version", no_argument, NULL, 'V'};
+    opts[k] = (struct option){NULL, 0, NULL, 0};
+
+    /* First pass: only find --config, --help and --version and catch usage errors, since the
+     * file's settings rank below the environment and the flags. */
     optind = 1;
     opterr = 0;
-    while ((idx = -1, c = getopt_long(argc, argv, ":hV", opts, &idx)) != -1) {
+    while ((c = getopt_long(argc, argv, ":hV", opts, NULL)) != -1) {
         switch (c) {
         case 'h':
             sl_config_usage(out);
@@ -209,18 +253,89 @@ int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)
         case '?':
             fprintf(err, "sluiced: unknown option '%s'\n", argv[optind - 1]);
             goto usage;
+        case OPT_CONFIG:
+            config = optarg;
+            break;
         default:
-            snprintf(name, sizeof(name), "--%s", idx >= 0 ? opts[idx].name : "?");
-            if (apply(cfg, c, optarg, name, err) != 0)
-                goto usage;
+            break;
         }
     }
     if (optind < argc) {
         fprintf(err, "sluiced: unexpected argument '%s'\n", argv[optind]);
         goto usage;
     }
+    if (config && *config) {
+        if (strlen(config) >= sizeof(cfg->config_file)) {
+            fprintf(err, "sluiced: config file path too long\n");
+            return SL_EINVAL;
+        }
+        strcpy(cfg->config_file, config);
+        if (load_file(cfg, config, err) != 0)
+            return SL_EINVAL;
+    }
+    for (size_t i = 0; i < N_SETTINGS; i++) {
+        const char *v = getenv(settings[i].env);
+        if (v && apply(cfg, &settings[i], v, settings[i].env, msg, sizeof(msg)) != 0) {
+            fprintf(err, "sluiced: %s\n", msg);
+            return SL_EINVAL;
+        }
+    }
+    optind = 1;
+    while ((idx = -1, c = getopt_long(argc, argv, ":hV", opts, &idx)) != -1) {
+        if (c == OPT_CHECK) {
+            cfg->check_config = 1;
+        } else if (c >= OPT_FIRST) {
+            const setting *s = &settings[c - OPT_FIRST];
+            snprintf(src, sizeof(src), "--%s", s->name);
+            if (apply(cfg, s, optarg, src, msg, sizeof(msg)) != 0) {
+                fprintf(err, "sluiced: %s\n", msg);
+                goto usage;
+            }
+        }
+    }
+    if (!cfg->tls_cert[0] != !cfg->tls_key[0]) {
+        fprintf(err, "sluiced: --tls-cert and --tls-key go together\n");
+        return SL_EINVAL;
+    }
+    if (cfg->tls_client_ca[0] && !cfg->tls_cert[0]) {
+        fprintf(err, "sluiced: --tls-client-ca needs --tls-cert and --tls-key\n");
+        return SL_EINVAL;
+    }
     return 0;
 usage:
     fprintf(err, "Try 'sluiced --help'.\n");
     return SL_EINVAL;
+}
+
+void sl_config_print(const sl_config *cfg, FILE *f)
+{
+    fprintf(f, "# sluiced %s effective configuration\n", SLUICE_VERSION);
+    if (cfg->config_file[0])
+        fprintf(f, "# config file: %s\n", cfg->config_file);
+    fprintf(f, "[sluiced]\n");
+    for (size_t i = 0; i < N_SETTINGS; i++) {
+        const setting *s = &settings[i];
+        const char *p = (const char *)cfg + s->off;
+        fprintf(f, "%s = ", s->name);
+        switch (s->kind) {
+        case K_STR:
+            fprintf(f, "%s\n", p);
+            break;
+        case K_INT:
+            fprintf(f, "%d\n", *(const int *)p);
+            break;
+        case K_BYTES:
+            fprintf(f, "%llu\n", (unsigned long long)*(const uint64_t *)p);
+            break;
+        case K_SECONDS:
+            fprintf(f, "%g\n", (double)*(const uint64_t *)p / 1000.0);
+            break;
+        case K_LEVEL:
+            fprintf(f, "%s\n", sl_log_level_name(*(const sl_log_level *)p));
+            break;
+        case K_FORMAT:
+            fprintf(f, "%s\n", sl_log_format_name(*(const sl_log_format *)p));
+            break;
+        }
+    }
 }

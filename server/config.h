@@ -1,4 +1,5 @@
-/* sluiced configuration: built-in defaults, then SLUICE_* environment variables, then flags. */
+/* sluiced configuration. Precedence: flags > SLUICE_* environment variables > config file >
+ * built-in defaults. One table describes every setting: its flag, variable and file key. */
 #ifndef SL_CONFIG_H
 #define SL_CONFIG_H
 
@@ -9,23 +10,35 @@
 #include <stdio.h>
 
 typedef struct sl_config {
-    char listen[256];           /* --listen / SLUICE_LISTEN, "127.0.0.1:7700" */
-    char data_dir[PATH_MAX];    /* --data-dir / SLUICE_DATA_DIR, "./sluice-data" */
-    char port_file[PATH_MAX];   /* --port-file / SLUICE_PORT_FILE, "" = none */
-    sl_log_level log_level;     /* --log-level / SLUICE_LOG_LEVEL, info */
-    uint64_t grace_ms;          /* --grace-period / SLUICE_GRACE_PERIOD (seconds), 10 s */
-    int max_message_bytes;      /* --max-message-bytes / SLUICE_MAX_MESSAGE_BYTES, 8 MiB */
-    int rpc_threads;            /* --rpc-threads / SLUICE_RPC_THREADS, 2 */
-    uint64_t max_shard_bytes;   /* --max-shard-bytes / SLUICE_MAX_SHARD_BYTES, 1 TiB */
-    uint64_t upload_timeout_ms; /* --upload-timeout / SLUICE_UPLOAD_TIMEOUT (seconds), 1 h */
+    char config_file[PATH_MAX];   /* --config / SLUICE_CONFIG, "" = none */
+    char listen[256];             /* listen, "127.0.0.1:7700" */
+    char data_dir[PATH_MAX];      /* data-dir, "./sluice-data" */
+    char port_file[PATH_MAX];     /* port-file, "" = none */
+    sl_log_level log_level;       /* log-level, info */
+    sl_log_format log_format;     /* log-format, logfmt */
+    uint64_t grace_ms;            /* grace-period (seconds), 10 s */
+    int max_message_bytes;        /* max-message-bytes, 8 MiB */
+    int rpc_threads;              /* rpc-threads, 2 */
+    uint64_t max_shard_bytes;     /* max-shard-bytes, 1 TiB */
+    uint64_t upload_timeout_ms;   /* upload-timeout (seconds), 1 h */
+    char metrics_listen[256];     /* metrics-listen, "" = no metrics endpoint */
+    char tls_cert[PATH_MAX];      /* tls-cert, "" = plaintext */
+    char tls_key[PATH_MAX];       /* tls-key */
+    char tls_client_ca[PATH_MAX]; /* tls-client-ca, "" = no client certificates (no mTLS) */
+    char token_file[PATH_MAX];    /* token-file, "" = no authentication */
+    int check_config;             /* --check-config */
 } sl_config;
 
 /* Outcome of parsing beyond success. */
 #define SL_CONFIG_EXIT_OK 1 /* --help or --version was printed: exit 0 */
 
-/* Fill *cfg from defaults, the environment and argv. Returns 0, SL_CONFIG_EXIT_OK, or SL_EINVAL
- * after printing what was wrong (and the usage hint) to `err`. Not thread-safe (getopt). */
+/* Fill *cfg from defaults, the config file, the environment and argv. Returns 0,
+ * SL_CONFIG_EXIT_OK, or SL_EINVAL after printing what was wrong (naming the flag, variable or
+ * file line) to `err`. Not thread-safe (getopt). */
 int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err);
+
+/* Print the effective configuration in config-file syntax. */
+void sl_config_print(const sl_config *cfg, FILE *f);
 
 /* Print the usage text. */
 void sl_config_usage(FILE *f);

@@ -7,6 +7,7 @@
 #include "config.h"
 #include "feed/feed.h"
 #include "health.h"
+#include "ops.h"
 #include "rpc/server.h"
 
 #include <stdint.h>
@@ -26,6 +27,7 @@ typedef struct sl_daemon {
     int lock_fd;
     uv_signal_t sigterm, sigint;
     int stopping;
+    sl_ops ops;
 } sl_daemon;
 
 /* The Admin service table; its arg is the daemon. */

@@ -1,5 +1,6 @@
 #include "health.h"
 
+#include "auth.h"
 #include "err.h"
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -150,6 +151,7 @@ int sl_health_new(sl_health **out, const char *const *names, size_t n)
         .kind = SL_RPC_UNARY,
         .request = &grpc__health__v1__health_check_request__descriptor,
         .response = &grpc__health__v1__health_check_response__descriptor,
+        .access = SL_ACCESS_PUBLIC,
         .on_start = check_start,
     };
     h->methods[1] = (sl_rpc_method){
@@ -157,6 +159,7 @@ int sl_health_new(sl_health **out, const char *const *names, size_t n)
         .kind = SL_RPC_SERVER_STREAM,
         .request = &grpc__health__v1__health_check_request__descriptor,
         .response = &grpc__health__v1__health_check_response__descriptor,
+        .access = SL_ACCESS_PUBLIC,
         .on_start = watch_start,
         .on_writable = watch_writable,
     };

@@ -91,6 +91,7 @@ static void on_rpc_stopped(void *arg)
     sl_daemon *d = arg;
 
     sl_log_info("stopped", NULL);
+    sl_ops_stop(&d->ops);
     uv_close((uv_handle_t *)&d->sigterm, on_handle_closed);
     uv_close((uv_handle_t *)&d->sigint, on_handle_closed);
     /* Closing the handles restored the default action; a repeated signal from an impatient
@@ -112,14 +113,6 @@ static void on_signal(uv_signal_t *s, int signum)
                 (unsigned long long)d->cfg.grace_ms);
     sl_health_set_all(d->health, SL_HEALTH_NOT_SERVING);
     sl_rpc_server_shutdown(d->rpc, d->cfg.grace_ms, on_rpc_stopped, d);
-}
-
-static void observe_call(const char *method, const char *peer, sl_rpc_code code,
-                         uint64_t duration_us, void *arg)
-{
-    sl_log(code == SL_RPC_OK || code == SL_RPC_CANCELLED ? SL_LOG_DEBUG : SL_LOG_INFO, "rpc",
-           "method=%s peer=%s status=%s duration_us=%llu", method, peer, sl_rpc_code_name(code),
-           (unsigned long long)duration_us);
 }
 
 int main(int argc, char **argv)
@@ -144,11 +137,14 @@ int main(int argc, char **argv)
         return 0;
     if (err)
         return 2;
-    sl_log_set_level(d.cfg.log_level);
+    if (d.cfg.check_config)
+        return sl_ops_check_config(&d.cfg, stdout) == 0 ? 0 : 1;
     signal(SIGPIPE, SIG_IGN);
 
     if (uv_loop_init(&d.loop) != 0)
         return 1;
+    if (sl_ops_init(&d.ops, &d, argc, argv) != 0)
+        goto out;
     d.start_ms = uv_now(&d.loop);
     if (open_data_dir(&d) != 0)
         goto out;
@@ -171,7 +167,7 @@ int main(int argc, char **argv)
     opts.listen = d.cfg.listen;
     opts.cq_threads = d.cfg.rpc_threads;
     opts.max_recv_bytes = d.cfg.max_message_bytes;
-    opts.observer = observe_call;
+    sl_ops_rpc_opts(&d.ops, &opts);
     err = sl_rpc_server_new(&d.rpc, &d.loop, &opts, services, 3 + SL_FEED_N_SERVICES);
     if (err) {
         sl_log_error("listen_failed", "listen=%s error=\"%s\"", d.cfg.listen, sl_strerror(err));
@@ -195,6 +191,12 @@ int main(int argc, char **argv)
         }
     }
 
+    if (sl_ops_start(&d.ops) != 0) {
+        sl_rpc_server_shutdown(d.rpc, 0, NULL, NULL);
+        uv_run(&d.loop, UV_RUN_DEFAULT);
+        goto out;
+    }
+
     uv_signal_init(&d.loop, &d.sigterm);
     uv_signal_init(&d.loop, &d.sigint);
     d.sigterm.data = d.sigint.data = &d;
@@ -216,7 +218,9 @@ out:
     sl_cat_close(d.cat);
     if (d.lock_fd >= 0)
         close(d.lock_fd);
+    sl_ops_stop(&d.ops);
     uv_run(&d.loop, UV_RUN_DEFAULT);
+    sl_ops_free(&d.ops);
     if (uv_loop_close(&d.loop) != 0)
         sl_log_warn("loop_close_busy", NULL);
     return rc;

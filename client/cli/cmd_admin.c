@@ -6,16 +6,6 @@
 
 #include <string.h>
 
-static int connect_or_fail(sl_client **out, const sl_cli *cli, const char *cmd)
-{
-    sl_client_opts opts = {.timeout_ms = cli->timeout_ms};
-    int err = sl_client_connect(out, cli->addr, &opts);
-
-    if (err)
-        return sl_cli_fail(cmd, "cannot create a client for '%s': %s", cli->addr, sl_strerror(err));
-    return 0;
-}
-
 int cmd_health(sl_cli *cli, int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -55,7 +45,7 @@ int cmd_health(sl_cli *cli, int argc, char **argv)
         fprintf(stderr, "sluice health: unexpected argument '%s'\n", argv[optind]);
         return SL_CLI_USAGE;
     }
-    if ((r = connect_or_fail(&c, cli, "health")) != 0)
+    if ((r = sl_cli_connect(&c, cli, "health")) != 0)
         return r;
     err = sl_client_health(c, service, &status);
     sl_client_close(c);
@@ -98,7 +88,7 @@ int cmd_info(sl_cli *cli, int argc, char **argv)
         fprintf(stderr, "sluice info: unexpected argument '%s'\n", argv[optind]);
         return SL_CLI_USAGE;
     }
-    if ((r = connect_or_fail(&c, cli, "info")) != 0)
+    if ((r = sl_cli_connect(&c, cli, "info")) != 0)
         return r;
     err = sl_client_info(c, &info);
     sl_client_close(c);

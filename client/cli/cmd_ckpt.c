@@ -50,17 +50,6 @@ typedef struct subcmd {
     const char *args, *allowed, *help;
 } subcmd;
 
-static int connect_or_fail(sl_client **out, const sl_cli *cli)
-{
-    sl_client_opts co = {.timeout_ms = cli->timeout_ms};
-    int err = sl_client_connect(out, cli->addr, &co);
-
-    if (err)
-        return sl_cli_fail("ckpt", "cannot create a client for '%s': %s", cli->addr,
-                           sl_strerror(err));
-    return 0;
-}
-
 static int fail_call(const sl_cli *cli, const char *sub)
 {
     fprintf(stderr, "sluice ckpt %s: %s (daemon %s)\n", sub, sl_client_error(), cli->addr);
@@ -815,7 +804,7 @@ int cmd_ckpt(sl_cli *cli, int argc, char **argv)
                 sb->name, sb->args, sb->name);
         return SL_CLI_USAGE;
     }
-    if ((r = connect_or_fail(&c, cli)) != 0)
+    if ((r = sl_cli_connect(&c, cli, "ckpt")) != 0)
         return r;
     r = sb->run(cli, c, &o, argc - optind, argv + optind);
     sl_client_close(c);

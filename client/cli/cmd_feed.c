@@ -75,14 +75,9 @@ static int parse_u32(uint32_t *out, const char *cmd, const char *opt, const char
     return r;
 }
 
-static int connect_or_fail(sl_client **out, const sl_cli *cli, const char *cmd)
+static int connect_or_fail(sl_client **out, sl_cli *cli, const char *cmd)
 {
-    sl_client_opts opts = {.timeout_ms = cli->timeout_ms};
-    int err = sl_client_connect(out, cli->addr, &opts);
-
-    if (err)
-        return sl_cli_fail(cmd, "cannot create a client for '%s': %s", cli->addr, sl_strerror(err));
-    return 0;
+    return sl_cli_connect(out, cli, cmd);
 }
 
 static int call_fail(const char *cmd, const sl_cli *cli)

@@ -1,6 +1,9 @@
 /* sluice: the command-line client. */
 #include "cli.h"
 
+#include "err.h"
+#include "sluice.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -79,6 +82,21 @@ int sl_cli_common_opt(sl_cli *cli, const char *cmd, int c, const char *arg)
     case SL_CLI_OPT_JSON:
         cli->json = 1;
         return 0;
+    case SL_CLI_OPT_TLS:
+        cli->tls = 1;
+        return 0;
+    case SL_CLI_OPT_TLS_CA:
+        cli->tls_ca = arg;
+        return 0;
+    case SL_CLI_OPT_TLS_CERT:
+        cli->tls_cert = arg;
+        return 0;
+    case SL_CLI_OPT_TLS_KEY:
+        cli->tls_key = arg;
+        return 0;
+    case SL_CLI_OPT_TOKEN_FILE:
+        cli->token_file = arg;
+        return 0;
     case SL_CLI_OPT_TIMEOUT:
         errno = 0;
         s = strtod(arg, &end);
@@ -94,6 +112,54 @@ int sl_cli_common_opt(sl_cli *cli, const char *cmd, int c, const char *arg)
     default:
         return 1;
     }
+}
+
+/* The first line of the token file, without its newline. */
+static int read_token(sl_cli *cli, const char *cmd)
+{
+    char line[1024];
+    FILE *f = fopen(cli->token_file, "r");
+    size_t n;
+
+    if (!f) {
+        sl_cli_fail(cmd, "cannot read token file %s: %s", cli->token_file, strerror(errno));
+        return SL_CLI_ERROR;
+    }
+    if (!fgets(line, sizeof(line), f))
+        line[0] = '\0';
+    fclose(f);
+    n = strcspn(line, "\r\n");
+    line[n] = '\0';
+    if (n == 0) {
+        sl_cli_fail(cmd, "token file %s is empty", cli->token_file);
+        return SL_CLI_ERROR;
+    }
+    free(cli->token);
+    cli->token = strdup(line);
+    memset(line, 0, sizeof(line));
+    return cli->token ? 0 : SL_CLI_ERROR;
+}
+
+int sl_cli_connect(sl_client **out, sl_cli *cli, const char *cmd)
+{
+    sl_client_opts opts;
+    int err;
+
+    if (!!cli->tls_cert != !!cli->tls_key)
+        return sl_cli_fail(cmd, "--tls-cert and --tls-key go together");
+    if (cli->token_file && read_token(cli, cmd) != 0)
+        return SL_CLI_ERROR;
+    memset(&opts, 0, sizeof(opts));
+    opts.timeout_ms = cli->timeout_ms;
+    opts.tls = cli->tls;
+    opts.tls_ca = cli->tls_ca;
+    opts.tls_cert = cli->tls_cert;
+    opts.tls_key = cli->tls_key;
+    opts.token = cli->token;
+    err = sl_client_connect(out, cli->addr, &opts);
+    if (err)
+        return sl_cli_fail(cmd, "cannot create a client for '%s': %s", cli->addr, sl_strerror(err));
+    return 0;
 }
 
 void sl_cli_json_str(FILE *f, const char *s)
@@ -120,6 +186,12 @@ int main(int argc, char **argv)
 
     if (env && *env)
         cli.addr = env;
+    cli.tls_ca = getenv("SLUICE_TLS_CA");
+    cli.tls_cert = getenv("SLUICE_TLS_CERT");
+    cli.tls_key = getenv("SLUICE_TLS_KEY");
+    cli.token_file = getenv("SLUICE_TOKEN_FILE");
+    if (getenv("SLUICE_TOKEN") && *getenv("SLUICE_TOKEN"))
+        cli.token = strdup(getenv("SLUICE_TOKEN"));
     opterr = 0;
     /* '+' stops at the subcommand; its options are parsed by the subcommand. */
     while ((c = getopt_long(argc, argv, "+:hV", opts, NULL)) != -1) {
@@ -153,7 +225,9 @@ int main(int argc, char **argv)
             int sub_argc = argc - optind;
             char **sub_argv = argv + optind;
             optind = 1;
-            return commands[i].run(&cli, sub_argc, sub_argv);
+            r = commands[i].run(&cli, sub_argc, sub_argv);
+            free(cli.token);
+            return r;
         }
     }
     fprintf(stderr, "sluice: unknown command '%s'\nTry 'sluice --help'.\n", argv[optind]);

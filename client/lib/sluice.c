@@ -55,7 +55,19 @@ int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *o
     if (!c)
         return -ENOMEM;
     c->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : 10000;
-    err = sl_rpc_client_new(&c->rpc, addr, NULL);
+    {
+        sl_rpc_tls tls = {NULL, NULL, NULL};
+        sl_rpc_client_opts ro;
+        memset(&ro, 0, sizeof(ro));
+        if (opts && (opts->tls || opts->tls_ca || opts->tls_cert)) {
+            tls.ca_file = opts->tls_ca;
+            tls.cert_file = opts->tls_cert;
+            tls.key_file = opts->tls_key;
+            ro.tls = &tls;
+        }
+        ro.token = opts ? opts->token : NULL;
+        err = sl_rpc_client_new(&c->rpc, addr, &ro);
+    }
     if (err) {
         free(c);
         return err;

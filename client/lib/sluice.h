@@ -12,6 +12,13 @@ typedef struct sl_client sl_client;
 
 typedef struct sl_client_opts {
     int64_t timeout_ms; /* per-call deadline; 0 means 10 s, < 0 means none */
+    /* TLS: set tls to 1 (or any of the files) to connect with TLS; tls_ca verifies the daemon
+     * (NULL: the system roots); tls_cert + tls_key present a client certificate (mTLS). */
+    int tls;
+    const char *tls_ca;
+    const char *tls_cert;
+    const char *tls_key;
+    const char *token; /* bearer token sent with every call, NULL: none */
 } sl_client_opts;
 
 /* Health of a service as grpc.health.v1 reports it. */
@@ -32,7 +39,8 @@ typedef struct sl_info {
 } sl_info;
 
 /* Create a client for the daemon at `addr` ("host:port"); connects lazily. opts may be NULL.
- * Returns 0 and *out (free with sl_client_close), SL_EINVAL for an empty address. */
+ * Returns 0 and *out (free with sl_client_close), SL_EINVAL for an empty address or a TLS file
+ * that is not PEM, -errno for an unreadable TLS file. */
 int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *opts);
 
 /* Close the client. Accepts NULL. */

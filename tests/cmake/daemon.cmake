@@ -4,3 +4,9 @@ add_test(NAME daemon_integration
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
 set_tests_properties(daemon_integration PROPERTIES
                      ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
+
+# Operations: TLS/mTLS, tokens and roles, metrics (promtool), config file, JSON logs.
+add_test(NAME ops_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_ops
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(ops_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)

@@ -1,0 +1,196 @@
+#include "auth.h"
+
+#include "err.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { ROLE_READER = 1, ROLE_TRAINER = 2, ROLE_ADMIN = 3 };
+
+#define TOKEN_MIN  16
+#define TOKEN_MAX  512
+#define TOKENS_MAX 4096
+
+typedef struct entry {
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+    int role;
+} entry;
+
+struct sl_auth {
+    entry *e;
+    size_t n;
+};
+
+static const char *const role_names[] = {NULL, "reader", "trainer", "admin"};
+
+static int parse_role(const char *s)
+{
+    for (int r = ROLE_READER; r <= ROLE_ADMIN; r++)
+        if (strcmp(s, role_names[r]) == 0)
+            return r;
+    return 0;
+}
+
+/* Characters allowed in a token: those of base64url, base64 and hex, plus '.', '~'. */
+static int token_ok(const char *t, size_t n)
+{
+    if (n < TOKEN_MIN || n > TOKEN_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)t[i]) && !strchr("-._~+/=", t[i]))
+            return 0;
+    return 1;
+}
+
+int sl_auth_load(sl_auth **out, const char *path, char *msg, size_t len)
+{
+    sl_auth *a = NULL;
+    char line[TOKEN_MAX + 64];
+    int lineno = 0, err = 0;
+    FILE *f;
+
+    *out = NULL;
+    f = fopen(path, "r");
+    if (!f) {
+        err = -errno;
+        snprintf(msg, len, "cannot read token file %s: %s", path, sl_strerror(err));
+        return err;
+    }
+    a = calloc(1, sizeof(*a));
+    if (!a) {
+        err = -ENOMEM;
+        goto out;
+    }
+    while (fgets(line, sizeof(line), f)) {
+        char *role, *token, *rest, *save = NULL;
+        size_t tlen;
+        entry e;
+
+        lineno++;
+        if (!strchr(line, '\n') && !feof(f)) {
+            snprintf(msg, len, "%s line %d: longer than %zu characters", path, lineno,
+                     sizeof(line) - 2);
+            err = SL_EINVAL;
+            goto out;
+        }
+        role = strtok_r(line, " \t\r\n", &save);
+        if (!role || role[0] == '#')
+            continue;
+        token = strtok_r(NULL, " \t\r\n", &save);
+        rest = strtok_r(NULL, " \t\r\n", &save);
+        if (!(e.role = parse_role(role))) {
+            snprintf(msg, len, "%s line %d: unknown role '%.32s' (reader, trainer or admin)", path,
+                     lineno, role);
+            err = SL_EINVAL;
+            goto out;
+        }
+        tlen = token ? strlen(token) : 0;
+        if (!token || rest || !token_ok(token, tlen)) {
+            snprintf(msg, len,
+                     "%s line %d: expected '<role> <token>' with a token of %d to %d characters "
+                     "from [A-Za-z0-9-._~+/=]",
+                     path, lineno, TOKEN_MIN, TOKEN_MAX);
+            err = SL_EINVAL;
+            goto out;
+        }
+        SHA256((const unsigned char *)token, tlen, e.digest);
+        OPENSSL_cleanse(token, tlen);
+        for (size_t i = 0; i < a->n; i++) {
+            if (memcmp(a->e[i].digest, e.digest, sizeof(e.digest)) == 0) {
+                snprintf(msg, len, "%s line %d: duplicate token", path, lineno);
+                err = SL_EINVAL;
+                goto out;
+            }
+        }
+        if (a->n == TOKENS_MAX) {
+            snprintf(msg, len, "%s: more than %d tokens", path, TOKENS_MAX);
+            err = SL_ELIMIT;
+            goto out;
+        }
+        if ((a->n & (a->n - 1)) == 0) {
+            entry *grown = realloc(a->e, (a->n ? a->n * 2 : 8) * sizeof(*grown));
+            if (!grown) {
+                err = -ENOMEM;
+                goto out;
+            }
+            a->e = grown;
+        }
+        a->e[a->n++] = e;
+    }
+    if (ferror(f))
+        err = -EIO;
+out:
+    OPENSSL_cleanse(line, sizeof(line));
+    fclose(f);
+    if (err) {
+        if (err == -ENOMEM || err == -EIO)
+            snprintf(msg, len, "cannot read token file %s: %s", path, sl_strerror(err));
+        sl_auth_free(a);
+        return err;
+    }
+    *out = a;
+    return 0;
+}
+
+void sl_auth_free(sl_auth *a)
+{
+    if (!a)
+        return;
+    free(a->e);
+    free(a);
+}
+
+size_t sl_auth_count(const sl_auth *a)
+{
+    return a ? a->n : 0;
+}
+
+static const char *access_name(unsigned access)
+{
+    switch (access) {
+    case SL_ACCESS_READER:
+        return "reader";
+    case SL_ACCESS_TRAINER:
+        return "trainer";
+    default:
+        return "admin";
+    }
+}
+
+int sl_auth_check(const sl_auth *a, const char *method, unsigned access, const char *token,
+                  char *msg, size_t len)
+{
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+    int role = 0, need;
+
+    if (!a || access == SL_ACCESS_PUBLIC)
+        return 0;
+    if (!token || !*token) {
+        snprintf(msg, len, "%s requires a bearer token (authorization metadata)", method);
+        return SL_EAUTH;
+    }
+    SHA256((const unsigned char *)token, strlen(token), digest);
+    /* Look at every entry whatever matches, so the time taken says nothing about the table. */
+    for (size_t i = 0; i < a->n; i++) {
+        int eq = CRYPTO_memcmp(digest, a->e[i].digest, sizeof(digest)) == 0;
+        role |= eq ? a->e[i].role : 0;
+    }
+    if (!role) {
+        snprintf(msg, len, "unknown bearer token for %s", method);
+        return SL_EAUTH;
+    }
+    need = access == SL_ACCESS_READER    ? ROLE_READER
+           : access == SL_ACCESS_TRAINER ? ROLE_TRAINER
+                                         : ROLE_ADMIN;
+    if (role < need) {
+        snprintf(msg, len, "role %s may not call %s (needs %s)", role_names[role], method,
+                 access_name(access));
+        return SL_EPERM;
+    }
+    return 0;
+}
