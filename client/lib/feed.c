@@ -260,9 +260,10 @@ int sl_job_get(sl_client *c, const char *name, sl_job *out)
     Sluice__V1__Job *resp = NULL;
 
     req.name = (char *)name;
-    return job_reply(
-        unary(c, P_JOBS "Get", &req.base, &sluice__v1__job__descriptor, (ProtobufCMessage **)&resp),
-        resp, out);
+    int err =
+        unary(c, P_JOBS "Get", &req.base, &sluice__v1__job__descriptor, (ProtobufCMessage **)&resp);
+
+    return job_reply(err, resp, out);
 }
 
 int sl_job_list(sl_client *c, const char *dataset, sl_job **out, size_t *n)

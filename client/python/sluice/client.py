@@ -1,0 +1,148 @@
+"""A thin, typed wrapper over sluice's gRPC services (Datasets, Jobs, Epochs, Feed).
+
+Only Debian's python3-grpcio and python3-protobuf are needed. Every method raises
+``grpc.RpcError`` with the daemon's status code and message on failure.
+"""
+import os
+
+import grpc
+
+from sluice.v1 import feed_pb2, feed_pb2_grpc
+
+DEFAULT_ADDR = "127.0.0.1:7700"
+
+
+def default_address():
+    return os.environ.get("SLUICE_ADDR") or DEFAULT_ADDR
+
+
+class Client:
+    """One channel to a sluiced. ``timeout`` (seconds) applies to unary calls; streams have none
+    (a stream for the next epoch waits until the coordinator begins it)."""
+
+    def __init__(self, address=None, timeout=10.0, token=None):
+        self.address = address or default_address()
+        self.timeout = timeout
+        self._metadata = (("authorization", "Bearer " + token),) if token else None
+        self.channel = grpc.insecure_channel(
+            self.address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self.datasets = feed_pb2_grpc.DatasetsStub(self.channel)
+        self.jobs = feed_pb2_grpc.JobsStub(self.channel)
+        self.epochs = feed_pb2_grpc.EpochsStub(self.channel)
+        self.feed = feed_pb2_grpc.FeedStub(self.channel)
+
+    def close(self):
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _kw(self, stream=False):
+        kw = {} if stream else {"timeout": self.timeout}
+        if self._metadata:
+            kw["metadata"] = self._metadata
+        return kw
+
+    # ---- datasets ----
+
+    def create_dataset(self, name, samples):
+        return self.datasets.Create(
+            feed_pb2.CreateDatasetRequest(name=name, samples=samples), **self._kw())
+
+    def upload_lengths(self, name, lengths, per_message=1 << 18):
+        """Upload every sample's length (a sequence of ints >= 1, or a numpy array)."""
+        lengths = list(int(x) for x in lengths)
+
+        def gen():
+            if not lengths:
+                yield feed_pb2.UploadLengthsRequest(name=name)
+            for i in range(0, len(lengths), per_message):
+                yield feed_pb2.UploadLengthsRequest(name=name,
+                                                    lengths=lengths[i:i + per_message])
+
+        return self.datasets.UploadLengths(gen(), **self._kw())
+
+    def get_dataset(self, name):
+        return self.datasets.Get(feed_pb2.GetDatasetRequest(name=name), **self._kw())
+
+    def list_datasets(self):
+        return list(self.datasets.List(feed_pb2.ListDatasetsRequest(), **self._kw()).datasets)
+
+    def delete_dataset(self, name):
+        self.datasets.Delete(feed_pb2.DeleteDatasetRequest(name=name), **self._kw())
+
+    # ---- jobs ----
+
+    def create_job(self, name, dataset, world_size, partition="", shuffle="", seed=0,
+                   drop_last=False, manual_advance=False, chunk_size=0, mesh=None, batching=None):
+        """Create a job. ``mesh`` is a dict (dp, tp, cp, pp, order), ``batching`` a dict of
+        BatchConfig fields (strategy, max_batch_size, max_seq_len, max_tokens, ...)."""
+        job = feed_pb2.Job(name=name, dataset=dataset, world_size=world_size,
+                           partition=partition, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                           manual_advance=manual_advance, chunk_size=chunk_size)
+        if mesh:
+            job.mesh.CopyFrom(feed_pb2.Mesh(**mesh))
+        if batching:
+            job.batching.CopyFrom(feed_pb2.BatchConfig(**batching))
+        return self.jobs.Create(feed_pb2.CreateJobRequest(job=job), **self._kw())
+
+    def get_job(self, name):
+        return self.jobs.Get(feed_pb2.GetJobRequest(name=name), **self._kw())
+
+    def list_jobs(self, dataset=""):
+        return list(self.jobs.List(feed_pb2.ListJobsRequest(dataset=dataset), **self._kw()).jobs)
+
+    def delete_job(self, name):
+        self.jobs.Delete(feed_pb2.DeleteJobRequest(name=name), **self._kw())
+
+    def resize_job(self, name, world_size, mesh=None):
+        req = feed_pb2.ResizeJobRequest(name=name, world_size=world_size)
+        if mesh:
+            req.mesh.CopyFrom(feed_pb2.Mesh(**mesh))
+        return self.jobs.Resize(req, **self._kw())
+
+    # ---- epochs ----
+
+    def get_epoch(self, job):
+        return self.epochs.Get(feed_pb2.GetEpochRequest(job=job), **self._kw())
+
+    def report_progress(self, job, rank, epoch, position):
+        """Rank ``rank`` consumed positions [0, position) of its share in ``epoch``."""
+        return self.epochs.ReportProgress(
+            feed_pb2.ReportProgressRequest(job=job, rank=rank, epoch=epoch, position=position),
+            **self._kw())
+
+    def next_epoch(self, job, expect_epoch=None):
+        req = feed_pb2.NextEpochRequest(job=job)
+        if expect_epoch is not None:
+            req.expect_epoch = expect_epoch
+            req.check_epoch = True
+        return self.epochs.Next(req, **self._kw())
+
+    # ---- streams ----
+
+    def stream_indices(self, job, rank, epoch=None, position=None, max_chunk=0):
+        """Iterate over IndexChunk messages (epoch, start, indices, share_count). By default the
+        current epoch from the rank's last reported position."""
+        req = feed_pb2.StreamIndicesRequest(job=job, rank=rank, max_chunk=max_chunk)
+        if epoch is not None:
+            req.epoch = epoch
+            req.epoch_set = True
+        if position is not None:
+            req.position = position
+            req.position_set = True
+        return self.feed.StreamIndices(req, **self._kw(stream=True))
+
+    def stream_batches(self, job, rank, epoch=None, step=None, max_batches=0):
+        """Iterate over BatchChunk messages (epoch, batches, batches_per_rank)."""
+        req = feed_pb2.StreamBatchesRequest(job=job, rank=rank, max_batches=max_batches)
+        if epoch is not None:
+            req.epoch = epoch
+            req.epoch_set = True
+        if step is not None:
+            req.step = step
+            req.step_set = True
+        return self.feed.StreamBatches(req, **self._kw(stream=True))
