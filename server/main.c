@@ -111,6 +111,7 @@ static void on_signal(uv_signal_t *s, int signum)
     d->stopping = 1;
     sl_log_info("stopping", "signal=%s grace_ms=%llu", strsignal(signum),
                 (unsigned long long)d->cfg.grace_ms);
+    sl_ops_stopping(&d->ops);
     sl_health_set_all(d->health, SL_HEALTH_NOT_SERVING);
     sl_rpc_server_shutdown(d->rpc, d->cfg.grace_ms, on_rpc_stopped, d);
 }
@@ -207,6 +208,11 @@ int main(int argc, char **argv)
     sl_log_info("listening", "addr=%s port=%d data_dir=%s version=%s schema_version=%d", d.listen,
                 sl_rpc_server_port(d.rpc), d.data_dir, SLUICE_VERSION,
                 sl_cat_schema_version(d.cat));
+    {
+        char status[400];
+        snprintf(status, sizeof(status), "serving on %s", d.listen);
+        sl_ops_ready(&d.ops, status);
+    }
     uv_run(&d.loop, UV_RUN_DEFAULT);
     rc = 0;
 

@@ -5,6 +5,7 @@
 #include "log.h"
 
 #include <dirent.h>
+#include <systemd/sd-daemon.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -93,9 +94,11 @@ static void on_sighup(uv_signal_t *s, int signum)
         sl_log_error("reload_failed", "reason=\"token file invalid, nothing changed\"");
         return;
     }
+    sd_notify(0, "RELOADING=1");
     sl_log_set_level(cfg.log_level);
     sl_auth_free(ops->auth);
     ops->auth = auth;
+    sd_notify(0, "READY=1");
     sl_log_info("reloaded", "log_level=%s tokens=%zu", sl_log_level_name(cfg.log_level),
                 sl_auth_count(ops->auth));
 }
@@ -218,8 +221,37 @@ int sl_ops_start(sl_ops *ops)
     return 0;
 }
 
+static void on_watchdog(uv_timer_t *t)
+{
+    /* Runs on the loop: a ping proves the loop is not stuck. */
+    sd_notify(0, "WATCHDOG=1");
+}
+
+void sl_ops_ready(sl_ops *ops, const char *status)
+{
+    uint64_t usec = 0;
+
+    sd_notifyf(0, "READY=1\nSTATUS=%s", status);
+    if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0) {
+        uint64_t every_ms = usec / 2000 ? usec / 2000 : 1;
+        uv_timer_init(&ops->d->loop, &ops->watchdog);
+        uv_timer_start(&ops->watchdog, on_watchdog, every_ms, every_ms);
+        ops->watchdog_open = 1;
+        sl_log_info("watchdog", "interval_ms=%llu", (unsigned long long)every_ms);
+    }
+}
+
+void sl_ops_stopping(sl_ops *ops)
+{
+    sd_notify(0, "STOPPING=1\nSTATUS=stopping: finishing in-flight calls");
+}
+
 void sl_ops_stop(sl_ops *ops)
 {
+    if (ops->watchdog_open) {
+        uv_close((uv_handle_t *)&ops->watchdog, NULL);
+        ops->watchdog_open = 0;
+    }
     if (ops->sighup_open) {
         uv_close((uv_handle_t *)&ops->sighup, NULL);
         ops->sighup_open = 0;

@@ -21,6 +21,8 @@ typedef struct sl_ops {
     int metrics_port;
     uv_signal_t sighup;
     int sighup_open;
+    uv_timer_t watchdog; /* systemd watchdog pings, when WatchdogSec is set */
+    int watchdog_open;
     int argc;
     char **argv;
 } sl_ops;
@@ -40,7 +42,13 @@ void sl_ops_rpc_opts(sl_ops *ops, sl_rpc_server_opts *opts);
 /* Start the metrics endpoint (if configured) and the SIGHUP handler. */
 int sl_ops_start(sl_ops *ops);
 
-/* Close the SIGHUP handler (when the daemon stops). */
+/* Tell systemd (if it supervises us) that the daemon serves, with a status line. */
+void sl_ops_ready(sl_ops *ops, const char *status);
+
+/* Tell systemd the daemon is stopping. */
+void sl_ops_stopping(sl_ops *ops);
+
+/* Close the SIGHUP handler and the watchdog timer (when the daemon stops). */
 void sl_ops_stop(sl_ops *ops);
 
 /* Free everything (after the loop has run its last callbacks). */

@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler protobuf-compiler-grpc
-      grpc-proto libuv1-dev libssl-dev libsqlite3-dev libmicrohttpd-dev libinih-dev
+      grpc-proto libuv1-dev libssl-dev libsqlite3-dev libmicrohttpd-dev libinih-dev libsystemd-dev
       python3 python3-grpcio python3-protobuf)
 if [[ "${1:-}" == "--test" ]]; then
   pkgs+=(clang-format openssl prometheus python3-torch python3-numpy)

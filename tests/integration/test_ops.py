@@ -255,6 +255,35 @@ class MetricsTest(unittest.TestCase):
             self.assertEqual(d.sanitizer_reports(), [], d.log())
 
 
+class SystemdNotifyTest(unittest.TestCase):
+    def test_ready_watchdog_stopping(self):
+        import socket
+        tmp = tempfile.mkdtemp(prefix="sluice-notify-")
+        path = os.path.join(tmp, "notify.sock")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(path)
+        sock.settimeout(10)
+        try:
+            env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"}
+            with Daemon(env=env) as d:
+                msgs = []
+                deadline = time.monotonic() + 10
+                while sum(m == "WATCHDOG=1" for m in msgs) < 3 and time.monotonic() < deadline:
+                    msgs.append(sock.recv(4096).decode())
+                ready = [m for m in msgs if m.startswith("READY=1")]
+                self.assertTrue(ready, msgs)
+                self.assertIn("STATUS=serving on " + d.addr, ready[0])
+                self.assertGreaterEqual(sum(m == "WATCHDOG=1" for m in msgs), 3, msgs)
+                d.signal(signal.SIGTERM)
+                seen = ""
+                while "STOPPING=1" not in seen:
+                    seen = sock.recv(4096).decode()
+                self.assertEqual(d.stop(), 0, d.log())
+        finally:
+            sock.close()
+            shutil.rmtree(tmp)
+
+
 class ConfigFileTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="sluice-conf-")
