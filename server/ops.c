@@ -23,23 +23,38 @@ static int authorize(const char *method, unsigned access, const char *token, cha
     return err;
 }
 
-static void observe_call(const char *method, const char *peer, sl_rpc_code code,
-                         uint64_t duration_us, void *arg)
+static void observe_call(const sl_rpc_call_stats *st, void *arg)
 {
     sl_ops *ops = arg;
+    char labels[200];
 
-    sl_metrics_observe_rpc(ops->metrics, method, code, duration_us);
-    if (code == SL_RPC_OK || code == SL_RPC_CANCELLED)
-        sl_log_debug("rpc", "method=%s peer=%s status=%s duration_us=%llu", method, peer,
-                     sl_rpc_code_name(code), (unsigned long long)duration_us);
+    sl_metrics_observe_rpc(ops->metrics, st->method, st->code, st->duration_us);
+    if (st->code != SL_RPC_UNIMPLEMENTED) {
+        snprintf(labels, sizeof(labels), "method=\"%s\"", st->method);
+        if (st->bytes_in)
+            sl_metrics_add(ops->metrics, "sluice_rpc_received_bytes_total", labels,
+                           (double)st->bytes_in);
+        if (st->bytes_out)
+            sl_metrics_add(ops->metrics, "sluice_rpc_sent_bytes_total", labels,
+                           (double)st->bytes_out);
+    }
+    if (st->code == SL_RPC_OK || st->code == SL_RPC_CANCELLED)
+        sl_log_debug("rpc",
+                     "method=%s peer=%s status=%s duration_us=%llu bytes_in=%llu "
+                     "bytes_out=%llu",
+                     st->method, st->peer, sl_rpc_code_name(st->code),
+                     (unsigned long long)st->duration_us, (unsigned long long)st->bytes_in,
+                     (unsigned long long)st->bytes_out);
     else
         sl_log_limited(SL_LOG_INFO, 200, "rpc", "method=%s peer=%s status=%s duration_us=%llu",
-                       method, peer, sl_rpc_code_name(code), (unsigned long long)duration_us);
+                       st->method, st->peer, sl_rpc_code_name(st->code),
+                       (unsigned long long)st->duration_us);
 }
 
 /* Scrape-time gauges about the process; /proc is read on the HTTP thread. */
 static void collect(sl_metrics *m, void *arg)
 {
+    sl_ops *ops = arg;
     long pages = 0, resident = 0;
     size_t fds = 0;
     FILE *f = fopen("/proc/self/statm", "r");
@@ -50,6 +65,9 @@ static void collect(sl_metrics *m, void *arg)
             resident = 0;
         fclose(f);
     }
+    if (ops->d->rpc)
+        sl_metrics_set(m, "sluice_rpc_active_streams", NULL,
+                       (double)sl_rpc_server_live_streams(ops->d->rpc));
     sl_metrics_set(m, "sluice_process_resident_memory_bytes", NULL,
                    (double)resident * (double)sysconf(_SC_PAGESIZE));
     dir = opendir("/proc/self/fd");
@@ -181,6 +199,12 @@ int sl_ops_init(sl_ops *ops, sl_daemon *d, int argc, char **argv)
                        "Resident set size of sluiced.");
     sl_metrics_declare(ops->metrics, "sluice_process_open_fds", SL_METRIC_GAUGE,
                        "Open file descriptors of sluiced.");
+    sl_metrics_declare(ops->metrics, "sluice_rpc_active_streams", SL_METRIC_GAUGE,
+                       "Streaming calls in progress.");
+    sl_metrics_declare(ops->metrics, "sluice_rpc_received_bytes_total", SL_METRIC_COUNTER,
+                       "Request message bytes received, by method (upload data included).");
+    sl_metrics_declare(ops->metrics, "sluice_rpc_sent_bytes_total", SL_METRIC_COUNTER,
+                       "Response message bytes sent, by method (downloads and streams included).");
     sl_metrics_on_collect(ops->metrics, collect, ops);
     return 0;
 }

@@ -94,6 +94,7 @@ struct sl_rpc_call {
     void *data;
     void (*data_free)(void *);
     ProtobufCMessage *cur_msg; /* the message being delivered, unless the handler took it */
+    uint64_t bytes_in, bytes_out;
 };
 
 struct sl_rpc_server {
@@ -121,7 +122,8 @@ struct sl_rpc_server {
     int n_threads;
     int threads_exited;
 
-    size_t live_calls;
+    atomic_size_t live_calls;
+    atomic_size_t live_streams;
     int shutting_down;
     int shutdown_seen;
     int cq_shut;
@@ -230,10 +232,12 @@ static void call_free(sl_rpc_call *c)
         grpc_byte_buffer_destroy(c->recv_buf);
     if (c->has_details)
         grpc_slice_unref(c->status_details);
+    if (c->reg && c->reg->m->kind != SL_RPC_UNARY)
+        atomic_fetch_sub(&srv->live_streams, 1);
     free(c->path);
     free(c->peer);
     free(c);
-    srv->live_calls--;
+    atomic_fetch_sub(&srv->live_calls, 1);
     maybe_finish_shutdown(srv);
 }
 
@@ -398,12 +402,14 @@ int sl_rpc_call_fail(sl_rpc_call *call, int err, const char *fmt, ...)
 static grpc_byte_buffer *pack_limited(sl_rpc_call *c, const ProtobufCMessage *msg, int *err)
 {
     int max = c->srv->opts.max_send_bytes;
+    size_t size = protobuf_c_message_get_packed_size(msg);
     grpc_byte_buffer *bb;
 
-    if (max > 0 && protobuf_c_message_get_packed_size(msg) > (size_t)max) {
+    if (max > 0 && size > (size_t)max) {
         *err = SL_ELIMIT;
         return NULL;
     }
+    c->bytes_out += size;
     bb = sl_rpc_pack(msg);
     *err = bb ? 0 : -ENOMEM;
     return bb;
@@ -606,7 +612,9 @@ static void on_recv_done(sl_rpc_call *c, int ok)
     } else if (!bb) {
         m->on_message(c, NULL, c->reg->svc->arg);
     } else {
-        ProtobufCMessage *msg = sl_rpc_unpack(m->request, bb);
+        ProtobufCMessage *msg;
+        c->bytes_in += grpc_byte_buffer_length(bb);
+        msg = sl_rpc_unpack(m->request, bb);
         grpc_byte_buffer_destroy(bb);
         if (!msg) {
             sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "message is not a valid %s",
@@ -635,9 +643,16 @@ static void on_close_done(sl_rpc_call *c)
         if (c->reg && c->reg->m->on_cancel)
             c->reg->m->on_cancel(c, c->reg->svc->arg);
     }
-    if (srv->opts.observer)
-        srv->opts.observer(c->path, sl_rpc_call_peer(c), code, now_us() - c->start_us,
-                           srv->opts.observer_arg);
+    if (srv->opts.observer) {
+        sl_rpc_call_stats st = {c->path,
+                                sl_rpc_call_peer(c),
+                                code,
+                                now_us() - c->start_us,
+                                c->bytes_in,
+                                c->bytes_out,
+                                c->reg ? c->reg->m->kind : SL_RPC_UNARY};
+        srv->opts.observer(&st, srv->opts.observer_arg);
+    }
     sl_rpc_call_unref(c);
 }
 
@@ -678,7 +693,9 @@ static sl_rpc_call *call_from_slot(slot *s)
     peer = grpc_call_get_peer(c->call);
     c->peer = peer ? strdup(peer) : NULL;
     gpr_free(peer);
-    srv->live_calls++;
+    atomic_fetch_add(&srv->live_calls, 1);
+    if (c->reg && c->reg->m->kind != SL_RPC_UNARY)
+        atomic_fetch_add(&srv->live_streams, 1);
 
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -737,6 +754,7 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
         sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "request message missing for %s", c->path);
         return;
     }
+    c->bytes_in += grpc_byte_buffer_length(payload);
     req = sl_rpc_unpack(m->request, payload);
     if (!req) {
         sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "request is not a valid %s message",
@@ -838,7 +856,7 @@ static void on_grace_expired(uv_timer_t *t)
 {
     sl_rpc_server *srv = t->data;
 
-    sl_log_info("rpc_grace_expired", "cancelling=%zu", srv->live_calls);
+    sl_log_info("rpc_grace_expired", "cancelling=%zu", atomic_load(&srv->live_calls));
     grpc_server_cancel_all_calls(srv->server);
 }
 
@@ -1080,7 +1098,12 @@ int sl_rpc_server_port(const sl_rpc_server *srv)
 
 size_t sl_rpc_server_live_calls(const sl_rpc_server *srv)
 {
-    return srv->live_calls;
+    return atomic_load(&((sl_rpc_server *)srv)->live_calls);
+}
+
+size_t sl_rpc_server_live_streams(const sl_rpc_server *srv)
+{
+    return atomic_load(&((sl_rpc_server *)srv)->live_streams);
 }
 
 void sl_rpc_server_free(sl_rpc_server *srv)

@@ -68,9 +68,19 @@ typedef struct sl_rpc_service {
 typedef int (*sl_rpc_authorize_fn)(const char *method, unsigned access, const char *token,
                                    char *msg, size_t msg_len, void *arg);
 
-/* Observer of finished calls (for logs and metrics), loop thread. `method` is the full path. */
-typedef void (*sl_rpc_call_observer)(const char *method, const char *peer, sl_rpc_code code,
-                                     uint64_t duration_us, void *arg);
+/* What a finished call did, for logs and metrics. */
+typedef struct sl_rpc_call_stats {
+    const char *method; /* full path */
+    const char *peer;
+    sl_rpc_code code;
+    uint64_t duration_us;
+    uint64_t bytes_in;  /* serialized request messages received */
+    uint64_t bytes_out; /* serialized response messages queued */
+    sl_rpc_kind kind;
+} sl_rpc_call_stats;
+
+/* Observer of finished calls, loop thread. */
+typedef void (*sl_rpc_call_observer)(const sl_rpc_call_stats *stats, void *arg);
 
 typedef struct sl_rpc_server_opts {
     const char *listen;            /* "host:port"; port 0 picks a free port */
@@ -106,9 +116,10 @@ void sl_rpc_server_shutdown(sl_rpc_server *srv, uint64_t grace_ms, void (*done)(
 /* Free a server whose shutdown completed (or that never started a call). Accepts NULL. */
 void sl_rpc_server_free(sl_rpc_server *srv);
 
-/* Number of calls whose state is still allocated. Loop thread (tests use it to check that
- * cancelled calls are freed). */
+/* Number of calls whose state is still allocated (tests use it to check that cancelled calls
+ * are freed), and of those, the streaming ones. Thread-safe. */
 size_t sl_rpc_server_live_calls(const sl_rpc_server *srv);
+size_t sl_rpc_server_live_streams(const sl_rpc_server *srv);
 
 /* ---- The call API for handlers. Loop thread only. ---- */
 

@@ -243,6 +243,8 @@ class MetricsTest(unittest.TestCase):
             self.assertIn('sluice_rpc_duration_seconds_bucket{method="/sluice.v1.Admin/GetInfo",le="+Inf"} 1', text)
             self.assertRegex(text, r"sluice_process_resident_memory_bytes \d+")
             self.assertRegex(text, r"sluice_process_open_fds \d+")
+            self.assertIn("sluice_rpc_active_streams 0", text)
+            self.assertRegex(text, r'sluice_rpc_sent_bytes_total\{method="/grpc.health.v1.Health/Check"\} 10')
             promtool = shutil.which("promtool")
             self.assertIsNotNone(promtool, "promtool (Debian prometheus) is not installed")
             r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
