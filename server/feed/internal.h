@@ -9,6 +9,8 @@
 
 #include "feed.h"
 
+#include "auth.h"
+
 #include "batch/batch.h"
 #include "catalog/feed.h"
 #include "sample/sample.h"
@@ -18,12 +20,11 @@
 
 #define FEED_MAX_WORLD 65536u
 
-/* Access levels of the methods (sl_rpc_method.access): the same numbers as sl_access in
- * server/auth.h. Reading streams and state is for readers, reporting progress for trainers,
- * everything that changes datasets, jobs or epochs for admins. */
-#define FEED_ACCESS_ADMIN   0u
-#define FEED_ACCESS_READER  2u
-#define FEED_ACCESS_TRAINER 3u
+/* Access levels of the methods (sl_rpc_method.access, see auth.h): reading streams and state is
+ * for readers, reporting progress for trainers, changing datasets, jobs or epochs for admins. */
+#define FEED_ACCESS_ADMIN   SL_ACCESS_ADMIN
+#define FEED_ACCESS_READER  SL_ACCESS_READER
+#define FEED_ACCESS_TRAINER SL_ACCESS_TRAINER
 
 typedef struct fjob fjob;
 typedef struct fstream fstream;
