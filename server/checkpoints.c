@@ -35,10 +35,13 @@
 #define MAX_TENSOR_NAME 1024
 #define MAX_DIMS        32
 #define MAX_WORLD       65536
-#define UP_INFLIGHT     4          /* chunks held in memory per upload */
+#define UP_INFLIGHT     8  /* chunks held in memory per upload */
+#define UP_RING         16 /* ring slots, at least UP_INFLIGHT */
+_Static_assert(UP_RING >= UP_INFLIGHT, "the chunk ring must hold every chunk in flight");
 #define DL_CHUNK        (1u << 20) /* download message size */
 #define DL_QUEUED       3          /* download messages queued per call */
 #define LIST_MAX        10000
+#define FLUSH_EVERY     (8u << 20) /* start writeback of an upload every 8 MiB */
 #define SWEEP_PERIOD_MS 60000
 #define PART_SUFFIX     ".shard.part"
 
@@ -649,22 +652,28 @@ struct upload {
     int fd;
     sl_sha256 *sha;
     uint64_t data_size;
-    uint64_t received; /* data bytes accepted from the stream (incl. the resumed prefix) */
-    uint64_t written;  /* data bytes written and hashed by workers */
+    uint64_t received;        /* data bytes accepted from the stream (incl. the resumed prefix) */
+    uint64_t written;         /* data bytes written by the write lane */
+    uint64_t flushed;         /* data bytes whose writeback was started (sync_file_range) */
+    uint64_t t_header, t_eof; /* loop time (ms) of the header and of the end of the stream */
     uint64_t resume_from;
     char client_sha[SL_SHARD_HEX_LEN + 1];
     char sha_hex[SL_SHARD_HEX_LEN + 1];
     char *tensors_json;
     uint32_t tensor_count;
-    /* chunk pipeline (loop thread owns pending; the running job owns jobv) */
-    ProtobufCMessage *pending[UP_INFLIGHT];
-    size_t n_pending;
-    ProtobufCMessage *jobv[UP_INFLIGHT];
-    size_t n_job;
-    uv_work_t work;
-    int job_busy, reading, have_header, eof, finalizing;
+    /* The chunk pipeline. Chunks wait in a ring, numbered by arrival; two lanes run at once on
+     * the worker pool: the hash lane hashes them in order, the write lane writes them at their
+     * offsets (it also runs the open and finalize steps). A lane job works on [next, end) taken
+     * at its start; the loop only appends behind it and frees chunks both lanes passed. */
+    struct chunk {
+        ProtobufCMessage *msg;
+        uint64_t off; /* data offset */
+    } ring[UP_RING];
+    uint64_t seq_tail, seq_free, seq_hash, seq_write, hash_end, write_end;
+    uv_work_t work, hwork; /* write lane, hash lane */
+    int busy, hbusy, reading, have_header, eof, finalizing;
     int stopped, remove_part, aborted;
-    int err; /* worker result */
+    int err, herr; /* lane results */
     char errmsg[256];
 };
 
@@ -1032,11 +1041,17 @@ out:
 
 /* ---- UploadShard ---- */
 
-static void up_free_msgs(ProtobufCMessage **v, size_t *n)
+/* Free the chunks both lanes are done with (all of them with `all`, when no lane runs). */
+static void up_free_chunks(upload *up, int all)
 {
-    for (size_t i = 0; i < *n; i++)
-        protobuf_c_message_free_unpacked(v[i], NULL);
-    *n = 0;
+    uint64_t upto =
+        all ? up->seq_tail : (up->seq_hash < up->seq_write ? up->seq_hash : up->seq_write);
+
+    for (; up->seq_free < upto; up->seq_free++) {
+        struct chunk *c = &up->ring[up->seq_free % UP_RING];
+        protobuf_c_message_free_unpacked(c->msg, NULL);
+        c->msg = NULL;
+    }
 }
 
 /* Close the file, drop the registration, remove the partial file if asked. Runs once no job is
@@ -1058,17 +1073,17 @@ static void up_stop(upload *up, int remove_part)
 {
     up->stopped = 1;
     up->remove_part |= remove_part;
-    up_free_msgs(up->pending, &up->n_pending);
-    if (!up->job_busy)
+    if (!up->busy && !up->hbusy) {
+        up_free_chunks(up, 1);
         up_release(up);
+    }
 }
 
 static void up_data_free(void *p)
 {
     upload *up = p;
 
-    up_free_msgs(up->pending, &up->n_pending);
-    up_free_msgs(up->jobv, &up->n_job);
+    up_free_chunks(up, 1);
     up_release(up);
     sl_sha256_free(up->sha);
     free(up->tensors_json);
@@ -1139,6 +1154,7 @@ static void up_open_work(uv_work_t *w)
             goto out;
         }
         up->written = up->resume_from;
+        up->flushed = up->resume_from;
     } else {
         memset(&h, 0, sizeof(h));
         h.rank = up->rank;
@@ -1170,24 +1186,43 @@ out:
     up->err = err;
 }
 
-/* Worker: write and hash the chunks handed over, in order. */
-static void up_data_work(uv_work_t *w)
+/* Worker, write lane: write the chunks [seq_write, write_end) at their offsets. */
+static void up_write_work(uv_work_t *w)
 {
     upload *up = w->data;
     int err = 0;
 
-    for (size_t i = 0; i < up->n_job && !err; i++) {
-        const Sluice__V1__UploadShardRequest *m = (const void *)up->jobv[i];
-        err = sl_store_pwrite_all(up->fd, m->chunk.data, m->chunk.len,
-                                  SL_SHARD_HEADER_SIZE + up->written);
+    for (uint64_t q = up->seq_write; q < up->write_end && !err; q++) {
+        const struct chunk *c = &up->ring[q % UP_RING];
+        const Sluice__V1__UploadShardRequest *m = (const void *)c->msg;
+        err =
+            sl_store_pwrite_all(up->fd, m->chunk.data, m->chunk.len, SL_SHARD_HEADER_SIZE + c->off);
         if (!err)
-            err = sl_sha256_update(up->sha, m->chunk.data, m->chunk.len);
-        if (!err)
-            up->written += m->chunk.len;
+            up->written = c->off + m->chunk.len;
+    }
+    /* Start writeback of what has accumulated, so the final fsync finds little left to write
+     * and the disk works while the rest of the shard arrives. Advisory: errors surface at fsync. */
+    if (!err && up->written - up->flushed >= FLUSH_EVERY) {
+        sync_file_range(up->fd, (off_t)(SL_SHARD_HEADER_SIZE + up->flushed),
+                        (off_t)(up->written - up->flushed), SYNC_FILE_RANGE_WRITE);
+        up->flushed = up->written;
     }
     if (err)
         snprintf(up->errmsg, sizeof(up->errmsg), "cannot write the shard: %s", sl_strerror(err));
     up->err = err;
+}
+
+/* Worker, hash lane: hash the chunks [seq_hash, hash_end) in order. */
+static void up_hash_work(uv_work_t *w)
+{
+    upload *up = w->data;
+    int err = 0;
+
+    for (uint64_t q = up->seq_hash; q < up->hash_end && !err; q++) {
+        const Sluice__V1__UploadShardRequest *m = (const void *)up->ring[q % UP_RING].msg;
+        err = sl_sha256_update(up->sha, m->chunk.data, m->chunk.len);
+    }
+    up->herr = err;
 }
 
 /* Worker: make the shard durable under its final name. */
@@ -1236,10 +1271,12 @@ static void up_final_work(uv_work_t *w)
 
 static void up_pump(upload *up);
 static void up_after(uv_work_t *w, int status);
+static void up_hash_after(uv_work_t *w, int status);
 
+/* Start a write-lane job (open, write, finalize). */
 static void up_queue(upload *up, uv_work_cb fn)
 {
-    up->job_busy = 1;
+    up->busy = 1;
     up->err = 0;
     up->errmsg[0] = '\0';
     sl_rpc_call_ref(up->call);
@@ -1283,6 +1320,7 @@ static void up_finish(upload *up)
         return;
     }
     up->finalizing = 1;
+    up->t_eof = uv_now(&s->d->loop);
     up_queue(up, up_final_work);
 }
 
@@ -1312,8 +1350,11 @@ static void up_recorded(upload *up)
         return;
     }
     up_stop(up, 0);
-    sl_log_info("ckpt_shard_stored", "job=%s name=%s rank=%d bytes=%" PRIu64 " sha256=%s", up->job,
-                up->name, up->rank, up->data_size, up->sha_hex);
+    sl_log_info("ckpt_shard_stored",
+                "job=%s name=%s rank=%d bytes=%" PRIu64 " sha256=%s receive_ms=%" PRIu64
+                " sync_ms=%" PRIu64,
+                up->job, up->name, up->rank, up->data_size, up->sha_hex, up->t_eof - up->t_header,
+                uv_now(&s->d->loop) - up->t_eof);
     snprintf(path, sizeof(path), "checkpoints/%s/%s", up->job, strrchr(up->final, '/') + 1);
     resp.rank = up->rank;
     resp.data_size = up->data_size;
@@ -1323,30 +1364,58 @@ static void up_recorded(upload *up)
     sl_rpc_call_reply(up->call, &resp.base);
 }
 
+/* After a lane job: go on, or end the disk work of a stopped upload once both lanes are idle. */
+static void up_continue(upload *up)
+{
+    if (up->stopped) {
+        if (!up->busy && !up->hbusy) {
+            up_free_chunks(up, 1);
+            up_release(up);
+        }
+    } else if (sl_rpc_call_is_done(up->call)) {
+        up_stop(up, up->aborted);
+    } else {
+        up_pump(up);
+    }
+}
+
 static void up_after(uv_work_t *w, int status)
 {
     upload *up = w->data;
     sl_rpc_call *call = up->call;
 
-    up->job_busy = 0;
-    up_free_msgs(up->jobv, &up->n_job);
+    up->busy = 0;
     if (up->finalizing && !up->err) {
         /* The bytes are durable: record them even if the client has gone. */
         up_recorded(up);
     } else if (up->stopped) {
-        up_release(up);
+        up_continue(up);
     } else if (up->err == SL_ESTATE && !up->have_header) {
         /* A resume that does not match what the server holds: keep the partial file. */
         sl_rpc_call_fail(call, up->err, "%s", up->errmsg);
         up_stop(up, 0);
     } else if (up->err) {
         up_fail(up, io_err_status(up->err), "%s", up->errmsg);
-    } else if (sl_rpc_call_is_done(call)) {
-        up_stop(up, up->aborted);
     } else {
+        if (up->have_header)
+            up->seq_write = up->write_end;
         up->have_header = 1;
-        up_pump(up);
+        up_continue(up);
     }
+    sl_rpc_call_unref(call);
+}
+
+static void up_hash_after(uv_work_t *w, int status)
+{
+    upload *up = w->data;
+    sl_rpc_call *call = up->call;
+
+    up->hbusy = 0;
+    up->seq_hash = up->hash_end;
+    if (up->herr && !up->stopped)
+        up_fail(up, up->herr, "hashing failed");
+    else
+        up_continue(up);
     sl_rpc_call_unref(call);
 }
 
@@ -1355,17 +1424,24 @@ static void up_pump(upload *up)
 {
     if (up->stopped || up->finalizing)
         return;
-    if (!up->job_busy && up->n_pending > 0) {
-        memcpy(up->jobv, up->pending, up->n_pending * sizeof(up->pending[0]));
-        up->n_job = up->n_pending;
-        up->n_pending = 0;
-        up_queue(up, up_data_work);
+    up_free_chunks(up, 0);
+    if (!up->busy && up->seq_write < up->seq_tail) {
+        up->write_end = up->seq_tail;
+        up_queue(up, up_write_work);
     }
-    if (!up->reading && !up->eof && up->n_pending + up->n_job < UP_INFLIGHT) {
+    if (!up->hbusy && up->seq_hash < up->seq_tail) {
+        up->hash_end = up->seq_tail;
+        up->hbusy = 1;
+        up->herr = 0;
+        sl_rpc_call_ref(up->call);
+        uv_queue_work(&up->svc->d->loop, &up->hwork, up_hash_work, up_hash_after);
+    }
+    if (!up->reading && !up->eof && up->seq_tail - up->seq_free < UP_INFLIGHT) {
         if (sl_rpc_call_read(up->call) == 0)
             up->reading = 1;
     }
-    if (up->eof && !up->job_busy && up->n_pending == 0)
+    if (up->eof && !up->busy && !up->hbusy && up->seq_hash == up->seq_tail &&
+        up->seq_write == up->seq_tail)
         up_finish(up);
 }
 
@@ -1460,6 +1536,7 @@ static void up_header(upload *up, const Sluice__V1__ShardHeader *h)
     up->next = s->uploads;
     s->uploads = up;
     up->registered = 1;
+    up->t_header = uv_now(&s->d->loop);
     up_queue(up, up_open_work);
 }
 
@@ -1475,6 +1552,7 @@ static void up_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     up->call = call;
     up->fd = -1;
     up->work.data = up;
+    up->hwork.data = up;
     sl_rpc_call_set_data(call, up, up_data_free);
     if (sl_rpc_call_read(call) == 0)
         up->reading = 1;
@@ -1519,7 +1597,10 @@ static void up_message(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
         return;
     }
     if (m->chunk.len > 0) {
-        up->pending[up->n_pending++] = sl_rpc_call_take_message(call);
+        struct chunk *c = &up->ring[up->seq_tail % UP_RING];
+        c->msg = sl_rpc_call_take_message(call);
+        c->off = up->received;
+        up->seq_tail++;
         up->received += m->chunk.len;
     }
     up_pump(up);

@@ -10,3 +10,10 @@ add_test(NAME checkpoint_integration
          COMMAND ${SL_PYTHON} -m unittest -v test_checkpoints
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
 set_tests_properties(checkpoint_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
+
+# The benchmark (tests/bench/ckpt_bench.c); ctest runs a small smoke round only.
+add_executable(ckpt_bench bench/ckpt_bench.c)
+target_link_libraries(ckpt_bench PRIVATE sluice_static Threads::Threads)
+add_test(NAME ckpt_bench_smoke COMMAND ckpt_bench --smoke)
+set_tests_properties(ckpt_bench_smoke PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120
+                     LABELS bench)
