@@ -10,6 +10,7 @@
  */
 #include "checkpoints.h"
 
+#include "auth.h"
 #include "catalog/ckpt.h"
 #include "daemon.h"
 #include "err.h"
@@ -2233,11 +2234,12 @@ static void on_sweep(uv_timer_t *t)
 
 /* ---- service ---- */
 
-/* Designated initializers: the table stays valid when the layer adds fields. Methods carry no
- * access level yet (see docs/checkpoints.md). */
+/* Designated initializers: the table stays valid when the layer adds fields. Access: reading
+ * and verifying need reader, writing a checkpoint trainer, deleting (Delete, retention) admin. */
 static const sl_rpc_method ckpt_methods[] = {
     {
         .name = "Begin",
+        .access = SL_ACCESS_TRAINER,
         .kind = SL_RPC_UNARY,
         .request = &sluice__v1__begin_request__descriptor,
         .response = &sluice__v1__checkpoint__descriptor,
@@ -2245,6 +2247,7 @@ static const sl_rpc_method ckpt_methods[] = {
     },
     {
         .name = "UploadShard",
+        .access = SL_ACCESS_TRAINER,
         .kind = SL_RPC_CLIENT_STREAM,
         .request = &sluice__v1__upload_shard_request__descriptor,
         .response = &sluice__v1__upload_shard_response__descriptor,
@@ -2254,6 +2257,7 @@ static const sl_rpc_method ckpt_methods[] = {
     },
     {
         .name = "UploadStatus",
+        .access = SL_ACCESS_READER,
         .kind = SL_RPC_UNARY,
         .request = &sluice__v1__upload_status_request__descriptor,
         .response = &sluice__v1__upload_status_response__descriptor,
@@ -2261,6 +2265,7 @@ static const sl_rpc_method ckpt_methods[] = {
     },
     {
         .name = "Commit",
+        .access = SL_ACCESS_TRAINER,
         .kind = SL_RPC_UNARY,
         .request = &sluice__v1__checkpoint_ref__descriptor,
         .response = &sluice__v1__checkpoint__descriptor,
@@ -2268,6 +2273,7 @@ static const sl_rpc_method ckpt_methods[] = {
     },
     {
         .name = "Abort",
+        .access = SL_ACCESS_TRAINER,
         .kind = SL_RPC_UNARY,
         .request = &sluice__v1__checkpoint_ref__descriptor,
         .response = &sluice__v1__checkpoint__descriptor,
@@ -2275,6 +2281,7 @@ static const sl_rpc_method ckpt_methods[] = {
     },
     {
         .name = "Get",
+        .access = SL_ACCESS_READER,
         .kind = SL_RPC_UNARY,
         .request = &sluice__v1__checkpoint_ref__descriptor,
         .response = &sluice__v1__checkpoint__descriptor,
@@ -2282,6 +2289,7 @@ static const sl_rpc_method ckpt_methods[] = {
     },
     {
         .name = "List",
+        .access = SL_ACCESS_READER,
         .kind = SL_RPC_UNARY,
         .request = &sluice__v1__list_request__descriptor,
         .response = &sluice__v1__list_response__descriptor,
@@ -2289,6 +2297,7 @@ static const sl_rpc_method ckpt_methods[] = {
     },
     {
         .name = "Latest",
+        .access = SL_ACCESS_READER,
         .kind = SL_RPC_UNARY,
         .request = &sluice__v1__latest_request__descriptor,
         .response = &sluice__v1__checkpoint__descriptor,
@@ -2296,6 +2305,7 @@ static const sl_rpc_method ckpt_methods[] = {
     },
     {
         .name = "Verify",
+        .access = SL_ACCESS_READER,
         .kind = SL_RPC_UNARY,
         .request = &sluice__v1__verify_request__descriptor,
         .response = &sluice__v1__verify_response__descriptor,
@@ -2303,6 +2313,7 @@ static const sl_rpc_method ckpt_methods[] = {
     },
     {
         .name = "DownloadShard",
+        .access = SL_ACCESS_READER,
         .kind = SL_RPC_SERVER_STREAM,
         .request = &sluice__v1__download_shard_request__descriptor,
         .response = &sluice__v1__download_shard_response__descriptor,
@@ -2311,6 +2322,7 @@ static const sl_rpc_method ckpt_methods[] = {
     },
     {
         .name = "Delete",
+        .access = SL_ACCESS_ADMIN,
         .kind = SL_RPC_UNARY,
         .request = &sluice__v1__checkpoint_ref__descriptor,
         .response = &sluice__v1__delete_response__descriptor,
@@ -2318,6 +2330,7 @@ static const sl_rpc_method ckpt_methods[] = {
     },
     {
         .name = "SetRetention",
+        .access = SL_ACCESS_ADMIN,
         .kind = SL_RPC_UNARY,
         .request = &sluice__v1__set_retention_request__descriptor,
         .response = &sluice__v1__set_retention_response__descriptor,
