@@ -9,3 +9,14 @@ add_test(NAME feed_torch_ddp
          COMMAND ${SL_PYTHON} -m unittest -v test_torch_ddp
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(feed_torch_ddp PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 600)
+
+# The benchmark (tests/bench/feed_bench.c, feed_bench.py); ctest runs a small smoke round only.
+add_executable(feed_bench bench/feed_bench.c)
+target_link_libraries(feed_bench PRIVATE sluice_static Threads::Threads m)
+add_test(NAME feed_bench_smoke COMMAND feed_bench --smoke)
+set_tests_properties(feed_bench_smoke PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120
+                     LABELS bench)
+add_test(NAME feed_bench_py_smoke
+         COMMAND ${SL_PYTHON} "${CMAKE_CURRENT_SOURCE_DIR}/bench/feed_bench.py" --smoke --no-torch)
+set_tests_properties(feed_bench_py_smoke PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120
+                     LABELS bench)
