@@ -20,7 +20,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define QUEUE_DEPTH         8
+#define QUEUE_DEPTH 8
+/* Chunks produced per wake-up of one stream: the loop serves many streams, and producing a
+ * whole queue's worth for one of them delays all the others (measured: p99 gap between chunks
+ * with 256 streams). */
+#define PUMP_BURST          2
 #define DEFAULT_CHUNK       8192
 #define MAX_CHUNK           65536
 #define DEFAULT_BATCH_CHUNK 64
@@ -93,8 +97,10 @@ static int queue_room(fstream *s)
 static void pump_indices(fstream *s)
 {
     Sluice__V1__IndexChunk msg = SLUICE__V1__INDEX_CHUNK__INIT;
+    int burst = 0;
 
-    while (s->state == ST_STREAMING && s->pos < s->end && queue_room(s) > 0) {
+    while (s->state == ST_STREAMING && s->pos < s->end && queue_room(s) > 0 &&
+           burst++ < PUMP_BURST) {
         uint64_t n = s->end - s->pos < s->chunk ? s->end - s->pos : s->chunk;
         if (sl_sample_fill(s->buf, s->s, s->pos, (size_t)n) != 0) {
             end_stream(s, SL_RPC_INTERNAL, "sampler failed");

@@ -5,8 +5,9 @@
  *      indices/s and time to the first index (median of --runs);
  *   2. batches/s: a rank's token-budget batches of a dynamic plan over lognormal lengths
  *      (the first stream includes planning the epoch on the worker pool, reported apart);
- *   3. --streams S concurrent rank streams (one job of S ranks, one thread each): aggregate
- *      indices/s and the p99 gap between consecutive chunks seen by a client.
+ *   3. --streams S concurrent rank streams (one job of S ranks, 400k indices each in chunks of
+ *      2048, one thread each): aggregate indices/s and the p99 gap between consecutive chunks
+ *      seen by a client.
  *
  *   feed_bench [--sluiced PATH] [--samples N] [--runs R] [--streams S] [--smoke]
  *
@@ -88,6 +89,7 @@ typedef struct share_run {
     sl_client *c;
     const char *job;
     uint32_t rank;
+    uint32_t chunk;
     uint64_t got;
     double secs, first;
     double *gaps;
@@ -98,7 +100,7 @@ typedef struct share_run {
 static void *run_share(void *arg)
 {
     share_run *r = arg;
-    sl_stream_opts o = {.position_set = 1, .position = 0, .max_chunk = 16384};
+    sl_stream_opts o = {.position_set = 1, .position = 0, .max_chunk = r->chunk};
     sl_index_stream *s = NULL;
     const uint64_t *idx;
     size_t n;
@@ -188,7 +190,7 @@ int main(int argc, char **argv)
         double secs[50], first[50];
         uint64_t got = 0;
         for (int i = 0; i < runs; i++) {
-            share_run r = {.c = c, .job = "share", .rank = 0};
+            share_run r = {.c = c, .job = "share", .rank = 0, .chunk = 65536};
             run_share(&r);
             secs[i] = r.secs;
             first[i] = r.first;
@@ -264,7 +266,7 @@ int main(int argc, char **argv)
         share_run *rs = calloc((size_t)streams, sizeof(*rs));
         pthread_t *th = calloc((size_t)streams, sizeof(*th));
         sl_client **cs = calloc((size_t)streams, sizeof(*cs));
-        uint64_t n = smoke ? 200000 : 25600000, total = 0;
+        uint64_t n = smoke ? 200000 : (uint64_t)streams * 400000, total = 0;
         double t0, secs, *all;
         size_t n_all = 0, max_gaps = 4096;
 
@@ -282,7 +284,8 @@ int main(int argc, char **argv)
             /* One channel per 16 streams, as trainers on different hosts would have. */
             if (i % 16 == 0 && sl_client_connect(&cs[i], addr, &copts))
                 return 1;
-            rs[i] = (share_run){.c = cs[i - i % 16], .job = "many", .rank = (uint32_t)i};
+            rs[i] =
+                (share_run){.c = cs[i - i % 16], .job = "many", .rank = (uint32_t)i, .chunk = 2048};
             rs[i].max_gaps = max_gaps;
             rs[i].gaps = malloc(sizeof(double) * max_gaps);
             pthread_create(&th[i], NULL, run_share, &rs[i]);
