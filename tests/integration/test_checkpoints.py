@@ -583,6 +583,46 @@ class PythonHelpersTest(CheckpointTest):
                 self.assertEqual(f.read(), datas[1])
             self.assertEqual([c.name for c in ck.list("py")], ["step_3"])
 
+    def test_torch_state_dict(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        from sluice.checkpoint import Checkpoints
+
+        def model(seed):
+            torch.manual_seed(seed)
+            m = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.LayerNorm(32),
+                                    torch.nn.Linear(32, 8))
+            sd = m.state_dict()
+            sd["step"] = torch.tensor(1234, dtype=torch.int64)
+            sd["half"] = torch.randn(3, 5).to(torch.bfloat16)
+            sd["mask"] = torch.rand(7) > 0.5
+            sd["empty"] = torch.zeros(0, 4)
+            return sd
+        world = 2
+        with Checkpoints(self.d.addr) as ck:
+            ck.begin("torch", step=10, world_size=world)
+            for rank in range(world):
+                ck.save_state_dict("torch", "step_10", rank, model(rank))
+            ck.commit("torch", "step_10")
+            self.assertTrue(ck.verify("torch", "step_10", deep=True).ok)
+            for rank in range(world):
+                want = model(rank)
+                got = ck.load_state_dict("torch", "step_10", rank, model(99))
+                self.assertEqual(list(got), list(want))
+                for k in want:
+                    self.assertEqual(got[k].dtype, want[k].dtype, k)
+                    self.assertTrue(torch.equal(got[k], want[k]), k)
+        with open(os.path.join(self.d.data_dir, "checkpoints", "torch",
+                               "step_10.metadata.json")) as f:
+            meta = json.load(f)
+        t = {x["name"]: x for x in meta["shards"][1]["tensors"]}
+        self.assertEqual(t["0.weight"]["shape"], [32, 64])
+        self.assertEqual(t["0.weight"]["dtype"], "float32")
+        self.assertEqual(t["half"]["dtype"], "bfloat16")
+        self.assertEqual(t["mask"]["dtype"], "bool")
+
     test_parallel_upload_commit_verify_download = None
     test_corruption_detected = None
     test_resume_upload = None

@@ -27,6 +27,28 @@ CHUNK = 1 << 20
 WRITING, COMPLETE, INCOMPLETE = pb.WRITING, pb.COMPLETE, pb.INCOMPLETE
 
 
+class _Chain(io.RawIOBase):
+    """A read-only stream over byte strings produced one at a time (one tensor at a time)."""
+
+    def __init__(self, parts):
+        self._parts = iter(parts)
+        self._cur = memoryview(b"")
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        while not self._cur:
+            nxt = next(self._parts, None)
+            if nxt is None:
+                return 0
+            self._cur = memoryview(nxt)
+        n = min(len(b), len(self._cur))
+        b[:n] = self._cur[:n]
+        self._cur = self._cur[n:]
+        return n
+
+
 class ChecksumError(Exception):
     """The data does not hash to what the other side says."""
 
@@ -109,11 +131,13 @@ class Checkpoints:
 
     # ---- data ----
 
-    def upload(self, job, name, rank, source, tensors=None, chunk_size=CHUNK, resume=False):
-        """Upload `source` (bytes-like, a path, or a binary file opened for reading) as rank's
-        shard data. `tensors`: TensorInfo messages or dicts (name, dtype, shape, offset, size);
-        default one "bytes" tensor over everything. With `resume`, continue from what the daemon
-        holds of an interrupted upload. Returns the UploadShardResponse (sha256, sizes, path)."""
+    def upload(self, job, name, rank, source, tensors=None, chunk_size=CHUNK, resume=False,
+               size=None):
+        """Upload `source` (bytes-like, a path, or a binary file opened for reading, from its
+        current position; pass `size` for a stream that cannot seek) as rank's shard data.
+        `tensors`: TensorInfo messages or dicts (name, dtype, shape, offset, size); default one
+        "bytes" tensor over everything. With `resume`, continue from what the daemon holds of an
+        interrupted upload. Returns the UploadShardResponse (sha256, sizes, path)."""
         close = None
         if isinstance(source, (bytes, bytearray, memoryview)):
             f, size = io.BytesIO(bytes(source)), len(source)
@@ -122,12 +146,12 @@ class Checkpoints:
             size = os.fstat(f.fileno()).st_size
         else:
             f = source
-            pos = f.tell()
-            f.seek(0, io.SEEK_END)
-            size = f.tell() - pos
-            f.seek(pos)
+            if size is None:
+                pos = f.tell()
+                f.seek(0, io.SEEK_END)
+                size = f.tell() - pos
+                f.seek(pos)
         try:
-            start = f.tell()
             offset = 0
             if resume:
                 st = self.upload_status(job, name, rank)
@@ -144,7 +168,6 @@ class Checkpoints:
                     break
                 h.update(b)
                 left -= len(b)
-            f.seek(start + offset)
 
             def requests():
                 yield pb.UploadShardRequest(header=pb.ShardHeader(
@@ -164,6 +187,55 @@ class Checkpoints:
         finally:
             if close:
                 close.close()
+
+    # ---- torch ----
+
+    def save_state_dict(self, job, name, rank, state_dict, chunk_size=CHUNK):
+        """Upload a torch state_dict as rank's shard: the tensors' bytes back to back, each
+        described (name, dtype, shape, offset, size) in the catalog and metadata.json. Tensors
+        are copied to CPU one at a time."""
+        import torch
+        layout, off = [], 0
+        for key, t in state_dict.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError("%s: only tensors can be saved, not %s" % (key, type(t)))
+            size = t.numel() * t.element_size()
+            layout.append(pb.TensorInfo(name=key, dtype=str(t.dtype).replace("torch.", ""),
+                                        shape=list(t.shape), offset=off, size=size))
+            off += size
+
+        def parts():
+            for t in state_dict.values():
+                t = t.detach().to("cpu").contiguous().reshape(-1)
+                if t.numel():
+                    yield t.view(torch.uint8).numpy().tobytes()
+        sha = hashlib.sha256()
+        for p in parts():
+            sha.update(p)
+        receipt = self.upload(job, name, rank, io.BufferedReader(_Chain(parts()), CHUNK),
+                              tensors=layout, chunk_size=chunk_size, size=off)
+        if receipt.sha256 != sha.hexdigest():
+            raise ChecksumError("state_dict changed while it was saved")
+        return receipt
+
+    def load_state_dict(self, job, name, rank, template):
+        """Download rank's shard into tensors shaped like `template` (a state_dict with the same
+        keys, dtypes and shapes, e.g. a freshly built model's). Returns a new state_dict."""
+        import torch
+        data = self.download(job, name, rank)
+        out, off = {}, 0
+        for key, t in template.items():
+            size = t.numel() * t.element_size()
+            if off + size > len(data):
+                raise ValueError("%s: the shard holds %d bytes, the template needs more"
+                                 % (key, len(data)))
+            flat = torch.frombuffer(bytearray(data[off:off + size]), dtype=torch.uint8) \
+                if size else torch.empty(0, dtype=torch.uint8)
+            out[key] = flat.view(t.dtype).reshape(t.shape)
+            off += size
+        if off != len(data):
+            raise ValueError("the shard holds %d bytes, the template %d" % (len(data), off))
+        return out
 
     def download(self, job, name, rank, dest=None):
         """Download rank's shard data: returns bytes when `dest` is None, else writes it to
