@@ -30,7 +30,7 @@
 #define DEFAULT_BATCH_CHUNK 64
 #define MAX_BATCH_CHUNK     1024
 
-enum { ST_WAIT_EPOCH, ST_WAIT_PLAN, ST_STREAMING, ST_DONE };
+enum { ST_WAIT_EPOCH, ST_WAIT_PLAN, ST_WAIT_SAMPLE, ST_STREAMING, ST_DONE };
 
 struct fstream {
     sl_feed *f;
@@ -226,6 +226,90 @@ static void start_batches(fstream *s)
     stream_go(s);
 }
 
+/* The share's sampler exists (or failed): allocate the chunk buffer and start. */
+static void indices_ready(fstream *s, int err, const char *why)
+{
+    char msg[256];
+
+    snprintf(msg, sizeof(msg), "%s", why);
+    if (!err) {
+        s->buf = malloc(sizeof(*s->buf) * s->chunk);
+        if (!s->buf) {
+            err = -ENOMEM;
+            snprintf(msg, sizeof(msg), "out of memory");
+        }
+    }
+    if (err) {
+        end_stream(s, sl_rpc_code_from_err(err), msg);
+        return;
+    }
+    s->end = sl_sample_count(s->s);
+    if (s->epoch != s->job->epoch && !s->has_pos) {
+        /* The epoch ended while the sampler was built: every rank finished it (or it was
+         * advanced by hand), so there is nothing left to serve from it. */
+        s->pos = s->end;
+        s->has_pos = 1;
+    }
+    stream_go(s);
+}
+
+/* torch mode builds an O(N) permutation: do it on the worker pool, not on the loop. */
+typedef struct sample_work {
+    uv_work_t w;
+    fstream *s;
+    sl_sample_config cfg;
+    sl_sample *out;
+    int err;
+    char msg[256];
+} sample_work;
+
+static void sample_work_run(uv_work_t *w)
+{
+    sample_work *sw = w->data;
+
+    sw->err = sl_sample_new(&sw->out, &sw->cfg, sw->msg, sizeof(sw->msg));
+}
+
+static void sample_work_done(uv_work_t *w, int status)
+{
+    sample_work *sw = w->data;
+    fstream *s = sw->s;
+    sl_rpc_call *call = s->call;
+
+    if (status != 0 && !sw->err) {
+        sw->err = SL_ECANCELLED;
+        snprintf(sw->msg, sizeof(sw->msg), "cancelled");
+    }
+    if (s->state == ST_WAIT_SAMPLE && s->job && !sl_rpc_call_is_done(call)) {
+        s->s = sw->out;
+        sw->out = NULL;
+        indices_ready(s, sw->err, sw->msg);
+    }
+    sl_sample_free(sw->out);
+    free(sw);
+    sl_rpc_call_unref(call); /* may free s */
+}
+
+static void sample_async(fstream *s, const sl_sample_config *cfg)
+{
+    sample_work *sw = calloc(1, sizeof(*sw));
+
+    if (!sw) {
+        end_stream(s, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    sw->s = s;
+    sw->cfg = *cfg;
+    sw->w.data = sw;
+    s->state = ST_WAIT_SAMPLE;
+    sl_rpc_call_ref(s->call);
+    if (uv_queue_work(s->f->loop, &sw->w, sample_work_run, sample_work_done) != 0) {
+        sl_rpc_call_unref(s->call);
+        free(sw);
+        end_stream(s, SL_RPC_UNAVAILABLE, "cannot queue work");
+    }
+}
+
 /* The stream's epoch is the job's current epoch: build the share and start. */
 static void stream_begin(fstream *s)
 {
@@ -260,21 +344,13 @@ static void stream_begin(fstream *s)
     } else {
         sl_sample_config c = j->cfg;
         c.rank = s->rank;
+        if (c.shuffle == SL_SAMPLE_SHUFFLE_TORCH) {
+            sample_async(s, &c);
+            return;
+        }
         err = sl_sample_new(&s->s, &c, msg, sizeof(msg));
     }
-    if (!err) {
-        s->buf = malloc(sizeof(*s->buf) * s->chunk);
-        if (!s->buf) {
-            err = -ENOMEM;
-            snprintf(msg, sizeof(msg), "out of memory");
-        }
-    }
-    if (err) {
-        end_stream(s, sl_rpc_code_from_err(err), msg);
-        return;
-    }
-    s->end = sl_sample_count(s->s);
-    stream_go(s);
+    indices_ready(s, err, msg);
 }
 
 static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32_t rank,
