@@ -327,6 +327,9 @@ static void upload_finish(sl_rpc_call *call, upload *u)
     }
     err = sl_cat_dataset_set_lengths(u->f->cat, u->name, hex);
     if (err) {
+        /* The dataset was deleted while its lengths arrived: leave no file behind. */
+        if (err == SL_ENOTFOUND)
+            unlink(path);
         sl_rpc_call_fail(call, err, "dataset '%s': %s", u->name, sl_strerror(err));
         return;
     }

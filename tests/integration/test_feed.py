@@ -373,6 +373,77 @@ class FeedTest(unittest.TestCase):
         self.assertEqual(len(nxt), len(per_rank[0]))
         self.assertNotEqual([list(b.indices) for b in nxt], [list(b.indices) for b in per_rank[0]])
 
+    def test_mesh_ranks_share_dp_streams(self):
+        c = self.c
+        c.create_dataset("ds", 100)
+        job = c.create_job("mj", "ds", 8, shuffle="feistel", seed=9,
+                           mesh=dict(dp=2, tp=2, cp=2, pp=1))
+        self.assertEqual(job.dp_size, 2)
+        streams = [share(c, "mj", r)[2] for r in range(8)]
+        # Default order pp,dp,cp,tp: ranks 0-3 are dp 0, ranks 4-7 dp 1.
+        for r in range(8):
+            self.assertEqual(streams[r], streams[0 if r < 4 else 4])
+        self.assertEqual(sorted(streams[0] + streams[4]), list(range(100)))
+        c.report_progress("mj", 1, 0, 10)
+        self.assertEqual([x.position for x in c.get_epoch("mj").ranks], [10, 0])
+        self.assertEqual(share(c, "mj", 3)[2], streams[0][10:])
+        code, msg = self.code(c.resize_job, "mj", 4)
+        self.assertEqual(code, C.INVALID_ARGUMENT)
+        job = c.resize_job("mj", 4, mesh=dict(dp=4, tp=1, cp=1, pp=1))
+        self.assertEqual((job.world_size, job.dp_size, job.resized_in_epoch), (4, 4, True))
+        rest = [i for r in range(4) for i in share(c, "mj", r)[2]]
+        # Without drop_last the 90 left are padded to 4 x 23 by wrapping around (torch's rule).
+        self.assertEqual(len(rest), 92)
+        self.assertEqual(set(streams[0][:10] + rest), set(range(100)))
+        self.assertEqual(len(set(rest)), 90)
+
+    def test_cli_lengths_and_resize(self):
+        tmp = tempfile.mkdtemp(prefix="sluice-cli-")
+        text = os.path.join(tmp, "len.txt")
+        with open(text, "w") as f:
+            f.write("".join("%d\n" % (i + 1) for i in range(6)))
+        raw = os.path.join(tmp, "len.u32")
+        import struct
+        with open(raw, "wb") as f:
+            f.write(struct.pack("<6I", 6, 5, 4, 3, 2, 1))
+        a = self.d.addr
+        self.assertEqual(cli("dataset", "create", "cl", "--samples", "6", addr=a).returncode, 0)
+        r = cli("dataset", "lengths", "cl", "--file", text, "--json", addr=a)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        d1 = json.loads(r.stdout)
+        self.assertTrue(d1["has_lengths"])
+        r = cli("dataset", "lengths", "cl", "--file", raw, "--format", "u32", "--json", addr=a)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotEqual(json.loads(r.stdout)["lengths_sha256"], d1["lengths_sha256"])
+        with open(text, "a") as f:
+            f.write("7\n")
+        r = cli("dataset", "lengths", "cl", "--file", text, addr=a)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("INVALID_ARGUMENT", r.stderr)
+        r = cli("dataset", "ls", "--json", addr=a)
+        self.assertEqual([x["name"] for x in json.loads(r.stdout)], ["cl"])
+        r = cli("job", "create", "cj", "--dataset", "cl", "--world-size", "2", "--shuffle", "none",
+                "--drop-last", "--json", addr=a)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["shuffle"], "none")
+        r = cli("indices", "--job", "cj", "--rank", "0", "--count", "1", "--report", addr=a)
+        self.assertEqual(r.stdout.split(), ["0"])
+        r = cli("job", "resize", "cj", "--world-size", "3", "--json", addr=a)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(json.loads(r.stdout)["resized_in_epoch"])
+        got = []
+        for rank in range(3):
+            r = cli("indices", "--job", "cj", "--rank", str(rank), addr=a)
+            got += [int(x) for x in r.stdout.split()]
+        self.assertEqual(sorted(got), [1, 2, 3, 4, 5])
+        r = cli("job", "create", "cb", "--dataset", "cl", "--world-size", "1",
+                "--max-batch-size", "2", "--max-seq-len", "8", addr=a)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = cli("batches", "--job", "cb", "--rank", "0", addr=a)
+        self.assertEqual(sorted(int(x) for x in r.stdout.split()), list(range(6)))
+        self.assertEqual(cli("dataset", "--help").returncode, 0)
+        self.assertEqual(cli("job", "frobnicate", "x", addr=a).returncode, 2)
+
     def test_shutdown_ends_waiting_stream(self):
         c = self.c
         c.create_dataset("ds", 10)
