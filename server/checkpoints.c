@@ -654,7 +654,8 @@ struct upload {
     sl_sha256 *sha;
     uint64_t data_size;
     uint64_t received;        /* data bytes accepted from the stream (incl. the resumed prefix) */
-    uint64_t written;         /* data bytes written by the write lane */
+    uint64_t written;         /* data bytes written by the write lane (its thread) */
+    uint64_t acked;           /* `written` as of the last write job, for the loop thread */
     uint64_t flushed;         /* data bytes whose writeback was started (sync_file_range) */
     uint64_t t_header, t_eof; /* loop time (ms) of the header and of the end of the stream */
     uint64_t resume_from;
@@ -685,6 +686,9 @@ static upload *find_upload(sl_ckpt_svc *s, int64_t ckpt_id, int32_t rank)
             return u;
     return NULL;
 }
+
+static void up_fail(upload *up, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 static void up_unregister(upload *up)
 {
@@ -729,9 +733,15 @@ static void ckpt_abort(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
             sl_rpc_call_fail(call, err, "catalog error");
             return;
         }
-        for (upload *u = s->uploads; u; u = u->next)
-            if (u->ckpt_id == ck.id)
-                u->aborted = 1;
+        /* End its running uploads now; one finishing its rename removes its file itself. */
+        for (upload *u = s->uploads, *next; u; u = next) {
+            next = u->next;
+            if (u->ckpt_id != ck.id)
+                continue;
+            u->aborted = 1;
+            if (!u->finalizing)
+                up_fail(u, SL_ESTATE, "checkpoint %s/%s was aborted", ck.job, ck.name);
+        }
         remove_files(s, &ck);
         sl_log_info("ckpt_abort", "job=%s name=%s", ck.job, ck.name);
         sl_cat_ckpt_get(s->d->cat, &ck, req->job, req->name);
@@ -1400,6 +1410,7 @@ static void up_after(uv_work_t *w, int status)
     } else {
         if (up->have_header)
             up->seq_write = up->write_end;
+        up->acked = up->written;
         up->have_header = 1;
         up_continue(up);
     }
@@ -1646,7 +1657,7 @@ static void ckpt_upload_status(sl_rpc_call *call, const ProtobufCMessage *msg, v
     }
     if ((u = find_upload(s, ck.id, req->rank)) != NULL) {
         resp.in_progress = 1;
-        resp.held_bytes = u->written;
+        resp.held_bytes = u->acked;
     } else if (job_dir(s, dir, sizeof(dir), ck.job) == 0 &&
                in_dir(part, sizeof(part), dir, ".%s_shard_%d" PART_SUFFIX, ck.name, req->rank) ==
                    0 &&
@@ -1858,9 +1869,8 @@ typedef struct vjob {
     int queued;
     uint64_t data_size, file_size;
     char sha[SL_SHARD_HEX_LEN + 1];
-    char path[PATH_MAX];
     int verdict;
-    char detail[256];
+    char detail[200];
 } vjob;
 
 struct verify {
@@ -1881,7 +1891,9 @@ static void verify_free(verify *v)
     free(v);
 }
 
-static void vjob_shard(vjob *j, int deep)
+/* Paths are built in the worker, not stored per rank: a world of 65536 ranks would otherwise
+ * need PATH_MAX bytes each. */
+static void vjob_shard(vjob *j, const char *path, int deep)
 {
     uint8_t hdr[SL_SHARD_HEADER_SIZE];
     sl_shard_header h;
@@ -1890,7 +1902,7 @@ static void vjob_shard(vjob *j, int deep)
     struct stat st;
     int fd, err;
 
-    fd = open(j->path, O_RDONLY | O_CLOEXEC);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         j->verdict = errno == ENOENT ? SLUICE__V1__VERDICT__MISSING : SLUICE__V1__VERDICT__IO_ERROR;
         snprintf(j->detail, sizeof(j->detail), "%s", sl_strerror(-errno));
@@ -1947,12 +1959,12 @@ out:
 
 /* The metadata file must be byte for byte what the catalog renders; it is small (metadata, not
  * data), so it is compared in 64 KiB pieces without holding it whole. */
-static void vjob_meta(vjob *j, const sbuf *expect)
+static void vjob_meta(vjob *j, const char *path, const sbuf *expect)
 {
     uint8_t buf[65536];
     struct stat st;
     uint64_t pos = 0;
-    int fd = open(j->path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
 
     if (fd < 0) {
         j->verdict = errno == ENOENT ? SLUICE__V1__VERDICT__MISSING : SLUICE__V1__VERDICT__IO_ERROR;
@@ -1988,11 +2000,20 @@ out:
 static void vjob_work(uv_work_t *w)
 {
     vjob *j = w->data;
+    verify *v = j->v;
+    char path[PATH_MAX];
+    int err = j->rank < 0
+                  ? in_dir(path, sizeof(path), v->dir, "%s.metadata.json", v->ck.name)
+                  : in_dir(path, sizeof(path), v->dir, "%s_shard_%d.shard", v->ck.name, j->rank);
 
-    if (j->rank < 0)
-        vjob_meta(j, &j->v->meta);
-    else
-        vjob_shard(j, j->v->deep);
+    if (err) {
+        j->verdict = SLUICE__V1__VERDICT__IO_ERROR;
+        snprintf(j->detail, sizeof(j->detail), "path too long");
+    } else if (j->rank < 0) {
+        vjob_meta(j, path, &v->meta);
+    } else {
+        vjob_shard(j, path, v->deep);
+    }
 }
 
 static void verify_reply(verify *v)
@@ -2059,8 +2080,7 @@ static int verify_collect(const sl_cat_shard *sh, void *arg)
     j->data_size = sh->data_size;
     j->file_size = sh->file_size;
     memcpy(j->sha, sh->sha256, sizeof(j->sha));
-    if (in_dir(j->path, sizeof(j->path), v->dir, "%s_shard_%d.shard", v->ck.name, sh->rank) == 0)
-        j->queued = 1;
+    j->queued = 1;
     return 0;
 }
 
@@ -2103,8 +2123,7 @@ static void ckpt_verify(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     err = sl_cat_shard_list(s->d->cat, v->ck.id, 0, verify_collect, v);
     if (!err && v->ck.state == SL_CKPT_COMPLETE) {
         err = render_metadata(s, &v->ck, v->ck.committed_ms, &v->meta);
-        if (!err && in_dir(v->jobs[n].path, sizeof(v->jobs[n].path), v->dir, "%s.metadata.json",
-                           v->ck.name) == 0)
+        if (!err)
             v->jobs[n].queued = 1;
     }
     if (err) {

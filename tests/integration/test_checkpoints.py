@@ -391,6 +391,35 @@ class CheckpointTest(unittest.TestCase):
         st = self.stub.UploadStatus(pb.UploadStatusRequest(job="job1", checkpoint="r", rank=0))
         self.assertEqual((st.stored, st.held_bytes, st.sha256), (True, 0, sha))
 
+    def test_abort_during_upload(self):
+        self.begin(name="ab", world=2)
+        ev = threading.Event()
+
+        def slow():
+            yield from upload_requests("job1", "ab", 0, b"x" * MiB, data_size=4 * MiB,
+                                       tensors=[])
+            ev.wait(10)
+        fut = self.stub.UploadShard.future(slow(), timeout=30)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            st = self.stub.UploadStatus(pb.UploadStatusRequest(job="job1", checkpoint="ab",
+                                                               rank=0))
+            if st.held_bytes == MiB:
+                break
+            time.sleep(0.02)
+        self.assertEqual(self.stub.Abort(pb.CheckpointRef(job="job1", name="ab")).state,
+                         pb.INCOMPLETE)
+        with self.assertRaises(grpc.RpcError) as e:
+            fut.result(timeout=10)
+        ev.set()
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("aborted", e.exception.details())
+        deadline = time.time() + 10
+        jobdir = os.path.join(self.d.data_dir, "checkpoints", "job1")
+        while os.listdir(jobdir) and time.time() < deadline:
+            time.sleep(0.02)
+        self.assertEqual(os.listdir(jobdir), [])
+
     def test_restart_keeps_complete_and_sweeps_temp(self):
         self.full_checkpoint(world=2, size=1000)
         jobdir = os.path.join(self.d.data_dir, "checkpoints", "job1")
@@ -627,6 +656,7 @@ class PythonHelpersTest(CheckpointTest):
     test_corruption_detected = None
     test_resume_upload = None
     test_restart_keeps_complete_and_sweeps_temp = None
+    test_abort_during_upload = None
     test_lifecycle = None
     test_client_checksum_and_sizes = None
     test_hostile_input = None
@@ -693,6 +723,7 @@ class CliTest(CheckpointTest):
     test_corruption_detected = None
     test_resume_upload = None
     test_restart_keeps_complete_and_sweeps_temp = None
+    test_abort_during_upload = None
     test_lifecycle = None
     test_client_checksum_and_sizes = None
     test_hostile_input = None
@@ -725,6 +756,7 @@ class SmallLimitsTest(CheckpointTest):
     test_corruption_detected = None
     test_resume_upload = None
     test_restart_keeps_complete_and_sweeps_temp = None
+    test_abort_during_upload = None
     test_lifecycle = None
     test_client_checksum_and_sizes = None
     test_hostile_input = None
