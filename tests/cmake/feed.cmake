@@ -20,3 +20,9 @@ add_test(NAME feed_bench_py_smoke
          COMMAND ${SL_PYTHON} "${CMAKE_CURRENT_SOURCE_DIR}/bench/feed_bench.py" --smoke --no-torch)
 set_tests_properties(feed_bench_py_smoke PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120
                      LABELS bench)
+
+# Catalog queries of the feeding service.
+add_executable(feed_catalog_test unit/feed_catalog_test.c)
+target_link_libraries(feed_catalog_test PRIVATE sl_catalog sl_common)
+add_test(NAME feed_catalog_unit COMMAND feed_catalog_test)
+set_tests_properties(feed_catalog_unit PROPERTIES TIMEOUT 60)
