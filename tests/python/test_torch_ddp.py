@@ -123,5 +123,48 @@ class TorchDDPTest(unittest.TestCase):
         self.assertNotEqual(seen_epochs[0], seen_epochs[1])
 
 
+class SamplerRestartTest(unittest.TestCase):
+    def test_daemon_restart_mid_epoch_sampler_continues(self):
+        import sluice.torch as st
+        d = Daemon().start()
+        try:
+            port = d.port
+            # A small flow-control window keeps most of the epoch on the daemon's side.
+            import grpc
+            from sluice.v1 import feed_pb2_grpc
+            client = Client(d.addr)
+            client.channel.close()
+            client.channel = grpc.insecure_channel(d.addr, options=[
+                ("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)])
+            client.feed = feed_pb2_grpc.FeedStub(client.channel)
+            client.jobs = feed_pb2_grpc.JobsStub(client.channel)
+            client.epochs = feed_pb2_grpc.EpochsStub(client.channel)
+            client.datasets = feed_pb2_grpc.DatasetsStub(client.channel)
+            sampler = st.DistributedSampler(range(5000), num_replicas=1, rank=0, shuffle=True,
+                                            seed=1, job="rs", max_chunk=100, retry_seconds=30,
+                                            client=client)
+            it = iter(sampler)
+            first = [next(it) for _ in range(1234)]
+            sampler.report()
+            # Same port after the restart, as a supervisor would do.
+            d.args = ["--listen", "127.0.0.1:%d" % port]
+            self.assertEqual(d.stop(), 0, d.log())
+            d.start()
+            rest = list(it)
+            self.assertGreaterEqual(sampler.reconnects, 1)
+            client.close()
+            self.assertEqual(sorted(first + rest), list(range(5000)))
+            ts = TorchSampler(range(5000), num_replicas=1, rank=0, shuffle=True, seed=1)
+            self.assertEqual(first + rest, list(ts))
+            self.assertEqual(Client(d.addr).get_epoch("rs").epoch, 1)
+        finally:
+            rc = d.stop()
+            log = d.log()
+            reports = d.sanitizer_reports()
+            d.cleanup()
+        self.assertEqual(rc, 0, log)
+        self.assertEqual(reports, [], log)
+
+
 if __name__ == "__main__":
     unittest.main()

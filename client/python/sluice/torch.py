@@ -10,9 +10,11 @@ Progress: at the end of each iteration the sampler reports its whole share as co
 finer-grained resume, call ``sampler.report(position)`` after the samples before ``position`` are
 really consumed (e.g. after an optimizer step); ``report_every=N`` instead reports every N
 indices handed out, which with a prefetching DataLoader may count a few prefetched samples as
-consumed.
+consumed. If the daemon restarts mid-epoch, the sampler reconnects (for up to ``retry_seconds``)
+and continues where it was.
 """
 import os
+import time
 import warnings
 
 import grpc
@@ -120,7 +122,7 @@ class DistributedSampler(Sampler, _Fed):
     def __init__(self, dataset=None, num_replicas=None, rank=None, shuffle=True, seed=0,
                  drop_last=False, *, address=None, job=None, dataset_name=None,
                  num_samples=None, shuffle_mode=None, partition="", chunk_size=0, create=True,
-                 report_every=0, max_chunk=0, client=None):
+                 report_every=0, max_chunk=0, retry_seconds=60.0, client=None):
         num_replicas, rank = _world_and_rank(num_replicas, rank)
         self._setup(address, job, rank, client)
         if num_samples is None:
@@ -134,6 +136,9 @@ class DistributedSampler(Sampler, _Fed):
         self.drop_last = drop_last
         self.report_every = report_every
         self.max_chunk = max_chunk
+        self.retry_seconds = retry_seconds
+        self.reconnects = 0
+        self._iter_begun = False
         mode = shuffle_mode or ("torch" if shuffle else "none")
         self.info = _ensure_job(self.client, self.job, dataset_name or self.job + "-data",
                                 num_samples, num_replicas, create, partition=partition,
@@ -150,24 +155,49 @@ class DistributedSampler(Sampler, _Fed):
     def __len__(self):
         return self.num_samples
 
+    def _chunks(self):
+        """Index chunks of this iteration. If the daemon goes away (UNAVAILABLE: restarted,
+        shutting down), reconnect with backoff for up to retry_seconds and continue at the
+        position reached, in the same epoch."""
+        deadline = None
+        delay = 0.05
+        while True:
+            begun = self.epoch is not None and self._iter_begun
+            stream = self.client.stream_indices(
+                self.job, self.rank, epoch=self.epoch if begun else self._next_epoch,
+                position=self.position if begun else None, max_chunk=self.max_chunk)
+            try:
+                for chunk in stream:
+                    deadline = None
+                    yield chunk
+                return
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or not self.retry_seconds:
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.retry_seconds
+                if now >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                self.reconnects += 1
+            finally:
+                stream.cancel()
+
     def __iter__(self):
-        stream = self.client.stream_indices(self.job, self.rank, epoch=self._next_epoch,
-                                            max_chunk=self.max_chunk)
-        first = True
-        try:
-            for chunk in stream:
-                if first:
-                    self._begin(chunk.epoch, chunk.start)
-                    self.num_samples = chunk.share_count
-                    first = False
-                for index in chunk.indices:
-                    self.position += 1
-                    yield index
-                    if self.report_every and self.position - self._reported >= self.report_every:
-                        self.report()
-        finally:
-            stream.cancel()
-        if first:
+        self._iter_begun = False
+        for chunk in self._chunks():
+            if not self._iter_begun:
+                self._begin(chunk.epoch, chunk.start)
+                self.num_samples = chunk.share_count
+                self._iter_begun = True
+            for index in chunk.indices:
+                self.position += 1
+                yield index
+                if self.report_every and self.position - self._reported >= self.report_every:
+                    self.report()
+        if not self._iter_begun:
             return
         if self.position >= self.num_samples:
             try:
