@@ -20,6 +20,16 @@
 #define NONE     UINT32_MAX
 #define PREFETCH 64
 
+/* Shuffled inputs of at least this many lengths are gathered from a 16-bit copy (see scan()). */
+#define COMPACT_MIN (1u << 20)
+
+/* Carrying (dynamic strategy, padded cost, 16 windows or more; see plan_carry()): a batch that
+ * would pad more than CARRY_PAD_PERMILLE / 1000 of its tokens, or the last, incomplete batch of
+ * a window, waits for the next window, at most CARRY_WINDOWS windows. */
+#define CARRY_PAD_PERMILLE 30
+#define CARRY_WINDOWS      2
+#define CARRY_MIN_WINDOWS  16
+
 /* One batch: a run idx[start, start + count). tokens fits in 32 bits because it never exceeds
  * max_tokens (sum cost) or count x max_len <= max_tokens (padded cost). */
 typedef struct rec {
@@ -288,7 +298,11 @@ static uint32_t bits_next(const bitset *b, uint32_t x)
     if (w1 >= b->n1)
         return NONE;
     m = b->l1[w1] & (~0ull << (x1 & 63));
-    if (!m) {
+    if (!m && w1 + 1 < b->n1 && b->l1[w1 + 1]) {
+        /* The next level-1 word: the common miss (e.g. only bins with more room than any
+         * sequence needs are open), found without the level-2 scan. */
+        m = b->l1[++w1];
+    } else if (!m) {
         x2 = w1 + 1; /* the first level-1 word still to look at */
         for (size_t w2 = x2 >> 6; w2 < b->n2; w2++) {
             m = b->l2[w2];
@@ -340,8 +354,19 @@ typedef struct planner {
     size_t n_eff;
     uint32_t *tmp; /* one window of scratch */
     size_t n_tmp;
+    /* packed and carrying plans work one window at a time and keep the effective lengths in
+     * idx itself until the windows overwrite them (eff == idx); win holds the sorted lengths
+     * of one window (packed) */
+    int windowed;
+    uint32_t *win;
+    size_t n_win;
     uint32_t *lut; /* bucket: lut[e] = e / bucket_width, when cheaper than dividing */
     size_t n_lut;
+    /* carry scratch: the pool of one window plus what earlier windows carried (sorted by
+     * length, with each sequence's age in windows), and what this window carries on */
+    uint32_t *pidx, *peff, *cidx, *ceff;
+    uint8_t *page, *cage;
+    size_t cap_pool, cap_carry, n_carry;
     /* packed scratch */
     bin *bins;
     size_t n_bins, cap_bins;
@@ -377,23 +402,24 @@ static int emit(planner *p, size_t start, uint32_t count, uint32_t max_len, uint
     return 0;
 }
 
-/* Longest length and real tokens of idx[a, a + n). */
-static void measure(const planner *p, size_t a, uint32_t n, uint32_t *mx, uint64_t *tok)
+/* Longest length and real tokens of eff[a, a + n). */
+static void measure(const uint32_t *eff, size_t a, uint32_t n, uint32_t *mx, uint64_t *tok)
 {
     *mx = 0;
     *tok = 0;
     for (size_t k = a; k < a + n; k++) {
-        uint32_t s = p->eff[k];
+        uint32_t s = eff[k];
 
         *mx = s > *mx ? s : *mx;
         *tok += s;
     }
 }
 
-/* pad, bucket and dynamic: walk idx[a, b) and close a batch whenever the next sequence would
- * break the size cap or the budget. With a batch size multiple m, an overflowing batch keeps its
- * largest multiple of m and carries the rest into the next batch, as fairseq does. */
-static int cut_greedy(planner *p, size_t a, size_t b)
+/* pad, bucket and dynamic: walk the lengths eff[a, b) and close a batch whenever the next
+ * sequence would break the size cap or the budget. With a batch size multiple m, an overflowing
+ * batch keeps its largest multiple of m and carries the rest into the next batch, as fairseq
+ * does. Records refer to positions in eff. */
+static int cut_greedy(planner *p, const uint32_t *eff, size_t a, size_t b)
 {
     const int padded = p->c.cost == SL_BATCH_COST_PADDED;
     const uint32_t m = p->c.batch_size_multiple;
@@ -404,7 +430,7 @@ static int cut_greedy(planner *p, size_t a, size_t b)
     int err;
 
     for (size_t k = a; k < b; k++) {
-        uint32_t s = p->eff[k];
+        uint32_t s = eff[k];
 
         while (cnt > 0) {
             uint32_t nmx = s > mx ? s : mx;
@@ -420,13 +446,13 @@ static int cut_greedy(planner *p, size_t a, size_t b)
                 kmx = mx;
                 ktok = tok;
             } else {
-                measure(p, start, keep, &kmx, &ktok);
+                measure(eff, start, keep, &kmx, &ktok);
             }
             if ((err = emit(p, start, keep, kmx, ktok)) != 0)
                 return err;
             start += keep;
             cnt -= keep;
-            measure(p, start, cnt, &mx, &tok);
+            measure(eff, start, cnt, &mx, &tok);
         }
         cnt++;
         mx = s > mx ? s : mx;
@@ -465,16 +491,19 @@ static void bin_link(planner *p, uint32_t bi)
     p->heads[c] = bi;
 }
 
-/* packed: best-fit-decreasing over idx[a, b), which is sorted by ascending length. A bin with
- * room r sits in capacity class min(r, hmax); every bin with at least hmax tokens of room fits
- * any sequence, and among those the most recently touched one is filled first. */
-static int cut_packed(planner *p, size_t a, size_t b)
+/* packed: best-fit-decreasing over one window's kept samples sx[0, b - a), sorted by ascending
+ * length; e[k - a] is the length of sx[k - a] (and is overwritten with its bin). The samples are
+ * laid out bin by bin in idx[a, b). A bin with room r sits in capacity class min(r, hmax); every
+ * bin with at least hmax tokens of room fits any sequence, and among those the most recently
+ * touched one is filled first. */
+static int cut_packed(planner *p, uint32_t *e, const uint32_t *sx, size_t a, size_t b)
 {
     size_t w = b - a, first = p->n_bins;
     int err;
 
+    e -= a;
     for (size_t k = b; k-- > a;) {
-        uint32_t s = p->eff[k];
+        uint32_t s = e[k];
         uint32_t c = bits_next(&p->bits, s), bi;
 
         if (c != NONE) {
@@ -490,7 +519,7 @@ static int cut_packed(planner *p, size_t a, size_t b)
                 bn->count++;
                 bn->tokens += s;
                 bn->max_len = s > bn->max_len ? s : bn->max_len;
-                p->eff[k] = bi;
+                e[k] = bi;
                 continue;
             }
             bin_unlink(p, bi);
@@ -513,12 +542,12 @@ static int cut_packed(planner *p, size_t a, size_t b)
         p->bins[bi].tokens += s;
         if (s > p->bins[bi].max_len)
             p->bins[bi].max_len = s;
-        p->eff[k] = bi; /* the length is no longer needed: remember the bin instead */
+        e[k] = bi; /* the length is no longer needed: remember the bin instead */
         if (p->bins[bi].count < p->beff && p->bins[bi].rem > 0)
             bin_link(p, bi);
     }
-    /* Close the window: unlink open bins, then lay idx[a, b) out bin by bin, in the order the
-     * bins were opened, and emit one record per bin. */
+    /* Close the window: unlink open bins, then lay the samples out bin by bin in idx[a, b), in
+     * the order the bins were opened, and emit one record per bin. */
     for (size_t bi = first, pos = a; bi < p->n_bins; bi++) {
         if (p->bins[bi].cls != NONE)
             bin_unlink(p, (uint32_t)bi);
@@ -527,11 +556,10 @@ static int cut_packed(planner *p, size_t a, size_t b)
         p->bins[bi].count = 0;
     }
     for (size_t k = 0; k < w; k++) {
-        bin *bn = &p->bins[p->eff[a + k]];
+        bin *bn = &p->bins[e[a + k]];
 
-        p->tmp[bn->start - a + bn->count++] = p->idx[a + k];
+        p->idx[bn->start + bn->count++] = sx[k];
     }
-    memcpy(p->idx + a, p->tmp, w * sizeof(uint32_t));
     for (size_t bi = first; bi < p->n_bins; bi++) {
         const bin *bn = &p->bins[bi];
 
@@ -549,28 +577,42 @@ static int cmp_u64(const void *x, const void *y)
     return a < b ? -1 : a > b;
 }
 
-/* Stable sort of the kept samples of order[a, b) by key, ascending or descending, appended to
- * idx (and their lengths to eff, which is safe because the output never runs ahead of the
- * input: out <= a). A counting sort when the window is at least a quarter of the key range, else
- * a sort of (key, position) pairs, so the scratch stays O(key range) whatever the window. */
-static void sort_window(planner *p, size_t a, size_t b, size_t *n_out, int desc)
+/* Stable sort of the kept samples of order[a, b) by key, ascending or descending, into
+ * didx[0, *n_out) with their lengths in deff. src[k - a] is the effective length of order
+ * position k (0: skipped). deff may be src or p->eff + out for some out <= a (the output never
+ * runs ahead of the input); the sorted lengths are then staged in p->tmp (stage == p->tmp),
+ * otherwise written directly (stage == deff). didx must not overlap src or stage. A counting
+ * sort when the window is at least a quarter of the key range, else a sort of (key, position)
+ * pairs, so the scratch stays O(key range) whatever the window. */
+static void sort_window(planner *p, const uint32_t *src, size_t a, size_t b, uint32_t *didx,
+                        uint32_t *deff, uint32_t *stage, size_t *n_out, int desc)
 {
-    size_t out = *n_out, n = 0;
+    size_t n = 0;
 
+    src -= a;
     if (p->c.strategy == SL_BATCH_PAD || b - a == 1) {
         for (size_t k = a; k < b; k++) {
-            if (p->eff[k]) {
-                p->idx[out + n] = order_at(p, k);
-                p->eff[out + n++] = p->eff[k];
+            if (src[k]) {
+                didx[n] = order_at(p, k);
+                deff[n++] = src[k];
             }
         }
     } else if (p->hist && (b - a) * 4 >= p->n_hist) {
+        /* dynamic and packed sort by the length itself: skipped samples (0) count in h[0],
+         * which is then cleared, and the hot loops need no test of the strategy. */
+        const int bylen = p->c.strategy != SL_BATCH_BUCKET;
         uint32_t *h = p->hist, sum = 0;
 
         memset(h, 0, p->n_hist * sizeof(uint32_t));
-        for (size_t k = a; k < b; k++) {
-            if (p->eff[k])
-                h[key_of(p, p->eff[k])]++;
+        if (bylen) {
+            for (size_t k = a; k < b; k++)
+                h[src[k]]++;
+            h[0] = 0;
+        } else {
+            for (size_t k = a; k < b; k++) {
+                if (src[k])
+                    h[key_of(p, src[k])]++;
+            }
         }
         for (size_t v = 0; v < p->n_hist; v++) {
             size_t x = desc ? p->n_hist - 1 - v : v;
@@ -579,20 +621,33 @@ static void sort_window(planner *p, size_t a, size_t b, size_t *n_out, int desc)
             h[x] = sum;
             sum += c;
         }
-        for (size_t k = a; k < b; k++) {
-            uint32_t e = p->eff[k], pos;
+        if (bylen && p->order) {
+            for (size_t k = a; k < b; k++) {
+                uint32_t e = src[k], pos;
 
-            if (e) {
-                pos = h[key_of(p, e)]++;
-                p->idx[out + pos] = order_at(p, k);
-                p->tmp[pos] = e;
+                if (e) {
+                    pos = h[e]++;
+                    didx[pos] = (uint32_t)p->order[k];
+                    stage[pos] = e;
+                }
+            }
+        } else {
+            for (size_t k = a; k < b; k++) {
+                uint32_t e = src[k], pos;
+
+                if (e) {
+                    pos = h[key_of(p, e)]++;
+                    didx[pos] = order_at(p, k);
+                    stage[pos] = e;
+                }
             }
         }
         n = sum;
-        memcpy(p->eff + out, p->tmp, n * sizeof(uint32_t));
+        if (stage != deff)
+            memcpy(deff, stage, n * sizeof(uint32_t));
     } else {
         for (size_t k = a; k < b; k++) {
-            uint32_t e = p->eff[k], key;
+            uint32_t e = src[k], key;
 
             if (e) {
                 key = desc ? ~key_of(p, e) : key_of(p, e);
@@ -603,49 +658,104 @@ static void sort_window(planner *p, size_t a, size_t b, size_t *n_out, int desc)
         for (size_t j = 0; j < n; j++) {
             size_t k = a + (uint32_t)p->keys[j];
 
-            p->idx[out + j] = order_at(p, k);
-            p->tmp[j] = p->eff[k];
+            didx[j] = order_at(p, k);
+            stage[j] = src[k];
         }
-        memcpy(p->eff + out, p->tmp, n * sizeof(uint32_t));
+        if (stage != deff)
+            memcpy(deff, stage, n * sizeof(uint32_t));
     }
-    *n_out = out + n;
+    *n_out = n;
 }
 
-/* Pass 1: check every index and length, count truncated and skipped, find the longest. */
-static int scan(planner *p, size_t n_lengths, char *msg, size_t len)
+/* Pass 1: check every index and length, count truncated and skipped, find the longest.
+ *
+ * The gather through a shuffled order misses the cache on every sample. Two things help: asking
+ * for the length a few dozen samples ahead overlaps those misses (about 2x at 1e7 samples), and,
+ * for large shuffled inputs with max_seq_len < 65535, gathering from a 16-bit copy of the
+ * lengths clamped to max_seq_len + 1 (a sequential pass): half the bytes, so 1e7 lengths fit the
+ * last-level cache (20 MB) and the gather mostly hits it. The copy keeps 0 (an error) and
+ * "longer than max_seq_len" apart, so the results are the same. */
+static inline __attribute__((always_inline)) int scan_loop(planner *p, const uint16_t *c16,
+                                                           size_t n_lengths, char *msg, size_t len)
 {
     const uint32_t maxl = p->c.max_seq_len;
+    const size_t n = p->n_order, pre = n > PREFETCH ? n - PREFETCH : 0;
+    const uint64_t *order = p->order;
+    uint32_t *eff = p->eff, hmax = p->hmax;
+    size_t kept = 0;
+    int err = 0;
 
-    for (size_t k = 0; k < p->n_order; k++) {
-        uint64_t i = p->order ? p->order[k] : k;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t i = order ? order[k] : k;
         uint32_t l;
 
-        /* The gather through a shuffled order misses the cache on every sample; asking for the
-         * length a few dozen samples ahead overlaps those misses (about 2x at 1e7 samples). */
-        if (p->order && k + PREFETCH < p->n_order && p->order[k + PREFETCH] < n_lengths)
-            __builtin_prefetch(&p->lengths[p->order[k + PREFETCH]]);
-        if (i >= n_lengths)
-            return fail(msg, len, SL_EINVAL, "order[%zu] = %" PRIu64 " is out of range [0, %zu)", k,
-                        i, n_lengths);
-        l = p->lengths[i];
-        if (l == 0)
-            return fail(msg, len, SL_EINVAL,
-                        "sample %" PRIu64 " has length 0 (every length must be at least 1)", i);
+        if (order && k < pre && order[k + PREFETCH] < n_lengths) {
+            if (c16)
+                __builtin_prefetch(&c16[order[k + PREFETCH]]);
+            else
+                __builtin_prefetch(&p->lengths[order[k + PREFETCH]]);
+        }
+        if (i >= n_lengths) {
+            err = fail(msg, len, SL_EINVAL, "order[%zu] = %" PRIu64 " is out of range [0, %zu)", k,
+                       i, n_lengths);
+            break;
+        }
+        l = c16 ? c16[i] : p->lengths[i];
+        if (l == 0) {
+            err = fail(msg, len, SL_EINVAL,
+                       "sample %" PRIu64 " has length 0 (every length must be at least 1)", i);
+            break;
+        }
         if (l > maxl) {
             if (p->c.overlong == SL_BATCH_SKIP) {
                 p->skipped++;
-                p->eff[k] = 0;
+                eff[k] = 0;
                 continue;
             }
             p->truncated++;
             l = maxl;
         }
-        if (l > p->hmax)
-            p->hmax = l;
-        p->eff[k] = l;
-        p->n_idx++;
+        hmax = l > hmax ? l : hmax;
+        eff[k] = l;
+        kept++;
     }
-    return 0;
+    p->hmax = hmax;
+    p->n_idx += kept;
+    return err;
+}
+
+static int scan(planner *p, size_t n_lengths, char *msg, size_t len)
+{
+    const uint32_t maxl = p->c.max_seq_len;
+    uint16_t *c16 = NULL;
+    size_t n16 = 0;
+    int err;
+
+    if (p->order && n_lengths >= COMPACT_MIN && n_lengths / 2 <= p->n_order && maxl < UINT16_MAX &&
+        (c16 = acct_alloc(&p->a, n_lengths * sizeof(uint16_t))) != NULL) {
+        const uint32_t cap = maxl + 1, *restrict src = p->lengths;
+        uint16_t *restrict dst = c16;
+
+        n16 = n_lengths;
+        for (size_t i = 0; i < n_lengths; i++)
+            dst[i] = (uint16_t)(src[i] < cap ? src[i] : cap);
+    }
+    /* Two copies of the loop, so neither tests which array it reads per sample. */
+    if (c16)
+        err = scan_loop(p, c16, n_lengths, msg, len);
+    else
+        err = scan_loop(p, NULL, n_lengths, msg, len);
+    acct_free(&p->a, c16, n16 * sizeof(uint16_t));
+    return err;
+}
+
+/* Whether the dynamic strategy carries sequences between windows: only under the padded cost
+ * (the sum cost pads nothing) and with at least CARRY_MIN_WINDOWS full windows, which keeps the
+ * carry scratch (45 bytes per sample of a window) under 3 bytes per sequence. */
+static int carry_mode(const planner *p, size_t win)
+{
+    return p->c.strategy == SL_BATCH_DYNAMIC && p->c.cost == SL_BATCH_COST_PADDED && win > 0 &&
+           p->n_order / win >= CARRY_MIN_WINDOWS;
 }
 
 static int alloc_scratch(planner *p, size_t win)
@@ -685,6 +795,23 @@ static int alloc_scratch(planner *p, size_t win)
             p->lut[e] = (uint32_t)(e / p->c.bucket_width);
     }
     if (p->c.strategy == SL_BATCH_PACKED) {
+        p->n_win = win < p->n_order ? win : p->n_order;
+        if (!(p->win = acct_alloc(&p->a, p->n_win * sizeof(uint32_t))))
+            return -ENOMEM;
+    }
+    if (carry_mode(p, win)) {
+        p->cap_carry = CARRY_WINDOWS * win;
+        p->cap_pool = p->cap_carry + win;
+        p->pidx = acct_alloc(&p->a, p->cap_pool * sizeof(uint32_t));
+        p->peff = acct_alloc(&p->a, p->cap_pool * sizeof(uint32_t));
+        p->page = acct_alloc(&p->a, p->cap_pool);
+        p->cidx = acct_alloc(&p->a, p->cap_carry * sizeof(uint32_t));
+        p->ceff = acct_alloc(&p->a, p->cap_carry * sizeof(uint32_t));
+        p->cage = acct_alloc(&p->a, p->cap_carry);
+        if (!p->pidx || !p->peff || !p->page || !p->cidx || !p->ceff || !p->cage)
+            return -ENOMEM;
+    }
+    if (p->c.strategy == SL_BATCH_PACKED) {
         p->n_heads = (size_t)p->hmax + 1;
         p->bits.n0 = (p->n_heads + 63) / 64;
         p->bits.n1 = (p->bits.n0 + 63) / 64;
@@ -707,7 +834,10 @@ static void free_scratch(planner *p)
 {
     acct_free(&p->a, p->hist, p->n_hist * sizeof(uint32_t));
     acct_free(&p->a, p->keys, p->n_keys * sizeof(uint64_t));
-    acct_free(&p->a, p->eff, p->n_eff * sizeof(uint32_t));
+    if (p->eff != p->idx)
+        acct_free(&p->a, p->eff, p->n_eff * sizeof(uint32_t));
+    acct_free(&p->a, p->win, p->n_win * sizeof(uint32_t));
+    p->win = NULL;
     acct_free(&p->a, p->tmp, p->n_tmp * sizeof(uint32_t));
     acct_free(&p->a, p->lut, p->n_lut * sizeof(uint32_t));
     acct_free(&p->a, p->heads, p->n_heads * sizeof(uint32_t));
@@ -715,11 +845,130 @@ static void free_scratch(planner *p)
     acct_free(&p->a, p->bits.l1, p->bits.n1 * sizeof(uint64_t));
     acct_free(&p->a, p->bits.l2, p->bits.n2 * sizeof(uint64_t));
     acct_free(&p->a, p->bins, p->cap_bins * sizeof(bin));
+    acct_free(&p->a, p->pidx, p->cap_pool * sizeof(uint32_t));
+    acct_free(&p->a, p->peff, p->cap_pool * sizeof(uint32_t));
+    acct_free(&p->a, p->page, p->cap_pool);
+    acct_free(&p->a, p->cidx, p->cap_carry * sizeof(uint32_t));
+    acct_free(&p->a, p->ceff, p->cap_carry * sizeof(uint32_t));
+    acct_free(&p->a, p->cage, p->cap_carry);
+    p->pidx = p->peff = p->cidx = p->ceff = NULL;
+    p->page = p->cage = NULL;
     p->hist = NULL;
     p->keys = NULL;
     p->eff = p->tmp = p->heads = p->lut = NULL;
     p->bits.l0 = p->bits.l1 = p->bits.l2 = NULL;
     p->bins = NULL;
+}
+
+/* The dynamic strategy with many small windows. A window of ~100 batches holds few very short
+ * and very long sequences, so the batches at the two ends of its length range mix lengths far
+ * apart (they caused most of the padding: a batch of the shortest sequences padded a third of
+ * its tokens). Each window is sorted and merged with the sequences earlier windows carried
+ * (already sorted), the pool is cut greedily, and a batch is only kept if it pads at most
+ * CARRY_PAD_PERMILLE / 1000 or it is the last window or one of its sequences has waited
+ * CARRY_WINDOWS windows already; the other batches, and the last, incomplete one, are carried
+ * into the next window's pool. So a sequence is batched at most CARRY_WINDOWS windows after its
+ * own, and sparse lengths find partners in the next windows instead of padding. Kept batches are
+ * laid out in idx in order; the number of planned sequences is returned in *n_out. */
+static int plan_carry(planner *p, size_t win, size_t *n_out)
+{
+    size_t n = 0;
+    int err;
+
+    for (size_t a = 0; a < p->n_order; a += win) {
+        size_t b = p->n_order - a < win ? p->n_order : a + win, C = p->n_carry, k, i = 0, j = 0;
+        size_t o = 0, r0 = p->n_recs, w = r0;
+        int last = b == p->n_order;
+
+        if (p->hist && (b - a) * 4 >= p->n_hist) {
+            /* One counting sort of the carried sequences (first, so they come first on ties)
+             * and the window's: no merge, no branch per sequence. */
+            uint32_t *h = p->hist, sum = 0;
+
+            memset(h, 0, p->n_hist * sizeof(uint32_t));
+            for (size_t q = 0; q < C; q++)
+                h[p->ceff[q]]++;
+            for (size_t q = a; q < b; q++)
+                h[p->eff[q]]++; /* skipped samples count under 0 and are left out below */
+            for (size_t v = 1; v < p->n_hist; v++) {
+                uint32_t c = h[v];
+
+                h[v] = sum;
+                sum += c;
+            }
+            for (size_t q = 0; q < C; q++) {
+                uint32_t pos = h[p->ceff[q]]++;
+
+                p->pidx[pos] = p->cidx[q];
+                p->peff[pos] = p->ceff[q];
+                p->page[pos] = p->cage[q];
+            }
+            for (size_t q = a; q < b; q++) {
+                uint32_t e = p->eff[q], pos;
+
+                if (e) {
+                    pos = h[e]++;
+                    p->pidx[pos] = order_at(p, q);
+                    p->peff[pos] = e;
+                    p->page[pos] = 0;
+                }
+            }
+            k = sum - C;
+            i = C;
+            j = k;
+        } else {
+            sort_window(p, p->eff + a, a, b, p->pidx + C, p->peff + C, p->peff + C, &k, 0);
+        }
+        /* Merge: the carried run comes first on ties (it is older). The window's run sits at
+         * the end of the pool, so the merge never overwrites what it has still to read. */
+        while (i < C && j < k) {
+            if (p->ceff[i] <= p->peff[C + j]) {
+                p->pidx[o] = p->cidx[i];
+                p->peff[o] = p->ceff[i];
+                p->page[o++] = p->cage[i++];
+            } else {
+                p->pidx[o] = p->pidx[C + j];
+                p->peff[o] = p->peff[C + j];
+                p->page[o++] = 0;
+                j++;
+            }
+        }
+        for (; i < C; i++, o++) {
+            p->pidx[o] = p->cidx[i];
+            p->peff[o] = p->ceff[i];
+            p->page[o] = p->cage[i];
+        }
+        for (; j < k; j++, o++)
+            p->page[o] = 0; /* already in place: o == C + j */
+        (void)o;
+        p->n_carry = 0;
+        if ((err = cut_greedy(p, p->peff, 0, C + k)) != 0)
+            return err;
+        for (size_t r = r0; r < p->n_recs; r++) {
+            rec x = p->recs[r];
+            uint64_t padded = (uint64_t)x.count * x.max_len;
+            int carry = !last && (r + 1 == p->n_recs || (padded - x.tokens) * 1000 >
+                                                            (uint64_t)CARRY_PAD_PERMILLE * padded);
+
+            for (uint32_t q = 0; carry && q < x.count; q++)
+                carry = p->page[x.start + q] < CARRY_WINDOWS;
+            if (carry) {
+                for (uint32_t q = 0; q < x.count; q++, p->n_carry++) {
+                    p->cidx[p->n_carry] = p->pidx[x.start + q];
+                    p->ceff[p->n_carry] = p->peff[x.start + q];
+                    p->cage[p->n_carry] = (uint8_t)(p->page[x.start + q] + 1);
+                }
+                continue;
+            }
+            memcpy(p->idx + n, p->pidx + x.start, x.count * sizeof(uint32_t));
+            x.start = (uint32_t)n;
+            n += x.count;
+            p->recs[w++] = x;
+        }
+        p->n_recs = w;
+    }
+    *n_out = n;
+    return 0;
 }
 
 /* The cost a step balances: what the trainer computes for the batch. */
@@ -899,11 +1148,15 @@ int sl_batch_plan_new(sl_batch_plan **out, const sl_batch_config *cfg, const uin
     p.beff = p.c.max_batch_size;
     if (p.c.strategy != SL_BATCH_PACKED)
         p.beff -= p.beff % p.c.batch_size_multiple;
+    win = p.c.window == 0 || p.c.window > n_order ? n_order : (size_t)p.c.window;
+    p.windowed = p.c.strategy == SL_BATCH_PACKED || carry_mode(&p, win);
     p.n_eff = n_order;
     if (!(p.eff = acct_alloc(&p.a, n_order * sizeof(uint32_t)))) {
         err = -ENOMEM;
         goto out;
     }
+    if (p.windowed)
+        p.idx = p.eff; /* sized for every order position until the windows are done */
     if ((err = scan(&p, n_lengths, msg, len)) != 0)
         goto out;
 
@@ -917,9 +1170,8 @@ int sl_batch_plan_new(sl_batch_plan **out, const sl_batch_config *cfg, const uin
     if (!plan->ranks)
         goto out;
     memset(plan->ranks, 0, p.c.replicas * sizeof(sl_batch_stats));
-    if (!(p.idx = acct_alloc(&p.a, p.n_idx * sizeof(uint32_t))))
+    if (!p.windowed && !(p.idx = acct_alloc(&p.a, p.n_idx * sizeof(uint32_t))))
         goto out;
-    win = p.c.window == 0 || p.c.window > n_order ? n_order : (size_t)p.c.window;
     if ((err = alloc_scratch(&p, win)) != 0)
         goto out;
     /* A first guess at the batch count keeps the record array from growing many times. */
@@ -929,23 +1181,40 @@ int sl_batch_plan_new(sl_batch_plan **out, const sl_batch_config *cfg, const uin
         goto out;
     }
 
-    /* Windows alternate between ascending and descending order, so the longest sequences at
-     * the end of one window meet the longest at the start of the next and the greedy cut runs
-     * across window boundaries without a half-empty batch at each one. */
-    for (size_t a = 0, w = 0; a < n_order; a += win, w++) {
-        size_t b = n_order - a < win ? n_order : a + win, seg = n;
+    if (carry_mode(&p, win)) {
+        if ((err = plan_carry(&p, win, &n)) != 0)
+            goto out;
+    } else {
+        /* Windows alternate between ascending and descending order, so the longest sequences
+         * at the end of one window meet the longest at the start of the next and the greedy
+         * cut runs across window boundaries without a half-empty batch at each one. */
+        for (size_t a = 0, w = 0; a < n_order; a += win, w++) {
+            size_t b = n_order - a < win ? n_order : a + win, seg = n, k;
 
-        if (p.c.strategy == SL_BATCH_PACKED) {
-            sort_window(&p, a, b, &n, 0);
-            if (n > seg && (err = cut_packed(&p, seg, n)) != 0)
-                goto out;
-        } else {
-            sort_window(&p, a, b, &n, (int)(w % 2));
+            if (p.c.strategy == SL_BATCH_PACKED) {
+                /* eff is idx here: the window is sorted into scratch (samples in tmp, lengths
+                 * in win), then packed back into idx, which never runs ahead of eff. */
+                sort_window(&p, p.eff + a, a, b, p.tmp, p.win, p.win, &k, 0);
+                n += k;
+                if (n > seg && (err = cut_packed(&p, p.win, p.tmp, seg, n)) != 0)
+                    goto out;
+            } else {
+                sort_window(&p, p.eff + a, a, b, p.idx + n, p.eff + n, p.tmp, &k, (int)(w % 2));
+                n += k;
+            }
         }
+        if (p.c.strategy != SL_BATCH_PACKED && (err = cut_greedy(&p, p.eff, 0, n)) != 0)
+            goto out;
     }
-    if (p.c.strategy != SL_BATCH_PACKED && (err = cut_greedy(&p, 0, n)) != 0)
-        goto out;
     free_scratch(&p);
+    if (p.windowed && p.n_idx < n_order) {
+        /* Skipped samples: give back the order positions idx no longer needs. */
+        uint32_t *q = acct_realloc(&p.a, p.idx, n_order * sizeof(uint32_t),
+                                   (p.n_idx ? p.n_idx : 1) * sizeof(uint32_t));
+
+        if (q)
+            p.idx = q;
+    }
     if ((err = arrange(&p, plan)) != 0)
         goto out;
     sum_stats(&p, plan);

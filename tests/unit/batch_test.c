@@ -781,14 +781,145 @@ static void test_quality_and_memory(void)
                (double)held / (double)n, (double)peak / (double)n);
         CHECK(peak <= 16 * n, "%s: peak %zu bytes > 16 per sequence", sl_batch_strategy_name(s),
               peak);
-        /* A window of ~100 batches pads about 2.2% (padding falls as 1 / window: ~1.2% at 200
-         * batches, 0.01% for the whole epoch); see docs/batching.md. */
+        /* The issue's goal for a window of ~100 batches: at most 2% padding and at least 95%
+         * fill (about 1.7% and 95.5% here, with carrying; 2.2% without); see docs/batching.md. */
         if (s == SL_BATCH_DYNAMIC)
-            CHECK(st.padding_fraction <= 0.025 && st.fill >= 0.95, "dynamic: %f %f",
+            CHECK(st.padding_fraction <= 0.02 && st.fill >= 0.95, "dynamic: %f %f",
                   st.padding_fraction, st.fill);
         if (s == SL_BATCH_PACKED)
             CHECK(st.fill >= 0.99, "packed fill %f", st.fill);
         sl_batch_plan_free(p);
+    }
+    free(len);
+    free(order);
+}
+
+static uint64_t plan_hash(const sl_batch_plan *p)
+{
+    uint64_t h = 1469598103934665603ull;
+    sl_batch b;
+
+    for (uint64_t i = 0; i < sl_batch_plan_batches_per_rank(p); i++) {
+        get(p, 0, i, &b);
+        for (uint32_t j = 0; j < b.count; j++)
+            h = (h ^ b.indices[j]) * 1099511628211ull;
+        h = (h ^ b.max_len) * 1099511628211ull;
+    }
+    return h;
+}
+
+static void test_carry(void)
+{
+    /* dynamic with many small windows carries badly padded batches and each window's last,
+     * incomplete batch into the next window, for at most 2 windows: so the samples of any batch
+     * come from at most 3 consecutive windows of the order. */
+    size_t n = 60000, W = 500;
+    uint32_t *len = malloc(n * sizeof(uint32_t));
+    uint64_t *order = malloc(n * sizeof(uint64_t));
+    size_t *pos = malloc(n * sizeof(size_t));
+    sl_batch_config c = base(SL_BATCH_DYNAMIC, 1u << 16, 4096);
+    sl_batch_plan *p;
+    sl_batch_stats st;
+    size_t worst = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        len[i] = lognormal(5.5, 1, 4096);
+        order[i] = i;
+    }
+    shuffle(order, n);
+    for (size_t k = 0; k < n; k++)
+        pos[order[k]] = k;
+    c.max_tokens = 16384;
+    c.window = W;
+    c.keep_order = 1;
+    p = plan_or_die(&c, len, n, order, n);
+    for (uint64_t i = 0; i < sl_batch_plan_batches_per_rank(p); i++) {
+        sl_batch b;
+        size_t lo = SIZE_MAX, hi = 0;
+
+        get(p, 0, i, &b);
+        for (uint32_t j = 0; j < b.count; j++) {
+            size_t w = pos[b.indices[j]] / W;
+
+            lo = w < lo ? w : lo;
+            hi = w > hi ? w : hi;
+        }
+        worst = hi - lo > worst ? hi - lo : worst;
+    }
+    CHECK(worst <= 2, "a batch spans windows %zu apart", worst);
+    CHECK(worst >= 1, "nothing was carried");
+    sl_batch_plan_stats(p, -1, &st);
+    CHECK(st.sequences == n, "%" PRIu64 " of %zu sequences planned", st.sequences, n);
+    sl_batch_plan_free(p);
+    free(len);
+    free(order);
+    free(pos);
+}
+
+static void test_compact_gather(void)
+{
+    /* Shuffled inputs of 2^20 lengths or more with max_seq_len < 65535 are gathered from a
+     * 16-bit copy: the plan must be the one the 32-bit path makes (max_seq_len 70000 takes
+     * it), truncation and skipping must count the same, and a zero length must be reported
+     * only for a sample in the order. */
+    size_t n = (1u << 20) + 4099, n_order = n - n / 3;
+    uint32_t *len = malloc(n * sizeof(uint32_t));
+    uint64_t *order = malloc(n * sizeof(uint64_t));
+    sl_batch_config c = base(SL_BATCH_DYNAMIC, 1u << 16, 60000);
+    sl_batch_plan *a, *b;
+    sl_batch_stats sa, sb;
+    uint64_t over = 0;
+    char msg[256];
+    int err;
+
+    for (size_t i = 0; i < n; i++) {
+        len[i] = 1 + (uint32_t)(rnd() % 64999);
+        order[i] = i;
+    }
+    shuffle(order, n);
+    for (size_t k = 0; k < n_order; k++)
+        over += len[order[k]] > 60000;
+    c.max_tokens = 200000;
+    c.window = 20000;
+    for (int skip = 0; skip < 2; skip++) {
+        c.overlong = skip ? SL_BATCH_SKIP : SL_BATCH_TRUNCATE;
+        c.max_seq_len = 60000;
+        a = plan_or_die(&c, len, n, order, n_order);
+        sl_batch_plan_stats(a, -1, &sa);
+        CHECK((skip ? sa.skipped : sa.truncated) == over, "overlong %" PRIu64 " of %" PRIu64,
+              skip ? sa.skipped : sa.truncated, over);
+        if (!skip) {
+            /* Nothing is over 65000, so 70000 keeps every length as is: compare with lengths
+             * clamped by hand. */
+            uint32_t *cl = malloc(n * sizeof(uint32_t));
+
+            for (size_t i = 0; i < n; i++)
+                cl[i] = len[i] > 60000 ? 60000 : len[i];
+            c.max_seq_len = 70000;
+            b = plan_or_die(&c, cl, n, order, n_order);
+            sl_batch_plan_stats(b, -1, &sb);
+            CHECK(plan_hash(a) == plan_hash(b) && sa.batches == sb.batches &&
+                      sa.tokens == sb.tokens,
+                  "the 16-bit gather changed the plan");
+            sl_batch_plan_free(b);
+            free(cl);
+        }
+        sl_batch_plan_free(a);
+    }
+    /* A zero length outside the order is not an error; inside it is, naming the sample. */
+    c.overlong = SL_BATCH_TRUNCATE;
+    c.max_seq_len = 60000;
+    len[order[n_order]] = 0;
+    a = plan_or_die(&c, len, n, order, n_order);
+    sl_batch_plan_free(a);
+    len[order[n_order / 2]] = 0;
+    a = NULL;
+    err = sl_batch_plan_new(&a, &c, len, n, order, n_order, msg, sizeof(msg));
+    {
+        char want[64];
+
+        snprintf(want, sizeof(want), "sample %" PRIu64 " has length 0", order[n_order / 2]);
+        CHECK(err == SL_EINVAL && a == NULL && strstr(msg, want), "zero length: %s", msg);
     }
     free(len);
     free(order);
@@ -834,6 +965,8 @@ int main(void)
     test_determinism_epochs();
     test_balance();
     test_quality_and_memory();
+    test_carry();
+    test_compact_gather();
 #ifdef SL_HAVE_SAMPLE
     test_with_sampler();
 #endif
