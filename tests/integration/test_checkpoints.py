@@ -718,6 +718,21 @@ class CliTest(CheckpointTest):
             self.assertIn("--resume", r.stdout)
             r = cli("ckpt", "rm", "j", "step_7", addr=a)
             self.assertEqual(r.returncode, 0, r.stderr)
+            # Resume an interrupted upload from the CLI.
+            cli("ckpt", "begin", "j", "res", "--world", "1", addr=a)
+            big = shard_bytes(9, 3 * MiB)
+            with open(os.path.join(src, "big.bin"), "wb") as f:
+                f.write(big)
+            with self.assertRaises(grpc.RpcError):
+                self.stub.UploadShard(upload_requests("j", "res", 0, big[:2 * MiB],
+                                                      data_size=len(big)))
+            r = cli("ckpt", "status", "j", "res", "--rank", "0", "--json", addr=a)
+            self.assertEqual(json.loads(r.stdout)["held_bytes"], 2 * MiB)
+            r = cli("ckpt", "upload", "j", "res", os.path.join(src, "big.bin"), "--rank", "0",
+                    "--resume", addr=a)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(hashlib.sha256(big).hexdigest(), r.stdout)
+            self.assertEqual(self.download("j", "res", 0)[0], big)
 
     test_parallel_upload_commit_verify_download = None
     test_corruption_detected = None
