@@ -471,7 +471,9 @@ int feed_job_report(fjob *j, uint32_t dp, uint64_t epoch, uint64_t position, int
     }
     /* A batch job's count is known once its plan is ready; before that (right after a daemon
      * restart) the report is recorded unchecked and completion waits for the plan. */
-    if (feed_job_count(j, dp, &count) == 0 && position > count) {
+    if (feed_job_count(j, dp, &count) != 0)
+        count = j->samples; /* no rank gets more batches than there are samples */
+    if (position > count) {
         snprintf(msg, len, "position %llu past the end of dp rank %u's share (%llu)",
                  (unsigned long long)position, dp, (unsigned long long)count);
         return SL_EINVAL;

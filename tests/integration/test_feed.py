@@ -343,6 +343,9 @@ class FeedTest(unittest.TestCase):
         self.assertEqual(code, C.FAILED_PRECONDITION)
         self.assertIn("no lengths", msg)
         self.assertEqual(self.code(c.stream_indices, "b", 0)[0], C.FAILED_PRECONDITION)
+        # Before the plan exists a report is bounded by the sample count.
+        self.assertEqual(self.code(c.report_progress, "b", 0, 0, 2**64 - 1)[0],
+                         C.INVALID_ARGUMENT)
         c.upload_lengths("tok", lengths)
         per_rank = []
         for r in range(4):
