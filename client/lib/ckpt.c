@@ -7,6 +7,7 @@
 #include "sluice/v1/checkpoint.pb-c.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,6 +313,80 @@ static int read_at(int fd, void *buf, size_t len, uint64_t off)
     return 0;
 }
 
+/* The local checksum of an upload is computed on a helper thread while the calling thread reads
+ * and sends, over HASH_BUFS rotating buffers: a buffer is reused once it has been both sent
+ * (sl_rpc_stream_write copies it) and hashed. */
+#define HASH_BUFS 3
+
+typedef struct hasher {
+    pthread_t thread;
+    int running;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    sl_sha256 *sha; /* NULL: no local checksum */
+    uint8_t *bufs[HASH_BUFS];
+    size_t lens[HASH_BUFS];
+    uint64_t posted, hashed;
+    int quit;
+} hasher;
+
+static void *hasher_main(void *arg)
+{
+    hasher *h = arg;
+
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (h->hashed == h->posted && !h->quit)
+            pthread_cond_wait(&h->cv, &h->mu);
+        if (h->hashed == h->posted)
+            break;
+        size_t k = (size_t)(h->hashed % HASH_BUFS);
+        pthread_mutex_unlock(&h->mu);
+        sl_sha256_update(h->sha, h->bufs[k], h->lens[k]);
+        pthread_mutex_lock(&h->mu);
+        h->hashed++;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* The buffer for chunk number `seq`, once the hash of its previous use is done. */
+static uint8_t *hasher_buffer(hasher *h, uint64_t seq)
+{
+    if (h->running) {
+        pthread_mutex_lock(&h->mu);
+        while (h->hashed + HASH_BUFS <= seq)
+            pthread_cond_wait(&h->cv, &h->mu);
+        pthread_mutex_unlock(&h->mu);
+    }
+    return h->bufs[seq % HASH_BUFS];
+}
+
+static void hasher_post(hasher *h, uint64_t seq, size_t len)
+{
+    if (!h->running)
+        return;
+    pthread_mutex_lock(&h->mu);
+    h->lens[seq % HASH_BUFS] = len;
+    h->posted = seq + 1;
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Wait for every posted chunk to be hashed and stop the thread. */
+static void hasher_stop(hasher *h)
+{
+    if (!h->running)
+        return;
+    pthread_mutex_lock(&h->mu);
+    h->quit = 1;
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->thread, NULL);
+    h->running = 0;
+}
+
 int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, const char *name,
                       int32_t rank, int fd, uint64_t size, const sl_ckpt_upload_opts *opts)
 {
@@ -323,13 +398,16 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
     sl_rpc_stream *s = NULL;
     sl_sha256 *sha = NULL;
     sl_rpc_status st;
-    uint8_t *buf = NULL;
+    hasher hs;
     char local[65];
-    uint64_t off = 0;
+    uint64_t off = 0, seq = 0;
     int64_t shape1;
     size_t chunk;
     int err;
 
+    memset(&hs, 0, sizeof(hs));
+    pthread_mutex_init(&hs.mu, NULL);
+    pthread_cond_init(&hs.cv, NULL);
     if (!opts)
         opts = &defaults;
     chunk = opts->chunk_bytes ? opts->chunk_bytes : (1u << 20);
@@ -340,9 +418,11 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
         int running = 0;
         err = sl_ckpt_upload_status(c, &held, &running, NULL, job, name, rank);
         if (err)
-            return err;
-        if (running)
-            return sl_client_set_error(SL_ESTATE, "an upload of rank %d is running now", rank);
+            goto out;
+        if (running) {
+            err = sl_client_set_error(SL_ESTATE, "an upload of rank %d is running now", rank);
+            goto out;
+        }
         off = held <= size ? held : 0;
     }
     if (opts->tensors) {
@@ -386,10 +466,12 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
     hdr.data_size = size;
     hdr.sha256 = (char *)(opts->sha256 ? opts->sha256 : "");
     hdr.offset = off;
-    buf = malloc(chunk);
-    if (!buf) {
-        err = sl_client_set_error(-ENOMEM, "out of memory");
-        goto out;
+    for (int k = 0; k < HASH_BUFS; k++) {
+        hs.bufs[k] = malloc(chunk);
+        if (!hs.bufs[k]) {
+            err = sl_client_set_error(-ENOMEM, "out of memory");
+            goto out;
+        }
     }
     if (!opts->no_verify) {
         err = sl_sha256_new(&sha);
@@ -400,6 +482,12 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
             err = sl_client_set_error(err, "cannot hash the local file: %s", sl_strerror(err));
             goto out;
         }
+        hs.sha = sha;
+        if (pthread_create(&hs.thread, NULL, hasher_main, &hs) != 0) {
+            err = sl_client_set_error(-EAGAIN, "cannot start the hashing thread");
+            goto out;
+        }
+        hs.running = 1;
     }
     err = sl_rpc_stream_open(&s, c->rpc, SVC "UploadShard", -1);
     if (err) {
@@ -412,6 +500,7 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
     msg.kind_case = SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK;
     while (!err && off < size) {
         size_t n = size - off < chunk ? (size_t)(size - off) : chunk;
+        uint8_t *buf = hasher_buffer(&hs, seq);
         err = read_at(fd, buf, n, off);
         if (err) {
             sl_rpc_stream_cancel(s);
@@ -419,8 +508,7 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
                                       (unsigned long long)off, sl_strerror(err));
             goto out;
         }
-        if (sha)
-            sl_sha256_update(sha, buf, n);
+        hasher_post(&hs, seq++, n);
         msg.chunk.data = buf;
         msg.chunk.len = n;
         err = sl_rpc_stream_write(s, &msg.base, 0);
@@ -447,6 +535,7 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
         goto out;
     }
     if (sha) {
+        hasher_stop(&hs);
         sl_sha256_final(sha, local);
         if (strcmp(local, resp->sha256 ? resp->sha256 : "") != 0) {
             err = sl_client_set_error(SL_ECORRUPT,
@@ -467,9 +556,13 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
 out:
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
+    hasher_stop(&hs);
+    pthread_cond_destroy(&hs.cv);
+    pthread_mutex_destroy(&hs.mu);
+    for (int k = 0; k < HASH_BUFS; k++)
+        free(hs.bufs[k]);
     sl_rpc_stream_free(s);
     sl_sha256_free(sha);
-    free(buf);
     free(tinfo);
     free(tptr);
     return err;
