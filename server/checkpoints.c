@@ -58,7 +58,9 @@ struct sl_ckpt_svc {
     sl_daemon *d;
     char root[PATH_MAX]; /* <data dir>/checkpoints */
     sl_rpc_service svc;
-    upload *uploads; /* active uploads (loop thread) */
+    upload *uploads;   /* active uploads (loop thread) */
+    uint64_t mem_held; /* bytes of upload chunks in memory, all uploads */
+    int mem_blocked;   /* an upload did not ask for its next chunk because of the budget */
     busy *committing;
     uv_timer_t sweep;
 };
@@ -1060,6 +1062,7 @@ static void up_free_chunks(upload *up, int all)
 
     for (; up->seq_free < upto; up->seq_free++) {
         struct chunk *c = &up->ring[up->seq_free % UP_RING];
+        up->svc->mem_held -= ((const Sluice__V1__UploadShardRequest *)c->msg)->chunk.len;
         protobuf_c_message_free_unpacked(c->msg, NULL);
         c->msg = NULL;
     }
@@ -1375,9 +1378,24 @@ static void up_recorded(upload *up)
     sl_rpc_call_reply(up->call, &resp.base);
 }
 
+/* Pump the uploads that wait for memory, once some is free. */
+static void up_wake_blocked(sl_ckpt_svc *s)
+{
+    if (!s->mem_blocked || s->mem_held >= s->d->cfg.upload_memory)
+        return;
+    s->mem_blocked = 0;
+    for (upload *u = s->uploads, *next; u; u = next) {
+        next = u->next; /* u may unregister itself; it never removes another */
+        if (u->have_header && !u->reading && !u->stopped && !u->eof)
+            up_pump(u);
+    }
+}
+
 /* After a lane job: go on, or end the disk work of a stopped upload once both lanes are idle. */
 static void up_continue(upload *up)
 {
+    sl_ckpt_svc *s = up->svc;
+
     if (up->stopped) {
         if (!up->busy && !up->hbusy) {
             up_free_chunks(up, 1);
@@ -1388,6 +1406,7 @@ static void up_continue(upload *up)
     } else {
         up_pump(up);
     }
+    up_wake_blocked(s);
 }
 
 static void up_after(uv_work_t *w, int status)
@@ -1449,7 +1468,11 @@ static void up_pump(upload *up)
         uv_queue_work(&up->svc->d->loop, &up->hwork, up_hash_work, up_hash_after);
     }
     if (!up->reading && !up->eof && up->seq_tail - up->seq_free < UP_INFLIGHT) {
-        if (sl_rpc_call_read(up->call) == 0)
+        /* The budget bounds memory across thousands of concurrent ranks; a waiting upload is
+         * pumped again when chunks are freed (up_continue). */
+        if (up->svc->mem_held >= up->svc->d->cfg.upload_memory)
+            up->svc->mem_blocked = 1;
+        else if (sl_rpc_call_read(up->call) == 0)
             up->reading = 1;
     }
     if (up->eof && !up->busy && !up->hbusy && up->seq_hash == up->seq_tail &&
@@ -1612,6 +1635,7 @@ static void up_message(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
         struct chunk *c = &up->ring[up->seq_tail % UP_RING];
         c->msg = sl_rpc_call_take_message(call);
         c->off = up->received;
+        up->svc->mem_held += m->chunk.len;
         up->seq_tail++;
         up->received += m->chunk.len;
     }

@@ -49,6 +49,9 @@ static const setting settings[] = {
      0, INT64_MAX, 0, "N   largest checkpoint shard accepted (default 1099511627776)"},
     {"upload-timeout", "SLUICE_UPLOAD_TIMEOUT", K_SECONDS, offsetof(sl_config, upload_timeout_ms),
      0, 0, 86400 * 30, 0, "S  idle partial uploads are removed after S seconds (default 3600)"},
+    {"upload-memory", "SLUICE_UPLOAD_MEMORY", K_BYTES, offsetof(sl_config, upload_memory), 0,
+     8 << 20, INT64_MAX, 0,
+     "N     upload data held in memory, all uploads together (default 1 GiB)"},
     {"metrics-listen", "SLUICE_METRICS_LISTEN", STR(metrics_listen, 1),
      "ADDR Prometheus /metrics over HTTP on ADDR (default: off)"},
     {"tls-cert", "SLUICE_TLS_CERT", STR(tls_cert, 1),
@@ -216,6 +219,7 @@ static void set_defaults(sl_config *cfg)
     cfg->rpc_threads = 2;
     cfg->max_shard_bytes = 1ULL << 40;
     cfg->upload_timeout_ms = 3600 * 1000;
+    cfg->upload_memory = 1ULL << 30;
 }
 
 int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)

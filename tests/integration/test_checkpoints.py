@@ -746,13 +746,34 @@ class CliTest(CheckpointTest):
 
 
 class SmallLimitsTest(CheckpointTest):
-    daemon_args = ("--max-shard-bytes", "1000", "--upload-timeout", "0.3")
+    daemon_args = ("--max-shard-bytes", str(8 * MiB), "--upload-timeout", "0.3",
+                   "--upload-memory", str(8 * MiB))
+
+    def test_memory_budget(self):
+        # 6 ranks x 6 MiB in 1 MiB chunks through an 8 MiB budget: all complete, none starves.
+        self.begin(name="m", world=6)
+        datas = [shard_bytes(r, 6 * MiB - r) for r in range(6)]
+        out, errors = [None] * 6, []
+
+        def run(r):
+            try:
+                out[r] = self.upload("job1", "m", r, datas[r])
+            except grpc.RpcError as e:
+                errors.append(e)
+        ts = [threading.Thread(target=run, args=(r,)) for r in range(6)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual([o.sha256 for o in out], [hashlib.sha256(d).hexdigest() for d in datas])
 
     def test_limits(self):
         self.begin(name="l", world=1)
-        code, msg = self.code_of(self.upload, "job1", "l", 0, b"x" * 1001)
+        code, msg = self.code_of(self.upload, "job1", "l", 0, b"", data_size=8 * MiB + 1,
+                                 tensors=[])
         self.assertEqual(code, grpc.StatusCode.RESOURCE_EXHAUSTED)
-        self.assertIn("1000", msg)
+        self.assertIn(str(8 * MiB), msg)
 
     def test_abandoned_partial_removed(self):
         self.begin(name="a", world=1)
