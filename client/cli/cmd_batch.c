@@ -15,7 +15,7 @@ static const char usage_text[] =
     "Usage: sluice batch --lengths FILE --max-batch-size B --max-seq-len L [options]\n"
     "\n"
     "Plan one epoch's batches of variable-length sequences under a token budget, for all\n"
-    "data-parallel ranks, and print one JSON object per batch:\n"
+    "data-parallel ranks, and print one JSON object per batch (JSON lines, always):\n"
     "  {\"rank\":R,\"step\":S,\"indices\":[...],\"max_len\":M,\"tokens\":T,\"padded_tokens\":P}\n"
     "then a last line {\"summary\":{...}} (batches, padding_fraction, fill, ...). Rank r gets\n"
     "batches r, r+D, r+2D, ... of the shuffled plan; every rank gets the same number.\n"
@@ -40,20 +40,34 @@ static const char usage_text[] =
     "  --keep-order              do not shuffle the batches (for inspection)\n"
     "\n"
     "Ranks:\n"
-    "  --replicas D              data-parallel ranks (default 1)\n"
-    "  --rank R                  print only rank R's batches and stats (default: all ranks)\n"
+    "  --replicas D              data-parallel ranks (default 1); with --mesh, the world size\n"
+    "  --rank R                  print only rank R's batches and stats (default: all ranks);\n"
+    "                            with --mesh a global rank, printing its dp rank's batches\n"
+    "  --mesh DP,TP,CP,PP        device mesh (product = --replicas): plan for the DP\n"
+    "                            data-parallel ranks; tp/cp/pp ranks share their dp rank's\n"
+    "  --mesh-order AXES         mesh axes outermost first (default pp,dp,cp,tp)\n"
     "  --remainder P             drop (default) or pad (repeat batches from the start) so every\n"
     "                            rank gets the same number of batches\n"
     "  --balance                 give the D batches of each step about the same cost\n"
     "\n"
-    "Order (as in `sluice sample`):\n"
+    "Order (as in `sluice sample`; see docs/batching.md):\n"
     "  --shuffle MODE            none | torch | feistel (default): the epoch order of samples\n"
     "  --seed S                  shuffle seed for the order and the batches (default 0)\n"
     "  --epoch E                 epoch (default 0)\n"
+    "  --partition MODE          plan the sampler's epoch order for this partition over the\n"
+    "                            D data-parallel ranks: interleaved (torch's layout: the order\n"
+    "                            padded by wrap-around, or cut with --drop-last, to a multiple\n"
+    "                            of D), contiguous (rank 0's block, then rank 1's, ...) or\n"
+    "                            chunked (the chunks in chunk order). Without it, the plain\n"
+    "                            shuffled order of all samples, each once\n"
+    "  --chunk-size C            samples per chunk for --partition chunked\n"
+    "  --drop-last               drop what the sampler drops instead of padding (implies\n"
+    "                            --partition interleaved unless one is given)\n"
     "\n"
     "Output:\n"
     "  --stats                   print only the summary line\n"
-    "  --json                    accepted for symmetry; the output is always JSON lines\n"
+    "  --json                    accepted for symmetry with other commands; the output is\n"
+    "                            JSON lines with or without it\n"
     "  -h, --help                show this help\n"
     "\n"
     "Exit codes: 0 ok, 1 error (unreadable or invalid lengths, invalid plan), 2 usage.\n";
@@ -79,6 +93,11 @@ enum {
     OPT_SEED,
     OPT_EPOCH,
     OPT_STATS,
+    OPT_PARTITION,
+    OPT_CHUNK,
+    OPT_DROP,
+    OPT_MESH,
+    OPT_MESH_ORDER,
 };
 
 /* Strict unsigned decimal in [min, max]: no sign, no spaces, no trailing characters. */
@@ -232,6 +251,117 @@ static int read_lengths(lengths *l, const char *path, int u32)
     return r;
 }
 
+/* "DP,TP,CP,PP": four sizes >= 1. */
+static int parse_mesh(sl_sample_mesh *m, const char *arg)
+{
+    uint64_t v[4];
+    const char *p = arg;
+
+    for (int i = 0; i < 4; i++) {
+        char *end;
+
+        errno = 0;
+        if (*p < '0' || *p > '9')
+            goto bad;
+        v[i] = strtoull(p, &end, 10);
+        if (errno || v[i] < 1 || v[i] > UINT32_MAX || *end != (i < 3 ? ',' : '\0'))
+            goto bad;
+        p = end + 1;
+    }
+    m->dp = (uint32_t)v[0];
+    m->tp = (uint32_t)v[1];
+    m->cp = (uint32_t)v[2];
+    m->pp = (uint32_t)v[3];
+    return 0;
+bad:
+    fprintf(stderr, "sluice batch: --mesh '%s' is not four sizes DP,TP,CP,PP (each >= 1)\n", arg);
+    return SL_CLI_USAGE;
+}
+
+/* The sampler's epoch order for a partition over sc->replicas ranks (sc has no mesh): the
+ * sequence whose round-robin deal (interleaved: by position; chunked: by chunk) or whose blocks
+ * (contiguous) give every rank its `sluice sample` share. Stores a new array (caller frees) of
+ * *n entries. */
+static int partition_order(uint64_t **out, size_t *n, sl_sample_config *sc)
+{
+    const uint32_t R = sc->replicas;
+    uint64_t N = sc->samples, total = 0, cnt, *v = NULL, *share = NULL, maxc = 0;
+    sl_sample *s = NULL;
+    char msg[256] = "";
+    int err = 0;
+
+    for (uint32_t r = 0; r < R; r++) {
+        sc->rank = r;
+        if ((err = sl_sample_share_count(&cnt, sc, msg, sizeof(msg))) != 0)
+            goto out;
+        total += cnt;
+        maxc = cnt > maxc ? cnt : maxc;
+    }
+    if (total > SL_BATCH_MAX_SEQUENCES) {
+        err = SL_ELIMIT;
+        snprintf(msg, sizeof(msg), "the partitioned order holds %" PRIu64 " samples, over %" PRIu32,
+                 total, SL_BATCH_MAX_SEQUENCES);
+        goto out;
+    }
+    if (!(v = malloc((total ? total : 1) * sizeof(uint64_t)))) {
+        err = -ENOMEM;
+        goto out;
+    }
+    if (sc->partition == SL_SAMPLE_INTERLEAVED) {
+        /* Position p of the padded (or cut) order is the epoch order's p mod N. */
+        uint64_t *perm = malloc(N * sizeof(uint64_t));
+
+        if (!perm) {
+            err = -ENOMEM;
+            goto out;
+        }
+        err = sl_sample_epoch_order(perm, N, (int)sc->shuffle, sc->seed, sc->epoch);
+        for (uint64_t p = 0; !err && p < total; p++)
+            v[p] = perm[p % N];
+        free(perm);
+        goto out;
+    }
+    if (!(share = malloc((maxc ? maxc : 1) * sizeof(uint64_t)))) {
+        err = -ENOMEM;
+        goto out;
+    }
+    for (uint32_t r = 0; r < R; r++) {
+        sc->rank = r;
+        if ((err = sl_sample_new(&s, sc, msg, sizeof(msg))) != 0)
+            goto out;
+        cnt = sl_sample_count(s);
+        if ((err = sl_sample_fill(share, s, 0, (size_t)cnt)) != 0)
+            goto out;
+        sl_sample_free(s);
+        s = NULL;
+        if (sc->partition == SL_SAMPLE_CONTIGUOUS) {
+            /* Rank r's block starts at r * floor(N / R); the last one may be longer. */
+            memcpy(v + (uint64_t)r * (N / R), share, cnt * sizeof(uint64_t));
+            continue;
+        }
+        /* Chunked: rank r's jj-th chunk sits at chunk-order position jj * R + r; every chunk
+         * before it is whole (the partial chunk comes last), so it starts at that times C. */
+        for (uint64_t jj = 0, pos = 0; pos < cnt; jj++) {
+            uint64_t len = cnt - pos < sc->chunk_size ? cnt - pos : sc->chunk_size;
+
+            memcpy(v + (jj * R + r) * sc->chunk_size, share + pos, len * sizeof(uint64_t));
+            pos += len;
+        }
+    }
+out:
+    sl_sample_free(s);
+    free(share);
+    if (err) {
+        free(v);
+        return sl_cli_fail("batch", "cannot build the %s order: %s",
+                           sl_sample_partition_name(sc->partition),
+                           msg[0] ? msg : sl_strerror(err));
+    }
+    *out = v;
+    *n = (size_t)total;
+    return 0;
+}
+
 /* Fast unsigned decimal output: plans can hold tens of millions of indices. */
 static void put_u64(FILE *f, uint64_t v)
 {
@@ -267,7 +397,8 @@ static void print_batch(FILE *f, uint32_t rank, uint64_t step, const sl_batch *b
 }
 
 static void print_summary(FILE *f, const sl_batch_plan *p, const sl_batch_stats *s, int64_t rank,
-                          size_t n_lengths, sl_sample_shuffle shuffle)
+                          size_t n_lengths, size_t n_order, sl_sample_shuffle shuffle,
+                          const char *partition)
 {
     const sl_batch_config *c = sl_batch_plan_config(p);
 
@@ -282,14 +413,16 @@ static void print_summary(FILE *f, const sl_batch_plan *p, const sl_batch_stats 
     else
         fputs("\"rank\":null,", f);
     fprintf(f,
-            "\"shuffle\":\"%s\",\"seed\":%" PRIu64 ",\"epoch\":%" PRIu64 ",\"samples\":%zu,"
+            "\"shuffle\":\"%s\",\"partition\":\"%s\",\"seed\":%" PRIu64 ",\"epoch\":%" PRIu64
+            ",\"samples\":%zu,\"order\":%zu,"
             "\"batches\":%" PRIu64 ",\"batches_per_rank\":%" PRIu64 ",\"sequences\":%" PRIu64
             ",\"tokens\":%" PRIu64 ",\"padded_tokens\":%" PRIu64
             ",\"padding_fraction\":%.6f,\"fill\":%.6f,\"truncated\":%" PRIu64
             ",\"skipped\":%" PRIu64 ",\"dropped\":%" PRIu64 ",\"repeated\":%" PRIu64 "}}\n",
-            sl_sample_shuffle_name(shuffle), c->seed, c->epoch, n_lengths, s->batches,
-            sl_batch_plan_batches_per_rank(p), s->sequences, s->tokens, s->padded_tokens,
-            s->padding_fraction, s->fill, s->truncated, s->skipped, s->dropped, s->repeated);
+            sl_sample_shuffle_name(shuffle), partition, c->seed, c->epoch, n_lengths, n_order,
+            s->batches, sl_batch_plan_batches_per_rank(p), s->sequences, s->tokens,
+            s->padded_tokens, s->padding_fraction, s->fill, s->truncated, s->skipped, s->dropped,
+            s->repeated);
 }
 
 int cmd_batch(sl_cli *cli, int argc, char **argv)
@@ -316,20 +449,28 @@ int cmd_batch(sl_cli *cli, int argc, char **argv)
         {"seed", required_argument, NULL, OPT_SEED},
         {"epoch", required_argument, NULL, OPT_EPOCH},
         {"stats", no_argument, NULL, OPT_STATS},
+        {"partition", required_argument, NULL, OPT_PARTITION},
+        {"chunk-size", required_argument, NULL, OPT_CHUNK},
+        {"drop-last", no_argument, NULL, OPT_DROP},
+        {"mesh", required_argument, NULL, OPT_MESH},
+        {"mesh-order", required_argument, NULL, OPT_MESH_ORDER},
         {NULL, 0, NULL, 0},
     };
     static char outbuf[1 << 20];
     sl_batch_config cfg;
+    sl_sample_config sc; /* the order: partition, chunk size, drop_last, mesh */
     sl_sample_shuffle shuffle = SL_SAMPLE_SHUFFLE_FEISTEL;
     const char *path = NULL;
     lengths lens = {0};
     uint64_t *order = NULL, v, rank = UINT64_MAX;
+    size_t n_order = 0;
     sl_batch_plan *plan = NULL;
     sl_batch_stats st;
-    int u32 = 0, stats_only = 0, ch, r = SL_CLI_USAGE, err;
+    int u32 = 0, stats_only = 0, partitioned = 0, have_chunk = 0, ch, r = SL_CLI_USAGE, err;
     char msg[256];
 
     sl_batch_config_init(&cfg);
+    sl_sample_config_init(&sc);
     opterr = 0;
     while ((ch = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (ch) {
@@ -438,6 +579,38 @@ int cmd_batch(sl_cli *cli, int argc, char **argv)
         case OPT_STATS:
             stats_only = 1;
             break;
+        case OPT_PARTITION:
+            if (sl_sample_partition_parse(&sc.partition, optarg)) {
+                fprintf(stderr,
+                        "sluice batch: --partition '%s' is not interleaved, contiguous or "
+                        "chunked\n",
+                        optarg);
+                goto out;
+            }
+            partitioned = 1;
+            break;
+        case OPT_CHUNK:
+            if (parse_u64(&sc.chunk_size, "chunk-size", optarg, 1, SL_SAMPLE_MAX_CHUNK))
+                goto out;
+            have_chunk = 1;
+            break;
+        case OPT_DROP:
+            sc.drop_last = true;
+            partitioned = 1;
+            break;
+        case OPT_MESH:
+            if (parse_mesh(&sc.mesh, optarg))
+                goto out;
+            break;
+        case OPT_MESH_ORDER:
+            if (sl_sample_mesh_order_parse(sc.mesh.order, optarg)) {
+                fprintf(stderr,
+                        "sluice batch: --mesh-order '%s' must list dp, tp, cp, pp once each, "
+                        "comma-separated\n",
+                        optarg);
+                goto out;
+            }
+            break;
         case '?':
         case ':':
             r = sl_cli_bad_opt("batch", ch, argv);
@@ -461,6 +634,35 @@ int cmd_batch(sl_cli *cli, int argc, char **argv)
                 cfg.replicas);
         goto out;
     }
+    if (have_chunk && sc.partition != SL_SAMPLE_CHUNKED) {
+        fprintf(stderr, "sluice batch: --chunk-size applies to --partition chunked only\n");
+        goto out;
+    }
+    if (sc.partition == SL_SAMPLE_CHUNKED && !have_chunk) {
+        fprintf(stderr, "sluice batch: --partition chunked needs --chunk-size\n");
+        goto out;
+    }
+    if (sc.mesh.dp || sc.mesh.order[0]) {
+        /* A mesh: --replicas is the world; the plan is for its dp ranks and --rank (global)
+         * reads its dp rank's batches, as `sluice sample` partitions only along dp. */
+        uint32_t dp_rank, dp_size;
+
+        sc.samples = 1;
+        sc.replicas = cfg.replicas;
+        sc.rank = rank == UINT64_MAX ? 0 : (uint32_t)rank;
+        if (!sc.mesh.dp) {
+            fprintf(stderr, "sluice batch: --mesh-order needs --mesh\n");
+            goto out;
+        }
+        if ((err = sl_sample_dp_rank(&dp_rank, &dp_size, &sc, msg, sizeof(msg))) != 0) {
+            r = sl_cli_fail("batch", "%s", msg);
+            goto out;
+        }
+        cfg.replicas = dp_size;
+        if (rank != UINT64_MAX)
+            rank = dp_rank;
+        memset(&sc.mesh, 0, sizeof(sc.mesh));
+    }
     /* Check the plan before reading a possibly large file. */
     if ((err = sl_batch_config_check(&cfg, msg, sizeof(msg))) != 0) {
         r = sl_cli_fail("batch", "%s", msg);
@@ -469,7 +671,18 @@ int cmd_batch(sl_cli *cli, int argc, char **argv)
     if ((r = read_lengths(&lens, path, u32)) != 0)
         goto out;
     r = SL_CLI_ERROR;
-    if (shuffle != SL_SAMPLE_SHUFFLE_NONE) {
+    n_order = lens.n;
+    if (partitioned) {
+        sc.samples = lens.n;
+        sc.replicas = cfg.replicas;
+        sc.rank = 0;
+        sc.shuffle = shuffle;
+        sc.seed = cfg.seed;
+        sc.epoch = cfg.epoch;
+        if ((r = partition_order(&order, &n_order, &sc)) != 0)
+            goto out;
+        r = SL_CLI_ERROR;
+    } else if (shuffle != SL_SAMPLE_SHUFFLE_NONE) {
         if (!(order = malloc(lens.n * sizeof(uint64_t)))) {
             sl_cli_fail("batch", "out of memory for the order of %zu samples", lens.n);
             goto out;
@@ -481,7 +694,7 @@ int cmd_batch(sl_cli *cli, int argc, char **argv)
             goto out;
         }
     }
-    err = sl_batch_plan_new(&plan, &cfg, lens.v, lens.n, order, lens.n, msg, sizeof(msg));
+    err = sl_batch_plan_new(&plan, &cfg, lens.v, lens.n, order, n_order, msg, sizeof(msg));
     if (err) {
         sl_cli_fail("batch", "%s", msg[0] ? msg : sl_strerror(err));
         goto out;
@@ -506,7 +719,8 @@ int cmd_batch(sl_cli *cli, int argc, char **argv)
         }
     }
     sl_batch_plan_stats(plan, rank == UINT64_MAX ? -1 : (int64_t)rank, &st);
-    print_summary(stdout, plan, &st, rank == UINT64_MAX ? -1 : (int64_t)rank, lens.n, shuffle);
+    print_summary(stdout, plan, &st, rank == UINT64_MAX ? -1 : (int64_t)rank, lens.n, n_order,
+                  shuffle, partitioned ? sl_sample_partition_name(sc.partition) : "none");
     if (fflush(stdout) != 0 || ferror(stdout)) {
         sl_cli_fail("batch", "cannot write the plan: %s", strerror(errno));
         goto out;

@@ -135,6 +135,69 @@ class BatchCli(unittest.TestCase):
                                "--shuffle", "none", path=path)
         self.assertEqual(len(batches), 1)
 
+    def sample(self, n, *args):
+        p = subprocess.run([CLI, "sample", "--samples", str(n), *args], capture_output=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return [int(x) for x in p.stdout.split()]
+
+    def test_partition_interleaved_is_the_samplers_padded_or_cut_order(self):
+        # 1000 samples over 3 ranks: torch's layout pads the order to 1002 by wrap-around, or
+        # cuts it to 999 with --drop-last; the plan covers exactly what the sampler hands out.
+        path = self.write("l1000.txt", "\n".join(str(x) for x in self.lengths[:1000]).encode())
+        opts = ["--replicas", "3", "--seed", "4", "--epoch", "1", "--remainder", "pad"]
+        for drop in (False, True):
+            with self.subTest(drop_last=drop):
+                extra = ["--drop-last"] if drop else ["--partition", "interleaved"]
+                batches, s = self.plan(*opts, *extra, path=path)
+                self.assertEqual(s["partition"], "interleaved")
+                self.assertEqual(s["order"], 999 if drop else 1002)
+                self.assertEqual(s["sequences"] - s["repeated"], s["order"])
+                share = set()
+                for r in range(3):
+                    share |= set(self.sample(1000, "--replicas", "3", "--rank", str(r), "--seed",
+                                             "4", "--epoch", "1", *(["--drop-last"] if drop
+                                                                    else [])))
+                self.assertEqual({i for b in batches for i in b["indices"]}, share)
+        # Without --partition the order is every sample once.
+        _, s = self.plan(*opts, path=path)
+        self.assertEqual((s["partition"], s["order"]), ("none", 1000))
+
+    def test_partition_chunked_and_contiguous_keep_their_units_together(self):
+        # With a window of one chunk (or one block), packing never mixes two of them, and the
+        # plan still covers every sample.
+        n = len(self.lengths)
+        for part, unit, extra in (("chunked", 100, ["--chunk-size", "100"]),
+                                  ("contiguous", n // 4, [])):
+            with self.subTest(partition=part):
+                batches, s = self.plan("--partition", part, *extra, "--replicas", "4",
+                                       "--strategy", "packed", "--window", str(unit),
+                                       "--remainder", "pad", "--shuffle", "torch", "--seed", "3")
+                self.assertEqual(s["partition"], part)
+                for b in batches:
+                    self.assertEqual(len({i // unit for i in b["indices"]}), 1, b["indices"])
+                self.assertEqual({i for b in batches for i in b["indices"]}, set(range(n)))
+
+    def test_mesh_ranks_read_their_dp_ranks_batches(self):
+        # 8 ranks as dp 2 x tp 2 x cp 2 (default order pp,dp,cp,tp): global rank g has dp rank
+        # (g // 4) % 2 and reads what --replicas 2 --rank dp gives.
+        ref = [self.plan("--replicas", "2", "--rank", str(d), "--seed", "6")[0] for d in (0, 1)]
+        for g in range(8):
+            mine, s = self.plan("--replicas", "8", "--mesh", "2,2,2,1", "--rank", str(g),
+                                "--seed", "6")
+            self.assertEqual(mine, ref[(g // 4) % 2])
+            self.assertEqual(s["replicas"], 2)
+        mine, _ = self.plan("--replicas", "8", "--mesh", "2,2,2,1", "--mesh-order",
+                            "dp,pp,cp,tp", "--rank", "5", "--seed", "6")
+        self.assertEqual(mine, ref[1])
+
+    def test_json_flag_changes_nothing(self):
+        a = run("--lengths", self.text, "--max-batch-size", "64", "--max-seq-len", "4096")
+        b = run("--lengths", self.text, "--max-batch-size", "64", "--max-seq-len", "4096",
+                "--json")
+        self.assertEqual(a.returncode, 0)
+        self.assertEqual(a.stdout, b.stdout)
+
     def test_errors(self):
         def err(*args, path=None, code=1, needle=""):
             p = run("--lengths", path or self.text, *args)
@@ -168,6 +231,15 @@ class BatchCli(unittest.TestCase):
         err("--max-batch-size", "0", "--max-seq-len", "512", code=2, needle="--max-batch-size '0'")
         err("--max-seq-len", "512", code=2, needle="required")
         err(*base, "--frobnicate", code=2, needle="unknown option")
+        err(*base, "--partition", "striped", code=2, needle="--partition 'striped'")
+        err(*base, "--chunk-size", "10", code=2, needle="--partition chunked only")
+        err(*base, "--partition", "chunked", code=2, needle="needs --chunk-size")
+        err(*base, "--partition", "chunked", "--chunk-size", "0", code=2,
+            needle="--chunk-size '0'")
+        err(*base, "--mesh", "2,2", code=2, needle="--mesh '2,2'")
+        err(*base, "--mesh-order", "dp,tp,cp,pp", code=2, needle="needs --mesh")
+        err(*base, "--replicas", "8", "--mesh", "2,2,3,1",
+            needle="does not match world size 8")
         p = subprocess.run([CLI, "batch", "--help"], capture_output=True)
         self.assertEqual(p.returncode, 0)
         self.assertIn(b"--max-tokens", p.stdout)
