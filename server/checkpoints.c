@@ -490,9 +490,11 @@ static void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
     err = sl_cat_ckpt_begin(s->d->cat, &ck, &created, req->job, name, req->step, req->world_size,
                             req->user_metadata, now_ms());
     if (err == SL_EEXIST) {
-        sl_rpc_call_fail(call, err, "checkpoint %s/%s exists (%s) with world_size %d, not %d",
-                         req->job, name, sl_cat_ckpt_state_name(ck.state), ck.world_size,
-                         req->world_size);
+        sl_rpc_call_fail(call, err,
+                         "checkpoint %s/%s exists (%s) with world_size %d and step %" PRIu64
+                         ", not %d and %" PRIu64,
+                         req->job, name, sl_cat_ckpt_state_name(ck.state), ck.world_size, ck.step,
+                         req->world_size, req->step);
         return;
     }
     if (err) {

@@ -148,7 +148,7 @@ int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *j
                 *created = 1;
             return err;
         }
-        return out->world_size == world_size ? 0 : SL_EEXIST;
+        return out->world_size == world_size && out->step == step ? 0 : SL_EEXIST;
     }
     if (err != SL_ENOTFOUND)
         return err;

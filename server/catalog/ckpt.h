@@ -44,7 +44,8 @@ const char *sl_cat_ckpt_state_name(int state);
 
 /* Create checkpoint (job, name) in state WRITING, or return the existing one: *created says
  * which. An existing INCOMPLETE checkpoint is reopened (WRITING, new world size and metadata).
- * Returns SL_EEXIST if it exists WRITING or COMPLETE with another world size. */
+ * Returns SL_EEXIST (and the existing one in *out) if it exists WRITING or COMPLETE with another
+ * world size or step. */
 int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *job,
                       const char *name, uint64_t step, int32_t world_size, const char *user_md,
                       int64_t now_ms);

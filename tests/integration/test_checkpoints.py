@@ -206,6 +206,9 @@ class CheckpointTest(unittest.TestCase):
         self.assertEqual(self.begin(step=100, world=2).name, "step_100")
         code, msg = self.code_of(self.begin, step=100, world=3)
         self.assertEqual(code, grpc.StatusCode.ALREADY_EXISTS)
+        self.assertIn("world_size 2", msg)
+        code, msg = self.code_of(self.begin, name="step_100", step=101, world=2)
+        self.assertEqual(code, grpc.StatusCode.ALREADY_EXISTS)
         # Commit with missing ranks names them.
         self.upload("job1", "step_100", 1, b"abc")
         code, msg = self.code_of(self.stub.Commit, pb.CheckpointRef(job="job1", name="step_100"))
