@@ -297,6 +297,40 @@ out:
     return err;
 }
 
+/* 1 if s is well-formed UTF-8 (no overlong forms, surrogates or code points above U+10FFFF).
+ * protobuf-c does not check `string` fields, and clients that do (Python) would fail to parse
+ * every later answer that carries the text. */
+static int utf8_ok(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+
+    while (*p) {
+        unsigned c = *p, n, cp;
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        if (c >= 0xc2 && c <= 0xdf)
+            n = 1, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef)
+            n = 2, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4)
+            n = 3, cp = c & 0x07;
+        else
+            return 0;
+        for (unsigned i = 1; i <= n; i++) {
+            if ((p[i] & 0xc0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (p[i] & 0x3f);
+        }
+        if ((n == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+            (n == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+            return 0;
+        p += n + 1;
+    }
+    return 1;
+}
+
 /* Validate job and checkpoint names from the network; answers the call on failure. */
 static int names_ok(sl_rpc_call *call, const char *job, const char *name)
 {
@@ -485,6 +519,10 @@ static void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
     if (req->user_metadata && strlen(req->user_metadata) > SL_CAT_USER_MD_MAX) {
         sl_rpc_call_fail(call, SL_EINVAL, "user_metadata has %zu bytes, at most %d",
                          strlen(req->user_metadata), SL_CAT_USER_MD_MAX);
+        return;
+    }
+    if (req->user_metadata && !utf8_ok(req->user_metadata)) {
+        sl_rpc_call_fail(call, SL_EINVAL, "user_metadata is not valid UTF-8");
         return;
     }
     err = sl_cat_ckpt_begin(s->d->cat, &ck, &created, req->job, name, req->step, req->world_size,

@@ -283,6 +283,17 @@ class CheckpointTest(unittest.TestCase):
             self.assertEqual(code, INVALID, world)
         code, _ = self.code_of(self.begin, name="m", world=1, md="x" * 9000)
         self.assertEqual(code, INVALID)
+        # Invalid UTF-8 in a string field (grpcio would refuse to send it: raw bytes).
+        for bad in (b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"ok\xe2\x82"):
+            raw = pb.BeginRequest(job="job1", name="u", world_size=1).SerializeToString()
+            raw += b"\x2a" + bytes([len(bad)]) + bad  # field 5 (user_metadata), length-delimited
+            call = self.channel.unary_unary("/sluice.v1.Checkpoints/Begin",
+                                            request_serializer=None,
+                                            response_deserializer=None)
+            code, _ = self.code_of(call, raw, timeout=10)
+            self.assertEqual(code, INVALID, bad)
+        ck = self.begin(name="u8", world=1, md="größe ✓ 🚀")
+        self.assertEqual(ck.user_metadata, "größe ✓ 🚀")
         self.begin(name="h", world=4)
         ok_t = [pb.TensorInfo(name="t", dtype="float32", shape=[2, 2], offset=0, size=16)]
         cases = [
