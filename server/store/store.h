@@ -1,8 +1,9 @@
 /* Files on disk: directories, durable writes, rename without replacing, temp-file sweeps.
  *
- * Every function blocks on the file system, so the daemon calls the ones that fsync from worker
- * threads; all are thread-safe (no shared state). Paths are built by the caller from names that
- * were validated (sl_shard_name_check); nothing here interprets user input.
+ * Every function blocks on the file system and is thread-safe (no shared state). The daemon runs
+ * the ones whose cost grows with data (shard and metadata writes and their fsyncs) on worker
+ * threads; removals and the directory fsync after them run on the loop. Paths are built by the
+ * caller from names that were validated (sl_shard_name_check); nothing here interprets user input.
  */
 #ifndef SL_STORE_H
 #define SL_STORE_H
