@@ -287,6 +287,23 @@ int sl_cat_job_resize(sl_cat *cat, const char *name, const void *spec, size_t sp
     return err;
 }
 
+int sl_cat_feed_begin(sl_cat *cat)
+{
+    return exec_sql(cat, "BEGIN IMMEDIATE", "begin");
+}
+
+int sl_cat_feed_end(sl_cat *cat, int err)
+{
+    if (err) {
+        exec_sql(cat, "ROLLBACK", "rollback");
+        return err;
+    }
+    err = exec_sql(cat, "COMMIT", "commit");
+    if (err)
+        exec_sql(cat, "ROLLBACK", "rollback");
+    return err;
+}
+
 int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t epoch,
                         uint64_t position)
 {
@@ -294,7 +311,9 @@ int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t
     int err = prepare(cat, &st,
                       "INSERT INTO feed_progress(job, dp_rank, epoch, position) "
                       "VALUES (?1, ?2, ?3, ?4) ON CONFLICT(job, dp_rank) DO UPDATE SET "
-                      "epoch = excluded.epoch, position = excluded.position",
+                      "position = CASE WHEN epoch = excluded.epoch "
+                      "THEN max(position, excluded.position) ELSE excluded.position END, "
+                      "epoch = excluded.epoch",
                       "progress_set");
 
     if (err)

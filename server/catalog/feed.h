@@ -75,7 +75,15 @@ int sl_cat_job_set_epoch(sl_cat *cat, const char *name, uint64_t epoch);
 int sl_cat_job_resize(sl_cat *cat, const char *name, const void *spec, size_t spec_len,
                       uint32_t world_size, const void *elastic, size_t elastic_len);
 
-/* Record dp rank `dp_rank`'s position in the job's current epoch. SL_ENOTFOUND. */
+/* Group several writes in one transaction (one fsync): sl_cat_feed_begin, the writes, then
+ * sl_cat_feed_end(cat, err), which commits if err is 0 and rolls back otherwise; it returns the
+ * first error. Only sl_cat_progress_set may run inside (the others have their own
+ * transactions). */
+int sl_cat_feed_begin(sl_cat *cat);
+int sl_cat_feed_end(sl_cat *cat, int err);
+
+/* Record dp rank `dp_rank`'s position in `epoch` (the job's current one): a lower position for
+ * the same epoch never replaces a higher one. SL_ENOTFOUND if the job does not exist. */
 int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t epoch,
                         uint64_t position);
 

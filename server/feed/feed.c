@@ -65,7 +65,9 @@ int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_di
         free(f);
         return err;
     }
-    err = sl_cat_job_list(cat, load_job, f);
+    err = feed_reports_init(f);
+    if (!err)
+        err = sl_cat_job_list(cat, load_job, f);
     if (err) {
         sl_feed_free(f);
         return err;
@@ -82,6 +84,7 @@ void sl_feed_free(sl_feed *f)
 {
     if (!f)
         return;
+    feed_reports_close(f);
     while (f->jobs)
         feed_job_remove(f, f->jobs, SL_RPC_UNAVAILABLE, "server shutting down");
     free(f);

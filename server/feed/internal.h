@@ -69,10 +69,19 @@ struct fjob {
     fsrc *src;
     uint8_t *elastic_blob; /* as stored in the catalog */
     size_t elastic_len;
-    fplan *plan; /* batch plan of the current epoch, NULL until first asked for */
+    fplan *plan;  /* batch plan of the current epoch, NULL until first asked for */
+    uint64_t gen; /* bumped when the epoch advances or the job is resized */
     fstream *streams;
     fjob *next;
 };
+
+/* A progress report waiting for the next group commit. */
+typedef struct freport {
+    sl_rpc_call *call; /* referenced until answered */
+    char job[SL_CAT_FEED_NAME_MAX + 1];
+    uint32_t dp;
+    uint64_t epoch, position, gen;
+} freport;
 
 struct sl_feed {
     uv_loop_t *loop;
@@ -81,6 +90,11 @@ struct sl_feed {
     fjob *jobs;
     int shutting_down;
     uint64_t upload_seq;
+    /* Progress reports are written in one transaction per loop iteration (a uv_check after
+     * the poll phase), so one fsync covers every report that arrived together. */
+    freport *pending;
+    size_t n_pending, cap_pending;
+    uv_check_t *flush; /* heap: it outlives the feed until its close callback */
     sl_rpc_service svcs[4];
 };
 
@@ -123,9 +137,20 @@ int feed_job_dp_rank(const fjob *j, uint32_t rank, uint32_t *dp, char *msg, size
  * in that unit; for batch jobs the plan must be ready, else SL_ESTATE. */
 int feed_job_count(const fjob *j, uint32_t dp, uint64_t *count);
 
-/* Record a report; advances the epoch when complete (unless manual). */
-int feed_job_report(fjob *j, uint32_t dp, uint64_t epoch, uint64_t position, int *advanced,
-                    char *msg, size_t len);
+/* Check a report against the job's current epoch and the share size. */
+int feed_job_report_check(const fjob *j, uint32_t dp, uint64_t epoch, uint64_t position, char *msg,
+                          size_t len);
+
+/* Apply a durable report in memory; advances the epoch when complete (unless manual). */
+int feed_job_report_apply(fjob *j, uint32_t dp, uint64_t position, int *advanced);
+
+/* Queue a checked report for the next group commit (jobs.c); the call is answered then. */
+int feed_report_enqueue(sl_feed *f, sl_rpc_call *call, const fjob *j, uint32_t dp, uint64_t epoch,
+                        uint64_t position);
+
+/* Start the group-commit machinery / stop it (feed.c). */
+int feed_reports_init(sl_feed *f);
+void feed_reports_close(sl_feed *f);
 
 /* Begin epoch j->epoch + 1. */
 int feed_job_advance(fjob *j);

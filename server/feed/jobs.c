@@ -284,23 +284,136 @@ static void epoch_report(sl_rpc_call *call, const ProtobufCMessage *m, void *arg
 {
     const Sluice__V1__ReportProgressRequest *req = (const void *)m;
     Sluice__V1__ReportProgressResponse resp = SLUICE__V1__REPORT_PROGRESS_RESPONSE__INIT;
-    fjob *j = job_or_fail(call, arg, req->job);
+    sl_feed *f = arg;
+    fjob *j = job_or_fail(call, f, req->job);
     char msg[256];
     uint32_t dp;
-    int advanced, err;
+    int err;
 
     if (!j)
         return;
     if ((err = feed_job_dp_rank(j, req->rank, &dp, msg, sizeof(msg))) != 0 ||
-        (err = feed_job_report(j, dp, req->epoch, req->position, &advanced, msg, sizeof(msg))) !=
-            0) {
+        (err = feed_job_report_check(j, dp, req->epoch, req->position, msg, sizeof(msg))) != 0) {
         sl_rpc_call_fail(call, err, "%s", msg);
         return;
     }
+    if (req->position > j->progress[dp]) {
+        err = feed_report_enqueue(f, call, j, dp, req->epoch, req->position);
+        if (err)
+            sl_rpc_call_fail(call, err, "out of memory");
+        return;
+    }
+    /* Nothing new to record (reports are monotonic). */
     resp.epoch = j->epoch;
-    resp.advanced = advanced;
-    resp.position = advanced ? req->position : j->progress[dp];
+    resp.position = j->progress[dp];
     sl_rpc_call_reply(call, &resp.base);
+}
+
+/* ---- group commit of progress reports ---- */
+
+static void on_flush(uv_check_t *h);
+
+int feed_report_enqueue(sl_feed *f, sl_rpc_call *call, const fjob *j, uint32_t dp, uint64_t epoch,
+                        uint64_t position)
+{
+    freport *r;
+
+    if (f->n_pending == f->cap_pending) {
+        size_t cap = f->cap_pending ? 2 * f->cap_pending : 64;
+        freport *p = realloc(f->pending, cap * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        f->pending = p;
+        f->cap_pending = cap;
+    }
+    r = &f->pending[f->n_pending++];
+    r->call = call;
+    snprintf(r->job, sizeof(r->job), "%s", j->name);
+    r->dp = dp;
+    r->epoch = epoch;
+    r->position = position;
+    r->gen = j->gen;
+    sl_rpc_call_ref(call);
+    if (f->n_pending == 1)
+        uv_check_start(f->flush, on_flush);
+    return 0;
+}
+
+static void on_flush(uv_check_t *h)
+{
+    sl_feed *f = h->data;
+    freport *batch = f->pending;
+    size_t n = f->n_pending;
+    int err;
+
+    uv_check_stop(h);
+    f->pending = NULL;
+    f->n_pending = f->cap_pending = 0;
+    /* Write the reports whose job has not changed since they were checked; a report that
+     * raced an advance, a resize or a delete is answered below without being written. */
+    err = sl_cat_feed_begin(f->cat);
+    for (size_t i = 0; !err && i < n; i++) {
+        fjob *j = feed_job_find(f, batch[i].job);
+        if (j && j->gen == batch[i].gen)
+            err = sl_cat_progress_set(f->cat, j->name, batch[i].dp, batch[i].epoch,
+                                      batch[i].position);
+    }
+    err = sl_cat_feed_end(f->cat, err);
+    for (size_t i = 0; i < n; i++) {
+        Sluice__V1__ReportProgressResponse resp = SLUICE__V1__REPORT_PROGRESS_RESPONSE__INIT;
+        freport *r = &batch[i];
+        fjob *j = feed_job_find(f, r->job);
+        int advanced = 0, e2;
+
+        if (err) {
+            sl_rpc_call_fail(r->call, err, "could not record progress: %s", sl_strerror(err));
+        } else if (!j) {
+            sl_rpc_call_fail(r->call, SL_ENOTFOUND, "job '%s' was deleted", r->job);
+        } else if (j->gen != r->gen && j->epoch == r->epoch) {
+            sl_rpc_call_fail(r->call, SL_ESTATE,
+                             "job '%s' was resized while the report was queued; report again",
+                             r->job);
+        } else if (j->gen != r->gen) {
+            /* The epoch ended (an earlier report of this batch completed it, or Next). */
+            resp.epoch = j->epoch;
+            resp.position = r->position;
+            sl_rpc_call_reply(r->call, &resp.base);
+        } else if ((e2 = feed_job_report_apply(j, r->dp, r->position, &advanced)) != 0) {
+            sl_rpc_call_fail(r->call, e2, "could not begin epoch %llu: %s",
+                             (unsigned long long)r->epoch + 1, sl_strerror(e2));
+        } else {
+            resp.epoch = j->epoch;
+            resp.advanced = advanced;
+            resp.position = advanced ? r->position : j->progress[r->dp];
+            sl_rpc_call_reply(r->call, &resp.base);
+        }
+        sl_rpc_call_unref(r->call);
+    }
+    free(batch);
+}
+
+static void on_flush_closed(uv_handle_t *h)
+{
+    free(h);
+}
+
+int feed_reports_init(sl_feed *f)
+{
+    f->flush = calloc(1, sizeof(*f->flush));
+    if (!f->flush)
+        return -ENOMEM;
+    uv_check_init(f->loop, f->flush);
+    f->flush->data = f;
+    return 0;
+}
+
+void feed_reports_close(sl_feed *f)
+{
+    if (f->n_pending)
+        on_flush(f->flush);
+    if (f->flush)
+        uv_close((uv_handle_t *)f->flush, on_flush_closed);
+    f->flush = NULL;
 }
 
 static void epoch_next(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)

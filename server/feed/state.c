@@ -444,6 +444,7 @@ int feed_job_advance(fjob *j)
     if (err)
         return err;
     drop_epoch_state(j);
+    j->gen++;
     j->epoch = next;
     j->cfg.epoch = next;
     err = setup_counts(j, msg, sizeof(msg));
@@ -457,20 +458,18 @@ int feed_job_advance(fjob *j)
     return 0;
 }
 
-int feed_job_report(fjob *j, uint32_t dp, uint64_t epoch, uint64_t position, int *advanced,
-                    char *msg, size_t len)
+int feed_job_report_check(const fjob *j, uint32_t dp, uint64_t epoch, uint64_t position, char *msg,
+                          size_t len)
 {
     uint64_t count;
-    int err;
 
-    *advanced = 0;
     if (epoch != j->epoch) {
         snprintf(msg, len, "epoch %llu is not the current epoch %llu of job '%s'",
                  (unsigned long long)epoch, (unsigned long long)j->epoch, j->name);
         return SL_ESTATE;
     }
     /* A batch job's count is known once its plan is ready; before that (right after a daemon
-     * restart) the report is recorded unchecked and completion waits for the plan. */
+     * restart) the report is bounded by the sample count and completion waits for the plan. */
     if (feed_job_count(j, dp, &count) != 0)
         count = j->samples; /* no rank gets more batches than there are samples */
     if (position > count) {
@@ -478,20 +477,20 @@ int feed_job_report(fjob *j, uint32_t dp, uint64_t epoch, uint64_t position, int
                  (unsigned long long)position, dp, (unsigned long long)count);
         return SL_EINVAL;
     }
-    if (position > j->progress[dp]) {
-        err = sl_cat_progress_set(j->feed->cat, j->name, dp, epoch, position);
-        if (err) {
-            snprintf(msg, len, "catalog write failed");
-            return err;
-        }
+    return 0;
+}
+
+int feed_job_report_apply(fjob *j, uint32_t dp, uint64_t position, int *advanced)
+{
+    int err;
+
+    *advanced = 0;
+    if (position > j->progress[dp])
         j->progress[dp] = position;
-    }
     if (!j->spec->manual_advance && feed_job_complete(j)) {
         err = feed_job_advance(j);
-        if (err) {
-            snprintf(msg, len, "could not begin epoch %llu", (unsigned long long)epoch + 1);
+        if (err)
             return err;
-        }
         *advanced = 1;
     }
     return 0;
@@ -588,6 +587,7 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
     /* Committed: the old world's streams of this epoch are void. */
     feed_streams_end(j, 0, SL_RPC_ABORTED, "job resized; reopen the stream");
     drop_epoch_state(j);
+    j->gen++;
     sluice__v1__job__free_unpacked(j->spec, NULL);
     j->spec = nspec;
     nspec = NULL;

@@ -183,6 +183,34 @@ class FeedTest(unittest.TestCase):
         self.assertEqual(len(set(epoch1)), 1000)
         self.assertEqual(self.code(c.stream_indices, "j", 0, epoch=0)[0], C.FAILED_PRECONDITION)
 
+    def test_concurrent_reports_group_commit(self):
+        from sluice.v1 import feed_pb2
+        c = self.c
+        c.create_dataset("ds", 64 * 10)
+        c.create_job("g", "ds", 64, shuffle="none")
+
+        def wave(positions, epoch=0):
+            futs = [c.epochs.ReportProgress.future(feed_pb2.ReportProgressRequest(
+                job="g", rank=r, epoch=epoch, position=p), timeout=30)
+                for r, p in enumerate(positions)]
+            return [f.result() for f in futs]
+
+        wave([5] * 64)
+        self.assertEqual([r.position for r in c.get_epoch("g").ranks], [5] * 64)
+        # Two reports of one rank in flight together: the higher one wins, in memory and on disk.
+        futs = [c.epochs.ReportProgress.future(feed_pb2.ReportProgressRequest(
+            job="g", rank=0, epoch=0, position=p), timeout=30) for p in (9, 7, 8)]
+        [f.result() for f in futs]
+        self.assertEqual(c.get_epoch("g").ranks[0].position, 9)
+        out = wave([10] * 64)
+        self.assertEqual(sum(r.advanced for r in out), 1)
+        self.assertEqual({r.epoch for r in out} - {0}, {1})
+        self.assertEqual(c.get_epoch("g").epoch, 1)
+        wave([3] * 32, epoch=1)
+        self.restart()
+        st = self.c.get_epoch("g")
+        self.assertEqual((st.epoch, [r.position for r in st.ranks]), (1, [3] * 32 + [0] * 32))
+
     def test_manual_advance_and_cli(self):
         c = self.c
         c.create_dataset("ds", 10)

@@ -107,6 +107,13 @@ int main(void)
     CHECK(sl_cat_progress_set(cat, "job", 0, 0, 3) == 0);
     CHECK(sl_cat_progress_set(cat, "job", 2, 0, 5) == 0);
     CHECK(sl_cat_progress_set(cat, "job", 2, 0, 6) == 0);
+    /* Group commit may write an older report after a newer one: the higher position stays. */
+    CHECK(sl_cat_feed_begin(cat) == 0);
+    CHECK(sl_cat_progress_set(cat, "job", 2, 0, 4) == 0);
+    CHECK(sl_cat_feed_end(cat, 0) == 0);
+    CHECK(sl_cat_feed_begin(cat) == 0);
+    CHECK(sl_cat_progress_set(cat, "job", 3, 0, 4) == 0);
+    CHECK(sl_cat_feed_end(cat, SL_EINVAL) == SL_EINVAL); /* rolled back */
     CHECK(sl_cat_progress_set(cat, "nope", 0, 0, 1) == SL_ENOTFOUND);
     memset(&s, 0, sizeof(s));
     CHECK(sl_cat_progress_list(cat, "job", on_progress, &s) == 0);
@@ -124,7 +131,11 @@ int main(void)
     CHECK(sl_cat_job_set_epoch(cat, "nope", 1) == SL_ENOTFOUND);
     memset(&s, 0, sizeof(s));
     CHECK(sl_cat_progress_list(cat, "job", on_progress, &s) == 0 && s.n == 0);
-    CHECK(sl_cat_progress_set(cat, "job", 1, 1, 2) == 0);
+    CHECK(sl_cat_progress_set(cat, "job", 1, 0, 9) == 0);
+    CHECK(sl_cat_progress_set(cat, "job", 1, 1, 2) == 0); /* another epoch replaces */
+    memset(&s, 0, sizeof(s));
+    CHECK(sl_cat_progress_list(cat, "job", on_progress, &s) == 0);
+    CHECK(s.n == 1 && s.pos[1] == 2 && s.epoch[1] == 1);
     CHECK(sl_cat_job_resize(cat, "job", spec, sizeof(spec), 3, el, sizeof(el)) == 0);
     CHECK(sl_cat_job_resize(cat, "nope", spec, sizeof(spec), 3, NULL, 0) == SL_ENOTFOUND);
     memset(&s, 0, sizeof(s));
