@@ -377,6 +377,19 @@ static void upload_one(uploader *u, item *it)
         it->rc = SL_CLI_ERROR;
     }
     close(fd);
+    if (u->cli->json)
+        return;
+    /* Text mode reports each shard as it completes, so a log shows the progress. */
+    pthread_mutex_lock(&u->prog.mu);
+    if (u->prog.tty)
+        fputs("\r\033[K", stderr);
+    if (it->rc)
+        fprintf(stderr, "sluice ckpt upload: %s\n", it->error);
+    else
+        printf("rank %d: %" PRIu64 " bytes sha256 %s -> %s\n", it->rank, it->receipt.data_size,
+               it->receipt.sha256, it->receipt.path);
+    fflush(stdout);
+    pthread_mutex_unlock(&u->prog.mu);
 }
 
 static void *upload_thread(void *arg)
@@ -489,20 +502,18 @@ static int run_upload(sl_cli *cli, sl_client *c, opts *o, int argc, char **argv)
     pthread_mutex_destroy(&u.prog.mu);
     if (cli->json)
         printf("[");
-    for (size_t i = 0; i < u.n; i++) {
+    for (size_t i = 0, shown = 0; i < u.n; i++) {
         item *it = &u.items[i];
         if (it->rc) {
-            fprintf(stderr, "sluice ckpt upload: %s\n", it->error);
+            if (cli->json)
+                fprintf(stderr, "sluice ckpt upload: %s\n", it->error);
             rc = SL_CLI_ERROR;
             continue;
         }
         if (cli->json)
             printf("%s{\"rank\":%d,\"data_size\":%" PRIu64 ",\"sha256\":\"%s\",\"path\":",
-                   i ? "," : "", it->rank, it->receipt.data_size, it->receipt.sha256),
+                   shown++ ? "," : "", it->rank, it->receipt.data_size, it->receipt.sha256),
                 sl_cli_json_str(stdout, it->receipt.path), printf("}");
-        else
-            printf("rank %d: %" PRIu64 " bytes sha256 %s -> %s\n", it->rank, it->receipt.data_size,
-                   it->receipt.sha256, it->receipt.path);
     }
     if (cli->json)
         printf("]\n");
