@@ -36,6 +36,20 @@ typedef struct fsrc {
     sl_sample_elastic *plan;
 } fsrc;
 
+/* A torch-mode share (its O(N) permutation) of one dp rank in one (job, epoch), built once on the
+ * worker pool and shared by every stream of that dp rank (reconnects, tp/cp/pp replicas);
+ * sl_sample_fill is thread-safe and streams never move its cursor. Reference counted. */
+typedef struct fshare {
+    int refs;
+    int state; /* 0 building, 1 ready, -1 failed */
+    int err;
+    char msg[256];
+    sl_feed *f;
+    sl_sample_config cfg;
+    sl_sample *s;
+    uv_work_t work;
+} fshare;
+
 /* A batch plan for one (job, epoch), computed on the worker pool and shared by all ranks. */
 typedef struct fplan {
     int refs;
@@ -69,8 +83,9 @@ struct fjob {
     fsrc *src;
     uint8_t *elastic_blob; /* as stored in the catalog */
     size_t elastic_len;
-    fplan *plan;  /* batch plan of the current epoch, NULL until first asked for */
-    uint64_t gen; /* bumped when the epoch advances or the job is resized */
+    fplan *plan;     /* batch plan of the current epoch, NULL until first asked for */
+    fshare **shares; /* [dp_size] torch-mode shares of the current epoch, built on demand */
+    uint64_t gen;    /* bumped when the epoch advances or the job is resized */
     fstream *streams;
     fjob *next;
 };
@@ -162,6 +177,7 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
 int feed_job_complete(const fjob *j);
 
 void fsrc_unref(fsrc *s);
+void fshare_unref(fshare *s);
 void fplan_unref(fplan *p);
 
 /* ---- stream.c ---- */

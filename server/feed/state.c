@@ -133,6 +133,14 @@ void fsrc_unref(fsrc *s)
     }
 }
 
+void fshare_unref(fshare *s)
+{
+    if (s && --s->refs == 0) {
+        sl_sample_free(s->s);
+        free(s);
+    }
+}
+
 void fplan_unref(fplan *p)
 {
     if (p && --p->refs == 0) {
@@ -236,6 +244,12 @@ static int elastic_load(fjob *j, const uint8_t *blob, size_t blob_len, char *msg
 
 static void drop_epoch_state(fjob *j)
 {
+    if (j->shares) {
+        for (uint32_t d = 0; d < j->dp_size; d++)
+            fshare_unref(j->shares[d]);
+        free(j->shares);
+        j->shares = NULL;
+    }
     fsrc_unref(j->src);
     j->src = NULL;
     free(j->elastic_blob);

@@ -43,8 +43,9 @@ struct fstream {
     int has_pos;
     uint64_t pos, end;
     uint32_t chunk;
-    int window; /* send room with an empty queue */
-    sl_sample *s;
+    int window;    /* send room with an empty queue */
+    sl_sample *s;  /* owned, or borrowed from `share` */
+    fshare *share; /* torch mode: the dp rank's shared share */
     fsrc *src;
     fplan *plan;
     uint64_t *buf;
@@ -72,7 +73,10 @@ static void stream_free(void *p)
     fstream *s = p;
 
     detach(s);
-    sl_sample_free(s->s);
+    if (s->share)
+        fshare_unref(s->share);
+    else
+        sl_sample_free(s->s);
     fsrc_unref(s->src);
     fplan_unref(s->plan);
     free(s->buf);
@@ -253,61 +257,83 @@ static void indices_ready(fstream *s, int err, const char *why)
     stream_go(s);
 }
 
+/* The stream's torch-mode share finished building (or failed). */
+static void share_attach(fstream *s)
+{
+    if (s->share->state < 0) {
+        indices_ready(s, s->share->err, s->share->msg);
+        return;
+    }
+    s->s = s->share->s;
+    indices_ready(s, 0, "");
+}
+
 /* torch mode builds an O(N) permutation: do it on the worker pool, not on the loop. */
-typedef struct sample_work {
-    uv_work_t w;
-    fstream *s;
-    sl_sample_config cfg;
-    sl_sample *out;
-    int err;
-    char msg[256];
-} sample_work;
-
-static void sample_work_run(uv_work_t *w)
+static void share_work(uv_work_t *w)
 {
-    sample_work *sw = w->data;
+    fshare *sh = w->data;
 
-    sw->err = sl_sample_new(&sw->out, &sw->cfg, sw->msg, sizeof(sw->msg));
+    sh->err = sl_sample_new(&sh->s, &sh->cfg, sh->msg, sizeof(sh->msg));
 }
 
-static void sample_work_done(uv_work_t *w, int status)
+static void share_done(uv_work_t *w, int status)
 {
-    sample_work *sw = w->data;
-    fstream *s = sw->s;
-    sl_rpc_call *call = s->call;
+    fshare *sh = w->data;
 
-    if (status != 0 && !sw->err) {
-        sw->err = SL_ECANCELLED;
-        snprintf(sw->msg, sizeof(sw->msg), "cancelled");
+    if (status != 0 && !sh->err) {
+        sh->err = SL_ECANCELLED;
+        snprintf(sh->msg, sizeof(sh->msg), "cancelled");
     }
-    if (s->state == ST_WAIT_SAMPLE && s->job && !sl_rpc_call_is_done(call)) {
-        s->s = sw->out;
-        sw->out = NULL;
-        indices_ready(s, sw->err, sw->msg);
+    sh->state = sh->err ? -1 : 1;
+    /* The streams waiting for it may belong to an epoch that has ended since: look for them
+     * in every job rather than through the job's current shares. */
+    for (fjob *j = sh->f->jobs; j; j = j->next) {
+        fstream *s = j->streams;
+        while (s) {
+            fstream *next = s->next;
+            if (s->state == ST_WAIT_SAMPLE && s->share == sh)
+                share_attach(s);
+            s = next;
+        }
     }
-    sl_sample_free(sw->out);
-    free(sw);
-    sl_rpc_call_unref(call); /* may free s */
+    fshare_unref(sh);
 }
 
-static void sample_async(fstream *s, const sl_sample_config *cfg)
+/* Attach the stream to its dp rank's shared torch-mode share, building it if needed. */
+static void share_request(fstream *s, const sl_sample_config *cfg)
 {
-    sample_work *sw = calloc(1, sizeof(*sw));
+    fjob *j = s->job;
+    fshare *sh;
 
-    if (!sw) {
+    if (!j->shares && !(j->shares = calloc(j->dp_size, sizeof(*j->shares)))) {
         end_stream(s, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    sw->s = s;
-    sw->cfg = *cfg;
-    sw->w.data = sw;
-    s->state = ST_WAIT_SAMPLE;
-    sl_rpc_call_ref(s->call);
-    if (uv_queue_work(s->f->loop, &sw->w, sample_work_run, sample_work_done) != 0) {
-        sl_rpc_call_unref(s->call);
-        free(sw);
-        end_stream(s, SL_RPC_UNAVAILABLE, "cannot queue work");
+    sh = j->shares[s->dp];
+    if (!sh) {
+        sh = calloc(1, sizeof(*sh));
+        if (!sh) {
+            end_stream(s, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
+            return;
+        }
+        sh->refs = 2; /* the job's and the worker's */
+        sh->f = s->f;
+        sh->cfg = *cfg;
+        sh->work.data = sh;
+        if (uv_queue_work(s->f->loop, &sh->work, share_work, share_done) != 0) {
+            free(sh);
+            end_stream(s, SL_RPC_UNAVAILABLE, "cannot queue work");
+            return;
+        }
+        j->shares[s->dp] = sh;
     }
+    s->share = sh;
+    sh->refs++;
+    if (sh->state == 0) {
+        s->state = ST_WAIT_SAMPLE;
+        return;
+    }
+    share_attach(s);
 }
 
 /* The stream's epoch is the job's current epoch: build the share and start. */
@@ -345,7 +371,7 @@ static void stream_begin(fstream *s)
         sl_sample_config c = j->cfg;
         c.rank = s->rank;
         if (c.shuffle == SL_SAMPLE_SHUFFLE_TORCH) {
-            sample_async(s, &c);
+            share_request(s, &c);
             return;
         }
         err = sl_sample_new(&s->s, &c, msg, sizeof(msg));

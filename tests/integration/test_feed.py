@@ -418,6 +418,15 @@ class FeedTest(unittest.TestCase):
         c.report_progress("mj", 1, 0, 10)
         self.assertEqual([x.position for x in c.get_epoch("mj").ranks], [10, 0])
         self.assertEqual(share(c, "mj", 3)[2], streams[0][10:])
+        # torch mode: one permutation per dp rank, built once on the worker pool and shared by
+        # the streams of its tp/cp replicas (opened together here).
+        c.create_job("mt", "ds", 8, shuffle="torch", seed=2, mesh=dict(dp=2, tp=2, cp=2, pp=1))
+        opened = [c.stream_indices("mt", r, max_chunk=7) for r in range(8)]
+        tstreams = [[i for ch in st for i in ch.indices] for st in opened]
+        for r in range(8):
+            self.assertEqual(tstreams[r], tstreams[0 if r < 4 else 4])
+        self.assertEqual(sorted(tstreams[0] + tstreams[4]), list(range(100)))
+        self.assertNotEqual(tstreams[0], streams[0])
         code, msg = self.code(c.resize_job, "mj", 4)
         self.assertEqual(code, C.INVALID_ARGUMENT)
         job = c.resize_job("mj", 4, mesh=dict(dp=4, tp=1, cp=1, pp=1))
