@@ -10,7 +10,10 @@
  *   3. Each window is cut into batches that never exceed max_batch_size sequences nor
  *      max_tokens under the cost model: `padded` charges a batch count x longest, `sum` charges
  *      the sum of its lengths. pad, bucket and dynamic cut greedily in window order; packed fills
- *      bins of max_tokens by sum of lengths, best-fit-decreasing.
+ *      bins of max_tokens by sum of lengths, best-fit-decreasing. dynamic under the padded cost
+ *      with 16 windows or more carries a batch that would pad more than 3% of its tokens, and
+ *      each window's last, incomplete batch, into the next window's sort, for at most 2
+ *      windows: a batch then holds samples of up to 3 consecutive windows.
  *   4. The batches are shuffled by (seed, epoch), so consecutive batches mix lengths.
  *   5. Every rank gets the same number of batches: the remainder is dropped or padded by
  *      repeating batches from the start; rank r gets batches r, r + D, r + 2D, ...; optionally
@@ -19,8 +22,11 @@
  * The same inputs, config, seed and epoch give the same plan on any machine.
  *
  * Memory: a plan holds 4 bytes per planned sequence plus 16 bytes per batch. Planning
- * temporarily needs, on top of that, O(longest length) for the sort histogram, and for `packed`
- * 8 bytes per sequence of one window (see docs/batching.md for the measured peaks).
+ * temporarily needs, on top of that, O(longest length) for the sort histogram, 4 bytes per
+ * sample of the order (pad, bucket, dynamic without carrying), a few window-sized scratch
+ * arrays, and for large shuffled inputs 2 bytes per length while gathering (see
+ * docs/batching.md for the measured peaks; at most 16 bytes per sequence when batches average
+ * two sequences or more).
  */
 #ifndef SL_BATCH_H
 #define SL_BATCH_H
