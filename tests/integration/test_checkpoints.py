@@ -722,6 +722,44 @@ class CheckpointDDPTest(unittest.TestCase):
             self.assertEqual(d.sanitizer_reports(), [], d.log())
 
 
+class AccessTest(unittest.TestCase):
+    """With a token file: readers read, trainers write checkpoints, only admins delete."""
+
+    TOKENS = {"reader": "r" * 24, "trainer": "t" * 24, "admin": "a" * 24}
+
+    def test_roles(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tf = os.path.join(tmp, "tokens")
+            with open(tf, "w") as f:
+                for role, tok in self.TOKENS.items():
+                    f.write("%s %s\n" % (role, tok))
+            with Daemon(args=["--token-file", tf]) as d:
+                from sluice.checkpoint import Checkpoints
+                DENIED = grpc.StatusCode.PERMISSION_DENIED
+                with Checkpoints(d.addr, token=self.TOKENS["trainer"]) as t, \
+                        Checkpoints(d.addr, token=self.TOKENS["reader"]) as r, \
+                        Checkpoints(d.addr, token=self.TOKENS["admin"]) as a, \
+                        Checkpoints(d.addr) as anon:
+                    t.begin("acl", name="c", world_size=1)
+                    t.upload("acl", "c", 0, b"data")
+                    t.commit("acl", "c")
+                    self.assertTrue(r.verify("acl", "c", deep=True).ok)
+                    self.assertEqual(r.download("acl", "c", 0), b"data")
+                    for fn in (lambda: r.begin("acl", name="d", world_size=1),
+                               lambda: r.upload("acl", "c", 0, b"x"),
+                               lambda: t.delete("acl", "c"),
+                               lambda: t.set_retention("acl", 1)):
+                        with self.assertRaises(grpc.RpcError) as e:
+                            fn()
+                        self.assertEqual(e.exception.code(), DENIED)
+                    with self.assertRaises(grpc.RpcError) as e:
+                        anon.list("acl")
+                    self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+                    a.delete("acl", "c")
+                self.assertEqual(d.stop(), 0, d.log())
+                self.assertEqual(d.sanitizer_reports(), [], d.log())
+
+
 class CliTest(CheckpointTest):
     """`sluice ckpt` end to end: directory upload in parallel, commit, verify, download."""
 
