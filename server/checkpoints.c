@@ -39,9 +39,11 @@
 #define UP_INFLIGHT     8  /* chunks held in memory per upload */
 #define UP_RING         16 /* ring slots, at least UP_INFLIGHT */
 _Static_assert(UP_RING >= UP_INFLIGHT, "the chunk ring must hold every chunk in flight");
-#define DL_CHUNK        (1u << 20) /* download message size */
-#define DL_QUEUED       3          /* download messages queued per call */
-#define LIST_MAX        10000
+#define DL_CHUNK  (1u << 20) /* download message size */
+#define DL_QUEUED 3          /* download messages queued per call */
+#define LIST_MAX  10000
+/* metadata.json is rendered in memory (commit, quick verify): its tensor lists are capped. */
+#define META_MAX        (64u << 20)
 #define FLUSH_EVERY     (8u << 20) /* start writeback of an upload every 8 MiB */
 #define SWEEP_PERIOD_MS 60000
 #define PART_SUFFIX     ".shard.part"
@@ -1572,6 +1574,24 @@ static void up_header(upload *up, const Sluice__V1__ShardHeader *h)
     if (is_committing(s, ck.id)) {
         sl_rpc_call_fail(call, SL_ESTATE, "checkpoint %s/%s is being committed", ck.job, ck.name);
         return;
+    }
+    {
+        /* Other ranks' lists as recorded; uploads running now are not counted, a bound that is
+         * good enough for a limit that only hostile input reaches. */
+        uint64_t others = 0;
+        size_t mine = strlen(up->tensors_json);
+        err = sl_cat_ckpt_tensor_bytes(s->d->cat, &others, ck.id, h->rank);
+        if (err) {
+            sl_rpc_call_fail(call, err, "catalog error");
+            return;
+        }
+        if (others + mine > META_MAX) {
+            sl_rpc_call_fail(call, SL_ELIMIT,
+                             "tensor lists of %s/%s would take %" PRIu64
+                             " bytes of metadata, at most %u",
+                             ck.job, ck.name, others + mine, META_MAX);
+            return;
+        }
     }
     if ((other = find_upload(s, ck.id, h->rank)) != NULL) {
         sl_rpc_call_fail(call, SL_ESTATE, "an upload of rank %d of %s/%s is already in progress",

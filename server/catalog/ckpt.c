@@ -230,6 +230,27 @@ int sl_cat_ckpt_delete(sl_cat *cat, int64_t id)
     return err;
 }
 
+int sl_cat_ckpt_tensor_bytes(sl_cat *cat, uint64_t *out, int64_t ckpt_id, int32_t except_rank)
+{
+    sqlite3_stmt *st = NULL;
+    int rc, err = prepare(cat, &st,
+                          "SELECT coalesce(sum(length(tensors)), 0) FROM checkpoint_shards "
+                          "WHERE checkpoint_id = ?1 AND rank != ?2",
+                          "ckpt_tensor_bytes");
+
+    if (err)
+        return err;
+    sqlite3_bind_int64(st, 1, ckpt_id);
+    sqlite3_bind_int(st, 2, except_rank);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        *out = (uint64_t)sqlite3_column_int64(st, 0);
+    else
+        err = db_fail(cat, "ckpt_tensor_bytes");
+    sqlite3_finalize(st);
+    return err;
+}
+
 int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms)
 {
     sqlite3_stmt *st = NULL;

@@ -68,6 +68,10 @@ int sl_cat_ckpt_set_state(sl_cat *cat, int64_t id, int state, int64_t committed_
 /* Delete a checkpoint and its shard rows. */
 int sl_cat_ckpt_delete(sl_cat *cat, int64_t id);
 
+/* Total bytes of the tensor lists (JSON) recorded for the checkpoint's shards, leaving out
+ * `except_rank` (-1: none). */
+int sl_cat_ckpt_tensor_bytes(sl_cat *cat, uint64_t *out, int64_t ckpt_id, int32_t except_rank);
+
 /* Record (insert or replace) a durable shard of checkpoint `ckpt_id`. */
 int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms);
 

@@ -405,6 +405,20 @@ class CheckpointTest(unittest.TestCase):
         st = self.stub.UploadStatus(pb.UploadStatusRequest(job="job1", checkpoint="r", rank=0))
         self.assertEqual((st.stored, st.held_bytes, st.sha256), (True, 0, sha))
 
+    def test_metadata_cap(self):
+        # Tensor lists are capped at 64 MiB of metadata per checkpoint: ~7.7 MB per rank here, so
+        # the ninth rank is refused and nothing of it is stored.
+        self.begin(name="meta", world=10)
+        tensors = [pb.TensorInfo(name="t%05d" % i + "x" * 1000, dtype="uint8", shape=[0],
+                                 offset=0, size=0) for i in range(7000)]
+        for rank in range(8):
+            self.upload("job1", "meta", rank, b"", tensors=tensors)
+        code, msg = self.code_of(self.upload, "job1", "meta", 8, b"", tensors=tensors)
+        self.assertEqual(code, grpc.StatusCode.RESOURCE_EXHAUSTED, msg)
+        self.assertIn("metadata", msg)
+        self.assertEqual(self.stub.Get(pb.CheckpointRef(job="job1", name="meta")).shards_uploaded,
+                         8)
+
     def test_abort_during_upload(self):
         self.begin(name="ab", world=2)
         ev = threading.Event()
@@ -671,6 +685,7 @@ class PythonHelpersTest(CheckpointTest):
     test_resume_upload = None
     test_restart_keeps_complete_and_sweeps_temp = None
     test_abort_during_upload = None
+    test_metadata_cap = None
     test_lifecycle = None
     test_client_checksum_and_sizes = None
     test_hostile_input = None
@@ -836,6 +851,7 @@ class CliTest(CheckpointTest):
     test_resume_upload = None
     test_restart_keeps_complete_and_sweeps_temp = None
     test_abort_during_upload = None
+    test_metadata_cap = None
     test_lifecycle = None
     test_client_checksum_and_sizes = None
     test_hostile_input = None
@@ -890,6 +906,7 @@ class SmallLimitsTest(CheckpointTest):
     test_resume_upload = None
     test_restart_keeps_complete_and_sweeps_temp = None
     test_abort_during_upload = None
+    test_metadata_cap = None
     test_lifecycle = None
     test_client_checksum_and_sizes = None
     test_hostile_input = None
