@@ -59,6 +59,7 @@ typedef struct fplan {
     uint64_t epoch;
     sl_batch_plan *plan;
     fjob *job; /* NULL once the job let go of it */
+    sl_feed *f;
     uv_work_t work;
     /* inputs for the worker, owned until it finishes */
     sl_batch_config cfg;
@@ -188,8 +189,8 @@ void feed_streams_end(fjob *j, int all, sl_rpc_code code, const char *why);
 /* The job's epoch advanced: start the streams waiting for it. */
 void feed_streams_epoch_began(fjob *j);
 
-/* A batch plan finished: start the streams waiting for it. */
-void feed_streams_plan_ready(fjob *j);
+/* Batch plan p finished: start the job's streams waiting for it. */
+void feed_streams_plan_ready(fjob *j, const fplan *p);
 
 /* Ask for the current epoch's plan (starts it on the worker pool if needed). */
 int feed_plan_request(fjob *j, char *msg, size_t len);

@@ -194,7 +194,11 @@ static void stream_go(fstream *s)
     fjob *j = s->job;
     char msg[200];
 
-    if (!s->has_pos)
+    if (!s->has_pos && s->epoch != j->epoch)
+        /* The epoch ended while the share or plan was built: every rank finished it (or it
+         * was advanced by hand), so there is nothing left to serve from it. */
+        s->pos = s->end;
+    else if (!s->has_pos)
         s->pos = j->progress[s->dp] < s->end ? j->progress[s->dp] : s->end;
     if (s->pos > s->end) {
         snprintf(msg, sizeof(msg), "position %llu past the end of rank %u's share (%llu)",
@@ -248,12 +252,6 @@ static void indices_ready(fstream *s, int err, const char *why)
         return;
     }
     s->end = sl_sample_count(s->s);
-    if (s->epoch != s->job->epoch && !s->has_pos) {
-        /* The epoch ended while the sampler was built: every rank finished it (or it was
-         * advanced by hand), so there is nothing left to serve from it. */
-        s->pos = s->end;
-        s->has_pos = 1;
-    }
     stream_go(s);
 }
 
@@ -519,13 +517,13 @@ void feed_streams_epoch_began(fjob *j)
     }
 }
 
-void feed_streams_plan_ready(fjob *j)
+void feed_streams_plan_ready(fjob *j, const fplan *p)
 {
     fstream *s = j->streams;
 
     while (s) {
         fstream *next = s->next;
-        if (s->state == ST_WAIT_PLAN && s->plan == j->plan)
+        if (s->state == ST_WAIT_PLAN && s->plan == p)
             start_batches(s);
         s = next;
     }
@@ -643,8 +641,11 @@ static void plan_done(uv_work_t *w, int status)
         sl_log_info("batch_plan_ready", "epoch=%llu batches_per_rank=%llu",
                     (unsigned long long)p->epoch,
                     (unsigned long long)sl_batch_plan_batches_per_rank(p->plan));
+    /* Streams waiting for it may belong to an epoch that has ended since (Epochs.Next): look
+     * in every job, not only through the job's current plan. */
+    for (fjob *k = p->f->jobs; k; k = k->next)
+        feed_streams_plan_ready(k, p);
     if (j) {
-        feed_streams_plan_ready(j);
         /* Reports recorded before the plan existed may already complete the epoch. */
         if (p->state == 1 && !j->spec->manual_advance && feed_job_complete(j))
             feed_job_advance(j);
@@ -687,6 +688,7 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
     }
     p->scfg = j->cfg;
     p->epoch = j->epoch;
+    p->f = j->feed;
     snprintf(p->sha256, sizeof(p->sha256), "%s", d.lengths_sha256);
     p->refs = 2; /* the job's and the worker's */
     p->job = j;

@@ -484,6 +484,24 @@ class FeedTest(unittest.TestCase):
         self.assertEqual(cli("dataset", "--help").returncode, 0)
         self.assertEqual(cli("job", "frobnicate", "x", addr=a).returncode, 2)
 
+    def test_batch_stream_survives_next_while_planning(self):
+        c = self.c
+        n = 1 << 21
+        c.create_dataset("big", n)
+        c.upload_lengths("big", [1 + (i * 7919) % 500 for i in range(n)], per_message=1 << 20)
+        c.create_job("bn", "big", 2, manual_advance=True,
+                     batching=dict(max_batch_size=64, max_seq_len=512))
+        from sluice.v1 import feed_pb2
+        req = c.feed.StreamBatches(feed_pb2.StreamBatchesRequest(job="bn", rank=0,
+                                                                 max_batches=1024), timeout=60)
+        c.next_epoch("bn")  # most likely while epoch 0's plan is being computed
+        chunks = list(req)
+        got = [b.step for ch in chunks for b in ch.batches]
+        # Either the whole old share (the plan won the race) or nothing left of it: never a hang.
+        self.assertEqual({ch.epoch for ch in chunks}, {0})
+        self.assertIn(len(got), (0, chunks[0].batches_per_rank))
+        self.assertEqual(c.get_epoch("bn").epoch, 1)
+
     def test_shutdown_ends_waiting_stream(self):
         c = self.c
         c.create_dataset("ds", 10)
