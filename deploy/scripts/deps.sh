@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian bookworm packages sluice needs. Usage: deps.sh [--test]
 # --test adds what the test suite needs (PyTorch for the peer comparisons, numpy; PyYAML and
-# systemd-analyze for the deployment checks).
+# systemd-analyze for the deployment checks; clang and its libFuzzer runtime for tests/fuzz/run.sh;
+# valgrind for the memcheck run).
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config
@@ -9,7 +10,8 @@ pkgs=(build-essential cmake pkg-config
       grpc-proto libuv1-dev libssl-dev libsqlite3-dev libmicrohttpd-dev libinih-dev libsystemd-dev
       python3 python3-grpcio python3-protobuf)
 if [[ "${1:-}" == "--test" ]]; then
-  pkgs+=(clang-format openssl prometheus python3-torch python3-numpy python3-yaml systemd)
+  pkgs+=(clang-format openssl prometheus python3-torch python3-numpy python3-yaml systemd
+         clang-14 libclang-rt-14-dev valgrind)
 fi
 
 missing=()

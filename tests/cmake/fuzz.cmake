@@ -1,0 +1,43 @@
+# Fuzz targets (tests/fuzz/). Each target defines LLVMFuzzerTestOneInput. In the normal build it
+# is linked with the standalone replay driver (tests/fuzz/driver.c) and ctest replays its
+# committed corpus (tests/fuzz/corpus/<target>/), under ASan+UBSan in the sanitized build. With
+# -DSLUICE_FUZZ=ON (clang only; tests/fuzz/run.sh does it) it is linked with libFuzzer instead.
+option(SLUICE_FUZZ "Link the fuzz targets with libFuzzer (clang) instead of the replay driver" OFF)
+
+set(SL_FUZZ_DIR "${CMAKE_CURRENT_SOURCE_DIR}/fuzz")
+
+# The daemon's sources minus main() and the Checkpoints service (fuzz_ckpt_rpc includes
+# checkpoints.c itself to reach its static validators).
+add_library(sl_fuzz_server STATIC
+            ${PROJECT_SOURCE_DIR}/server/config.c ${PROJECT_SOURCE_DIR}/server/health.c
+            ${PROJECT_SOURCE_DIR}/server/admin.c ${PROJECT_SOURCE_DIR}/server/auth.c
+            ${PROJECT_SOURCE_DIR}/server/metrics.c ${PROJECT_SOURCE_DIR}/server/ops.c
+            ${PROJECT_SOURCE_DIR}/server/store/store.c ${PROJECT_SOURCE_DIR}/server/feed/feed.c
+            ${PROJECT_SOURCE_DIR}/server/feed/state.c ${PROJECT_SOURCE_DIR}/server/feed/datasets.c
+            ${PROJECT_SOURCE_DIR}/server/feed/jobs.c ${PROJECT_SOURCE_DIR}/server/feed/stream.c)
+target_include_directories(sl_fuzz_server PUBLIC "${PROJECT_SOURCE_DIR}/server")
+target_link_libraries(sl_fuzz_server PUBLIC PkgConfig::MHD PkgConfig::INIH PkgConfig::SYSTEMD
+                      PkgConfig::CRYPTO sl_rpc sl_catalog sl_shard sl_sample sl_batch sl_proto
+                      sl_common m)
+
+# sl_fuzz_target(<name> <libraries>...)
+function(sl_fuzz_target name)
+  if (SLUICE_FUZZ)
+    add_executable(${name} "${SL_FUZZ_DIR}/${name}.c")
+    target_compile_options(${name} PRIVATE -fsanitize=fuzzer)
+    target_link_options(${name} PRIVATE -fsanitize=fuzzer)
+  else ()
+    add_executable(${name} "${SL_FUZZ_DIR}/${name}.c" "${SL_FUZZ_DIR}/driver.c")
+    add_test(NAME ${name}_replay COMMAND ${name} "${SL_FUZZ_DIR}/corpus/${name}")
+    set_tests_properties(${name}_replay PROPERTIES TIMEOUT 120 LABELS fuzz)
+  endif ()
+  target_include_directories(${name} PRIVATE "${SL_FUZZ_DIR}")
+  target_link_libraries(${name} PRIVATE ${ARGN})
+endfunction()
+
+sl_fuzz_target(fuzz_shard sl_shard sl_common)
+sl_fuzz_target(fuzz_lengths sl_batch sl_sample sl_common m)
+target_include_directories(fuzz_lengths PRIVATE "${PROJECT_SOURCE_DIR}/client/cli")
+sl_fuzz_target(fuzz_config sl_fuzz_server)
+sl_fuzz_target(fuzz_feed_rpc sl_fuzz_server)
+sl_fuzz_target(fuzz_ckpt_rpc sl_fuzz_server)

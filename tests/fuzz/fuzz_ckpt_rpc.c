@@ -1,0 +1,112 @@
+/* Fuzz target: decoding of every sluice.v1 Checkpoints request (protobuf-c, as the RPC bridge
+ * does it), then the service's pure validation of what decodes: names (sl_shard_name_check),
+ * user metadata (size and UTF-8), client checksums, and for UploadShard headers the tensor-list
+ * check that renders the catalog's JSON (tensors_check in server/checkpoints.c).
+ *
+ * Those checks are static in checkpoints.c, so the file is included here. The first input byte
+ * picks the message type; the rest is its wire encoding. */
+#include "fuzz.h"
+
+#include "../../server/checkpoints.c"
+
+static const ProtobufCMessageDescriptor *const requests[] = {
+    &sluice__v1__begin_request__descriptor,         &sluice__v1__upload_shard_request__descriptor,
+    &sluice__v1__upload_status_request__descriptor, &sluice__v1__checkpoint_ref__descriptor,
+    &sluice__v1__list_request__descriptor,          &sluice__v1__latest_request__descriptor,
+    &sluice__v1__verify_request__descriptor,        &sluice__v1__download_shard_request__descriptor,
+    &sluice__v1__set_retention_request__descriptor,
+};
+#define N_REQUESTS (sizeof(requests) / sizeof(requests[0]))
+
+static void check_name(const char *name)
+{
+    char file[SL_SHARD_NAME_MAX + 64];
+
+    if (!name || sl_shard_name_check(name) != 0)
+        return;
+    if (strchr(name, '/') || name[0] == '.' || strstr(name, "..") ||
+        strlen(name) > SL_SHARD_NAME_MAX)
+        abort();
+    if (sl_shard_file_name(file, sizeof(file), name, SL_SHARD_MAX_RANK) != 0)
+        abort();
+}
+
+/* A JSON string the catalog stores must at least be balanced and free of raw control bytes. */
+static void check_json(const char *json)
+{
+    int depth = 0, in_str = 0;
+
+    for (const char *p = json; *p; p++) {
+        if ((unsigned char)*p < 0x20)
+            abort();
+        if (in_str) {
+            if (*p == '\\')
+                p++;
+            else if (*p == '"')
+                in_str = 0;
+            continue;
+        }
+        if (*p == '"')
+            in_str = 1;
+        else if (*p == '[' || *p == '{')
+            depth++;
+        else if (*p == ']' || *p == '}')
+            depth--;
+        if (depth < 0)
+            abort();
+    }
+    if (depth != 0 || in_str)
+        abort();
+}
+
+static void check_header(const Sluice__V1__ShardHeader *h)
+{
+    char msg[256], *json = NULL;
+
+    check_name(h->job);
+    check_name(h->checkpoint);
+    if (h->sha256 && *h->sha256)
+        (void)sl_shard_hex_check(h->sha256);
+    if (tensors_check(&json, h->tensors, h->n_tensors, h->data_size, msg, sizeof(msg)) == 0) {
+        check_json(json);
+        free(json);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const ProtobufCMessageDescriptor *d;
+    ProtobufCMessage *m;
+
+    if (size < 1)
+        return 0;
+    d = requests[data[0] % N_REQUESTS];
+    m = protobuf_c_message_unpack(d, NULL, size - 1, data + 1);
+    if (!m)
+        return 0;
+    if (d == &sluice__v1__begin_request__descriptor) {
+        const Sluice__V1__BeginRequest *r = (const void *)m;
+        check_name(r->job);
+        check_name(r->name);
+        if (r->user_metadata)
+            (void)utf8_ok(r->user_metadata);
+    } else if (d == &sluice__v1__upload_shard_request__descriptor) {
+        const Sluice__V1__UploadShardRequest *r = (const void *)m;
+        if (r->kind_case == SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_HEADER && r->header)
+            check_header(r->header);
+    } else if (d == &sluice__v1__upload_status_request__descriptor) {
+        const Sluice__V1__UploadStatusRequest *r = (const void *)m;
+        check_name(r->job);
+        check_name(r->checkpoint);
+    } else if (d == &sluice__v1__checkpoint_ref__descriptor) {
+        const Sluice__V1__CheckpointRef *r = (const void *)m;
+        check_name(r->job);
+        check_name(r->name);
+    } else if (d == &sluice__v1__download_shard_request__descriptor) {
+        const Sluice__V1__DownloadShardRequest *r = (const void *)m;
+        check_name(r->job);
+        check_name(r->name);
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+    return 0;
+}
