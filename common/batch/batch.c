@@ -839,6 +839,7 @@ static int alloc_scratch(planner *p, size_t win)
         p->n_win = win < p->n_order ? win : p->n_order;
         if (!(p->win = acct_alloc(&p->a, p->n_win * sizeof(uint32_t))))
             return -ENOMEM;
+        populate(p->win, p->n_win * sizeof(uint32_t));
     }
     if (carry_mode(p, win)) {
         p->cap_carry = CARRY_WINDOWS * win;

@@ -170,23 +170,26 @@ static void feistel32_map(const sl_feistel *f, uint64_t *out, const uint64_t *in
                 w[j] = (uint32_t)in[b + j];
         } else {
             /* Positions are below n <= 2^32, so 32-bit arithmetic is exact. */
-            uint32_t p0 = (uint32_t)(start + b * stride), st = (uint32_t)stride;
-            for (size_t j = 0; j < len; j++)
-                w[j] = p0 + (uint32_t)j * st;
+            uint32_t pos = (uint32_t)(start + b * stride), st = (uint32_t)stride;
+            for (size_t j = 0; j < len; j++, pos += st)
+                w[j] = pos;
         }
         feistel32_pass(f, w, len);
+        /* The walkers, with their values, packed without branches; each round passes them
+         * again, writes every result back (a finished one for good) and packs the rest in
+         * place. */
         for (size_t j = 0; j < len; j++) {
             pend[np] = (uint16_t)j;
+            tmp[np] = w[j];
             np += w[j] >= n;
         }
         while (np) {
             size_t nq = 0;
-            for (size_t q = 0; q < np; q++)
-                tmp[q] = w[pend[q]];
             feistel32_pass(f, tmp, np);
             for (size_t q = 0; q < np; q++) {
                 w[pend[q]] = tmp[q];
                 pend[nq] = pend[q];
+                tmp[nq] = tmp[q];
                 nq += tmp[q] >= n;
             }
             np = nq;
