@@ -721,6 +721,10 @@ struct upload {
     int stopped, remove_part, aborted;
     int err, herr; /* lane results */
     char errmsg[256];
+    /* A failure decided while a lane job still ran: answered once the upload is released, so a
+     * client that retries at once does not find its own failed upload still in progress. */
+    int fail_pending, fail_err;
+    char fail_msg[512];
 };
 
 static upload *find_upload(sl_ckpt_svc *s, int64_t ckpt_id, int32_t rank)
@@ -1121,6 +1125,10 @@ static void up_release(upload *up)
     if (up->remove_part && up->part[0])
         unlink(up->part);
     up_unregister(up);
+    if (up->fail_pending) {
+        up->fail_pending = 0;
+        sl_rpc_call_fail(up->call, up->fail_err, "%s", up->fail_msg);
+    }
 }
 
 /* End the upload's use of the disk: now, or when the running job returns. `remove_part` drops
@@ -1139,6 +1147,7 @@ static void up_data_free(void *p)
 {
     upload *up = p;
 
+    up->fail_pending = 0; /* the call is going away: nobody to answer */
     up_free_chunks(up, 1);
     up_release(up);
     sl_sha256_free(up->sha);
@@ -1157,7 +1166,14 @@ static void __attribute__((format(printf, 3, 4))) up_fail(upload *up, int err, c
     if (up->have_header)
         sl_log_warn("ckpt_upload_failed", "job=%s name=%s rank=%d error=\"%s\"", up->job, up->name,
                     up->rank, msg);
-    sl_rpc_call_fail(up->call, err, "%s", msg);
+    if (up->registered && (up->busy || up->hbusy) && !up->finalizing && !up->stopped) {
+        /* A lane job still uses the partial file: answer when it is released (up_release). */
+        up->fail_pending = 1;
+        up->fail_err = err;
+        snprintf(up->fail_msg, sizeof(up->fail_msg), "%s", msg);
+    } else {
+        sl_rpc_call_fail(up->call, err, "%s", msg);
+    }
     up_stop(up, 1);
 }
 
@@ -2181,7 +2197,14 @@ static void ckpt_verify(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
         sl_rpc_call_fail(call, -ENOMEM, "out of memory");
         return;
     }
-    if (!names_ok(call, req->job, req->name) || find_ckpt(s, call, &v->ck, req->job, req->name))
+    if (!names_ok(call, req->job, req->name))
+        goto fail;
+    if (req->mode != SLUICE__V1__VERIFY_MODE__QUICK && req->mode != SLUICE__V1__VERIFY_MODE__DEEP) {
+        sl_rpc_call_fail(call, SL_EINVAL, "mode %d is not a verify mode (0 quick, 1 deep)",
+                         (int)req->mode);
+        goto fail;
+    }
+    if (find_ckpt(s, call, &v->ck, req->job, req->name))
         goto fail;
     if (v->ck.state == SL_CKPT_INCOMPLETE) {
         sl_rpc_call_fail(call, SL_ESTATE, "checkpoint %s/%s is INCOMPLETE (aborted)", req->job,
