@@ -1,3 +1,12 @@
+# Hardening (issue 8): the hostile-input test and the fuzz targets.
+#
+# Hostile input for every RPC through a real client (tests/integration/test_hostile.py; the table
+# is in docs/hardening.md).
+add_test(NAME hostile_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_hostile
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(hostile_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
+
 # Fuzz targets (tests/fuzz/). Each target defines LLVMFuzzerTestOneInput. In the normal build it
 # is linked with the standalone replay driver (tests/fuzz/driver.c) and ctest replays its
 # committed corpus (tests/fuzz/corpus/<target>/), under ASan+UBSan in the sanitized build. With
