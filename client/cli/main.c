@@ -224,7 +224,10 @@ int main(int argc, char **argv)
         if (strcmp(argv[optind], commands[i].name) == 0) {
             int sub_argc = argc - optind;
             char **sub_argv = argv + optind;
-            optind = 1;
+            /* 0, not 1: GNU getopt only forgets the '+' (stop at the first argument) mode of
+             * the global parse when fully reinitialised, and subcommands take options after
+             * their positional arguments. */
+            optind = 0;
             r = commands[i].run(&cli, sub_argc, sub_argv);
             free(cli.token);
             return r;

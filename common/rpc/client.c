@@ -233,7 +233,7 @@ int sl_rpc_client_unary(sl_rpc_client *c, const char *method, const ProtobufCMes
     err = unary_bb(c, method, req_bb, &resp_bb, timeout_ms, st);
     grpc_byte_buffer_destroy(req_bb);
     if (err == 0) {
-        *resp = sl_rpc_unpack(resp_desc, resp_bb);
+        *resp = sl_rpc_unpack(resp_desc, resp_bb, NULL, 0);
         if (!*resp) {
             err = SL_EPROTO;
             if (st) {
@@ -381,7 +381,7 @@ int sl_rpc_async_wait(sl_rpc_async *a, const ProtobufCMessageDescriptor *resp_de
         *user = ac->user;
     err = fill_status(st, ac->status, ac->details);
     if (err == 0 && resp_desc && resp) {
-        *resp = sl_rpc_unpack(resp_desc, ac->resp);
+        *resp = sl_rpc_unpack(resp_desc, ac->resp, NULL, 0);
         if (!*resp) {
             err = SL_EPROTO;
             if (st) {
@@ -513,7 +513,7 @@ int sl_rpc_stream_read(sl_rpc_stream *s, const ProtobufCMessageDescriptor *desc,
     }
     if (!bb)
         return 0;
-    *msg = sl_rpc_unpack(desc, bb);
+    *msg = sl_rpc_unpack(desc, bb, NULL, 0);
     grpc_byte_buffer_destroy(bb);
     return *msg ? 1 : SL_EPROTO;
 }

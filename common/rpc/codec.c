@@ -5,6 +5,7 @@
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/support/time.h>
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 grpc_byte_buffer *sl_rpc_pack(const ProtobufCMessage *msg)
@@ -28,17 +29,129 @@ grpc_byte_buffer *sl_rpc_pack_raw(const void *buf, size_t len)
     return bb;
 }
 
-ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb)
+/* 1 if s[0..n) is well-formed UTF-8 without NUL bytes (no overlongs, no surrogates). */
+static int utf8_ok(const uint8_t *s, size_t n)
+{
+    size_t i = 0;
+
+    while (i < n) {
+        uint8_t c = s[i];
+        size_t k;
+        uint32_t cp;
+        if (c == 0)
+            return 0;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xc2 && c <= 0xdf) {
+            k = 1;
+            cp = c & 0x1f;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            k = 2;
+            cp = c & 0x0f;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            k = 3;
+            cp = c & 0x07;
+        } else {
+            return 0;
+        }
+        if (n - i <= k)
+            return 0;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xc0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (s[i + j] & 0x3f);
+        }
+        if ((k == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+            (k == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+            return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
+static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+    uint64_t x = 0;
+
+    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        x |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *v = x;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Walk the wire form of a message that protobuf-c accepted and check its string fields. The
+ * wire form is used because after decoding a NUL byte has already cut the C string. */
+static int strings_ok(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n, char *why,
+                      size_t why_len, int depth)
+{
+    const uint8_t *end = p + n;
+
+    if (depth > 32)
+        return 1; /* protobuf-c limits nesting itself */
+    while (p < end) {
+        const ProtobufCFieldDescriptor *f;
+        uint64_t tag, len;
+        if (read_varint(&p, end, &tag) != 0)
+            return 1;
+        f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
+        switch (tag & 7) {
+        case 0:
+            if (read_varint(&p, end, &len) != 0)
+                return 1;
+            break;
+        case 1:
+            p += 8;
+            break;
+        case 5:
+            p += 4;
+            break;
+        case 2:
+            if (read_varint(&p, end, &len) != 0 || len > (uint64_t)(end - p))
+                return 1;
+            if (f && f->type == PROTOBUF_C_TYPE_STRING && !utf8_ok(p, (size_t)len)) {
+                if (why)
+                    snprintf(why, why_len, "field '%s' of %s is not UTF-8 text without NUL bytes",
+                             f->name, d->name);
+                return 0;
+            }
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
+                !strings_ok(f->descriptor, p, (size_t)len, why, why_len, depth + 1))
+                return 0;
+            p += len;
+            break;
+        default:
+            return 1;
+        }
+    }
+    return 1;
+}
+
+ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb,
+                                char *why, size_t why_len)
 {
     grpc_byte_buffer_reader reader;
     ProtobufCMessage *msg;
     grpc_slice slice;
 
+    if (why && why_len)
+        snprintf(why, why_len, "not a valid %s message", desc->name);
     if (!bb || !grpc_byte_buffer_reader_init(&reader, bb))
         return NULL;
     slice = grpc_byte_buffer_reader_readall(&reader);
     msg = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(slice),
                                     GRPC_SLICE_START_PTR(slice));
+    if (msg &&
+        !strings_ok(desc, GRPC_SLICE_START_PTR(slice), GRPC_SLICE_LENGTH(slice), why, why_len, 0)) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        msg = NULL;
+    }
     grpc_slice_unref(slice);
     grpc_byte_buffer_reader_destroy(&reader);
     return msg;

@@ -17,9 +17,12 @@ grpc_byte_buffer *sl_rpc_pack(const ProtobufCMessage *msg);
 /* Byte buffer holding a copy of raw bytes (caller destroys it). */
 grpc_byte_buffer *sl_rpc_pack_raw(const void *buf, size_t len);
 
-/* Decode a byte buffer, or NULL if the bytes are not a valid message of `desc`. The caller frees
- * the result with protobuf_c_message_free_unpacked. */
-ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb);
+/* Decode a byte buffer, or NULL if the bytes are not a valid message of `desc`: not protobuf, or
+ * a string field (at any depth) that is not UTF-8 or holds a NUL byte, which protobuf-c would
+ * accept and silently cut. `why` (may be NULL) receives the reason. The caller frees the result
+ * with protobuf_c_message_free_unpacked. */
+ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb,
+                                char *why, size_t why_len);
 
 /* Server credentials for `tls` (NULL: plaintext). Returns 0 and *out (release with
  * grpc_server_credentials_release), or the error of an unreadable or non-PEM file (logged with

@@ -613,12 +613,12 @@ static void on_recv_done(sl_rpc_call *c, int ok)
         m->on_message(c, NULL, c->reg->svc->arg);
     } else {
         ProtobufCMessage *msg;
+        char why[256];
         c->bytes_in += grpc_byte_buffer_length(bb);
-        msg = sl_rpc_unpack(m->request, bb);
+        msg = sl_rpc_unpack(m->request, bb, why, sizeof(why));
         grpc_byte_buffer_destroy(bb);
         if (!msg) {
-            sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "message is not a valid %s",
-                               m->request->name);
+            sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "message is %s", why);
         } else {
             c->cur_msg = msg;
             m->on_message(c, msg, c->reg->svc->arg);
@@ -733,6 +733,7 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
 {
     const sl_rpc_method *m;
     ProtobufCMessage *req;
+    char why[256];
 
     if (!c->path) {
         sl_rpc_call_finish(c, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -755,10 +756,9 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
         return;
     }
     c->bytes_in += grpc_byte_buffer_length(payload);
-    req = sl_rpc_unpack(m->request, payload);
+    req = sl_rpc_unpack(m->request, payload, why, sizeof(why));
     if (!req) {
-        sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "request is not a valid %s message",
-                           m->request->name);
+        sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "request is %s", why);
         return;
     }
     c->cur_msg = req;

@@ -695,16 +695,14 @@ class NulBytesTest(HostileTest):
     protobuf-c decodes a `string` field into a NUL-terminated C string, so everything after the
     first NUL is silently dropped and the daemon acts on "nul" instead of refusing the name. No
     path is built from the dropped part, but the answer concerns another object than the one
-    named (Delete "nul\\0x" deletes "nul"). Known defect (docs/hardening.md): the fix belongs in
-    the RPC bridge's decoder (common/rpc/codec.c), which must refuse a string field containing a
-    NUL byte. Remove the expectedFailure mark when it lands.
+    named (Delete "nul\\0x" deletes "nul"). The RPC bridge's decoder (common/rpc/codec.c) refuses
+    a string field containing a NUL byte (or invalid UTF-8) with INVALID_ARGUMENT.
     """
 
     for _name in [n for n in dir(HostileTest) if n.startswith("test_")]:
         locals()[_name] = None  # only the case below runs in this class
     del _name
 
-    @unittest.expectedFailure
     def test_nul_bytes_in_strings(self):
         n = NUL_NAME
         D, J, E, F = ("/sluice.v1.Datasets/", "/sluice.v1.Jobs/", "/sluice.v1.Epochs/",

@@ -343,6 +343,40 @@ static void test_garbage(void)
     sl_rpc_client_free(c);
 }
 
+/* protobuf-c accepts any bytes in a string field and cuts it at a NUL; the layer refuses both. */
+static void test_strings(void)
+{
+    static const struct {
+        const char *bytes;
+        size_t len;
+        int ok;
+    } cases[] = {
+        {"\x0a\x03"
+         "a\0b",
+         5, 0},                             /* embedded NUL */
+        {"\x0a\x02\xff\xfe", 4, 0},         /* not UTF-8 */
+        {"\x0a\x02\xc0\xaf", 4, 0},         /* overlong encoding */
+        {"\x0a\x03\xed\xa0\x80", 5, 0},     /* surrogate */
+        {"\x0a\x02\xc3\xa9", 4, 1},         /* e-acute */
+        {"\x0a\x04\xf0\x9f\x98\x80", 6, 1}, /* emoji */
+        {"\x12\x02\x00\xff", 4, 1},         /* bytes field: anything goes */
+    };
+    sl_rpc_client *c = new_client();
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        sl_rpc_status st;
+        int err = sl_rpc_client_unary_raw(c, "/sluice.test.Test/Echo", cases[i].bytes, cases[i].len,
+                                          5000, &st);
+        if (cases[i].ok) {
+            CHECK(err == 0, "case %zu refused: %s", i, st.message);
+        } else {
+            CHECK(err == SL_EINVAL && strstr(st.message, "field 'text'"), "case %zu: %d '%s'", i,
+                  err, st.message);
+        }
+    }
+    sl_rpc_client_free(c);
+}
+
 typedef struct worker {
     sl_rpc_client *c;
     int ok;
@@ -639,6 +673,7 @@ int main(void)
         {"oversized", test_oversized},
         {"unknown_method", test_unknown_method},
         {"garbage", test_garbage},
+        {"strings", test_strings},
         {"concurrent", test_concurrent},
         {"async", test_async},
         {"tls", test_tls},
