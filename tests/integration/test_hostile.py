@@ -740,5 +740,41 @@ class NulBytesTest(HostileTest):
         ]])
 
 
+class EveryLengthSkippedTest(unittest.TestCase):
+    """A batching job whose every sequence is over max_seq_len with skip_overlong: the planner
+    sorts an empty window. Found by fuzz_lengths: common/batch/batch.c sort_window calls
+    qsort(NULL, 0, ...), undefined behaviour that UBSan aborts on, so the ASan+UBSan daemon dies
+    (release builds happen to survive). Known defect (docs/hardening.md); the fix belongs in
+    common/batch (skip the sort when the window is empty). Unskip when it lands."""
+
+    @unittest.skip("known defect in common/batch: qsort(NULL, 0) on an all-skipped window")
+    def test_every_length_skipped(self):
+        with Daemon() as d, grpc.insecure_channel(d.addr) as chan:
+            def call(kind, method, req):
+                if kind == UNARY:
+                    return chan.unary_unary(method, request_serializer=ser)(req, timeout=30)
+                if kind == CSTREAM:
+                    return chan.stream_unary(method, request_serializer=ser)(iter(req),
+                                                                             timeout=30)
+                return list(chan.unary_stream(method, request_serializer=ser)(req, timeout=30))
+
+            call(UNARY, "/sluice.v1.Datasets/Create", fd.CreateDatasetRequest(name="d",
+                                                                              samples=50))
+            call(CSTREAM, "/sluice.v1.Datasets/UploadLengths",
+                 [fd.UploadLengthsRequest(name="d", lengths=[100] * 50)])
+            for st in ("pad", "bucket", "dynamic", "packed"):
+                call(UNARY, "/sluice.v1.Jobs/Create", fd.CreateJobRequest(job=fd.Job(
+                    name="j" + st, dataset="d", world_size=2,
+                    batching=fd.BatchConfig(strategy=st, max_batch_size=4, max_seq_len=8,
+                                            skip_overlong=True))))
+                try:
+                    call(SSTREAM, "/sluice.v1.Feed/StreamBatches",
+                         fd.StreamBatchesRequest(job="j" + st, rank=0))
+                except grpc.RpcError as e:
+                    self.assertNotEqual(e.code(), C.UNAVAILABLE, (st, d.log()))
+            self.assertIsNone(d.proc.poll(), d.log())
+            self.assertEqual(d.sanitizer_reports(), [], d.log())
+
+
 if __name__ == "__main__":
     unittest.main()
