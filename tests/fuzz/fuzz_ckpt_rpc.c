@@ -1,13 +1,16 @@
-/* Fuzz target: decoding of every sluice.v1 Checkpoints request (protobuf-c, as the RPC bridge
- * does it), then the service's pure validation of what decodes: names (sl_shard_name_check),
- * user metadata (size and UTF-8), client checksums, and for UploadShard headers the tensor-list
- * check that renders the catalog's JSON (tensors_check in server/checkpoints.c).
+/* Fuzz target: decoding of every sluice.v1 Checkpoints request by the RPC bridge's decoder
+ * (sl_rpc_unpack, common/rpc/codec.c), then the service's pure validation of what decodes: names
+ * (sl_shard_name_check), user metadata (size and UTF-8), client checksums, and for UploadShard
+ * headers the tensor-list check that renders the catalog's JSON (tensors_check in
+ * server/checkpoints.c).
  *
  * Those checks are static in checkpoints.c, so the file is included here. The first input byte
  * picks the message type; the rest is its wire encoding. */
 #include "fuzz.h"
 
 #include "../../server/checkpoints.c"
+
+#include "../../common/rpc/internal.h"
 
 static const ProtobufCMessageDescriptor *const requests[] = {
     &sluice__v1__begin_request__descriptor,         &sluice__v1__upload_shard_request__descriptor,
@@ -73,6 +76,26 @@ static void check_header(const Sluice__V1__ShardHeader *h)
     }
 }
 
+/* Decode as the RPC bridge does (common/rpc/codec.c: protobuf-c, then every string field must
+ * be UTF-8 without NUL bytes). What the bridge accepts, protobuf-c alone must accept too. */
+static ProtobufCMessage *decode(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n)
+{
+    grpc_byte_buffer *bb = sl_rpc_pack_raw(p, n);
+    ProtobufCMessage *m, *plain;
+    char why[256];
+
+    if (!bb)
+        return NULL;
+    m = sl_rpc_unpack(d, bb, why, sizeof(why));
+    grpc_byte_buffer_destroy(bb);
+    plain = protobuf_c_message_unpack(d, NULL, n, p);
+    if (m && !plain)
+        abort();
+    if (plain)
+        protobuf_c_message_free_unpacked(plain, NULL);
+    return m;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const ProtobufCMessageDescriptor *d;
@@ -81,7 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     d = requests[data[0] % N_REQUESTS];
-    m = protobuf_c_message_unpack(d, NULL, size - 1, data + 1);
+    m = decode(d, data + 1, size - 1);
     if (!m)
         return 0;
     if (d == &sluice__v1__begin_request__descriptor) {

@@ -1,12 +1,14 @@
-/* Fuzz target: decoding of every sluice.v1 Datasets, Jobs, Epochs and Feed request (protobuf-c,
- * as the RPC bridge does it), then the feeding service's pure validation of what decodes: the
- * name check (server/feed/state.c) and, for Jobs.Create, the whole job-spec validation the
- * service runs before touching the catalog (sample config, dp rank, batch config).
+/* Fuzz target: decoding of every sluice.v1 Datasets, Jobs, Epochs and Feed request by the RPC
+ * bridge's decoder (sl_rpc_unpack, common/rpc/codec.c), then the feeding service's pure validation
+ * of what decodes: the name check (server/feed/state.c) and, for Jobs.Create, the whole job-spec
+ * validation the service runs before touching the catalog (sample config, dp rank, batch config).
  *
  * The first input byte picks the message type; the rest is its wire encoding. */
 #include "fuzz.h"
 
 #include "feed/internal.h"
+
+#include "../../common/rpc/internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +66,26 @@ static void check_job(const Sluice__V1__Job *spec)
     }
 }
 
+/* Decode as the RPC bridge does (common/rpc/codec.c: protobuf-c, then every string field must
+ * be UTF-8 without NUL bytes). What the bridge accepts, protobuf-c alone must accept too. */
+static ProtobufCMessage *decode(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n)
+{
+    grpc_byte_buffer *bb = sl_rpc_pack_raw(p, n);
+    ProtobufCMessage *m, *plain;
+    char why[256];
+
+    if (!bb)
+        return NULL;
+    m = sl_rpc_unpack(d, bb, why, sizeof(why));
+    grpc_byte_buffer_destroy(bb);
+    plain = protobuf_c_message_unpack(d, NULL, n, p);
+    if (m && !plain)
+        abort();
+    if (plain)
+        protobuf_c_message_free_unpacked(plain, NULL);
+    return m;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const ProtobufCMessageDescriptor *d;
@@ -72,7 +94,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     d = requests[data[0] % N_REQUESTS];
-    m = protobuf_c_message_unpack(d, NULL, size - 1, data + 1);
+    m = decode(d, data + 1, size - 1);
     if (!m)
         return 0;
     if (d == &sluice__v1__create_job_request__descriptor) {

@@ -115,6 +115,10 @@ def feed():
     for k, j in enumerate(jobs):
         put("fuzz_feed_rpc", "job_%s" % j.name, bytes([5]) + fd.CreateJobRequest(job=j)
             .SerializeToString())
+    put("fuzz_feed_rpc", "nul_in_name", bytes([2]) + fd.GetDatasetRequest(name="ds\x00../x")
+        .SerializeToString())
+    put("fuzz_feed_rpc", "nul_in_nested", bytes([5]) + fd.CreateJobRequest(job=fd.Job(
+        name="j", dataset="ds\x00x", world_size=1)).SerializeToString())
     put("fuzz_feed_rpc", "truncated", bytes([5]) + jobs[2].SerializeToString()[:-3])
 
 
@@ -158,6 +162,9 @@ def ckpt():
         put("fuzz_ckpt_rpc", "hdr_" + name, bytes([1]) + m.SerializeToString())
     put("fuzz_ckpt_rpc", "chunk", bytes([1]) + ck.UploadShardRequest(chunk=b"abc")
         .SerializeToString())
+    put("fuzz_ckpt_rpc", "nul_in_tensor_name", bytes([1]) + ck.UploadShardRequest(
+        header=ck.ShardHeader(job="j", checkpoint="c", data_size=1, tensors=[ck.TensorInfo(
+            name="a\x00b", dtype="uint8", shape=[1], offset=0, size=1)])).SerializeToString())
     put("fuzz_ckpt_rpc", "bad_utf8", bytes([0]) + ck.BeginRequest(job="j", world_size=1)
         .SerializeToString() + b"\x2a\x02\xc0\x80")
 
