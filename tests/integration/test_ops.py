@@ -104,6 +104,43 @@ class TlsTest(unittest.TestCase):
             self.assertEqual(r.returncode, 1)
             self.assertEqual(d.stop(), 0, d.log())
 
+    def test_python_package_tls_and_token(self):
+        from sluice.checkpoint import Checkpoints
+        from sluice.client import Client
+        tmp = tempfile.mkdtemp(prefix="sluice-pytls-")
+        tokens = os.path.join(tmp, "tokens")
+        with open(tokens, "w") as f:
+            f.write("reader %s\n" % ("p" * 20))
+        args = ["--tls-cert", self.p["server.pem"], "--tls-key", self.p["server.key"],
+                "--tls-client-ca", self.p["ca.pem"], "--token-file", tokens]
+        try:
+            with Daemon(args=args) as d:
+                with Client(d.addr, tls_ca=self.p["ca.pem"], tls_cert=self.p["client.pem"],
+                            tls_key=self.p["client.key"], token="p" * 20) as c:
+                    self.assertEqual(list(c.list_datasets()), [])
+                with Client(d.addr, tls_ca=self.p["ca.pem"], tls_cert=self.p["client.pem"],
+                            tls_key=self.p["client.key"]) as c:
+                    with self.assertRaises(grpc.RpcError) as e:
+                        c.list_datasets()
+                    self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+                # The same settings from the environment, as the CLI reads them.
+                env = {"SLUICE_TLS_CA": self.p["ca.pem"], "SLUICE_TLS_CERT": self.p["client.pem"],
+                       "SLUICE_TLS_KEY": self.p["client.key"], "SLUICE_TOKEN": "p" * 20}
+                old = {k: os.environ.get(k) for k in env}
+                os.environ.update(env)
+                try:
+                    with Checkpoints(d.addr) as ck:
+                        self.assertEqual(ck.list(), [])
+                finally:
+                    for k, v in old.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
+                self.assertEqual(d.stop(), 0, d.log())
+        finally:
+            shutil.rmtree(tmp)
+
     def test_bad_tls_config(self):
         r = subprocess.run([SLUICED, "--tls-cert", self.p["server.pem"]], capture_output=True,
                            text=True, timeout=10)

@@ -17,12 +17,10 @@ import hashlib
 import io
 import os
 
-import grpc
 
+from sluice._channel import bearer_metadata, default_address, make_channel
 from sluice.v1 import checkpoint_pb2 as pb
 from sluice.v1 import checkpoint_pb2_grpc as pbg
-
-DEFAULT_ADDR = "127.0.0.1:7700"
 CHUNK = 1 << 20
 WRITING, COMPLETE, INCOMPLETE = pb.WRITING, pb.COMPLETE, pb.INCOMPLETE
 
@@ -64,13 +62,13 @@ class Checkpoints:
     """One channel to a sluiced. ``timeout`` (seconds) applies to unary calls except deep
     verification; streams have none."""
 
-    def __init__(self, address=None, timeout=10.0, token=None, channel=None):
-        self.address = address or os.environ.get("SLUICE_ADDR") or DEFAULT_ADDR
+    def __init__(self, address=None, timeout=10.0, token=None, channel=None, tls=None,
+                 tls_ca=None, tls_cert=None, tls_key=None):
+        self.address = default_address(address)
         self.timeout = timeout
-        self._metadata = (("authorization", "Bearer " + token),) if token else None
+        self._metadata = bearer_metadata(token)
         self._own = channel is None
-        self.channel = channel or grpc.insecure_channel(
-            self.address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self.channel = channel or make_channel(self.address, tls, tls_ca, tls_cert, tls_key)
         self.stub = pbg.CheckpointsStub(self.channel)
 
     def close(self):

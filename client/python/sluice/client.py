@@ -3,29 +3,22 @@
 Only Debian's python3-grpcio and python3-protobuf are needed. Every method raises
 ``grpc.RpcError`` with the daemon's status code and message on failure.
 """
-import os
-
 import grpc
 
+from sluice._channel import DEFAULT_ADDR, bearer_metadata, default_address, make_channel
 from sluice.v1 import feed_pb2, feed_pb2_grpc
-
-DEFAULT_ADDR = "127.0.0.1:7700"
-
-
-def default_address():
-    return os.environ.get("SLUICE_ADDR") or DEFAULT_ADDR
 
 
 class Client:
     """One channel to a sluiced. ``timeout`` (seconds) applies to unary calls; streams have none
     (a stream for the next epoch waits until the coordinator begins it)."""
 
-    def __init__(self, address=None, timeout=10.0, token=None):
-        self.address = address or default_address()
+    def __init__(self, address=None, timeout=10.0, token=None, tls=None, tls_ca=None,
+                 tls_cert=None, tls_key=None):
+        self.address = default_address(address)
         self.timeout = timeout
-        self._metadata = (("authorization", "Bearer " + token),) if token else None
-        self.channel = grpc.insecure_channel(
-            self.address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self._metadata = bearer_metadata(token)
+        self.channel = make_channel(self.address, tls, tls_ca, tls_cert, tls_key)
         self.datasets = feed_pb2_grpc.DatasetsStub(self.channel)
         self.jobs = feed_pb2_grpc.JobsStub(self.channel)
         self.epochs = feed_pb2_grpc.EpochsStub(self.channel)
