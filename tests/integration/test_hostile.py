@@ -709,7 +709,7 @@ class NulBytesTest(HostileTest):
                       "/sluice.v1.Feed/")
         K = "/sluice.v1.Checkpoints/"
         self.run_cases([(m.split("/")[-1] + " " + m.split("/")[-2], kind, m, req,
-                         C.INVALID_ARGUMENT, None) for kind, m, req in [
+                         C.INVALID_ARGUMENT, "NUL") for kind, m, req in [
             (UNARY, "/grpc.health.v1.Health/Check", hp.HealthCheckRequest(service=n)),
             (UNARY, D + "Create", fd.CreateDatasetRequest(name=n, samples=10)),
             (CSTREAM, D + "UploadLengths", [fd.UploadLengthsRequest(name=n, lengths=[1])]),
