@@ -211,6 +211,64 @@ class AuthTest(unittest.TestCase):
         self.assertNotIn(got, (grpc.StatusCode.PERMISSION_DENIED,
                                grpc.StatusCode.UNAUTHENTICATED))
 
+    def test_roles_table(self):
+        """Every RPC against every role: allowed ones get past authorization (their answer to an
+        empty request is whatever it is), refused ones get PERMISSION_DENIED."""
+        U, SS, CS = "unary", "server_stream", "client_stream"
+        table = [
+            ("/sluice.v1.Admin/GetInfo", U, "reader"),
+            ("/sluice.v1.Datasets/Create", U, "admin"),
+            ("/sluice.v1.Datasets/UploadLengths", CS, "admin"),
+            ("/sluice.v1.Datasets/Get", U, "reader"),
+            ("/sluice.v1.Datasets/List", U, "reader"),
+            ("/sluice.v1.Datasets/Delete", U, "admin"),
+            ("/sluice.v1.Jobs/Create", U, "admin"),
+            ("/sluice.v1.Jobs/Get", U, "reader"),
+            ("/sluice.v1.Jobs/List", U, "reader"),
+            ("/sluice.v1.Jobs/Delete", U, "admin"),
+            ("/sluice.v1.Jobs/Resize", U, "admin"),
+            ("/sluice.v1.Epochs/Get", U, "reader"),
+            ("/sluice.v1.Epochs/ReportProgress", U, "trainer"),
+            ("/sluice.v1.Epochs/Next", U, "admin"),
+            ("/sluice.v1.Feed/StreamIndices", SS, "reader"),
+            ("/sluice.v1.Feed/StreamBatches", SS, "reader"),
+            ("/sluice.v1.Checkpoints/Begin", U, "trainer"),
+            ("/sluice.v1.Checkpoints/UploadShard", CS, "trainer"),
+            ("/sluice.v1.Checkpoints/UploadStatus", U, "reader"),
+            ("/sluice.v1.Checkpoints/Commit", U, "trainer"),
+            ("/sluice.v1.Checkpoints/Abort", U, "trainer"),
+            ("/sluice.v1.Checkpoints/Get", U, "reader"),
+            ("/sluice.v1.Checkpoints/List", U, "reader"),
+            ("/sluice.v1.Checkpoints/Latest", U, "reader"),
+            ("/sluice.v1.Checkpoints/Verify", U, "reader"),
+            ("/sluice.v1.Checkpoints/DownloadShard", SS, "reader"),
+            ("/sluice.v1.Checkpoints/Delete", U, "admin"),
+            ("/sluice.v1.Checkpoints/SetRetention", U, "admin"),
+        ]
+        rank = {"reader": 1, "trainer": 2, "admin": 3}
+        ident = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
+
+        def call(path, kind, md):
+            if kind == U:
+                self.ch.unary_unary(path, **ident)(b"", timeout=5, metadata=md)
+            elif kind == SS:
+                for _ in self.ch.unary_stream(path, **ident)(b"", timeout=5, metadata=md):
+                    break
+            else:
+                self.ch.stream_unary(path, **ident)(iter(()), timeout=5, metadata=md)
+
+        for path, kind, need in table:
+            for role, tok in TOKENS.items():
+                md = [("authorization", "Bearer " + tok)]
+                got = self.code(lambda: call(path, kind, md))
+                if rank[role] >= rank[need]:
+                    self.assertNotIn(got, (grpc.StatusCode.PERMISSION_DENIED,
+                                           grpc.StatusCode.UNAUTHENTICATED), (path, role))
+                else:
+                    self.assertEqual(got, grpc.StatusCode.PERMISSION_DENIED, (path, role))
+            self.assertEqual(self.code(lambda: call(path, kind, None)),
+                             grpc.StatusCode.UNAUTHENTICATED, path)
+
     def test_cli_token(self):
         tf = os.path.join(self.tmp, "my-token")
         with open(tf, "w") as f:
