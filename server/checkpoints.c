@@ -2146,6 +2146,14 @@ static void verify_reply(verify *v)
     if (v->ck.state == SL_CKPT_COMPLETE && resp.metadata != SLUICE__V1__VERDICT__OK)
         ok = 0;
     resp.ok = ok;
+    for (int32_t r = 0; r <= n; r++) {
+        const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(
+            &sluice__v1__verdict__descriptor, r < n ? (int)sv[r].verdict : (int)resp.metadata);
+        char labels[96];
+        snprintf(labels, sizeof(labels), "mode=\"%s\",verdict=\"%s\"", v->deep ? "deep" : "quick",
+                 ev ? ev->name : "UNKNOWN");
+        sl_metrics_add(v->svc->d->ops.metrics, "sluice_verify_verdicts_total", labels, 1);
+    }
     sl_log(ok ? SL_LOG_INFO : SL_LOG_WARN, "ckpt_verify",
            "job=%s name=%s mode=%s ok=%d bad_shards=%d", v->ck.job, v->ck.name,
            v->deep ? "deep" : "quick", ok, bad);

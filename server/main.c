@@ -162,6 +162,7 @@ int main(int argc, char **argv)
         goto out;
     if (sl_feed_new(&d.feed, &d.loop, d.cat, d.data_dir) != 0)
         goto out;
+    sl_feed_set_metrics(d.feed, d.ops.metrics);
     if (sl_health_new(&d.health, health_names, 3 + SL_FEED_N_SERVICES) != 0)
         goto out;
 

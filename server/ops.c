@@ -1,5 +1,6 @@
 #include "ops.h"
 
+#include "catalog/ckpt.h"
 #include "daemon.h"
 #include "err.h"
 #include "log.h"
@@ -65,6 +66,8 @@ static void collect(sl_metrics *m, void *arg)
             resident = 0;
         fclose(f);
     }
+    if (ops->d->cat)
+        sl_metrics_set(m, "sluice_catalog_errors_total", NULL, (double)sl_cat_errors(ops->d->cat));
     if (ops->d->rpc)
         sl_metrics_set(m, "sluice_rpc_active_streams", NULL,
                        (double)sl_rpc_server_live_streams(ops->d->rpc));
@@ -205,6 +208,16 @@ int sl_ops_init(sl_ops *ops, sl_daemon *d, int argc, char **argv)
                        "Request message bytes received, by method (upload data included).");
     sl_metrics_declare(ops->metrics, "sluice_rpc_sent_bytes_total", SL_METRIC_COUNTER,
                        "Response message bytes sent, by method (downloads and streams included).");
+    sl_metrics_declare(ops->metrics, "sluice_indices_served_total", SL_METRIC_COUNTER,
+                       "Sample indices streamed to ranks.");
+    sl_metrics_declare(ops->metrics, "sluice_batches_served_total", SL_METRIC_COUNTER,
+                       "Token-budget batches streamed to ranks.");
+    sl_metrics_declare(ops->metrics, "sluice_checkpoints", SL_METRIC_GAUGE,
+                       "Checkpoints in the catalog by state (refreshed every 5 s).");
+    sl_metrics_declare(ops->metrics, "sluice_verify_verdicts_total", SL_METRIC_COUNTER,
+                       "Checkpoint verification verdicts per shard and metadata file, by mode.");
+    sl_metrics_declare(ops->metrics, "sluice_catalog_errors_total", SL_METRIC_COUNTER,
+                       "Catalog (SQLite) statements that failed.");
     sl_metrics_on_collect(ops->metrics, collect, ops);
     return 0;
 }
@@ -216,6 +229,22 @@ void sl_ops_rpc_opts(sl_ops *ops, sl_rpc_server_opts *opts)
     opts->authorize_arg = ops;
     opts->observer = observe_call;
     opts->observer_arg = ops;
+}
+
+/* Gauges that need the catalog are refreshed on the loop, which owns it. */
+static void on_refresh(uv_timer_t *t)
+{
+    static const char *const names[] = {NULL, "WRITING", "COMPLETE", "INCOMPLETE"};
+    sl_ops *ops = t->data;
+    uint64_t counts[4];
+    char labels[32];
+
+    if (!ops->d->cat || sl_cat_ckpt_count_states(ops->d->cat, counts) != 0)
+        return;
+    for (int i = 1; i < 4; i++) {
+        snprintf(labels, sizeof(labels), "state=\"%s\"", names[i]);
+        sl_metrics_set(ops->metrics, "sluice_checkpoints", labels, (double)counts[i]);
+    }
 }
 
 int sl_ops_start(sl_ops *ops)
@@ -232,6 +261,10 @@ int sl_ops_start(sl_ops *ops)
         }
         sl_log_info("metrics_listening", "addr=%s port=%d", cfg->metrics_listen, ops->metrics_port);
     }
+    uv_timer_init(&ops->d->loop, &ops->refresh);
+    ops->refresh.data = ops;
+    uv_timer_start(&ops->refresh, on_refresh, 0, 5000);
+    ops->refresh_open = 1;
     uv_signal_init(&ops->d->loop, &ops->sighup);
     ops->sighup.data = ops;
     uv_signal_start(&ops->sighup, on_sighup, SIGHUP);
@@ -272,6 +305,10 @@ void sl_ops_stopping(sl_ops *ops)
 
 void sl_ops_stop(sl_ops *ops)
 {
+    if (ops->refresh_open) {
+        uv_close((uv_handle_t *)&ops->refresh, NULL);
+        ops->refresh_open = 0;
+    }
     if (ops->watchdog_open) {
         uv_close((uv_handle_t *)&ops->watchdog, NULL);
         ops->watchdog_open = 0;

@@ -23,6 +23,8 @@ typedef struct sl_ops {
     int sighup_open;
     uv_timer_t watchdog; /* systemd watchdog pings, when WatchdogSec is set */
     int watchdog_open;
+    uv_timer_t refresh; /* catalog-derived gauges (checkpoints by state) */
+    int refresh_open;
     int argc;
     char **argv;
 } sl_ops;

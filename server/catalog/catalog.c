@@ -80,6 +80,11 @@ static const char *const migrations[] = {
 
 #define N_MIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
+unsigned long sl_cat_errors(const sl_cat *cat)
+{
+    return atomic_load(&((sl_cat *)cat)->errors);
+}
+
 int sl_cat_latest_version(void)
 {
     return N_MIGRATIONS;
@@ -96,6 +101,7 @@ static int exec(sl_cat *cat, const char *sql, const char *what)
     int rc = sqlite3_exec(cat->db, sql, NULL, NULL, &msg);
 
     if (rc != SQLITE_OK) {
+        atomic_fetch_add(&cat->errors, 1);
         sl_log_error("catalog_error", "op=%s code=%d msg=\"%s\"", what, rc,
                      msg ? msg : sqlite3_errstr(rc));
         sqlite3_free(msg);
@@ -123,8 +129,10 @@ static int read_version(sl_cat *cat, int *version)
         err = SL_EDB;
     }
 out:
-    if (err)
+    if (err) {
+        atomic_fetch_add(&cat->errors, 1);
         sl_log_error("catalog_error", "op=read_version msg=\"%s\"", sqlite3_errmsg(cat->db));
+    }
     sqlite3_finalize(st);
     return err;
 }

@@ -21,6 +21,9 @@ void sl_cat_close(sl_cat *cat);
 /* The schema version after migrations. */
 int sl_cat_schema_version(const sl_cat *cat);
 
+/* Statements that failed since the catalog was opened. Thread-safe. */
+unsigned long sl_cat_errors(const sl_cat *cat);
+
 /* The newest schema version this build knows. */
 int sl_cat_latest_version(void);
 

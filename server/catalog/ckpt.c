@@ -26,6 +26,7 @@ const char *sl_cat_ckpt_state_name(int state)
 
 static int db_fail(sl_cat *cat, const char *op)
 {
+    atomic_fetch_add(&cat->errors, 1);
     sl_log_error("catalog_error", "op=%s code=%d msg=\"%s\"", op, sqlite3_extended_errcode(cat->db),
                  sqlite3_errmsg(cat->db));
     return SL_EDB;
@@ -377,6 +378,26 @@ int sl_cat_retention_get(sl_cat *cat, const char *job, uint32_t *keep_last)
     *keep_last = rc == SQLITE_ROW ? (uint32_t)sqlite3_column_int64(st, 0) : 0;
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
         err = db_fail(cat, "retention_get");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_ckpt_count_states(sl_cat *cat, uint64_t counts[4])
+{
+    sqlite3_stmt *st = NULL;
+    int rc, err = 0;
+
+    memset(counts, 0, 4 * sizeof(counts[0]));
+    if (sqlite3_prepare_v2(cat->db, "SELECT state, COUNT(*) FROM checkpoints GROUP BY state", -1,
+                           &st, NULL) != SQLITE_OK)
+        return db_fail(cat, "ckpt_count_states");
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        int state = sqlite3_column_int(st, 0);
+        if (state >= SL_CKPT_WRITING && state <= SL_CKPT_INCOMPLETE)
+            counts[state] = (uint64_t)sqlite3_column_int64(st, 1);
+    }
+    if (rc != SQLITE_DONE)
+        err = db_fail(cat, "ckpt_count_states");
     sqlite3_finalize(st);
     return err;
 }

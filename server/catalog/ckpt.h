@@ -87,6 +87,10 @@ typedef int (*sl_cat_shard_fn)(const sl_cat_shard *s, void *arg);
 int sl_cat_shard_list(sl_cat *cat, int64_t ckpt_id, int with_tensors, sl_cat_shard_fn fn,
                       void *arg);
 
+/* How many checkpoints are in each state: counts[SL_CKPT_WRITING] etc. (index 0 unused).
+ * Loop thread. Returns 0 or SL_EDB. */
+int sl_cat_ckpt_count_states(sl_cat *cat, uint64_t counts[4]);
+
 /* Retention policy: keep the last `keep_last` COMPLETE checkpoints of `job` (0: keep all). */
 int sl_cat_retention_set(sl_cat *cat, const char *job, uint32_t keep_last);
 

@@ -13,6 +13,7 @@
 
 static int db_fail(sl_cat *cat, const char *op)
 {
+    atomic_fetch_add(&cat->errors, 1);
     sl_log_error("catalog_error", "op=%s code=%d msg=\"%s\"", op, sqlite3_extended_errcode(cat->db),
                  sqlite3_errmsg(cat->db));
     return SL_EDB;

@@ -5,10 +5,12 @@
 #include "catalog.h"
 
 #include <sqlite3.h>
+#include <stdatomic.h>
 
 struct sl_cat {
     sqlite3 *db;
     int version;
+    atomic_ulong errors; /* failed statements, for the metrics endpoint */
 };
 
 #endif

@@ -90,6 +90,11 @@ void sl_feed_free(sl_feed *f)
     free(f);
 }
 
+void sl_feed_set_metrics(sl_feed *f, sl_metrics *m)
+{
+    f->metrics = m;
+}
+
 const sl_rpc_service *sl_feed_service(sl_feed *f, int i)
 {
     return i >= 0 && i < SL_FEED_N_SERVICES ? &f->svcs[i] : NULL;

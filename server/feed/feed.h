@@ -26,6 +26,11 @@ void sl_feed_free(sl_feed *f);
 /* The four service tables, in the order Datasets, Jobs, Epochs, Feed; their arg is f. */
 const sl_rpc_service *sl_feed_service(sl_feed *f, int i);
 
+/* Count indices and batches served into `m` (sluice_indices_served_total,
+ * sluice_batches_served_total). Loop thread. */
+struct sl_metrics;
+void sl_feed_set_metrics(sl_feed *f, struct sl_metrics *m);
+
 #define SL_FEED_N_SERVICES 4
 
 #endif

@@ -8,6 +8,7 @@
 #define SL_FEED_INTERNAL_H
 
 #include "feed.h"
+#include "metrics.h"
 
 #include "auth.h"
 
@@ -112,6 +113,7 @@ struct sl_feed {
     size_t n_pending, cap_pending;
     uv_check_t *flush; /* heap: it outlives the feed until its close callback */
     sl_rpc_service svcs[4];
+    sl_metrics *metrics; /* NULL: not counted */
 };
 
 /* ---- state.c ---- */

@@ -118,6 +118,8 @@ static void pump_indices(fstream *s)
         if (sl_rpc_call_send(s->call, &msg.base) != 0)
             return;
         s->pos += n;
+        if (s->f->metrics)
+            sl_metrics_add(s->f->metrics, "sluice_indices_served_total", NULL, (double)n);
     }
     if (s->state == ST_STREAMING && s->pos >= s->end) {
         s->state = ST_DONE;
@@ -153,6 +155,8 @@ static void pump_batches(fstream *s)
         if (sl_rpc_call_send(s->call, &msg.base) != 0)
             return;
         s->pos += n;
+        if (s->f->metrics)
+            sl_metrics_add(s->f->metrics, "sluice_batches_served_total", NULL, (double)n);
     }
     if (s->state == ST_STREAMING && s->pos >= s->end) {
         s->state = ST_DONE;

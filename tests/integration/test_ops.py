@@ -330,6 +330,20 @@ class MetricsTest(unittest.TestCase):
             for _ in range(5):
                 self.assertEqual(cli("health", addr=d.addr).returncode, 0)
             cli("--timeout", "2", "info", addr=d.addr)
+            # A feeding and checkpoint workload, so their series have values.
+            from sluice.checkpoint import Checkpoints
+            from sluice.client import Client
+            with Client(d.addr) as c:
+                c.create_dataset("ds", 1000)
+                c.create_job("j", "ds", 2)
+                served = sum(len(ch.indices) for ch in c.stream_indices("j", 0))
+                self.assertEqual(served, 500)
+            with Checkpoints(d.addr) as ck:
+                ck.begin("j", name="c1", world_size=1)
+                ck.upload("j", "c1", 0, b"x" * 4096)
+                ck.commit("j", "c1")
+                self.assertTrue(ck.verify("j", "c1", deep=True).ok)
+            time.sleep(5.5)  # the checkpoint gauge refreshes every 5 s
             with urllib.request.urlopen(url, timeout=5) as resp:
                 self.assertEqual(resp.status, 200)
                 self.assertIn("text/plain", resp.headers["Content-Type"])
@@ -339,6 +353,11 @@ class MetricsTest(unittest.TestCase):
             self.assertRegex(text, r"sluice_process_resident_memory_bytes \d+")
             self.assertRegex(text, r"sluice_process_open_fds \d+")
             self.assertIn("sluice_rpc_active_streams 0", text)
+            self.assertIn("sluice_indices_served_total 500", text)
+            self.assertIn('sluice_checkpoints{state="COMPLETE"} 1', text)
+            self.assertIn('sluice_verify_verdicts_total{mode="deep",verdict="OK"} 2', text)
+            self.assertIn("sluice_catalog_errors_total 0", text)
+            self.assertRegex(text, r'sluice_rpc_received_bytes_total\{method="/sluice.v1.Checkpoints/UploadShard"\} \d{4,}')
             self.assertRegex(text, r'sluice_rpc_sent_bytes_total\{method="/grpc.health.v1.Health/Check"\} 10')
             promtool = shutil.which("promtool")
             self.assertIsNotNone(promtool, "promtool (Debian prometheus) is not installed")
