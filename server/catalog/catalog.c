@@ -80,6 +80,28 @@ static const char *const migrations[] = {
 
 #define N_MIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
+int sl_cat_fail(sl_cat *cat, const char *op)
+{
+    atomic_fetch_add(&cat->errors, 1);
+    sl_log_error("catalog_error", "op=%s code=%d msg=\"%s\"", op, sqlite3_extended_errcode(cat->db),
+                 sqlite3_errmsg(cat->db));
+    return SL_EDB;
+}
+
+int sl_cat_prepare(sl_cat *cat, sqlite3_stmt **st, const char *sql, const char *op)
+{
+    if (sqlite3_prepare_v2(cat->db, sql, -1, st, NULL) != SQLITE_OK)
+        return sl_cat_fail(cat, op);
+    return 0;
+}
+
+void sl_cat_copy_col(char *dst, size_t len, sqlite3_stmt *st, int col)
+{
+    const unsigned char *s = sqlite3_column_text(st, col);
+
+    snprintf(dst, len, "%s", s ? (const char *)s : "");
+}
+
 unsigned long sl_cat_errors(const sl_cat *cat)
 {
     return atomic_load(&((sl_cat *)cat)->errors);

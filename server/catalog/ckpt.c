@@ -24,28 +24,6 @@ const char *sl_cat_ckpt_state_name(int state)
     }
 }
 
-static int db_fail(sl_cat *cat, const char *op)
-{
-    atomic_fetch_add(&cat->errors, 1);
-    sl_log_error("catalog_error", "op=%s code=%d msg=\"%s\"", op, sqlite3_extended_errcode(cat->db),
-                 sqlite3_errmsg(cat->db));
-    return SL_EDB;
-}
-
-static int prepare(sl_cat *cat, sqlite3_stmt **st, const char *sql, const char *op)
-{
-    if (sqlite3_prepare_v2(cat->db, sql, -1, st, NULL) != SQLITE_OK)
-        return db_fail(cat, op);
-    return 0;
-}
-
-static void copy_col(char *dst, size_t len, sqlite3_stmt *st, int col)
-{
-    const unsigned char *s = sqlite3_column_text(st, col);
-
-    snprintf(dst, len, "%s", s ? (const char *)s : "");
-}
-
 #define CKPT_COLS                                                                                  \
     "SELECT c.id, c.job, c.name, c.step, c.world_size, c.state, c.user_metadata, c.created_ms, "   \
     "c.committed_ms, (SELECT count(*) FROM checkpoint_shards s WHERE s.checkpoint_id = c.id), "    \
@@ -56,12 +34,12 @@ static void read_ckpt(sl_cat_ckpt *out, sqlite3_stmt *st)
 {
     memset(out, 0, sizeof(*out));
     out->id = sqlite3_column_int64(st, 0);
-    copy_col(out->job, sizeof(out->job), st, 1);
-    copy_col(out->name, sizeof(out->name), st, 2);
+    sl_cat_copy_col(out->job, sizeof(out->job), st, 1);
+    sl_cat_copy_col(out->name, sizeof(out->name), st, 2);
     out->step = (uint64_t)sqlite3_column_int64(st, 3);
     out->world_size = sqlite3_column_int(st, 4);
     out->state = sqlite3_column_int(st, 5);
-    copy_col(out->user_metadata, sizeof(out->user_metadata), st, 6);
+    sl_cat_copy_col(out->user_metadata, sizeof(out->user_metadata), st, 6);
     out->created_ms = sqlite3_column_int64(st, 7);
     out->committed_ms = sqlite3_column_int64(st, 8);
     out->shards = (uint32_t)sqlite3_column_int64(st, 9);
@@ -79,13 +57,13 @@ static int one_ckpt(sl_cat *cat, sqlite3_stmt *st, sl_cat_ckpt *out, const char 
     }
     if (rc == SQLITE_DONE)
         return SL_ENOTFOUND;
-    return db_fail(cat, op);
+    return sl_cat_fail(cat, op);
 }
 
 int sl_cat_ckpt_get(sl_cat *cat, sl_cat_ckpt *out, const char *job, const char *name)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st, CKPT_COLS "WHERE c.job = ?1 AND c.name = ?2", "ckpt_get");
+    int err = sl_cat_prepare(cat, &st, CKPT_COLS "WHERE c.job = ?1 AND c.name = ?2", "ckpt_get");
 
     if (err)
         return err;
@@ -99,10 +77,11 @@ int sl_cat_ckpt_get(sl_cat *cat, sl_cat_ckpt *out, const char *job, const char *
 int sl_cat_ckpt_latest(sl_cat *cat, sl_cat_ckpt *out, const char *job)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st,
-                      CKPT_COLS "WHERE c.job = ?1 AND c.state = 2 "
-                                "ORDER BY c.step DESC, c.committed_ms DESC, c.id DESC LIMIT 1",
-                      "ckpt_latest");
+    int err =
+        sl_cat_prepare(cat, &st,
+                       CKPT_COLS "WHERE c.job = ?1 AND c.state = 2 "
+                                 "ORDER BY c.step DESC, c.committed_ms DESC, c.id DESC LIMIT 1",
+                       "ckpt_latest");
 
     if (err)
         return err;
@@ -116,7 +95,7 @@ static int exec_stmt(sl_cat *cat, sqlite3_stmt *st, const char *op)
 {
     int rc = sqlite3_step(st);
 
-    return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : db_fail(cat, op);
+    return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : sl_cat_fail(cat, op);
 }
 
 int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *job,
@@ -130,10 +109,11 @@ int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *j
     err = sl_cat_ckpt_get(cat, out, job, name);
     if (err == 0) {
         if (out->state == SL_CKPT_INCOMPLETE) {
-            err = prepare(cat, &st,
-                          "UPDATE checkpoints SET state = 1, world_size = ?2, step = ?3, "
-                          "user_metadata = ?4, created_ms = ?5, committed_ms = 0 WHERE id = ?1",
-                          "ckpt_reopen");
+            err = sl_cat_prepare(
+                cat, &st,
+                "UPDATE checkpoints SET state = 1, world_size = ?2, step = ?3, "
+                "user_metadata = ?4, created_ms = ?5, committed_ms = 0 WHERE id = ?1",
+                "ckpt_reopen");
             if (err)
                 return err;
             sqlite3_bind_int64(st, 1, out->id);
@@ -153,10 +133,11 @@ int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *j
     }
     if (err != SL_ENOTFOUND)
         return err;
-    err = prepare(cat, &st,
-                  "INSERT INTO checkpoints(job, name, step, world_size, state, user_metadata, "
-                  "created_ms) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6)",
-                  "ckpt_insert");
+    err =
+        sl_cat_prepare(cat, &st,
+                       "INSERT INTO checkpoints(job, name, step, world_size, state, user_metadata, "
+                       "created_ms) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6)",
+                       "ckpt_insert");
     if (err)
         return err;
     sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
@@ -178,10 +159,11 @@ int sl_cat_ckpt_list(sl_cat *cat, const char *job, int state, sl_cat_ckpt_fn fn,
 {
     sqlite3_stmt *st = NULL;
     sl_cat_ckpt c;
-    int rc, err = prepare(cat, &st,
-                          CKPT_COLS "WHERE (?1 = '' OR c.job = ?1) AND (?2 = 0 OR c.state = ?2) "
-                                    "ORDER BY c.job, c.step DESC, c.id DESC",
-                          "ckpt_list");
+    int rc,
+        err = sl_cat_prepare(cat, &st,
+                             CKPT_COLS "WHERE (?1 = '' OR c.job = ?1) AND (?2 = 0 OR c.state = ?2) "
+                                       "ORDER BY c.job, c.step DESC, c.id DESC",
+                             "ckpt_list");
 
     if (err)
         return err;
@@ -194,7 +176,7 @@ int sl_cat_ckpt_list(sl_cat *cat, const char *job, int state, sl_cat_ckpt_fn fn,
             break;
     }
     if (!err && rc != SQLITE_DONE)
-        err = db_fail(cat, "ckpt_list");
+        err = sl_cat_fail(cat, "ckpt_list");
     sqlite3_finalize(st);
     return err;
 }
@@ -202,9 +184,9 @@ int sl_cat_ckpt_list(sl_cat *cat, const char *job, int state, sl_cat_ckpt_fn fn,
 int sl_cat_ckpt_set_state(sl_cat *cat, int64_t id, int state, int64_t committed_ms)
 {
     sqlite3_stmt *st = NULL;
-    int err =
-        prepare(cat, &st, "UPDATE checkpoints SET state = ?2, committed_ms = ?3 WHERE id = ?1",
-                "ckpt_set_state");
+    int err = sl_cat_prepare(cat, &st,
+                             "UPDATE checkpoints SET state = ?2, committed_ms = ?3 WHERE id = ?1",
+                             "ckpt_set_state");
 
     if (err)
         return err;
@@ -221,7 +203,7 @@ int sl_cat_ckpt_set_state(sl_cat *cat, int64_t id, int state, int64_t committed_
 int sl_cat_ckpt_delete(sl_cat *cat, int64_t id)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st, "DELETE FROM checkpoints WHERE id = ?1", "ckpt_delete");
+    int err = sl_cat_prepare(cat, &st, "DELETE FROM checkpoints WHERE id = ?1", "ckpt_delete");
 
     if (err)
         return err;
@@ -234,10 +216,10 @@ int sl_cat_ckpt_delete(sl_cat *cat, int64_t id)
 int sl_cat_ckpt_tensor_bytes(sl_cat *cat, uint64_t *out, int64_t ckpt_id, int32_t except_rank)
 {
     sqlite3_stmt *st = NULL;
-    int rc, err = prepare(cat, &st,
-                          "SELECT coalesce(sum(length(tensors)), 0) FROM checkpoint_shards "
-                          "WHERE checkpoint_id = ?1 AND rank != ?2",
-                          "ckpt_tensor_bytes");
+    int rc, err = sl_cat_prepare(cat, &st,
+                                 "SELECT coalesce(sum(length(tensors)), 0) FROM checkpoint_shards "
+                                 "WHERE checkpoint_id = ?1 AND rank != ?2",
+                                 "ckpt_tensor_bytes");
 
     if (err)
         return err;
@@ -247,7 +229,7 @@ int sl_cat_ckpt_tensor_bytes(sl_cat *cat, uint64_t *out, int64_t ckpt_id, int32_
     if (rc == SQLITE_ROW)
         *out = (uint64_t)sqlite3_column_int64(st, 0);
     else
-        err = db_fail(cat, "ckpt_tensor_bytes");
+        err = sl_cat_fail(cat, "ckpt_tensor_bytes");
     sqlite3_finalize(st);
     return err;
 }
@@ -255,11 +237,12 @@ int sl_cat_ckpt_tensor_bytes(sl_cat *cat, uint64_t *out, int64_t ckpt_id, int32_
 int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st,
-                      "INSERT OR REPLACE INTO checkpoint_shards(checkpoint_id, rank, data_size, "
-                      "file_size, sha256, tensor_count, tensors, created_ms) "
-                      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                      "shard_put");
+    int err =
+        sl_cat_prepare(cat, &st,
+                       "INSERT OR REPLACE INTO checkpoint_shards(checkpoint_id, rank, data_size, "
+                       "file_size, sha256, tensor_count, tensors, created_ms) "
+                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                       "shard_put");
 
     if (err)
         return err;
@@ -282,7 +265,7 @@ static void read_shard(sl_cat_shard *out, sqlite3_stmt *st, int with_tensors)
     out->rank = sqlite3_column_int(st, 0);
     out->data_size = (uint64_t)sqlite3_column_int64(st, 1);
     out->file_size = (uint64_t)sqlite3_column_int64(st, 2);
-    copy_col(out->sha256, sizeof(out->sha256), st, 3);
+    sl_cat_copy_col(out->sha256, sizeof(out->sha256), st, 3);
     out->tensor_count = (uint32_t)sqlite3_column_int64(st, 4);
     out->tensors_json = with_tensors ? (const char *)sqlite3_column_text(st, 5) : NULL;
 }
@@ -290,10 +273,10 @@ static void read_shard(sl_cat_shard *out, sqlite3_stmt *st, int with_tensors)
 int sl_cat_shard_get(sl_cat *cat, sl_cat_shard *out, int64_t ckpt_id, int32_t rank)
 {
     sqlite3_stmt *st = NULL;
-    int rc, err = prepare(cat, &st,
-                          "SELECT rank, data_size, file_size, sha256, tensor_count, '' FROM "
-                          "checkpoint_shards WHERE checkpoint_id = ?1 AND rank = ?2",
-                          "shard_get");
+    int rc, err = sl_cat_prepare(cat, &st,
+                                 "SELECT rank, data_size, file_size, sha256, tensor_count, '' FROM "
+                                 "checkpoint_shards WHERE checkpoint_id = ?1 AND rank = ?2",
+                                 "shard_get");
 
     if (err)
         return err;
@@ -303,7 +286,7 @@ int sl_cat_shard_get(sl_cat *cat, sl_cat_shard *out, int64_t ckpt_id, int32_t ra
     if (rc == SQLITE_ROW)
         read_shard(out, st, 0);
     else
-        err = rc == SQLITE_DONE ? SL_ENOTFOUND : db_fail(cat, "shard_get");
+        err = rc == SQLITE_DONE ? SL_ENOTFOUND : sl_cat_fail(cat, "shard_get");
     sqlite3_finalize(st);
     return err;
 }
@@ -311,10 +294,10 @@ int sl_cat_shard_get(sl_cat *cat, sl_cat_shard *out, int64_t ckpt_id, int32_t ra
 int sl_cat_shard_delete(sl_cat *cat, int64_t ckpt_id, int32_t rank)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st,
-                      "DELETE FROM checkpoint_shards WHERE checkpoint_id = ?1 AND "
-                      "(?2 < 0 OR rank = ?2)",
-                      "shard_delete");
+    int err = sl_cat_prepare(cat, &st,
+                             "DELETE FROM checkpoint_shards WHERE checkpoint_id = ?1 AND "
+                             "(?2 < 0 OR rank = ?2)",
+                             "shard_delete");
 
     if (err)
         return err;
@@ -329,10 +312,12 @@ int sl_cat_shard_list(sl_cat *cat, int64_t ckpt_id, int with_tensors, sl_cat_sha
 {
     sqlite3_stmt *st = NULL;
     sl_cat_shard s;
-    int rc, err = prepare(cat, &st,
-                          "SELECT rank, data_size, file_size, sha256, tensor_count, tensors FROM "
-                          "checkpoint_shards WHERE checkpoint_id = ?1 ORDER BY rank",
-                          "shard_list");
+    int rc,
+        err =
+            sl_cat_prepare(cat, &st,
+                           "SELECT rank, data_size, file_size, sha256, tensor_count, tensors FROM "
+                           "checkpoint_shards WHERE checkpoint_id = ?1 ORDER BY rank",
+                           "shard_list");
 
     if (err)
         return err;
@@ -344,7 +329,7 @@ int sl_cat_shard_list(sl_cat *cat, int64_t ckpt_id, int with_tensors, sl_cat_sha
             break;
     }
     if (!err && rc != SQLITE_DONE)
-        err = db_fail(cat, "shard_list");
+        err = sl_cat_fail(cat, "shard_list");
     sqlite3_finalize(st);
     return err;
 }
@@ -352,9 +337,9 @@ int sl_cat_shard_list(sl_cat *cat, int64_t ckpt_id, int with_tensors, sl_cat_sha
 int sl_cat_retention_set(sl_cat *cat, const char *job, uint32_t keep_last)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st,
-                      "INSERT OR REPLACE INTO checkpoint_retention(job, keep_last) VALUES (?1, ?2)",
-                      "retention_set");
+    int err = sl_cat_prepare(
+        cat, &st, "INSERT OR REPLACE INTO checkpoint_retention(job, keep_last) VALUES (?1, ?2)",
+        "retention_set");
 
     if (err)
         return err;
@@ -368,8 +353,9 @@ int sl_cat_retention_set(sl_cat *cat, const char *job, uint32_t keep_last)
 int sl_cat_retention_get(sl_cat *cat, const char *job, uint32_t *keep_last)
 {
     sqlite3_stmt *st = NULL;
-    int rc, err = prepare(cat, &st, "SELECT keep_last FROM checkpoint_retention WHERE job = ?1",
-                          "retention_get");
+    int rc,
+        err = sl_cat_prepare(cat, &st, "SELECT keep_last FROM checkpoint_retention WHERE job = ?1",
+                             "retention_get");
 
     if (err)
         return err;
@@ -377,7 +363,7 @@ int sl_cat_retention_get(sl_cat *cat, const char *job, uint32_t *keep_last)
     rc = sqlite3_step(st);
     *keep_last = rc == SQLITE_ROW ? (uint32_t)sqlite3_column_int64(st, 0) : 0;
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        err = db_fail(cat, "retention_get");
+        err = sl_cat_fail(cat, "retention_get");
     sqlite3_finalize(st);
     return err;
 }
@@ -388,16 +374,16 @@ int sl_cat_ckpt_count_states(sl_cat *cat, uint64_t counts[4])
     int rc, err = 0;
 
     memset(counts, 0, 4 * sizeof(counts[0]));
-    if (sqlite3_prepare_v2(cat->db, "SELECT state, COUNT(*) FROM checkpoints GROUP BY state", -1,
-                           &st, NULL) != SQLITE_OK)
-        return db_fail(cat, "ckpt_count_states");
+    if (sl_cat_prepare(cat, &st, "SELECT state, COUNT(*) FROM checkpoints GROUP BY state",
+                       "ckpt_count_states") != 0)
+        return SL_EDB;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         int state = sqlite3_column_int(st, 0);
         if (state >= SL_CKPT_WRITING && state <= SL_CKPT_INCOMPLETE)
             counts[state] = (uint64_t)sqlite3_column_int64(st, 1);
     }
     if (rc != SQLITE_DONE)
-        err = db_fail(cat, "ckpt_count_states");
+        err = sl_cat_fail(cat, "ckpt_count_states");
     sqlite3_finalize(st);
     return err;
 }

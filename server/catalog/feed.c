@@ -11,21 +11,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static int db_fail(sl_cat *cat, const char *op)
-{
-    atomic_fetch_add(&cat->errors, 1);
-    sl_log_error("catalog_error", "op=%s code=%d msg=\"%s\"", op, sqlite3_extended_errcode(cat->db),
-                 sqlite3_errmsg(cat->db));
-    return SL_EDB;
-}
-
-static int prepare(sl_cat *cat, sqlite3_stmt **st, const char *sql, const char *op)
-{
-    if (sqlite3_prepare_v2(cat->db, sql, -1, st, NULL) != SQLITE_OK)
-        return db_fail(cat, op);
-    return 0;
-}
-
 /* Run a prepared write; maps constraint failures to `constraint_err`. */
 static int run(sl_cat *cat, sqlite3_stmt *st, const char *op, int constraint_err)
 {
@@ -35,21 +20,14 @@ static int run(sl_cat *cat, sqlite3_stmt *st, const char *op, int constraint_err
         return 0;
     if ((rc & 0xff) == SQLITE_CONSTRAINT && constraint_err)
         return constraint_err;
-    return db_fail(cat, op);
+    return sl_cat_fail(cat, op);
 }
 
 static int exec_sql(sl_cat *cat, const char *sql, const char *op)
 {
     if (sqlite3_exec(cat->db, sql, NULL, NULL, NULL) != SQLITE_OK)
-        return db_fail(cat, op);
+        return sl_cat_fail(cat, op);
     return 0;
-}
-
-static void copy_col(char *dst, size_t len, sqlite3_stmt *st, int col)
-{
-    const unsigned char *s = sqlite3_column_text(st, col);
-
-    snprintf(dst, len, "%s", s ? (const char *)s : "");
 }
 
 #define DATASET_COLS                                                                               \
@@ -59,9 +37,9 @@ static void copy_col(char *dst, size_t len, sqlite3_stmt *st, int col)
 static void read_dataset(sl_cat_dataset *out, sqlite3_stmt *st)
 {
     memset(out, 0, sizeof(*out));
-    copy_col(out->name, sizeof(out->name), st, 0);
+    sl_cat_copy_col(out->name, sizeof(out->name), st, 0);
     out->samples = (uint64_t)sqlite3_column_int64(st, 1);
-    copy_col(out->lengths_sha256, sizeof(out->lengths_sha256), st, 2);
+    sl_cat_copy_col(out->lengths_sha256, sizeof(out->lengths_sha256), st, 2);
     out->has_lengths = out->lengths_sha256[0] != '\0';
     out->created_ms = sqlite3_column_int64(st, 3);
     out->jobs = (uint32_t)sqlite3_column_int64(st, 4);
@@ -70,9 +48,9 @@ static void read_dataset(sl_cat_dataset *out, sqlite3_stmt *st)
 int sl_cat_dataset_create(sl_cat *cat, const char *name, uint64_t samples, int64_t now_ms)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st,
-                      "INSERT INTO feed_datasets(name, samples, created_ms) VALUES (?1, ?2, ?3)",
-                      "dataset_create");
+    int err = sl_cat_prepare(
+        cat, &st, "INSERT INTO feed_datasets(name, samples, created_ms) VALUES (?1, ?2, ?3)",
+        "dataset_create");
 
     if (err)
         return err;
@@ -87,7 +65,7 @@ int sl_cat_dataset_create(sl_cat *cat, const char *name, uint64_t samples, int64
 int sl_cat_dataset_get(sl_cat *cat, sl_cat_dataset *out, const char *name)
 {
     sqlite3_stmt *st = NULL;
-    int rc, err = prepare(cat, &st, DATASET_COLS "WHERE d.name = ?1", "dataset_get");
+    int rc, err = sl_cat_prepare(cat, &st, DATASET_COLS "WHERE d.name = ?1", "dataset_get");
 
     if (err)
         return err;
@@ -96,7 +74,7 @@ int sl_cat_dataset_get(sl_cat *cat, sl_cat_dataset *out, const char *name)
     if (rc == SQLITE_ROW)
         read_dataset(out, st);
     else
-        err = rc == SQLITE_DONE ? SL_ENOTFOUND : db_fail(cat, "dataset_get");
+        err = rc == SQLITE_DONE ? SL_ENOTFOUND : sl_cat_fail(cat, "dataset_get");
     sqlite3_finalize(st);
     return err;
 }
@@ -105,7 +83,7 @@ int sl_cat_dataset_list(sl_cat *cat, int (*fn)(const sl_cat_dataset *d, void *ar
 {
     sqlite3_stmt *st = NULL;
     sl_cat_dataset d;
-    int rc, err = prepare(cat, &st, DATASET_COLS "ORDER BY d.name", "dataset_list");
+    int rc, err = sl_cat_prepare(cat, &st, DATASET_COLS "ORDER BY d.name", "dataset_list");
 
     if (err)
         return err;
@@ -115,7 +93,7 @@ int sl_cat_dataset_list(sl_cat *cat, int (*fn)(const sl_cat_dataset *d, void *ar
             break;
     }
     if (!err && rc != SQLITE_DONE)
-        err = db_fail(cat, "dataset_list");
+        err = sl_cat_fail(cat, "dataset_list");
     sqlite3_finalize(st);
     return err;
 }
@@ -123,8 +101,9 @@ int sl_cat_dataset_list(sl_cat *cat, int (*fn)(const sl_cat_dataset *d, void *ar
 int sl_cat_dataset_set_lengths(sl_cat *cat, const char *name, const char *sha256)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st, "UPDATE feed_datasets SET lengths_sha256 = ?2 WHERE name = ?1",
-                      "dataset_set_lengths");
+    int err =
+        sl_cat_prepare(cat, &st, "UPDATE feed_datasets SET lengths_sha256 = ?2 WHERE name = ?1",
+                       "dataset_set_lengths");
 
     if (err)
         return err;
@@ -140,7 +119,8 @@ int sl_cat_dataset_set_lengths(sl_cat *cat, const char *name, const char *sha256
 int sl_cat_dataset_delete(sl_cat *cat, const char *name)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st, "DELETE FROM feed_datasets WHERE name = ?1", "dataset_delete");
+    int err =
+        sl_cat_prepare(cat, &st, "DELETE FROM feed_datasets WHERE name = ?1", "dataset_delete");
 
     if (err)
         return err;
@@ -161,10 +141,11 @@ int sl_cat_job_create(sl_cat *cat, const sl_cat_job *job)
 
     if (err)
         return err;
-    err = prepare(cat, &st,
-                  "INSERT INTO feed_jobs(name, dataset, spec, world_size, epoch, created_ms) "
-                  "VALUES (?1, ?2, ?3, ?4, 0, ?5)",
-                  "job_create");
+    err =
+        sl_cat_prepare(cat, &st,
+                       "INSERT INTO feed_jobs(name, dataset, spec, world_size, epoch, created_ms) "
+                       "VALUES (?1, ?2, ?3, ?4, 0, ?5)",
+                       "job_create");
     if (err)
         return err;
     sqlite3_bind_text(st, 1, job->name, -1, SQLITE_STATIC);
@@ -181,10 +162,11 @@ int sl_cat_job_list(sl_cat *cat, int (*fn)(const sl_cat_job *j, void *arg), void
 {
     sqlite3_stmt *st = NULL;
     sl_cat_job j;
-    int rc, err = prepare(cat, &st,
-                          "SELECT name, dataset, spec, world_size, epoch, elastic, created_ms "
-                          "FROM feed_jobs ORDER BY name",
-                          "job_list");
+    int rc,
+        err = sl_cat_prepare(cat, &st,
+                             "SELECT name, dataset, spec, world_size, epoch, elastic, created_ms "
+                             "FROM feed_jobs ORDER BY name",
+                             "job_list");
 
     if (err)
         return err;
@@ -205,7 +187,7 @@ int sl_cat_job_list(sl_cat *cat, int (*fn)(const sl_cat_job *j, void *arg), void
             break;
     }
     if (!err && rc != SQLITE_DONE)
-        err = db_fail(cat, "job_list");
+        err = sl_cat_fail(cat, "job_list");
     sqlite3_finalize(st);
     return err;
 }
@@ -213,7 +195,7 @@ int sl_cat_job_list(sl_cat *cat, int (*fn)(const sl_cat_job *j, void *arg), void
 int sl_cat_job_delete(sl_cat *cat, const char *name)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st, "DELETE FROM feed_jobs WHERE name = ?1", "job_delete");
+    int err = sl_cat_prepare(cat, &st, "DELETE FROM feed_jobs WHERE name = ?1", "job_delete");
 
     if (err)
         return err;
@@ -237,7 +219,7 @@ static int update_and_clear(sl_cat *cat, sqlite3_stmt *st, const char *name, con
     if (!err && sqlite3_changes(cat->db) == 0)
         err = SL_ENOTFOUND;
     if (!err)
-        err = prepare(cat, &del, "DELETE FROM feed_progress WHERE job = ?1", op);
+        err = sl_cat_prepare(cat, &del, "DELETE FROM feed_progress WHERE job = ?1", op);
     if (!err) {
         sqlite3_bind_text(del, 1, name, -1, SQLITE_STATIC);
         err = run(cat, del, op, 0);
@@ -253,8 +235,9 @@ static int update_and_clear(sl_cat *cat, sqlite3_stmt *st, const char *name, con
 int sl_cat_job_set_epoch(sl_cat *cat, const char *name, uint64_t epoch)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st, "UPDATE feed_jobs SET epoch = ?2, elastic = NULL WHERE name = ?1",
-                      "job_set_epoch");
+    int err =
+        sl_cat_prepare(cat, &st, "UPDATE feed_jobs SET epoch = ?2, elastic = NULL WHERE name = ?1",
+                       "job_set_epoch");
 
     if (err)
         return err;
@@ -269,10 +252,10 @@ int sl_cat_job_resize(sl_cat *cat, const char *name, const void *spec, size_t sp
                       uint32_t world_size, const void *elastic, size_t elastic_len)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st,
-                      "UPDATE feed_jobs SET spec = ?2, world_size = ?3, elastic = ?4 "
-                      "WHERE name = ?1",
-                      "job_resize");
+    int err = sl_cat_prepare(cat, &st,
+                             "UPDATE feed_jobs SET spec = ?2, world_size = ?3, elastic = ?4 "
+                             "WHERE name = ?1",
+                             "job_resize");
 
     if (err)
         return err;
@@ -309,13 +292,13 @@ int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t
                         uint64_t position)
 {
     sqlite3_stmt *st = NULL;
-    int err = prepare(cat, &st,
-                      "INSERT INTO feed_progress(job, dp_rank, epoch, position) "
-                      "VALUES (?1, ?2, ?3, ?4) ON CONFLICT(job, dp_rank) DO UPDATE SET "
-                      "position = CASE WHEN epoch = excluded.epoch "
-                      "THEN max(position, excluded.position) ELSE excluded.position END, "
-                      "epoch = excluded.epoch",
-                      "progress_set");
+    int err = sl_cat_prepare(cat, &st,
+                             "INSERT INTO feed_progress(job, dp_rank, epoch, position) "
+                             "VALUES (?1, ?2, ?3, ?4) ON CONFLICT(job, dp_rank) DO UPDATE SET "
+                             "position = CASE WHEN epoch = excluded.epoch "
+                             "THEN max(position, excluded.position) ELSE excluded.position END, "
+                             "epoch = excluded.epoch",
+                             "progress_set");
 
     if (err)
         return err;
@@ -334,9 +317,9 @@ int sl_cat_progress_list(sl_cat *cat, const char *job,
                          void *arg)
 {
     sqlite3_stmt *st = NULL;
-    int rc,
-        err = prepare(cat, &st, "SELECT dp_rank, epoch, position FROM feed_progress WHERE job = ?1",
-                      "progress_list");
+    int rc, err = sl_cat_prepare(
+                cat, &st, "SELECT dp_rank, epoch, position FROM feed_progress WHERE job = ?1",
+                "progress_list");
 
     if (err)
         return err;
@@ -348,7 +331,7 @@ int sl_cat_progress_list(sl_cat *cat, const char *job,
             break;
     }
     if (!err && rc != SQLITE_DONE)
-        err = db_fail(cat, "progress_list");
+        err = sl_cat_fail(cat, "progress_list");
     sqlite3_finalize(st);
     return err;
 }

@@ -6,11 +6,21 @@
 
 #include <sqlite3.h>
 #include <stdatomic.h>
+#include <stddef.h>
 
 struct sl_cat {
     sqlite3 *db;
     int version;
     atomic_ulong errors; /* failed statements, for the metrics endpoint */
 };
+
+/* Count and log a failed statement of `op` with SQLite's message; returns SL_EDB. */
+int sl_cat_fail(sl_cat *cat, const char *op);
+
+/* Prepare `sql` into *st, or sl_cat_fail. */
+int sl_cat_prepare(sl_cat *cat, sqlite3_stmt **st, const char *sql, const char *op);
+
+/* Copy text column `col` (NULL as "") into dst, cut to fit. */
+void sl_cat_copy_col(char *dst, size_t len, sqlite3_stmt *st, int col);
 
 #endif
