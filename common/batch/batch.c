@@ -682,7 +682,7 @@ static void sort_window(planner *p, const uint32_t *src, size_t a, size_t b, uin
             }
         }
         n = sum;
-        if (stage != deff)
+        if (stage != deff && n > 0)
             memcpy(deff, stage, n * sizeof(uint32_t));
     } else {
         for (size_t k = a; k < b; k++) {
@@ -693,14 +693,16 @@ static void sort_window(planner *p, const uint32_t *src, size_t a, size_t b, uin
                 p->keys[n++] = (uint64_t)key << 32 | (uint32_t)(k - a);
             }
         }
-        qsort(p->keys, n, sizeof(uint64_t), cmp_u64);
+        /* An all-skipped window has no keys (and maybe no key array). */
+        if (n > 1)
+            qsort(p->keys, n, sizeof(uint64_t), cmp_u64);
         for (size_t j = 0; j < n; j++) {
             size_t k = a + (uint32_t)p->keys[j];
 
             didx[j] = order_at(p, k);
             stage[j] = src[k];
         }
-        if (stage != deff)
+        if (stage != deff && n > 0)
             memcpy(deff, stage, n * sizeof(uint32_t));
     }
     *n_out = n;

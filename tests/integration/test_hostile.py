@@ -742,12 +742,10 @@ class NulBytesTest(HostileTest):
 
 class EveryLengthSkippedTest(unittest.TestCase):
     """A batching job whose every sequence is over max_seq_len with skip_overlong: the planner
-    sorts an empty window. Found by fuzz_lengths: common/batch/batch.c sort_window calls
-    qsort(NULL, 0, ...), undefined behaviour that UBSan aborts on, so the ASan+UBSan daemon dies
-    (release builds happen to survive). Known defect (docs/hardening.md); the fix belongs in
-    common/batch (skip the sort when the window is empty). Unskip when it lands."""
+    sorts an empty window. Found by fuzz_lengths: common/batch/batch.c sort_window called
+    qsort(NULL, 0, ...), undefined behaviour that UBSan aborts on, so the ASan+UBSan daemon died
+    (release builds happened to survive). Fixed: the sort is skipped for fewer than two keys."""
 
-    @unittest.skip("known defect in common/batch: qsort(NULL, 0) on an all-skipped window")
     def test_every_length_skipped(self):
         with Daemon() as d, grpc.insecure_channel(d.addr) as chan:
             def call(kind, method, req):
