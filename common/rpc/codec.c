@@ -6,6 +6,7 @@
 #include <grpc/support/time.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 grpc_byte_buffer *sl_rpc_pack(const ProtobufCMessage *msg)
@@ -133,6 +134,84 @@ static int strings_ok(const ProtobufCMessageDescriptor *d, const uint8_t *p, siz
     return 1;
 }
 
+/* Copy `len` bytes from offset `off` of a slice buffer into dst. The caller checked the range. */
+static void slices_copy(uint8_t *dst, const grpc_slice_buffer *sb, size_t off, size_t len)
+{
+    for (size_t i = 0; i < sb->count && len > 0; i++) {
+        size_t n = GRPC_SLICE_LENGTH(sb->slices[i]);
+        if (off >= n) {
+            off -= n;
+            continue;
+        }
+        n -= off;
+        if (n > len)
+            n = len;
+        memcpy(dst, GRPC_SLICE_START_PTR(sb->slices[i]) + off, n);
+        dst += n;
+        len -= n;
+        off = 0;
+    }
+}
+
+/* The fast path of sl_rpc_unpack, for messages whose wire form is exactly one field, a singular
+ * (plain, optional or oneof) bytes field: upload and download chunks. The general path flattens
+ * the slices into one buffer and protobuf-c copies the field out of it again; here the bytes are
+ * copied once, from the received slices into their own allocation, and the message owns it as if
+ * protobuf-c had made it (protobuf_c_message_free_unpacked frees it). Returns the message, or
+ * NULL if the message has another shape or memory ran out: the general path then decides. */
+static ProtobufCMessage *unpack_one_bytes_field(const ProtobufCMessageDescriptor *desc,
+                                                grpc_byte_buffer *bb)
+{
+    static const uint8_t empty[1];
+    const grpc_slice_buffer *sb;
+    const ProtobufCFieldDescriptor *f;
+    ProtobufCBinaryData *field;
+    ProtobufCMessage *msg;
+    uint8_t head[15];
+    const uint8_t *p = head, *end;
+    uint64_t tag, len;
+    size_t hlen;
+    uint8_t *data;
+
+    if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE)
+        return NULL;
+    sb = &bb->data.raw.slice_buffer;
+    hlen = sb->length < sizeof(head) ? sb->length : sizeof(head);
+    slices_copy(head, sb, 0, hlen);
+    end = head + hlen;
+    /* protobuf-c reads tags and length prefixes of at most 5 bytes; leave odder forms to it. */
+    if (read_varint(&p, end, &tag) != 0 || p - head > 5 || (tag & 7) != 2 || tag >> 3 == 0 ||
+        tag >> 3 > 0x1fffffff)
+        return NULL;
+    hlen = (size_t)(p - head);
+    if (read_varint(&p, end, &len) != 0 || (size_t)(p - head) - hlen > 5 || len > UINT32_MAX)
+        return NULL;
+    hlen = (size_t)(p - head);
+    if (len == 0 || len != sb->length - hlen)
+        return NULL;
+    f = protobuf_c_message_descriptor_get_field(desc, (unsigned)(tag >> 3));
+    if (!f || f->type != PROTOBUF_C_TYPE_BYTES || f->label == PROTOBUF_C_LABEL_REPEATED)
+        return NULL;
+    /* An empty message of the type: every other field at its default, as protobuf-c leaves it. */
+    msg = protobuf_c_message_unpack(desc, NULL, 0, empty);
+    if (!msg)
+        return NULL;
+    data = malloc((size_t)len);
+    if (!data) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        return NULL;
+    }
+    slices_copy(data, sb, hlen, (size_t)len);
+    if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+        *(uint32_t *)((char *)msg + f->quantifier_offset) = f->id;
+    else if (f->label == PROTOBUF_C_LABEL_OPTIONAL)
+        *(protobuf_c_boolean *)((char *)msg + f->quantifier_offset) = 1;
+    field = (ProtobufCBinaryData *)((char *)msg + f->offset);
+    field->len = (size_t)len;
+    field->data = data;
+    return msg;
+}
+
 ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb,
                                 char *why, size_t why_len)
 {
@@ -142,7 +221,12 @@ ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byt
 
     if (why && why_len)
         snprintf(why, why_len, "not a valid %s message", desc->name);
-    if (!bb || !grpc_byte_buffer_reader_init(&reader, bb))
+    if (!bb)
+        return NULL;
+    msg = unpack_one_bytes_field(desc, bb);
+    if (msg)
+        return msg;
+    if (!grpc_byte_buffer_reader_init(&reader, bb))
         return NULL;
     slice = grpc_byte_buffer_reader_readall(&reader);
     msg = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(slice),

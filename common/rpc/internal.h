@@ -20,7 +20,10 @@ grpc_byte_buffer *sl_rpc_pack_raw(const void *buf, size_t len);
 /* Decode a byte buffer, or NULL if the bytes are not a valid message of `desc`: not protobuf, or
  * a string field (at any depth) that is not UTF-8 or holds a NUL byte, which protobuf-c would
  * accept and silently cut. `why` (may be NULL) receives the reason. The caller frees the result
- * with protobuf_c_message_free_unpacked. */
+ * with protobuf_c_message_free_unpacked. A message that is exactly one singular bytes field (an
+ * upload or download chunk) is decoded with one copy instead of two: the bytes go straight from
+ * the received slices into their own allocation, owned by the message as protobuf-c would own it.
+ * Any other shape takes protobuf-c's path; both give the same message. */
 ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb,
                                 char *why, size_t why_len);
 
