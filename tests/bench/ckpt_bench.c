@@ -3,8 +3,13 @@
  * (1 GiB in total each); deep verify of 8 shards next to `sha256sum` of the same files run in
  * parallel. Every figure is the median of --runs runs.
  *
- * Usage: ckpt_bench [--sluiced PATH] [--dir DIR] [--size MIB] [--runs N] [--smoke]
- * It starts its own sluiced (SLUICED or --sluiced) on 127.0.0.1:0 with a data dir under DIR.
+ * The single upload is measured twice: without the client's local SHA-256 (the daemon's path
+ * alone) and with it (libsluice's default, which hashes on a helper thread on the same cores).
+ *
+ * Usage: ckpt_bench [--sluiced PATH] [--dir DIR] [--size MIB] [--runs N] [--chunk KIB] [--one]
+ *                   [--smoke]
+ * --one measures only the single upload (both ways). It starts its own sluiced (SLUICED or
+ * --sluiced) on 127.0.0.1:0 with a data dir under DIR.
  */
 #include "sluice_ckpt.h"
 
@@ -16,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -114,8 +120,36 @@ typedef struct job {
     int32_t rank;
     int fd;
     uint64_t size;
+    int client_hash;
     int err;
 } job;
+
+static size_t chunk_bytes = 1 << 20;
+static pid_t daemon_pid;
+static double cpu_daemon, cpu_client; /* CPU seconds of the last upload_round */
+
+/* CPU seconds (user + system) used so far by the daemon and by this process. */
+static void cpu_now(double *d, double *c)
+{
+    unsigned long long ut = 0, st = 0;
+    char path[64], buf[1024], *p;
+    struct rusage ru;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)daemon_pid);
+    f = fopen(path, "r");
+    *d = 0;
+    if (f) {
+        /* Fields 14 and 15 (utime, stime), counted after the parenthesised command name. */
+        if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')')) != NULL &&
+            sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2)
+            *d = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+        fclose(f);
+    }
+    getrusage(RUSAGE_SELF, &ru);
+    *c = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+         (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
 
 static void *upload_thread(void *arg)
 {
@@ -123,8 +157,8 @@ static void *upload_thread(void *arg)
     sl_ckpt_upload_opts o;
 
     memset(&o, 0, sizeof(o));
-    o.chunk_bytes = 1 << 20;
-    o.no_verify = 1; /* measure the daemon's path; the client would hash on another core */
+    o.chunk_bytes = chunk_bytes;
+    o.no_verify = !j->client_hash;
     j->err = sl_ckpt_upload_fd(j->c, NULL, "bench", j->name, j->rank, j->fd, j->size, &o);
     if (j->err)
         fprintf(stderr, "ckpt_bench: upload: %s\n", sl_client_error());
@@ -132,22 +166,27 @@ static void *upload_thread(void *arg)
 }
 
 /* Upload n shards of `size` bytes concurrently into a new checkpoint; returns seconds. */
-static double upload_round(sl_client *c, const char *name, int n, int fd, uint64_t size, int commit)
+static double upload_round(sl_client *c, const char *name, int n, int fd, uint64_t size, int commit,
+                           int client_hash)
 {
     pthread_t th[16];
     job jobs[16];
-    double t;
+    double t, d0, c0;
 
     if (sl_ckpt_begin(c, NULL, "bench", name, 0, n, NULL))
         die("begin");
+    cpu_now(&d0, &c0);
     t = now_s();
     for (int i = 0; i < n; i++) {
-        jobs[i] = (job){c, name, i, fd, size, 0};
+        jobs[i] = (job){c, name, i, fd, size, client_hash, 0};
         pthread_create(&th[i], NULL, upload_thread, &jobs[i]);
     }
     for (int i = 0; i < n; i++)
         pthread_join(th[i], NULL);
     t = now_s() - t;
+    cpu_now(&cpu_daemon, &cpu_client);
+    cpu_daemon -= d0;
+    cpu_client -= c0;
     for (int i = 0; i < n; i++)
         if (jobs[i].err)
             exit(1);
@@ -163,9 +202,10 @@ int main(int argc, char **argv)
     const char *sluiced = getenv("SLUICED") ? getenv("SLUICED") : "sluiced";
     const char *base = "/tmp";
     uint64_t size_mib = 1024;
-    int runs = 3, smoke = 0, port;
+    int runs = 3, smoke = 0, only_one = 0, port;
     char root[4096], data[4200], port_file[4200], src[4200], addr[64], cmd[16384];
-    double sha_limit, v1[9], v2[9], v8[9], vd[9], vs[9];
+    double sha_limit, v1[9], v1h[9], v2[9], v8[9], vd[9], vs[9];
+    double cd1[9], cc1[9], cd1h[9], cc1h[9]; /* CPU seconds per GiB: daemon, client */
     sl_client_opts co = {.timeout_ms = -1};
     sl_client *c;
     pid_t pid;
@@ -180,11 +220,15 @@ int main(int argc, char **argv)
             size_mib = strtoull(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
             runs = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--chunk") == 0 && i + 1 < argc)
+            chunk_bytes = (size_t)strtoull(argv[++i], NULL, 10) << 10;
+        else if (strcmp(argv[i], "--one") == 0)
+            only_one = 1;
         else if (strcmp(argv[i], "--smoke") == 0)
             smoke = 1;
         else {
             fprintf(stderr, "usage: ckpt_bench [--sluiced PATH] [--dir DIR] [--size MIB] "
-                            "[--runs N] [--smoke]\n");
+                            "[--runs N] [--chunk KIB] [--one] [--smoke]\n");
             return 2;
         }
     }
@@ -192,8 +236,8 @@ int main(int argc, char **argv)
         size_mib = 8;
         runs = 1;
     }
-    if (runs < 1 || runs > 9 || size_mib < 8) {
-        fprintf(stderr, "ckpt_bench: --runs in [1, 9], --size at least 8\n");
+    if (runs < 1 || runs > 9 || size_mib < 8 || chunk_bytes < 1024 || chunk_bytes > (4u << 20)) {
+        fprintf(stderr, "ckpt_bench: --runs in [1, 9], --size at least 8, --chunk in [1, 4096]\n");
         return 2;
     }
     snprintf(root, sizeof(root), "%s/ckpt_bench.XXXXXX", base);
@@ -227,6 +271,7 @@ int main(int argc, char **argv)
 
     sha_limit = openssl_speed(smoke ? 1 : 3);
     pid = start_daemon(sluiced, data, port_file, &port);
+    daemon_pid = pid;
     snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
     if (sl_client_connect(&c, addr, &co))
         die("connect");
@@ -235,11 +280,19 @@ int main(int argc, char **argv)
         char name[64];
         uint64_t total = size_mib << 20;
         snprintf(name, sizeof(name), "one_%d", r);
-        v1[r] = (double)total / upload_round(c, name, 1, fd, total, 0);
+        v1[r] = (double)total / upload_round(c, name, 1, fd, total, 0, 0);
+        cd1[r] = cpu_daemon * 1024 / (double)size_mib;
+        cc1[r] = cpu_client * 1024 / (double)size_mib;
+        snprintf(name, sizeof(name), "one_hashed_%d", r);
+        v1h[r] = (double)total / upload_round(c, name, 1, fd, total, 0, 1);
+        cd1h[r] = cpu_daemon * 1024 / (double)size_mib;
+        cc1h[r] = cpu_client * 1024 / (double)size_mib;
+        if (only_one)
+            continue;
         snprintf(name, sizeof(name), "two_%d", r);
-        v2[r] = (double)total / upload_round(c, name, 2, fd, total / 2, 0);
+        v2[r] = (double)total / upload_round(c, name, 2, fd, total / 2, 0, 0);
         snprintf(name, sizeof(name), "eight_%d", r);
-        v8[r] = (double)total / upload_round(c, name, 8, fd, total / 8, 1);
+        v8[r] = (double)total / upload_round(c, name, 8, fd, total / 8, 1, 0);
         /* Deep verify of the 8 shards, then sha256sum of the same files in parallel. */
         {
             int ok = 0;
@@ -269,13 +322,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckpt_bench: could not remove %s\n", root);
 
     {
-        double m1 = median(v1, runs), m2 = median(v2, runs), m8 = median(v8, runs);
-        double md = median(vd, runs), ms = median(vs, runs);
-        printf("ckpt_bench: %" PRIu64 " MiB per round, median of %d runs, %ld cores\n", size_mib,
-               runs, sysconf(_SC_NPROCESSORS_ONLN));
+        double m1 = median(v1, runs), m1h = median(v1h, runs);
+        printf("ckpt_bench: %" PRIu64
+               " MiB per round, median of %d runs, %ld cores, %zu KiB chunks\n",
+               size_mib, runs, sysconf(_SC_NPROCESSORS_ONLN), chunk_bytes >> 10);
         printf("  openssl speed -evp sha256 (1 core): %8.1f MiB/s\n", sha_limit / MiB);
-        printf("  1 upload  (1 MiB chunks, durable):  %8.1f MiB/s  (%.0f%% of the SHA-256 limit)\n",
-               m1 / MiB, sha_limit > 0 ? 100.0 * m1 / sha_limit : 0.0);
+        printf("  1 upload, durable, no client hash:  %8.1f MiB/s  (%.0f%% of the SHA-256 limit)"
+               "  CPU s/GiB daemon %.2f client %.2f\n",
+               m1 / MiB, sha_limit > 0 ? 100.0 * m1 / sha_limit : 0.0, median(cd1, runs),
+               median(cc1, runs));
+        printf("  1 upload, durable, client hashes:   %8.1f MiB/s  (%.0f%% of the SHA-256 limit)"
+               "  CPU s/GiB daemon %.2f client %.2f\n",
+               m1h / MiB, sha_limit > 0 ? 100.0 * m1h / sha_limit : 0.0, median(cd1h, runs),
+               median(cc1h, runs));
+        if (only_one)
+            return 0;
+        double m2 = median(v2, runs), m8 = median(v8, runs);
+        double md = median(vd, runs), ms = median(vs, runs);
         printf("  2 concurrent uploads (aggregate):   %8.1f MiB/s\n", m2 / MiB);
         printf("  8 concurrent uploads (aggregate):   %8.1f MiB/s\n", m8 / MiB);
         printf("  deep verify of 8 shards:            %8.1f MiB/s\n", md / MiB);
