@@ -475,6 +475,43 @@ int sl_rpc_stream_write_raw(sl_rpc_stream *s, const void *buf, size_t len, int f
     return write_bb(s, sl_rpc_pack_raw(buf, len), flags);
 }
 
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+int sl_rpc_stream_write_bytes(sl_rpc_stream *s, uint32_t field, size_t len, int flags,
+                              int (*fill)(void *dst, size_t len, void *arg), void *arg)
+{
+    uint8_t head[16];
+    size_t hlen;
+    grpc_slice slice;
+    grpc_byte_buffer *bb;
+    int err;
+
+    if (field == 0 || field > 0x1fffffff || (uint64_t)len > UINT32_MAX)
+        return SL_EINVAL;
+    hlen = put_varint(head, ((uint64_t)field << 3) | 2);
+    hlen += put_varint(head + hlen, len);
+    slice = grpc_slice_malloc(hlen + len);
+    memcpy(GRPC_SLICE_START_PTR(slice), head, hlen);
+    err = fill(GRPC_SLICE_START_PTR(slice) + hlen, len, arg);
+    if (err) {
+        grpc_slice_unref(slice);
+        return err;
+    }
+    bb = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    return write_bb(s, bb, flags);
+}
+
 int sl_rpc_stream_close_send(sl_rpc_stream *s)
 {
     grpc_op op;

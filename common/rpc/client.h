@@ -77,6 +77,16 @@ int sl_rpc_stream_open(sl_rpc_stream **out, sl_rpc_client *c, const char *method
 int sl_rpc_stream_write(sl_rpc_stream *s, const ProtobufCMessage *msg, int flags);
 int sl_rpc_stream_write_raw(sl_rpc_stream *s, const void *buf, size_t len, int flags);
 
+/* Send a message that is exactly one length-delimited field: field number `field` (a bytes field,
+ * or a oneof member of bytes type, of the request type) holding `len` bytes, which
+ * fill(dst, len, arg) writes straight into the buffer that is sent (e.g. reads them from a file).
+ * This saves the copy sl_rpc_stream_write makes when it packs a message; the receiver decodes the
+ * same message. fill runs on the calling thread before anything is sent and returns 0 or an error,
+ * which is returned as is with nothing sent. Otherwise as sl_rpc_stream_write; SL_EINVAL for a
+ * field number outside [1, 2^29) or a length above 4 GiB. */
+int sl_rpc_stream_write_bytes(sl_rpc_stream *s, uint32_t field, size_t len, int flags,
+                              int (*fill)(void *dst, size_t len, void *arg), void *arg);
+
 /* Half-close: no more messages from this side. */
 int sl_rpc_stream_close_send(sl_rpc_stream *s);
 
