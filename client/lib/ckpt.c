@@ -313,6 +313,21 @@ static int read_at(int fd, void *buf, size_t len, uint64_t off)
     return 0;
 }
 
+typedef struct read_arg {
+    int fd;
+    uint64_t off;
+    int err; /* the read's error, told apart from the stream's */
+} read_arg;
+
+/* sl_rpc_stream_write_bytes fill callback: the chunk at ra->off of the file. */
+static int read_fill(void *dst, size_t len, void *arg)
+{
+    read_arg *ra = arg;
+
+    ra->err = read_at(ra->fd, dst, len, ra->off);
+    return ra->err;
+}
+
 /* The local checksum of an upload is computed on a helper thread while the calling thread reads
  * and sends, over HASH_BUFS rotating buffers: a buffer is reused once it has been both sent
  * (sl_rpc_stream_write copies it) and hashed. */
@@ -466,7 +481,7 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
     hdr.data_size = size;
     hdr.sha256 = (char *)(opts->sha256 ? opts->sha256 : "");
     hdr.offset = off;
-    for (int k = 0; k < HASH_BUFS; k++) {
+    for (int k = 0; k < HASH_BUFS && !opts->no_verify; k++) {
         hs.bufs[k] = malloc(chunk);
         if (!hs.bufs[k]) {
             err = sl_client_set_error(-ENOMEM, "out of memory");
@@ -500,7 +515,24 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
     msg.kind_case = SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK;
     while (!err && off < size) {
         size_t n = size - off < chunk ? (size_t)(size - off) : chunk;
-        uint8_t *buf = hasher_buffer(&hs, seq);
+        uint8_t *buf;
+        if (!hs.running) {
+            /* No local checksum: read each chunk straight into the buffer that is sent. */
+            read_arg ra = {fd, off, 0};
+            err = sl_rpc_stream_write_bytes(s, SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK, n, 0,
+                                            read_fill, &ra);
+            if (ra.err) {
+                sl_rpc_stream_cancel(s);
+                err = sl_client_set_error(ra.err, "cannot read the shard at offset %llu: %s",
+                                          (unsigned long long)off, sl_strerror(ra.err));
+                goto out;
+            }
+            off += n;
+            if (!err && opts->progress)
+                opts->progress(off, size, opts->arg);
+            continue;
+        }
+        buf = hasher_buffer(&hs, seq);
         err = read_at(fd, buf, n, off);
         if (err) {
             sl_rpc_stream_cancel(s);

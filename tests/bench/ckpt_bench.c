@@ -122,11 +122,13 @@ typedef struct job {
     uint64_t size;
     int client_hash;
     int err;
+    sl_ckpt_shard receipt;
 } job;
 
 static size_t chunk_bytes = 1 << 20;
 static pid_t daemon_pid;
 static double cpu_daemon, cpu_client; /* CPU seconds of the last upload_round */
+static char last_sha[65];             /* the daemon's SHA-256 of the last single upload */
 
 /* CPU seconds (user + system) used so far by the daemon and by this process. */
 static void cpu_now(double *d, double *c)
@@ -159,7 +161,7 @@ static void *upload_thread(void *arg)
     memset(&o, 0, sizeof(o));
     o.chunk_bytes = chunk_bytes;
     o.no_verify = !j->client_hash;
-    j->err = sl_ckpt_upload_fd(j->c, NULL, "bench", j->name, j->rank, j->fd, j->size, &o);
+    j->err = sl_ckpt_upload_fd(j->c, &j->receipt, "bench", j->name, j->rank, j->fd, j->size, &o);
     if (j->err)
         fprintf(stderr, "ckpt_bench: upload: %s\n", sl_client_error());
     return NULL;
@@ -178,7 +180,8 @@ static double upload_round(sl_client *c, const char *name, int n, int fd, uint64
     cpu_now(&d0, &c0);
     t = now_s();
     for (int i = 0; i < n; i++) {
-        jobs[i] = (job){c, name, i, fd, size, client_hash, 0};
+        jobs[i] = (job){
+            .c = c, .name = name, .rank = i, .fd = fd, .size = size, .client_hash = client_hash};
         pthread_create(&th[i], NULL, upload_thread, &jobs[i]);
     }
     for (int i = 0; i < n; i++)
@@ -190,6 +193,7 @@ static double upload_round(sl_client *c, const char *name, int n, int fd, uint64
     for (int i = 0; i < n; i++)
         if (jobs[i].err)
             exit(1);
+    memcpy(last_sha, jobs[0].receipt.sha256, sizeof(last_sha));
     if (commit && sl_ckpt_commit(c, NULL, "bench", name))
         die("commit");
     if (!commit && sl_ckpt_abort(c, NULL, "bench", name))
@@ -277,14 +281,22 @@ int main(int argc, char **argv)
         die("connect");
 
     for (int r = 0; r < runs; r++) {
-        char name[64];
+        char name[64], sha[65];
         uint64_t total = size_mib << 20;
         snprintf(name, sizeof(name), "one_%d", r);
         v1[r] = (double)total / upload_round(c, name, 1, fd, total, 0, 0);
         cd1[r] = cpu_daemon * 1024 / (double)size_mib;
         cc1[r] = cpu_client * 1024 / (double)size_mib;
         snprintf(name, sizeof(name), "one_hashed_%d", r);
+        memcpy(sha, last_sha, sizeof(sha));
         v1h[r] = (double)total / upload_round(c, name, 1, fd, total, 0, 1);
+        /* The upload without a local checksum must have delivered the same bytes as the one
+         * whose receipt libsluice checked against its own SHA-256. */
+        if (strcmp(sha, last_sha) != 0) {
+            fprintf(stderr, "ckpt_bench: the daemon got %s without the client hash, %s with it\n",
+                    sha, last_sha);
+            return 1;
+        }
         cd1h[r] = cpu_daemon * 1024 / (double)size_mib;
         cc1h[r] = cpu_client * 1024 / (double)size_mib;
         if (only_one)
