@@ -8,7 +8,10 @@ For each size it draws lognormal(mu 5.5, sigma 1) lengths clipped to [1, 4096] w
 2026), writes them as raw u32, and
 - runs the C benchmark once per strategy, each in a fresh process (so the peak-RSS figure is
   that configuration's own): median plan time over --runs, padding fraction, fill, batch count,
-  the planner's peak allocation and the process's RSS growth, per sequence;
+  the planner's peak allocation and the process's RSS growth, per sequence (the minimum too:
+  on a shared machine the fastest run is the least disturbed one, so the table also gives the
+  ratio of minimums and of median CPU times (process CPU time leaves out the time other
+  processes held the core) next to the ratio of medians);
 - runs a fairseq-style batch_by_size on the same lengths with numpy: indices sorted by length
   over the whole epoch, then the greedy cut under the padded cost (batch size x longest <=
   max_tokens), one vectorized step per batch; the time is the median of --baseline-runs. Two
@@ -68,10 +71,12 @@ def fairseq_batch_by_size(lengths, max_tokens, perm=None, max_sentences=1 << 20)
 def baseline(lengths, runs, shuffled=False):
     times = []
     perm = np.random.default_rng(1).permutation(len(lengths)) if shuffled else None
+    cpu = []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         order, sl, starts, counts = fairseq_batch_by_size(lengths, MAX_TOKENS, perm)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     ends = starts + counts - 1
     padded = int(np.sum(counts * sl[ends]))
     real = int(np.sum(sl))
@@ -82,6 +87,8 @@ def baseline(lengths, runs, shuffled=False):
         "n": len(lengths),
         "runs": runs,
         "plan_s_median": float(np.median(times)),
+        "plan_s_min": float(np.min(times)),
+        "cpu_s_median": float(np.median(cpu)),
         "batches": nb,
         "padding_fraction": (padded - real) / padded,
         "fill": real / (nb * MAX_TOKENS),
@@ -115,13 +122,18 @@ def main():
             rows.append(baseline(lengths, args.baseline_runs, shuffled=True))
             print(f"\n## n = {n:,}  (mean length {lengths.mean():.1f}, "
                   f"max_tokens {MAX_TOKENS})\n")
-            print("| strategy | window | plan s (median) | vs baseline | batches | padding | "
+            print("| strategy | window | plan s (median) | vs baseline | plan s (min) | "
+                  "vs baseline (min) | CPU s (median) | vs baseline (CPU) | batches | padding | "
                   "fill | peak B/seq | RSS growth B/seq |")
-            print("|---|---|---|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             for r in rows:
                 speed = base["plan_s_median"] / r["plan_s_median"]
+                speed_min = base["plan_s_min"] / r["plan_s_min"]
+                speed_cpu = base["cpu_s_median"] / r["cpu_s_median"]
                 print(f"| {r['strategy']} | {r.get('window', 'epoch (sorted)')} | "
-                      f"{r['plan_s_median']:.3f} | {speed:.0f}x | {r['batches']} | "
+                      f"{r['plan_s_median']:.3f} | {speed:.1f}x | {r['plan_s_min']:.3f} | "
+                      f"{speed_min:.1f}x | {r['cpu_s_median']:.3f} | {speed_cpu:.1f}x | "
+                      f"{r['batches']} | "
                       f"{100 * r['padding_fraction']:.2f}% | {100 * r['fill']:.2f}% | "
                       f"{r.get('peak_bytes_per_seq', float('nan')):.2f} | "
                       f"{r.get('rss_growth_bytes_per_seq', float('nan')):.2f} |")

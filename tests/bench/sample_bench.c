@@ -7,7 +7,8 @@
  * Modes: throughput lists one rank's share with R = 1 (the whole epoch order; at most 2e8
  * indices, so the 1e9 feistel case measures the first 2e8); --share R lists rank 0's share of R
  * replicas at N = 1e7 and 1e8, the figure to put next to torch's DistributedSampler (see
- * sample_bench.py). --shuffle runs the rows of one shuffle mode only. --smoke runs tiny sizes once
+ * sample_bench.py). "worst-walk" is feistel at N = 2^27 + 1, the most cycle-walking.
+ * --shuffle runs the rows of one shuffle mode only. --smoke runs tiny sizes once
  * (for ctest). */
 #define _POSIX_C_SOURCE 200809L
 #include "sample/sample.h"
@@ -165,8 +166,11 @@ int main(int argc, char **argv)
         row("epoch", 1000000, 1, sh, UINT64_MAX, runs);
         row("epoch", 100000000, 1, sh, UINT64_MAX, runs);
     }
-    if (only < 0 || only == SL_SAMPLE_SHUFFLE_FEISTEL)
+    if (only < 0 || only == SL_SAMPLE_SHUFFLE_FEISTEL) {
         row("epoch-2e8", 1000000000, 1, SL_SAMPLE_SHUFFLE_FEISTEL, 200000000, runs);
+        /* Just above a power of two: nearly half of every pass walks out of [0, N). */
+        row("worst-walk", (UINT64_C(1) << 27) + 1, 1, SL_SAMPLE_SHUFFLE_FEISTEL, UINT64_MAX, runs);
+    }
     for (int sh = 1; sh < 3; sh++) {
         if (only >= 0 && sh != only)
             continue;
