@@ -1229,7 +1229,9 @@ int sl_batch_plan_new(sl_batch_plan **out, const sl_batch_config *cfg, const uin
         goto out;
     }
 
-    if (carry_mode(&p, win)) {
+    if (p.n_idx == 0) {
+        /* Nothing kept (every sequence skipped): no windows to sort, and no scratch. */
+    } else if (carry_mode(&p, win)) {
         if ((err = plan_carry(&p, win, &n)) != 0)
             goto out;
     } else {

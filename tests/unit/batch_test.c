@@ -863,6 +863,43 @@ static void test_carry(void)
     free(pos);
 }
 
+static void test_all_skipped(void)
+{
+    /* Every sequence over max_seq_len and skipped: an empty plan for every strategy and window
+     * (the carrying and packed paths too), no scratch touched. */
+    size_t n = 300;
+    uint32_t *len = malloc(n * sizeof(uint32_t));
+    uint64_t *order = malloc(n * sizeof(uint64_t));
+
+    for (size_t i = 0; i < n; i++) {
+        len[i] = 1000 + (uint32_t)i;
+        order[i] = n - 1 - i;
+    }
+    for (int s = 0; s < 4; s++) {
+        static const uint64_t windows[] = {0, 1, 7, 16};
+
+        for (size_t w = 0; w < 4; w++) {
+            sl_batch_config c = base((sl_batch_strategy)s, 8, 512);
+            sl_batch_plan *p;
+            sl_batch_stats st;
+
+            c.overlong = SL_BATCH_SKIP;
+            c.window = windows[w];
+            c.replicas = 2;
+            p = plan_or_die(&c, len, n, order, n);
+            if (!p)
+                continue;
+            sl_batch_plan_stats(p, -1, &st);
+            CHECK(st.batches == 0 && st.skipped == n && sl_batch_plan_batches_per_rank(p) == 0,
+                  "%s W=%" PRIu64 ": %" PRIu64 " batches, %" PRIu64 " skipped",
+                  sl_batch_strategy_name(c.strategy), c.window, st.batches, st.skipped);
+            sl_batch_plan_free(p);
+        }
+    }
+    free(len);
+    free(order);
+}
+
 static void test_compact_gather(void)
 {
     /* Shuffled inputs of 2^20 lengths or more with max_seq_len < 65535 are gathered from a
@@ -973,6 +1010,7 @@ int main(void)
     test_balance();
     test_quality_and_memory();
     test_carry();
+    test_all_skipped();
     test_compact_gather();
 #ifdef SL_HAVE_SAMPLE
     test_with_sampler();
