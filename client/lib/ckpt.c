@@ -517,11 +517,10 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
         size_t n = size - off < chunk ? (size_t)(size - off) : chunk;
         uint8_t *buf;
         if (!hs.running) {
-            /* No local checksum: read each chunk straight into the buffer that is sent, while
-             * the previous chunk is still being sent. */
+            /* No local checksum: read each chunk straight into the buffer that is sent. */
             read_arg ra = {fd, off, 0};
-            err = sl_rpc_stream_write_bytes(s, SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK, n,
-                                            SL_RPC_SEND_NOWAIT, read_fill, &ra);
+            err = sl_rpc_stream_write_bytes(s, SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK, n, 0,
+                                            read_fill, &ra);
             if (ra.err) {
                 sl_rpc_stream_cancel(s);
                 err = sl_client_set_error(ra.err, "cannot read the shard at offset %llu: %s",
