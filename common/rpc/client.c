@@ -35,7 +35,6 @@ struct sl_rpc_stream {
     const char *error_string;
     int got_init_md;
     int status_plucked;
-    grpc_byte_buffer *pending; /* a message sent with SL_RPC_SEND_NOWAIT, not yet completed */
     /* Distinct addresses serve as tags. */
     char t_md, t_write, t_read, t_close, t_status;
 };
@@ -451,39 +450,17 @@ int sl_rpc_stream_open(sl_rpc_stream **out, sl_rpc_client *c, const char *method
     return 0;
 }
 
-/* Wait for the message sent with SL_RPC_SEND_NOWAIT, if any. Returns 0 or SL_ERPC if it failed. */
-static int wait_pending(sl_rpc_stream *s)
-{
-    int ok;
-
-    if (!s->pending)
-        return 0;
-    ok = pluck(s->cq, &s->t_write);
-    grpc_byte_buffer_destroy(s->pending);
-    s->pending = NULL;
-    return ok ? 0 : SL_ERPC;
-}
-
 static int write_bb(sl_rpc_stream *s, grpc_byte_buffer *bb, int flags)
 {
     grpc_op op;
     int ok = 0;
 
-    if (wait_pending(s) != 0) {
-        grpc_byte_buffer_destroy(bb);
-        return SL_ERPC;
-    }
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_SEND_MESSAGE;
     op.data.send_message.send_message = bb;
     op.flags = (flags & SL_RPC_SEND_MORE) ? GRPC_WRITE_BUFFER_HINT : 0;
-    if (grpc_call_start_batch(s->call, &op, 1, &s->t_write, NULL) == GRPC_CALL_OK) {
-        if (flags & SL_RPC_SEND_NOWAIT) {
-            s->pending = bb;
-            return 0;
-        }
+    if (grpc_call_start_batch(s->call, &op, 1, &s->t_write, NULL) == GRPC_CALL_OK)
         ok = pluck(s->cq, &s->t_write);
-    }
     grpc_byte_buffer_destroy(bb);
     return ok ? 0 : SL_ERPC;
 }
@@ -539,8 +516,6 @@ int sl_rpc_stream_close_send(sl_rpc_stream *s)
 {
     grpc_op op;
 
-    if (wait_pending(s) != 0)
-        return SL_ERPC;
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     if (grpc_call_start_batch(s->call, &op, 1, &s->t_close, NULL) != GRPC_CALL_OK)
@@ -556,8 +531,6 @@ int sl_rpc_stream_read(sl_rpc_stream *s, const ProtobufCMessageDescriptor *desc,
     size_t n = 0;
 
     *msg = NULL;
-    if (wait_pending(s) != 0)
-        return SL_ERPC;
     memset(ops, 0, sizeof(ops));
     if (!s->got_init_md) {
         ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
@@ -584,7 +557,6 @@ int sl_rpc_stream_read(sl_rpc_stream *s, const ProtobufCMessageDescriptor *desc,
 
 int sl_rpc_stream_finish(sl_rpc_stream *s, sl_rpc_status *st)
 {
-    wait_pending(s); /* its failure shows in the status */
     if (!s->got_init_md) {
         /* The status of a call whose initial metadata nobody asked for may never complete. */
         grpc_op op;
@@ -611,11 +583,10 @@ void sl_rpc_stream_free(sl_rpc_stream *s)
 {
     if (!s)
         return;
-    if (!s->status_plucked)
+    if (!s->status_plucked) {
         grpc_call_cancel(s->call, NULL);
-    wait_pending(s);
-    if (!s->status_plucked)
         pluck(s->cq, &s->t_status);
+    }
     grpc_call_unref(s->call);
     drain_and_destroy(s->cq);
     grpc_slice_unref(s->details);

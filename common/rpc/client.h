@@ -71,15 +71,9 @@ void sl_rpc_async_free(sl_rpc_async *a);
 int sl_rpc_stream_open(sl_rpc_stream **out, sl_rpc_client *c, const char *method,
                        int64_t timeout_ms);
 
-/* Flag for the stream writes below: return as soon as the message is handed to gRPC instead of
- * waiting until the transport accepted it, so the caller can prepare the next message meanwhile.
- * The next operation on the stream (a write, close_send, read, finish or free) waits for it first;
- * if it failed, that write, close_send or read returns SL_ERPC. */
-#define SL_RPC_SEND_NOWAIT 2
-
 /* Send one message; blocks until the transport accepted it. flags: SL_RPC_SEND_MORE (the write may
- * be buffered until a later write without it), SL_RPC_SEND_NOWAIT. Returns 0, or SL_ERPC if the
- * call has ended (sl_rpc_stream_finish tells why). */
+ * be buffered until a later write without it). Returns 0, or SL_ERPC if the call has ended
+ * (sl_rpc_stream_finish tells why). */
 int sl_rpc_stream_write(sl_rpc_stream *s, const ProtobufCMessage *msg, int flags);
 int sl_rpc_stream_write_raw(sl_rpc_stream *s, const void *buf, size_t len, int flags);
 

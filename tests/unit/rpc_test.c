@@ -510,59 +510,6 @@ static void test_write_bytes(void)
     sl_rpc_client_free(c);
 }
 
-/* SL_RPC_SEND_NOWAIT: writes return before the transport took them; the next operation waits.
- * Every message must still arrive in order, and a stream freed with a write in flight must free
- * it (ASan checks). */
-static void test_send_nowait(void)
-{
-    Sluice__Test__Num num = SLUICE__TEST__NUM__INIT;
-    sl_rpc_client *c = new_client();
-    sl_rpc_stream *s = NULL;
-    ProtobufCMessage *msg = NULL;
-    sl_rpc_status st;
-    int r;
-
-    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Sum", 10000) == 0, "open");
-    for (int i = 1; i <= 100; i++) {
-        num.value = i;
-        CHECK(sl_rpc_stream_write(s, &num.base, SL_RPC_SEND_NOWAIT) == 0, "write %d", i);
-    }
-    CHECK(sl_rpc_stream_close_send(s) == 0, "close_send");
-    r = sl_rpc_stream_read(s, &sluice__test__sum_response__descriptor, &msg);
-    CHECK(r == 1, "read %d", r);
-    if (r == 1) {
-        Sluice__Test__SumResponse *m = (void *)msg;
-        CHECK(m->sum == 5050 && m->messages == 100, "sum %lld messages %llu", (long long)m->sum,
-              (unsigned long long)m->messages);
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    CHECK(sl_rpc_stream_finish(s, &st) == 0, "status %d %s", st.code, st.message);
-    sl_rpc_stream_free(s);
-
-    /* A message in flight when the stream is freed. */
-    s = NULL;
-    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Echo", 5000) == 0, "open");
-    CHECK(sl_rpc_stream_write_bytes(s, 2, 60000, SL_RPC_SEND_NOWAIT, fill_pattern, NULL) == 0,
-          "write_bytes");
-    sl_rpc_stream_free(s);
-
-    /* A write after the call ended reports it. */
-    s = NULL;
-    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Sum", 5000) == 0, "open");
-    num.value = 1;
-    CHECK(sl_rpc_stream_write(s, &num.base, SL_RPC_SEND_NOWAIT) == 0, "write");
-    sl_rpc_stream_cancel(s);
-    r = 0;
-    for (int i = 0; i < 3 && r == 0; i++)
-        r = sl_rpc_stream_write(s, &num.base, SL_RPC_SEND_NOWAIT);
-    CHECK(r == SL_ERPC, "write after cancel: %d", r);
-    CHECK(sl_rpc_stream_finish(s, &st) == SL_ECANCELLED && st.code == SL_RPC_CANCELLED,
-          "status %d %s", st.code, st.message);
-    sl_rpc_stream_free(s);
-    CHECK(wait_idle(c, 5) == 0, "calls left on the server");
-    sl_rpc_client_free(c);
-}
-
 typedef struct worker {
     sl_rpc_client *c;
     int ok;
@@ -862,7 +809,6 @@ int main(void)
         {"strings", test_strings},
         {"bytes_field", test_bytes_field},
         {"write_bytes", test_write_bytes},
-        {"send_nowait", test_send_nowait},
         {"concurrent", test_concurrent},
         {"async", test_async},
         {"tls", test_tls},
