@@ -135,6 +135,41 @@ static double run_async(sl_rpc_client *c, int in_flight, double secs, int *error
     return (double)calls / (now_s() - t0);
 }
 
+typedef struct async_job {
+    sl_rpc_client *c;
+    int in_flight;
+    double secs, rate;
+    int errors;
+} async_job;
+
+static void *async_thread(void *arg)
+{
+    async_job *j = arg;
+
+    j->rate = run_async(j->c, j->in_flight, j->secs, &j->errors);
+    return NULL;
+}
+
+/* `threads` threads, each keeping in_flight/threads async calls outstanding. */
+static double run_async_threads(sl_rpc_client *c, int in_flight, int threads, double secs,
+                                int *errors)
+{
+    pthread_t t[8];
+    async_job j[8];
+    double total = 0;
+
+    for (int i = 0; i < threads; i++) {
+        j[i] = (async_job){c, in_flight / threads, secs, 0, 0};
+        pthread_create(&t[i], NULL, async_thread, &j[i]);
+    }
+    for (int i = 0; i < threads; i++) {
+        pthread_join(t[i], NULL);
+        total += j[i].rate;
+        *errors += j[i].errors;
+    }
+    return total;
+}
+
 static double run_stream(sl_rpc_client *c, uint64_t count, uint32_t payload, int *errors)
 {
     Sluice__Test__CountRequest req = SLUICE__TEST__COUNT_REQUEST__INIT;
@@ -172,7 +207,7 @@ static void print_row(const char *what, double *v, int runs)
 int main(int argc, char **argv)
 {
     int runs = 5, errors = 0;
-    double secs = 2.0, u1[32], u32[32], a32[32], st[32];
+    double secs = 2.0, u1[32], u32[32], a32[32], b32[32], st[32];
     uint64_t stream_msgs = 1000000;
     uint32_t payload = 8;
     int to_child[2], from_child[2], port = 0;
@@ -236,11 +271,13 @@ int main(int argc, char **argv)
         u1[r] = run_unary(c, 1, secs, &errors);
         u32[r] = run_unary(c, 32, secs, &errors);
         a32[r] = run_async(c, 32, secs, &errors);
+        b32[r] = run_async_threads(c, 32, 2, secs, &errors);
         st[r] = run_stream(c, stream_msgs, payload, &errors);
     }
     print_row("unary calls/s, 1 in flight (blocking)", u1, runs);
     print_row("unary calls/s, 32 threads x 1 blocking", u32, runs);
     print_row("unary calls/s, 32 in flight (async)", a32, runs);
+    print_row("unary calls/s, 32 in flight (2 x 16 async)", b32, runs);
     print_row("server-streamed messages/s", st, runs);
     printf("errors: %d\n", errors);
 
