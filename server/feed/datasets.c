@@ -209,6 +209,23 @@ static void upload_free(void *p)
     free(u);
 }
 
+/* Drops the temporary file before a failure is answered, so a client that sees the
+ * error never sees the file (upload_free runs only after the status is sent). */
+static void upload_discard(upload *u)
+{
+    if (u->fd >= 0) {
+        close(u->fd);
+        unlink(u->tmp);
+        u->fd = -1;
+    }
+}
+
+#define UPLOAD_FAIL(call, u, ...)                                                                  \
+    do {                                                                                           \
+        upload_discard(u);                                                                         \
+        sl_rpc_call_fail(call, __VA_ARGS__);                                                       \
+    } while (0)
+
 static void upload_start(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     upload *u = calloc(1, sizeof(*u));
@@ -274,8 +291,8 @@ static int upload_open(sl_rpc_call *call, upload *u, const char *name)
     if (!err)
         err = sl_sha256_reset(u->sha);
     if (err)
-        return sl_rpc_call_fail(call, err, "hashing unavailable"), err;
-    return 0;
+        UPLOAD_FAIL(call, u, err, "hashing unavailable");
+    return err;
 }
 
 static int write_all(int fd, const uint8_t *p, size_t n)
@@ -299,12 +316,12 @@ static void upload_finish(sl_rpc_call *call, upload *u)
     int err;
 
     if (u->fd < 0) {
-        sl_rpc_call_fail(call, SL_EINVAL, "empty stream: the first message must name a dataset");
+        UPLOAD_FAIL(call, u, SL_EINVAL, "empty stream: the first message must name a dataset");
         return;
     }
     if (u->got != u->samples) {
-        sl_rpc_call_fail(call, SL_EINVAL, "got %llu lengths, dataset '%s' has %llu samples",
-                         (unsigned long long)u->got, u->name, (unsigned long long)u->samples);
+        UPLOAD_FAIL(call, u, SL_EINVAL, "got %llu lengths, dataset '%s' has %llu samples",
+                    (unsigned long long)u->got, u->name, (unsigned long long)u->samples);
         return;
     }
     err = sl_sha256_final(u->sha, hex);
@@ -315,14 +332,14 @@ static void upload_finish(sl_rpc_call *call, upload *u)
     if (!err && rename(u->tmp, path) != 0)
         err = -errno;
     if (err) {
-        sl_rpc_call_fail(call, err, "could not store the lengths file: %s", sl_strerror(err));
+        UPLOAD_FAIL(call, u, err, "could not store the lengths file: %s", sl_strerror(err));
         return;
     }
     close(u->fd);
     u->fd = -1;
     snprintf(dir, sizeof(dir), "%s/datasets", u->f->data_dir);
     if ((err = fsync_dir(dir)) != 0) {
-        sl_rpc_call_fail(call, err, "could not sync %s: %s", dir, sl_strerror(err));
+        UPLOAD_FAIL(call, u, err, "could not sync %s: %s", dir, sl_strerror(err));
         return;
     }
     err = sl_cat_dataset_set_lengths(u->f->cat, u->name, hex);
@@ -330,7 +347,7 @@ static void upload_finish(sl_rpc_call *call, upload *u)
         /* The dataset was deleted while its lengths arrived: leave no file behind. */
         if (err == SL_ENOTFOUND)
             unlink(path);
-        sl_rpc_call_fail(call, err, "dataset '%s': %s", u->name, sl_strerror(err));
+        UPLOAD_FAIL(call, u, err, "dataset '%s': %s", u->name, sl_strerror(err));
         return;
     }
     sl_log_info("lengths_stored", "dataset=%s samples=%llu sha256=%s", u->name,
@@ -354,20 +371,20 @@ static void upload_message(sl_rpc_call *call, const ProtobufCMessage *m, void *a
         if (upload_open(call, u, req->name) != 0)
             return;
     } else if (req->name[0] && strcmp(req->name, u->name) != 0) {
-        sl_rpc_call_fail(call, SL_EINVAL, "dataset changed mid-stream from '%s' to '%.140s'",
-                         u->name, req->name);
+        UPLOAD_FAIL(call, u, SL_EINVAL, "dataset changed mid-stream from '%s' to '%.140s'", u->name,
+                    req->name);
         return;
     }
     if (req->n_lengths > u->samples - u->got) {
-        sl_rpc_call_fail(call, SL_EINVAL, "more than %llu lengths for dataset '%s'",
-                         (unsigned long long)u->samples, u->name);
+        UPLOAD_FAIL(call, u, SL_EINVAL, "more than %llu lengths for dataset '%s'",
+                    (unsigned long long)u->samples, u->name);
         return;
     }
     bytes = req->n_lengths * 4;
     if (bytes > u->buf_cap) {
         uint8_t *p = realloc(u->buf, bytes);
         if (!p) {
-            sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+            UPLOAD_FAIL(call, u, -ENOMEM, "out of memory");
             return;
         }
         u->buf = p;
@@ -376,8 +393,8 @@ static void upload_message(sl_rpc_call *call, const ProtobufCMessage *m, void *a
     for (size_t i = 0; i < req->n_lengths; i++) {
         uint32_t v = req->lengths[i];
         if (v == 0) {
-            sl_rpc_call_fail(call, SL_EINVAL, "length 0 for sample %llu (lengths must be >= 1)",
-                             (unsigned long long)(u->got + i));
+            UPLOAD_FAIL(call, u, SL_EINVAL, "length 0 for sample %llu (lengths must be >= 1)",
+                        (unsigned long long)(u->got + i));
             return;
         }
         u->buf[4 * i] = (uint8_t)v;
@@ -389,7 +406,7 @@ static void upload_message(sl_rpc_call *call, const ProtobufCMessage *m, void *a
     if (!err)
         err = sl_sha256_update(u->sha, u->buf, bytes);
     if (err) {
-        sl_rpc_call_fail(call, err, "could not write the lengths file: %s", sl_strerror(err));
+        UPLOAD_FAIL(call, u, err, "could not write the lengths file: %s", sl_strerror(err));
         return;
     }
     u->got += req->n_lengths;
