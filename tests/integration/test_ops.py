@@ -343,11 +343,17 @@ class MetricsTest(unittest.TestCase):
                 ck.upload("j", "c1", 0, b"x" * 4096)
                 ck.commit("j", "c1")
                 self.assertTrue(ck.verify("j", "c1", deep=True).ok)
-            time.sleep(5.5)  # the checkpoint gauge refreshes every 5 s
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                self.assertEqual(resp.status, 200)
-                self.assertIn("text/plain", resp.headers["Content-Type"])
-                text = resp.read().decode()
+            # The checkpoint gauge refreshes every 5 s: poll for it (a slow machine may need more).
+            deadline = time.time() + 60
+            while True:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    self.assertEqual(resp.status, 200)
+                    self.assertIn("text/plain", resp.headers["Content-Type"])
+                    text = resp.read().decode()
+                if ('sluice_checkpoints{state="COMPLETE"} 1' in text
+                        and "sluice_rpc_active_streams 0" in text) or time.time() > deadline:
+                    break
+                time.sleep(0.5)
             self.assertRegex(text, r'sluice_rpc_requests_total\{method="/grpc.health.v1.Health/Check",code="OK"\} 5')
             self.assertIn('sluice_rpc_duration_seconds_bucket{method="/sluice.v1.Admin/GetInfo",le="+Inf"} 1', text)
             self.assertRegex(text, r"sluice_process_resident_memory_bytes \d+")
