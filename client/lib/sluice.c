@@ -66,6 +66,7 @@ int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *o
             ro.tls = &tls;
         }
         ro.token = opts ? opts->token : NULL;
+        ro.own_connection = opts ? opts->own_connection : 0;
         err = sl_rpc_client_new(&c->rpc, addr, &ro);
     }
     if (err) {

@@ -19,6 +19,9 @@ typedef struct sl_client_opts {
     const char *tls_cert;
     const char *tls_key;
     const char *token; /* bearer token sent with every call, NULL: none */
+    /* 1: this client gets a TCP connection of its own; by default the clients of one process
+     * that have equal options share one connection (gRPC's subchannel pool). */
+    int own_connection;
 } sl_client_opts;
 
 /* Health of a service as grpc.health.v1 reports it. */

@@ -43,7 +43,7 @@ int sl_rpc_client_new(sl_rpc_client **out, const char *target, const sl_rpc_clie
 {
     sl_rpc_client *c;
     grpc_channel_credentials *creds;
-    grpc_arg args[4];
+    grpc_arg args[5];
     grpc_channel_args chargs;
     int err;
 
@@ -75,6 +75,14 @@ int sl_rpc_client_new(sl_rpc_client **out, const char *target, const sl_rpc_clie
     args[3].key = GRPC_ARG_ENABLE_PER_MESSAGE_COMPRESSION;
     args[3].value.integer = 0;
     chargs.num_args = 4;
+    if (opts && opts->own_connection) {
+        /* gRPC shares one connection among channels whose arguments are equal; a local
+         * subchannel pool gives this channel connections of its own. */
+        args[4].type = GRPC_ARG_INTEGER;
+        args[4].key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
+        args[4].value.integer = 1;
+        chargs.num_args = 5;
+    }
     chargs.args = args;
     c->ch = grpc_channel_create(target, creds, &chargs);
     pthread_mutex_init(&c->mu, NULL);

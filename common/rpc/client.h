@@ -20,6 +20,8 @@ typedef struct sl_rpc_client_opts {
     int max_send_bytes;    /* largest sent message; 0 means unlimited */
     const sl_rpc_tls *tls; /* NULL: plaintext */
     const char *token;     /* sent as "authorization: Bearer <token>" on every call; NULL: none */
+    int own_connection;    /* 1: never share the TCP connection with other channels of this
+                            * process (by default channels with equal options share one) */
 } sl_rpc_client_opts;
 
 /* Open a channel to `target` ("host:port"). Connection happens lazily on the first call.
