@@ -1280,6 +1280,9 @@ int sl_batch_plan_new(sl_batch_plan **out, const sl_batch_config *cfg, const uin
     plan = NULL;
     err = 0;
 out:
+    /* The contract promises a message for every failure; the allocation sites leave it to us. */
+    if (err == -ENOMEM)
+        fail(msg, len, err, "out of memory planning an epoch of %zu samples", n_order);
     free_scratch(&p);
     free(p.idx);
     free(p.recs);
