@@ -7,6 +7,7 @@
 #include "config.h"
 #include "feed/feed.h"
 #include "health.h"
+#include "memtrim.h"
 #include "ops.h"
 #include "rpc/server.h"
 
@@ -28,6 +29,7 @@ typedef struct sl_daemon {
     uv_signal_t sigterm, sigint;
     int stopping;
     sl_ops ops;
+    sl_memtrim memtrim;
 } sl_daemon;
 
 /* The Admin service table; its arg is the daemon. */

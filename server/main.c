@@ -93,6 +93,7 @@ static void on_rpc_stopped(void *arg)
 
     sl_log_info("stopped", NULL);
     sl_ops_stop(&d->ops);
+    sl_memtrim_stop(&d->memtrim);
     uv_close((uv_handle_t *)&d->sigterm, on_handle_closed);
     uv_close((uv_handle_t *)&d->sigint, on_handle_closed);
     /* Closing the handles restored the default action; a repeated signal from an impatient
@@ -205,6 +206,10 @@ int main(int argc, char **argv)
         goto out;
     }
 
+    /* The heap is checked every 10 s: see memtrim.h. */
+    if ((err = sl_memtrim_start(&d.memtrim, &d.loop, 10000)) != 0)
+        sl_log_warn("memtrim_failed", "error=\"%s\"", uv_strerror(err));
+
     uv_signal_init(&d.loop, &d.sigterm);
     uv_signal_init(&d.loop, &d.sigint);
     d.sigterm.data = d.sigint.data = &d;
@@ -232,6 +237,7 @@ out:
     if (d.lock_fd >= 0)
         close(d.lock_fd);
     sl_ops_stop(&d.ops);
+    sl_memtrim_stop(&d.memtrim);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     sl_ops_free(&d.ops);
     if (uv_loop_close(&d.loop) != 0)
