@@ -24,7 +24,8 @@
     X(SL_EUNAVAILABLE, -1013, "unavailable")                                                       \
     X(SL_EAUTH, -1014, "not authenticated")                                                        \
     X(SL_EPERM, -1015, "permission denied")                                                        \
-    X(SL_EUNIMPL, -1016, "not implemented")
+    X(SL_EUNIMPL, -1016, "not implemented")                                                        \
+    X(SL_EDBBUSY, -1017, "catalog busy: another process holds its write lock")
 
 enum sl_err {
 #define SL_ERR_ENUM(name, value, msg) name = value,

@@ -80,12 +80,26 @@ static const char *const migrations[] = {
 
 #define N_MIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
+int sl_cat_code(int rc)
+{
+    switch (rc & 0xff) {
+    case SQLITE_FULL:
+        return -ENOSPC;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+        return SL_EDBBUSY;
+    default:
+        return SL_EDB;
+    }
+}
+
 int sl_cat_fail(sl_cat *cat, const char *op)
 {
+    int rc = sqlite3_extended_errcode(cat->db);
+
     atomic_fetch_add(&cat->errors, 1);
-    sl_log_error("catalog_error", "op=%s code=%d msg=\"%s\"", op, sqlite3_extended_errcode(cat->db),
-                 sqlite3_errmsg(cat->db));
-    return SL_EDB;
+    sl_log_error("catalog_error", "op=%s code=%d msg=\"%s\"", op, rc, sqlite3_errmsg(cat->db));
+    return sl_cat_code(rc);
 }
 
 int sl_cat_prepare(sl_cat *cat, sqlite3_stmt **st, const char *sql, const char *op)

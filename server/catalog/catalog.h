@@ -4,6 +4,12 @@
  * committed row survives a crash. Its schema evolves by numbered migrations, applied in order at
  * open, each in its own transaction; the schema_version table records how far it got.
  * A catalog handle belongs to the loop thread.
+ *
+ * A statement that fails returns SL_EDB with SQLite's message logged, except two failures a
+ * client can do something about: a full disk (SQLITE_FULL) returns -ENOSPC, answered
+ * RESOURCE_EXHAUSTED, and a lock another process held longer than the busy timeout (5 s, during
+ * which the loop thread waits) returns SL_EDBBUSY, answered UNAVAILABLE. Either way the failed
+ * transaction is rolled back and the catalog stays as it was.
  */
 #ifndef SL_CATALOG_H
 #define SL_CATALOG_H

@@ -3,7 +3,8 @@
  * A checkpoint is WRITING until every rank's shard is durable and recorded, then COMPLETE; an
  * aborted one is INCOMPLETE. The catalog records only what is already durable on disk. Every
  * function here runs on the loop thread (the catalog handle belongs to it) and returns 0, SL_EDB
- * for a SQLite failure (logged with SQLite's message), or the code named in its comment.
+ * for a SQLite failure (logged with SQLite's message; -ENOSPC or SL_EDBBUSY for a full disk or
+ * a busy catalog, see catalog.h), or the code named in its comment.
  */
 #ifndef SL_CATALOG_CKPT_H
 #define SL_CATALOG_CKPT_H

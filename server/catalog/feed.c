@@ -30,6 +30,15 @@ static int exec_sql(sl_cat *cat, const char *sql, const char *op)
     return 0;
 }
 
+/* End a failed transaction. SQLite may have rolled it back already (it does on some I/O errors
+ * and a full disk); a COMMIT that failed otherwise leaves it open, and every later write would
+ * join it and never be committed. */
+static void rollback(sl_cat *cat)
+{
+    if (!sqlite3_get_autocommit(cat->db))
+        exec_sql(cat, "ROLLBACK", "rollback");
+}
+
 #define DATASET_COLS                                                                               \
     "SELECT d.name, d.samples, d.lengths_sha256, d.created_ms, "                                   \
     "(SELECT count(*) FROM feed_jobs j WHERE j.dataset = d.name) FROM feed_datasets d "
@@ -225,11 +234,11 @@ static int update_and_clear(sl_cat *cat, sqlite3_stmt *st, const char *name, con
         err = run(cat, del, op, 0);
     }
     sqlite3_finalize(del);
-    if (err) {
-        exec_sql(cat, "ROLLBACK", "rollback");
-        return err;
-    }
-    return exec_sql(cat, "COMMIT", "commit");
+    if (!err)
+        err = exec_sql(cat, "COMMIT", "commit");
+    if (err)
+        rollback(cat);
+    return err;
 }
 
 int sl_cat_job_set_epoch(sl_cat *cat, const char *name, uint64_t epoch)
@@ -278,13 +287,10 @@ int sl_cat_feed_begin(sl_cat *cat)
 
 int sl_cat_feed_end(sl_cat *cat, int err)
 {
-    if (err) {
-        exec_sql(cat, "ROLLBACK", "rollback");
-        return err;
-    }
-    err = exec_sql(cat, "COMMIT", "commit");
+    if (!err)
+        err = exec_sql(cat, "COMMIT", "commit");
     if (err)
-        exec_sql(cat, "ROLLBACK", "rollback");
+        rollback(cat);
     return err;
 }
 

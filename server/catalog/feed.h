@@ -8,7 +8,8 @@
  * transaction that changes the job.
  *
  * Every function runs on the loop thread and returns 0, SL_EDB for a SQLite failure (logged with
- * SQLite's message), or the code named in its comment.
+ * SQLite's message; -ENOSPC or SL_EDBBUSY for a full disk or a busy catalog, see catalog.h), or
+ * the code named in its comment.
  */
 #ifndef SL_CATALOG_FEED_H
 #define SL_CATALOG_FEED_H

@@ -14,7 +14,13 @@ struct sl_cat {
     atomic_ulong errors; /* failed statements, for the metrics endpoint */
 };
 
-/* Count and log a failed statement of `op` with SQLite's message; returns SL_EDB. */
+/* The sluice code for a SQLite result code: -ENOSPC for SQLITE_FULL (the disk is full),
+ * SL_EDBBUSY for SQLITE_BUSY and SQLITE_LOCKED (another process held the lock longer than the
+ * busy timeout), SL_EDB for anything else. */
+int sl_cat_code(int rc);
+
+/* Count and log a failed statement of `op` with SQLite's message; returns sl_cat_code of the
+ * connection's last error. */
 int sl_cat_fail(sl_cat *cat, const char *op);
 
 /* Prepare `sql` into *st, or sl_cat_fail. */

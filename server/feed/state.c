@@ -595,7 +595,7 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
     }
     err = sl_cat_job_resize(j->feed->cat, j->name, spec_buf, spec_len, world, blob, blob_len);
     if (err) {
-        snprintf(msg, len, "catalog write failed");
+        snprintf(msg, len, "catalog write failed: %s", sl_strerror(err));
         goto out;
     }
     /* Committed: the old world's streams of this epoch are void. */
