@@ -1,8 +1,10 @@
 /* sluice.v1.Datasets: registration and per-sample lengths files.
  *
  * Lengths arrive as a client stream and are written to a temporary file next to their final
- * name while they are hashed; at the end of the stream the file is made durable and renamed, then
- * the checksum goes into the catalog. Nothing is visible before the bytes are durable. The writes
+ * name while they are hashed; at the end of the stream the file is made durable and staged under
+ * a name carrying its checksum, the checksum goes into the catalog, then the staged file replaces
+ * the old lengths (upload_finish). Nothing is visible before the bytes are durable, and a failed
+ * or interrupted upload never damages the lengths stored before it. The writes
  * run on the loop thread: they are page-cache writes of at most one message (a few MiB) each.
  */
 #include "internal.h"
@@ -75,7 +77,8 @@ static void create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
         return;
     }
     if (err) {
-        sl_rpc_call_fail(call, err, "could not create dataset '%s'", req->name);
+        sl_rpc_call_fail(call, err, "could not create dataset '%s': %s", req->name,
+                         sl_strerror(err));
         return;
     }
     sl_log_info("dataset_created", "name=%s samples=%llu", req->name,
@@ -133,7 +136,7 @@ static void list(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
             err = -ENOMEM;
     }
     if (err) {
-        sl_rpc_call_fail(call, err, "could not list datasets");
+        sl_rpc_call_fail(call, err, "could not list datasets: %s", sl_strerror(err));
         goto out;
     }
     for (size_t i = 0; i < a.n; i++) {
@@ -312,7 +315,7 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 
 static void upload_finish(sl_rpc_call *call, upload *u)
 {
-    char hex[SL_SHARD_HEX_LEN + 1], path[4300], dir[4200];
+    char hex[SL_SHARD_HEX_LEN + 1], path[4300], staged[4500], dir[4200];
     int err;
 
     if (u->fd < 0) {
@@ -324,12 +327,19 @@ static void upload_finish(sl_rpc_call *call, upload *u)
                     (unsigned long long)u->got, u->name, (unsigned long long)u->samples);
         return;
     }
+    /* The complete file is staged under a hidden name that carries its checksum, the catalog
+     * records the checksum, and only then does the file replace the old lengths. A failure or a
+     * crash before the catalog write leaves the old lengths and their row as they were; a crash
+     * after it is finished at startup (feed.c), which can tell from the name whether the staged
+     * file is the one the catalog has. */
+    snprintf(dir, sizeof(dir), "%s/datasets", u->f->data_dir);
     err = sl_sha256_final(u->sha, hex);
     if (!err && fsync(u->fd) != 0)
         err = -errno;
     if (!err)
         err = feed_lengths_path(u->f, u->name, path, sizeof(path));
-    if (!err && rename(u->tmp, path) != 0)
+    snprintf(staged, sizeof(staged), "%s/.%s.lengths.%s.new", dir, u->name, hex);
+    if (!err && rename(u->tmp, staged) != 0)
         err = -errno;
     if (err) {
         UPLOAD_FAIL(call, u, err, "could not store the lengths file: %s", sl_strerror(err));
@@ -337,17 +347,27 @@ static void upload_finish(sl_rpc_call *call, upload *u)
     }
     close(u->fd);
     u->fd = -1;
-    snprintf(dir, sizeof(dir), "%s/datasets", u->f->data_dir);
     if ((err = fsync_dir(dir)) != 0) {
-        UPLOAD_FAIL(call, u, err, "could not sync %s: %s", dir, sl_strerror(err));
+        unlink(staged);
+        sl_rpc_call_fail(call, err, "could not sync %s: %s", dir, sl_strerror(err));
         return;
     }
     err = sl_cat_dataset_set_lengths(u->f->cat, u->name, hex);
     if (err) {
-        /* The dataset was deleted while its lengths arrived: leave no file behind. */
-        if (err == SL_ENOTFOUND)
-            unlink(path);
-        UPLOAD_FAIL(call, u, err, "dataset '%s': %s", u->name, sl_strerror(err));
+        /* The old lengths stay (or the dataset was deleted while its lengths arrived). */
+        unlink(staged);
+        sl_rpc_call_fail(call, err, "dataset '%s': could not record the lengths: %s", u->name,
+                         sl_strerror(err));
+        return;
+    }
+    if (rename(staged, path) != 0 || (err = fsync_dir(dir)) != 0) {
+        /* Recorded but not in place: planning refuses the old file (its checksum differs) until
+         * the next start moves the staged file into place. */
+        err = err ? err : -errno;
+        sl_log_error("lengths_rename_failed", "dataset=%s path=%s error=\"%s\"", u->name, staged,
+                     sl_strerror(err));
+        sl_rpc_call_fail(call, err, "dataset '%s': lengths recorded but not moved into place: %s",
+                         u->name, sl_strerror(err));
         return;
     }
     sl_log_info("lengths_stored", "dataset=%s samples=%llu sha256=%s", u->name,

@@ -4,11 +4,106 @@
 #include "err.h"
 #include "log.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#define STAGED_SUFFIX_LEN (sizeof(".lengths.") - 1 + 64 + sizeof(".new") - 1)
+
+static int ends_with(const char *s, size_t n, const char *suffix)
+{
+    size_t k = strlen(suffix);
+
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Startup: finish or undo the lengths uploads a crash interrupted (upload_finish in datasets.c
+ * writes ".<name>.lengths.<n>.tmp", renames it to ".<name>.lengths.<sha256>.new", records the
+ * checksum in the catalog, then renames the file to "<name>.lengths"):
+ * - a ".tmp" file is an unfinished upload: removed;
+ * - a ".new" file whose checksum is the catalog's was recorded but not moved: moved into place;
+ *   any other ".new" file was never recorded: removed;
+ * - "<name>.lengths" of a dataset the catalog does not have or has without lengths (a crash
+ *   between a delete's commit and its unlink): removed.
+ * Returns 0, or the catalog's error if it cannot be read. */
+static int recover_lengths(sl_feed *f, const char *dir)
+{
+    char name[SL_CAT_FEED_NAME_MAX + 1], from[4400], to[4400];
+    int changed = 0, err = 0;
+    struct dirent *e;
+    DIR *d = opendir(dir);
+
+    if (!d)
+        return 0;
+    while (!err && (e = readdir(d)) != NULL) {
+        const char *file = e->d_name, *action = NULL;
+        size_t n = strlen(file), k;
+        struct stat st;
+        sl_cat_dataset ds;
+        int rc, promote = 0;
+
+        if (fstatat(dirfd(d), file, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (file[0] == '.' && ends_with(file, n, ".tmp")) {
+            action = "removed";
+        } else if (file[0] == '.' && ends_with(file, n, ".new") && n > STAGED_SUFFIX_LEN + 1 &&
+                   strncmp(file + n - STAGED_SUFFIX_LEN, ".lengths.", 9) == 0 &&
+                   (k = n - STAGED_SUFFIX_LEN - 1) < sizeof(name)) {
+            memcpy(name, file + 1, k);
+            name[k] = '\0';
+            rc = sl_cat_dataset_get(f->cat, &ds, name);
+            if (rc != 0 && rc != SL_ENOTFOUND) {
+                err = rc;
+                break;
+            }
+            promote = rc == 0 && ds.has_lengths &&
+                      strncmp(file + n - STAGED_SUFFIX_LEN + 9, ds.lengths_sha256, 64) == 0;
+            action = promote ? "moved into place" : "removed";
+        } else if (file[0] != '.' && ends_with(file, n, ".lengths") && (k = n - 8) < sizeof(name)) {
+            memcpy(name, file, k);
+            name[k] = '\0';
+            rc = sl_cat_dataset_get(f->cat, &ds, name);
+            if (rc != 0 && rc != SL_ENOTFOUND) {
+                err = rc;
+                break;
+            }
+            if (rc == 0 && ds.has_lengths)
+                continue;
+            action = "removed";
+        } else {
+            continue;
+        }
+        snprintf(from, sizeof(from), "%s/%s", dir, file);
+        if (promote) {
+            snprintf(to, sizeof(to), "%s/%s.lengths", dir, name);
+            rc = rename(from, to);
+        } else {
+            rc = unlink(from);
+        }
+        if (rc != 0) {
+            sl_log_warn("lengths_recover_failed", "file=%s error=\"%s\"", from,
+                        sl_strerror(-errno));
+            continue;
+        }
+        changed = 1;
+        sl_log_info("lengths_recovered", "file=%s action=\"%s\"", file, action);
+    }
+    closedir(d);
+    if (changed) {
+        int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd >= 0) {
+            if (fsync(fd) != 0)
+                sl_log_warn("lengths_recover_failed", "dir=%s error=\"fsync failed\"", dir);
+            close(fd);
+        }
+    }
+    return err;
+}
 
 static int load_job(const sl_cat_job *row, void *arg)
 {
@@ -39,6 +134,16 @@ static int load_job(const sl_cat_job *row, void *arg)
     }
     sl_log_info("job_loaded", "job=%s epoch=%llu world=%u resized_in_epoch=%d", j->name,
                 (unsigned long long)j->epoch, j->spec->world_size, j->src != NULL);
+    /* A crash between the report that completed the epoch (durable) and the write of the next
+     * epoch leaves a complete epoch behind: begin the next one now, as the report would have.
+     * (A batch job's completion is known once its plan is ready; stream.c checks it then.) */
+    if (!j->spec->manual_advance && feed_job_complete(j)) {
+        err = feed_job_advance(j);
+        if (err)
+            sl_log_error("epoch_advance_failed", "job=%s epoch=%llu error=\"%s\"", j->name,
+                         (unsigned long long)j->epoch, sl_strerror(err));
+        return err == SL_EDB ? err : 0;
+    }
     return 0;
 }
 
@@ -65,7 +170,9 @@ int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_di
         free(f);
         return err;
     }
-    err = feed_reports_init(f);
+    err = recover_lengths(f, dir);
+    if (!err)
+        err = feed_reports_init(f);
     if (!err)
         err = sl_cat_job_list(cat, load_job, f);
     if (err) {

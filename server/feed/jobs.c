@@ -303,9 +303,20 @@ static void epoch_report(sl_rpc_call *call, const ProtobufCMessage *m, void *arg
             sl_rpc_call_fail(call, err, "out of memory");
         return;
     }
-    /* Nothing new to record (reports are monotonic). */
+    /* Nothing new to record (reports are monotonic). The epoch may still be complete without
+     * having advanced, if writing the next epoch failed (full disk, busy catalog) after the
+     * completing report was recorded: this retried report advances it. */
+    if (!j->spec->manual_advance && feed_job_complete(j)) {
+        err = feed_job_advance(j);
+        if (err) {
+            sl_rpc_call_fail(call, err, "job '%s': could not begin epoch %llu: %s", j->name,
+                             (unsigned long long)j->epoch + 1, sl_strerror(err));
+            return;
+        }
+        resp.advanced = 1;
+    }
     resp.epoch = j->epoch;
-    resp.position = j->progress[dp];
+    resp.position = resp.advanced ? req->position : j->progress[dp];
     sl_rpc_call_reply(call, &resp.base);
 }
 
