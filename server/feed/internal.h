@@ -194,6 +194,12 @@ void feed_streams_epoch_began(fjob *j);
 /* Batch plan p finished: start the job's streams waiting for it. */
 void feed_streams_plan_ready(fjob *j, const fplan *p);
 
+/* Read a dataset's lengths file for planning: exactly 4 * n bytes of little-endian u32 whose
+ * SHA-256 (lowercase hex) is `sha256`, else SL_ECORRUPT (or -errno, -ENOMEM) with `msg` set.
+ * On success *out holds the n lengths; caller frees. Thread-safe (worker pool). */
+int feed_read_lengths(uint32_t **out, const char *path, uint64_t n, const char *sha256, char *msg,
+                      size_t len);
+
 /* Ask for the current epoch's plan (starts it on the worker pool if needed). */
 int feed_plan_request(fjob *j, char *msg, size_t len);
 

@@ -535,8 +535,8 @@ void feed_streams_plan_ready(fjob *j, const fplan *p)
 
 /* ---- batch plans on the worker pool ---- */
 
-static int read_lengths(uint32_t **out, const char *path, uint64_t n, const char *sha256, char *msg,
-                        size_t len)
+int feed_read_lengths(uint32_t **out, const char *path, uint64_t n, const char *sha256, char *msg,
+                      size_t len)
 {
     uint32_t *v = NULL;
     uint8_t *raw;
@@ -547,6 +547,12 @@ static int read_lengths(uint32_t **out, const char *path, uint64_t n, const char
     int fd = open(path, O_RDONLY | O_CLOEXEC), err = 0;
 
     *out = NULL;
+    /* 4 * n must not wrap: a count of 2^62 + 5 would otherwise match a 20-byte file. */
+    if (n > SIZE_MAX / 4) {
+        err = SL_ECORRUPT;
+        snprintf(msg, len, "%llu lengths do not fit in memory", (unsigned long long)n);
+        goto out;
+    }
     if (fd < 0 || fstat(fd, &stt) != 0) {
         err = -errno;
         snprintf(msg, len, "cannot open the lengths file: %s", sl_strerror(err));
@@ -607,7 +613,7 @@ static void plan_work(uv_work_t *w)
     uint64_t *order = NULL;
     uint64_t n = p->scfg.samples;
 
-    p->err = read_lengths(&lengths, p->path, n, p->sha256, p->msg, sizeof(p->msg));
+    p->err = feed_read_lengths(&lengths, p->path, n, p->sha256, p->msg, sizeof(p->msg));
     if (p->err)
         goto out;
     order = malloc(sizeof(*order) * n);

@@ -50,3 +50,5 @@ target_include_directories(fuzz_lengths PRIVATE "${PROJECT_SOURCE_DIR}/client/cl
 sl_fuzz_target(fuzz_config sl_fuzz_server)
 sl_fuzz_target(fuzz_feed_rpc sl_fuzz_server)
 sl_fuzz_target(fuzz_ckpt_rpc sl_fuzz_server)
+# feed_read_lengths (server/feed/stream.c): the daemon's lengths-file reader.
+sl_fuzz_target(fuzz_read_lengths sl_fuzz_server)

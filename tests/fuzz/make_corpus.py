@@ -169,9 +169,32 @@ def ckpt():
         .SerializeToString() + b"\x2a\x02\xc0\x80")
 
 
+def read_lengths():
+    # Byte 0: bits 0-1 how the sample count is derived, bits 2-3 the expected hash, bit 4 no file;
+    # byte 1 a parameter, bytes 2-9 a u64 (see fuzz_read_lengths.c).
+    def head(mode, param=0, u=0):
+        return bytes([mode, param]) + struct.pack("<Q", u)
+    data = struct.pack("<5I", 1, 2, 300, 4, 0xffffffff)
+    put("fuzz_read_lengths", "valid", head(0) + data)
+    put("fuzz_read_lengths", "empty", head(0))
+    put("fuzz_read_lengths", "one_more", head(1, 1) + data)
+    put("fuzz_read_lengths", "one_less", head(1, 0xff) + data)
+    put("fuzz_read_lengths", "odd_size", head(0) + data + b"\x07")
+    put("fuzz_read_lengths", "count_given", head(2, 0, 5) + data)
+    put("fuzz_read_lengths", "count_wraps", head(2, 0, 1 << 62))
+    put("fuzz_read_lengths", "count_top_bits", head(3, 0, 0x40) + data)
+    put("fuzz_read_lengths", "upper_hash", head(4) + data)
+    put("fuzz_read_lengths", "given_hash", head(8) + hashlib.sha256(data).hexdigest().encode()
+        + data)
+    put("fuzz_read_lengths", "given_hash_short", head(8) + b"ab" + b"\x00" * 62 + data)
+    put("fuzz_read_lengths", "changed_hash", head(12, 63) + data)
+    put("fuzz_read_lengths", "no_file", head(16) + data)
+
+
 if __name__ == "__main__":
     shard()
     lengths()
     config()
     feed()
     ckpt()
+    read_lengths()
