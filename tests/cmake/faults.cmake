@@ -1,0 +1,18 @@
+# Fault injection (tests/integration/test_faults.py, docs/hardening.md "Fault injection"): SIGKILL
+# at random moments of a mixed workload, a full disk under the data dir, a catalog locked by
+# another process. One ctest per fault so they run in parallel and each stays short.
+# The release build runs 50 kill rounds; the sanitized build 30 (each round costs ~2x there).
+if (SLUICE_SANITIZE STREQUAL "")
+  set(SL_FAULT_ROUNDS 50)
+else ()
+  set(SL_FAULT_ROUNDS 30)
+endif ()
+foreach (fault KillTest DiskFullTest CatalogBusyTest CrashStateTest)
+  string(TOLOWER "${fault}" name)
+  add_test(NAME faults_${name}
+           COMMAND ${SL_PYTHON} -m unittest -v test_faults.${fault}
+           WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+  set_tests_properties(faults_${name} PROPERTIES
+                       ENVIRONMENT "${SL_TEST_ENV};SLUICE_FAULT_ROUNDS=${SL_FAULT_ROUNDS}"
+                       TIMEOUT 300)
+endforeach ()
