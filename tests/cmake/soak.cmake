@@ -1,0 +1,7 @@
+# The load and soak benchmark (tests/bench/soak.c): S concurrent index, batch and upload streams
+# against one sluiced while its RSS and fds are sampled. The real run (512 streams, 10 minutes)
+# is by hand (docs/hardening.md); ctest runs a short smoke round that must end without errors.
+add_executable(soak bench/soak.c)
+target_link_libraries(soak PRIVATE sluice_static Threads::Threads m)
+add_test(NAME soak_smoke COMMAND soak --streams 16 --duration 3 --interval 1 --max-upload-mib 2)
+set_tests_properties(soak_smoke PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120 LABELS bench)
