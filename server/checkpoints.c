@@ -362,7 +362,7 @@ static int find_ckpt(sl_ckpt_svc *s, sl_rpc_call *call, sl_cat_ckpt *ck, const c
     if (err == SL_ENOTFOUND)
         sl_rpc_call_fail(call, err, "checkpoint %s/%s not found", job, name);
     else if (err)
-        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+        sl_rpc_call_fail(call, err, "catalog error");
     return err;
 }
 
@@ -538,7 +538,7 @@ static void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
         return;
     }
     if (err) {
-        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+        sl_rpc_call_fail(call, err, "catalog error");
         return;
     }
     if (created)
@@ -678,7 +678,7 @@ static void ckpt_latest(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     if (err == SL_ENOTFOUND)
         sl_rpc_call_fail(call, err, "job %s has no COMPLETE checkpoint", req->job);
     else if (err)
-        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+        sl_rpc_call_fail(call, err, "catalog error");
     else
         reply_ckpt(call, &ck);
 }
@@ -712,8 +712,9 @@ struct upload {
      * offsets (it also runs the open and finalize steps). A lane job works on [next, end) taken
      * at its start; the loop only appends behind it and frees chunks both lanes passed. */
     struct chunk {
-        ProtobufCMessage *msg;
-        uint64_t off; /* data offset */
+        sl_rpc_bytes *bytes; /* as received: the RPC layer's buffers, no copy */
+        uint64_t off;        /* data offset */
+        size_t len;
     } ring[UP_RING];
     uint64_t seq_tail, seq_free, seq_hash, seq_write, hash_end, write_end;
     uv_work_t work, hwork; /* write lane, hash lane */
@@ -778,7 +779,7 @@ static void ckpt_abort(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
         if (!err)
             err = sl_cat_ckpt_set_state(s->d->cat, ck.id, SL_CKPT_INCOMPLETE, 0);
         if (err) {
-            sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+            sl_rpc_call_fail(call, err, "catalog error");
             return;
         }
         /* End its running uploads now; one finishing its rename removes its file itself. */
@@ -825,7 +826,7 @@ static void ckpt_delete(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     }
     err = delete_ckpt(s, &ck);
     if (err)
-        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+        sl_rpc_call_fail(call, err, "catalog error");
     else
         sl_rpc_call_reply(call, &resp.base);
 }
@@ -1001,7 +1002,7 @@ static void commit_after(uv_work_t *w, int status)
     if (!err)
         err = sl_cat_ckpt_get(s->d->cat, &j->ck, j->ck.job, j->ck.name);
     if (err) {
-        sl_rpc_call_fail(j->call, err, "catalog error: %s", sl_strerror(err));
+        sl_rpc_call_fail(j->call, err, "catalog error");
         goto out;
     }
     sl_log_info("ckpt_commit", "job=%s name=%s world_size=%d bytes=%" PRIu64, j->ck.job, j->ck.name,
@@ -1058,7 +1059,7 @@ static void ckpt_commit(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     err = sl_cat_shard_list(s->d->cat, ck.id, 0, check_shard, &cc);
     note_missing(&cc, cc.next, ck.world_size);
     if (err) {
-        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+        sl_rpc_call_fail(call, err, "catalog error");
         goto out;
     }
     if (cc.n_missing) {
@@ -1108,9 +1109,9 @@ static void up_free_chunks(upload *up, int all)
 
     for (; up->seq_free < upto; up->seq_free++) {
         struct chunk *c = &up->ring[up->seq_free % UP_RING];
-        up->svc->mem_held -= ((const Sluice__V1__UploadShardRequest *)c->msg)->chunk.len;
-        protobuf_c_message_free_unpacked(c->msg, NULL);
-        c->msg = NULL;
+        up->svc->mem_held -= c->len;
+        sl_rpc_bytes_free(c->bytes);
+        c->bytes = NULL;
     }
 }
 
@@ -1266,11 +1267,11 @@ static void up_write_work(uv_work_t *w)
 
     for (uint64_t q = up->seq_write; q < up->write_end && !err; q++) {
         const struct chunk *c = &up->ring[q % UP_RING];
-        const Sluice__V1__UploadShardRequest *m = (const void *)c->msg;
-        err =
-            sl_store_pwrite_all(up->fd, m->chunk.data, m->chunk.len, SL_SHARD_HEADER_SIZE + c->off);
+        int n;
+        const struct iovec *iov = sl_rpc_bytes_iov(c->bytes, &n);
+        err = sl_store_pwritev_all(up->fd, iov, n, SL_SHARD_HEADER_SIZE + c->off);
         if (!err)
-            up->written = c->off + m->chunk.len;
+            up->written = c->off + c->len;
     }
     /* Start writeback of what has accumulated, so the final fsync finds little left to write
      * and the disk works while the rest of the shard arrives. Advisory: errors surface at fsync. */
@@ -1291,8 +1292,10 @@ static void up_hash_work(uv_work_t *w)
     int err = 0;
 
     for (uint64_t q = up->seq_hash; q < up->hash_end && !err; q++) {
-        const Sluice__V1__UploadShardRequest *m = (const void *)up->ring[q % UP_RING].msg;
-        err = sl_sha256_update(up->sha, m->chunk.data, m->chunk.len);
+        int n;
+        const struct iovec *iov = sl_rpc_bytes_iov(up->ring[q % UP_RING].bytes, &n);
+        for (int i = 0; i < n && !err; i++)
+            err = sl_sha256_update(up->sha, iov[i].iov_base, iov[i].iov_len);
     }
     up->herr = err;
 }
@@ -1388,7 +1391,7 @@ static void up_finish(upload *up)
     /* Forget the rank's previous shard before its file is replaced. */
     err = sl_cat_shard_delete(s->d->cat, up->ckpt_id, up->rank);
     if (err) {
-        up_fail(up, err, "catalog error: %s", sl_strerror(err));
+        up_fail(up, err, "catalog error");
         return;
     }
     up->finalizing = 1;
@@ -1418,7 +1421,7 @@ static void up_recorded(upload *up)
     sh.tensors_json = up->tensors_json;
     err = sl_cat_shard_put(s->d->cat, up->ckpt_id, &sh, now_ms());
     if (err) {
-        up_fail(up, err, "catalog error: %s", sl_strerror(err));
+        up_fail(up, err, "catalog error");
         return;
     }
     up_stop(up, 0);
@@ -1598,7 +1601,7 @@ static void up_header(upload *up, const Sluice__V1__ShardHeader *h)
         size_t mine = strlen(up->tensors_json);
         err = sl_cat_ckpt_tensor_bytes(s->d->cat, &others, ck.id, h->rank);
         if (err) {
-            sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+            sl_rpc_call_fail(call, err, "catalog error");
             return;
         }
         if (others + mine > META_MAX) {
@@ -1709,7 +1712,13 @@ static void up_message(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
     }
     if (m->chunk.len > 0) {
         struct chunk *c = &up->ring[up->seq_tail % UP_RING];
-        c->msg = sl_rpc_call_take_message(call);
+        c->bytes = sl_rpc_call_take_bytes(call);
+        if (!c->bytes) {
+            /* The layer hands over every non-empty chunk (bytes_field below). */
+            up_fail(up, SL_EINVAL, "chunk of %zu bytes arrived without its data", m->chunk.len);
+            return;
+        }
+        c->len = m->chunk.len;
         c->off = up->received;
         up->svc->mem_held += m->chunk.len;
         up->seq_tail++;
@@ -2242,7 +2251,7 @@ static void ckpt_verify(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
             v->jobs[n].queued = 1;
     }
     if (err) {
-        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+        sl_rpc_call_fail(call, err, "catalog error");
         goto fail;
     }
     for (int32_t r = 0; r <= n; r++)
@@ -2388,6 +2397,8 @@ static const sl_rpc_method ckpt_methods[] = {
         .on_start = up_start,
         .on_message = up_message,
         .on_cancel = up_cancel,
+        /* Chunks arrive as the received buffers: hashed and written without a copy. */
+        .bytes_field = SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK,
     },
     {
         .name = "UploadStatus",

@@ -3,6 +3,7 @@
 #include "../err.h"
 
 #include <grpc/byte_buffer_reader.h>
+#include <grpc/slice_buffer.h>
 #include <grpc/support/time.h>
 #include <errno.h>
 #include <stdio.h>
@@ -153,6 +154,73 @@ static void slices_copy(uint8_t *dst, const grpc_slice_buffer *sb, size_t off, s
     }
 }
 
+const ProtobufCFieldDescriptor *sl_rpc_bytes_field(const ProtobufCMessageDescriptor *desc,
+                                                   uint32_t field)
+{
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(desc, field);
+
+    if (!f || f->type != PROTOBUF_C_TYPE_BYTES || f->label == PROTOBUF_C_LABEL_REPEATED)
+        return NULL;
+    return f;
+}
+
+/* If the uncompressed wire form in bb is exactly one length-delimited field with a non-empty
+ * value, and that field is a singular bytes field of desc: the field, with *hlen the length of
+ * its tag and length prefix and *len the length of its value. Otherwise NULL. The prefix may span
+ * slices. */
+static const ProtobufCFieldDescriptor *one_bytes_field(const ProtobufCMessageDescriptor *desc,
+                                                       grpc_byte_buffer *bb, size_t *hlen,
+                                                       size_t *len)
+{
+    const grpc_slice_buffer *sb;
+    uint8_t head[15];
+    const uint8_t *p = head, *end;
+    uint64_t tag, n;
+    size_t h;
+
+    if (!bb || bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE)
+        return NULL;
+    sb = &bb->data.raw.slice_buffer;
+    h = sb->length < sizeof(head) ? sb->length : sizeof(head);
+    slices_copy(head, sb, 0, h);
+    end = head + h;
+    /* protobuf-c reads tags and length prefixes of at most 5 bytes; leave odder forms to it. */
+    if (read_varint(&p, end, &tag) != 0 || p - head > 5 || (tag & 7) != 2 || tag >> 3 == 0 ||
+        tag >> 3 > 0x1fffffff)
+        return NULL;
+    h = (size_t)(p - head);
+    if (read_varint(&p, end, &n) != 0 || (size_t)(p - head) - h > 5 || n > UINT32_MAX)
+        return NULL;
+    h = (size_t)(p - head);
+    if (n == 0 || n != sb->length - h)
+        return NULL;
+    *hlen = h;
+    *len = (size_t)n;
+    return sl_rpc_bytes_field(desc, (uint32_t)(tag >> 3));
+}
+
+/* A message of `desc` with every field at its default, as protobuf-c leaves it, except field f,
+ * which is set (present) to len bytes at data (owned by the message; may be NULL). */
+static ProtobufCMessage *message_with_bytes(const ProtobufCMessageDescriptor *desc,
+                                            const ProtobufCFieldDescriptor *f, uint8_t *data,
+                                            size_t len)
+{
+    static const uint8_t empty[1];
+    ProtobufCMessage *msg = protobuf_c_message_unpack(desc, NULL, 0, empty);
+    ProtobufCBinaryData *field;
+
+    if (!msg)
+        return NULL;
+    if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+        *(uint32_t *)((char *)msg + f->quantifier_offset) = f->id;
+    else if (f->label == PROTOBUF_C_LABEL_OPTIONAL)
+        *(protobuf_c_boolean *)((char *)msg + f->quantifier_offset) = 1;
+    field = (ProtobufCBinaryData *)((char *)msg + f->offset);
+    field->len = len;
+    field->data = data;
+    return msg;
+}
+
 /* The fast path of sl_rpc_unpack, for messages whose wire form is exactly one field, a singular
  * (plain, optional or oneof) bytes field: upload and download chunks. The general path flattens
  * the slices into one buffer and protobuf-c copies the field out of it again; here the bytes are
@@ -162,53 +230,21 @@ static void slices_copy(uint8_t *dst, const grpc_slice_buffer *sb, size_t off, s
 static ProtobufCMessage *unpack_one_bytes_field(const ProtobufCMessageDescriptor *desc,
                                                 grpc_byte_buffer *bb)
 {
-    static const uint8_t empty[1];
-    const grpc_slice_buffer *sb;
     const ProtobufCFieldDescriptor *f;
-    ProtobufCBinaryData *field;
     ProtobufCMessage *msg;
-    uint8_t head[15];
-    const uint8_t *p = head, *end;
-    uint64_t tag, len;
-    size_t hlen;
+    size_t hlen, len;
     uint8_t *data;
 
-    if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE)
+    f = one_bytes_field(desc, bb, &hlen, &len);
+    if (!f)
         return NULL;
-    sb = &bb->data.raw.slice_buffer;
-    hlen = sb->length < sizeof(head) ? sb->length : sizeof(head);
-    slices_copy(head, sb, 0, hlen);
-    end = head + hlen;
-    /* protobuf-c reads tags and length prefixes of at most 5 bytes; leave odder forms to it. */
-    if (read_varint(&p, end, &tag) != 0 || p - head > 5 || (tag & 7) != 2 || tag >> 3 == 0 ||
-        tag >> 3 > 0x1fffffff)
+    data = malloc(len);
+    if (!data)
         return NULL;
-    hlen = (size_t)(p - head);
-    if (read_varint(&p, end, &len) != 0 || (size_t)(p - head) - hlen > 5 || len > UINT32_MAX)
-        return NULL;
-    hlen = (size_t)(p - head);
-    if (len == 0 || len != sb->length - hlen)
-        return NULL;
-    f = protobuf_c_message_descriptor_get_field(desc, (unsigned)(tag >> 3));
-    if (!f || f->type != PROTOBUF_C_TYPE_BYTES || f->label == PROTOBUF_C_LABEL_REPEATED)
-        return NULL;
-    /* An empty message of the type: every other field at its default, as protobuf-c leaves it. */
-    msg = protobuf_c_message_unpack(desc, NULL, 0, empty);
+    slices_copy(data, &bb->data.raw.slice_buffer, hlen, len);
+    msg = message_with_bytes(desc, f, data, len);
     if (!msg)
-        return NULL;
-    data = malloc((size_t)len);
-    if (!data) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-        return NULL;
-    }
-    slices_copy(data, sb, hlen, (size_t)len);
-    if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
-        *(uint32_t *)((char *)msg + f->quantifier_offset) = f->id;
-    else if (f->label == PROTOBUF_C_LABEL_OPTIONAL)
-        *(protobuf_c_boolean *)((char *)msg + f->quantifier_offset) = 1;
-    field = (ProtobufCBinaryData *)((char *)msg + f->offset);
-    field->len = (size_t)len;
-    field->data = data;
+        free(data);
     return msg;
 }
 
@@ -238,6 +274,157 @@ ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byt
     }
     grpc_slice_unref(slice);
     grpc_byte_buffer_reader_destroy(&reader);
+    return msg;
+}
+
+/* ---- bytes delivered as received ---- */
+
+struct sl_rpc_bytes {
+    grpc_slice_buffer sb; /* the received slices; empty when `heap` holds the bytes */
+    uint8_t *heap;
+    size_t len;
+    int n_iov;
+    struct iovec iov[];
+};
+
+/* Slices are kept as they are unless there are more than JOIN_BASE + len / JOIN_MIN of them
+ * (a peer sending tiny frames): then they are joined into one allocation, so a range list never
+ * costs much more than the bytes it describes and consumers see few, large ranges. */
+#define JOIN_BASE 64
+#define JOIN_MIN  4096
+
+size_t sl_rpc_bytes_len(const sl_rpc_bytes *b)
+{
+    return b->len;
+}
+
+const struct iovec *sl_rpc_bytes_iov(const sl_rpc_bytes *b, int *n)
+{
+    *n = b->n_iov;
+    return b->iov;
+}
+
+void sl_rpc_bytes_free(sl_rpc_bytes *b)
+{
+    if (!b)
+        return;
+    grpc_slice_buffer_destroy(&b->sb);
+    free(b->heap);
+    free(b);
+}
+
+/* Bytes that own `data` (malloc'd, len > 0). Returns NULL if memory ran out (data is not freed). */
+static sl_rpc_bytes *bytes_adopt(uint8_t *data, size_t len)
+{
+    sl_rpc_bytes *b = malloc(sizeof(*b) + sizeof(struct iovec));
+
+    if (!b)
+        return NULL;
+    grpc_slice_buffer_init(&b->sb);
+    b->heap = data;
+    b->len = len;
+    b->n_iov = 1;
+    b->iov[0].iov_base = data;
+    b->iov[0].iov_len = len;
+    return b;
+}
+
+/* Bytes holding [hlen, hlen + len) of bb, which must be all of it after hlen. The slices move
+ * out of bb (bb is left empty) unless they are too many and small, then they are copied. Returns
+ * NULL if memory ran out; bb is then unchanged. */
+static sl_rpc_bytes *bytes_from_slices(grpc_byte_buffer *bb, size_t hlen, size_t len)
+{
+    grpc_slice_buffer *src = &bb->data.raw.slice_buffer;
+    size_t skip = hlen;
+    sl_rpc_bytes *b;
+    int n = 0;
+
+    if (src->count > JOIN_BASE + len / JOIN_MIN) {
+        uint8_t *data = malloc(len);
+        if (!data)
+            return NULL;
+        slices_copy(data, src, hlen, len);
+        b = bytes_adopt(data, len);
+        if (!b)
+            free(data);
+        return b;
+    }
+    b = malloc(sizeof(*b) + src->count * sizeof(struct iovec));
+    if (!b)
+        return NULL;
+    b->heap = NULL;
+    b->len = len;
+    grpc_slice_buffer_init(&b->sb);
+    grpc_slice_buffer_swap(&b->sb, src);
+    /* After the swap: an inlined slice keeps its bytes inside the slice struct, which now lives
+     * in b->sb and stays put. */
+    for (size_t i = 0; i < b->sb.count; i++) {
+        uint8_t *p = GRPC_SLICE_START_PTR(b->sb.slices[i]);
+        size_t l = GRPC_SLICE_LENGTH(b->sb.slices[i]);
+        if (skip >= l) {
+            skip -= l;
+            continue;
+        }
+        b->iov[n].iov_base = p + skip;
+        b->iov[n].iov_len = l - skip;
+        skip = 0;
+        n++;
+    }
+    b->n_iov = n;
+    return b;
+}
+
+/* 1 if singular field f of msg is set (for a plain proto3 field: non-empty). */
+static int field_present(const ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f)
+{
+    const ProtobufCBinaryData *bd = (const void *)((const char *)msg + f->offset);
+
+    if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+        return *(const uint32_t *)((const char *)msg + f->quantifier_offset) == f->id;
+    if (f->label == PROTOBUF_C_LABEL_OPTIONAL)
+        return *(const protobuf_c_boolean *)((const char *)msg + f->quantifier_offset) != 0;
+    return bd->len > 0;
+}
+
+ProtobufCMessage *sl_rpc_unpack_bytes(const ProtobufCMessageDescriptor *desc, uint32_t field,
+                                      grpc_byte_buffer *bb, sl_rpc_bytes **bytes, char *why,
+                                      size_t why_len)
+{
+    const ProtobufCFieldDescriptor *want = sl_rpc_bytes_field(desc, field);
+    ProtobufCMessage *msg;
+    ProtobufCBinaryData *bd;
+    size_t hlen, len;
+
+    *bytes = NULL;
+    if (want && one_bytes_field(desc, bb, &hlen, &len) == want) {
+        sl_rpc_bytes *b = NULL;
+        msg = message_with_bytes(desc, want, NULL, len);
+        if (msg)
+            b = bytes_from_slices(bb, hlen, len);
+        if (!b) {
+            if (msg)
+                protobuf_c_message_free_unpacked(msg, NULL);
+            if (why && why_len)
+                snprintf(why, why_len, "too large to hold (out of memory)");
+            return NULL;
+        }
+        *bytes = b;
+        return msg;
+    }
+    msg = sl_rpc_unpack(desc, bb, why, why_len);
+    if (!msg || !want || !field_present(msg, want))
+        return msg;
+    bd = (ProtobufCBinaryData *)((char *)msg + want->offset);
+    if (bd->len == 0)
+        return msg;
+    *bytes = bytes_adopt(bd->data, bd->len);
+    if (!*bytes) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        if (why && why_len)
+            snprintf(why, why_len, "too large to hold (out of memory)");
+        return NULL;
+    }
+    bd->data = NULL;
     return msg;
 }
 
@@ -324,7 +511,6 @@ sl_rpc_code sl_rpc_code_from_err(int err)
         return SL_RPC_FAILED_PRECONDITION;
     case SL_ESHUTDOWN:
     case SL_EUNAVAILABLE:
-    case SL_EDBBUSY:
         return SL_RPC_UNAVAILABLE;
     case SL_ECANCELLED:
         return SL_RPC_CANCELLED;

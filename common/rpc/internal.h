@@ -27,6 +27,22 @@ grpc_byte_buffer *sl_rpc_pack_raw(const void *buf, size_t len);
 ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb,
                                 char *why, size_t why_len);
 
+/* sl_rpc_unpack for a message type whose singular bytes field number `field` is delivered as an
+ * sl_rpc_bytes. On success *bytes holds that field's bytes and the message's field keeps its len
+ * but has data NULL; *bytes is NULL (and len 0) when the field is absent or empty. A message that
+ * is exactly that one field keeps the received slices themselves (moved out of bb, which the
+ * caller still destroys): no copy at all. Any other shape is decoded as sl_rpc_unpack does and
+ * the field's allocation moves into *bytes. Returns the message or NULL (invalid, or out of
+ * memory; `why` says which). The caller frees the message and sl_rpc_bytes_free(*bytes). */
+ProtobufCMessage *sl_rpc_unpack_bytes(const ProtobufCMessageDescriptor *desc, uint32_t field,
+                                      grpc_byte_buffer *bb, sl_rpc_bytes **bytes, char *why,
+                                      size_t why_len);
+
+/* The field descriptor of a singular (plain, optional or oneof) bytes field number `field` of
+ * `desc`, or NULL if there is no such field. */
+const ProtobufCFieldDescriptor *sl_rpc_bytes_field(const ProtobufCMessageDescriptor *desc,
+                                                   uint32_t field);
+
 /* Server credentials for `tls` (NULL: plaintext). Returns 0 and *out (release with
  * grpc_server_credentials_release), or the error of an unreadable or non-PEM file (logged with
  * its path). */

@@ -6,6 +6,7 @@
 #define SL_RPC_H
 
 #include <stddef.h>
+#include <sys/uio.h>
 
 /* gRPC status codes, same numbers as on the wire. */
 typedef enum sl_rpc_code {
@@ -46,6 +47,24 @@ typedef struct sl_rpc_tls {
     const char *key_file;
     const char *ca_file;
 } sl_rpc_tls;
+
+/* The bytes of one received field, kept in the buffers they arrived in (no copy): a list of
+ * memory ranges, in order, whose lengths add up to sl_rpc_bytes_len(). The server hands them out
+ * for methods that ask for it (sl_rpc_method.bytes_field, sl_rpc_call_take_bytes). An
+ * sl_rpc_bytes is immutable: any number of threads may read it at once. */
+typedef struct sl_rpc_bytes sl_rpc_bytes;
+
+/* Total length in bytes. Thread-safe. */
+size_t sl_rpc_bytes_len(const sl_rpc_bytes *b);
+
+/* The ranges: returns the array and sets *n to its length (at least 1; at most one range per
+ * received buffer, and few: many tiny buffers are joined into one). Valid until the bytes are
+ * freed. Thread-safe. */
+const struct iovec *sl_rpc_bytes_iov(const sl_rpc_bytes *b, int *n);
+
+/* Release the bytes. Any thread, but before the server that delivered them is freed. Accepts
+ * NULL. */
+void sl_rpc_bytes_free(sl_rpc_bytes *b);
 
 /* "OK", "INVALID_ARGUMENT", ... Static string. Thread-safe. */
 const char *sl_rpc_code_name(sl_rpc_code code);

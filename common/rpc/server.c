@@ -94,6 +94,7 @@ struct sl_rpc_call {
     void *data;
     void (*data_free)(void *);
     ProtobufCMessage *cur_msg; /* the message being delivered, unless the handler took it */
+    sl_rpc_bytes *cur_bytes;   /* its bytes_field, unless the handler took them */
     uint64_t bytes_in, bytes_out;
 };
 
@@ -507,6 +508,14 @@ ProtobufCMessage *sl_rpc_call_take_message(sl_rpc_call *call)
     return msg;
 }
 
+sl_rpc_bytes *sl_rpc_call_take_bytes(sl_rpc_call *call)
+{
+    sl_rpc_bytes *b = call->cur_bytes;
+
+    call->cur_bytes = NULL;
+    return b;
+}
+
 void sl_rpc_call_set_data(sl_rpc_call *call, void *data, void (*free_fn)(void *))
 {
     call->data = data;
@@ -615,7 +624,11 @@ static void on_recv_done(sl_rpc_call *c, int ok)
         ProtobufCMessage *msg;
         char why[256];
         c->bytes_in += grpc_byte_buffer_length(bb);
-        msg = sl_rpc_unpack(m->request, bb, why, sizeof(why));
+        if (m->bytes_field)
+            msg = sl_rpc_unpack_bytes(m->request, m->bytes_field, bb, &c->cur_bytes, why,
+                                      sizeof(why));
+        else
+            msg = sl_rpc_unpack(m->request, bb, why, sizeof(why));
         grpc_byte_buffer_destroy(bb);
         if (!msg) {
             sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "message is %s", why);
@@ -625,6 +638,8 @@ static void on_recv_done(sl_rpc_call *c, int ok)
             if (c->cur_msg)
                 protobuf_c_message_free_unpacked(c->cur_msg, NULL);
             c->cur_msg = NULL;
+            sl_rpc_bytes_free(c->cur_bytes);
+            c->cur_bytes = NULL;
         }
     }
     sl_rpc_call_unref(c);
@@ -1014,6 +1029,14 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
                 goto out;
             }
             snprintf(r->path, len, "/%s/%s", services[i]->name, m->name);
+            if (m->bytes_field &&
+                ((m->kind != SL_RPC_CLIENT_STREAM && m->kind != SL_RPC_BIDI_STREAM) ||
+                 !sl_rpc_bytes_field(m->request, m->bytes_field))) {
+                sl_log_error("rpc_bad_bytes_field", "method=%s field=%u", r->path,
+                             (unsigned)m->bytes_field);
+                err = SL_EINVAL;
+                goto out;
+            }
             r->handle = grpc_server_register_method(
                 srv->server, r->path, NULL,
                 payload ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER : GRPC_SRM_PAYLOAD_NONE, 0);

@@ -50,6 +50,12 @@ typedef struct sl_rpc_method {
     /* The call ended before the handler finished it (client cancel, deadline, shutdown). Sends
      * and reads fail from now on. Optional; per-call data is freed when the last reference goes. */
     void (*on_cancel)(sl_rpc_call *call, void *svc_arg);
+    /* Optional, client-streaming and bidi methods: the number of a singular bytes field of the
+     * request type (a oneof member is fine) whose bytes are handed over in the buffers they
+     * arrived in instead of being copied into the message (large upload chunks). In a message
+     * delivered to on_message that field keeps its len but its data is NULL; the handler takes
+     * the bytes with sl_rpc_call_take_bytes(). 0: decode as usual. */
+    uint32_t bytes_field;
 } sl_rpc_method;
 
 typedef struct sl_rpc_service {
@@ -127,6 +133,12 @@ size_t sl_rpc_server_live_streams(const sl_rpc_server *srv);
  * hand a large upload chunk to a worker without copying it. Returns it, or NULL outside those
  * callbacks; the caller frees it with protobuf_c_message_free_unpacked(msg, NULL). */
 ProtobufCMessage *sl_rpc_call_take_message(sl_rpc_call *call);
+
+/* Take the bytes of the method's bytes_field in the message being delivered (only inside
+ * on_start or on_message). Returns them, or NULL if the method has no bytes_field, the field is
+ * absent or empty, or outside those callbacks. The caller frees them with sl_rpc_bytes_free (any
+ * thread, before the server is freed); bytes not taken are freed after the callback. */
+sl_rpc_bytes *sl_rpc_call_take_bytes(sl_rpc_call *call);
 
 /* Attach per-call handler state; `free_fn` (may be NULL) runs when the call is freed. */
 void sl_rpc_call_set_data(sl_rpc_call *call, void *data, void (*free_fn)(void *));

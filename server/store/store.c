@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 int sl_store_fsync_dir(const char *path)
@@ -87,6 +88,34 @@ int sl_store_pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
         p += n;
         len -= (size_t)n;
         offset += (uint64_t)n;
+    }
+    return 0;
+}
+
+int sl_store_pwritev_all(int fd, const struct iovec *iov, int n, uint64_t offset)
+{
+    int i = 0;
+
+    while (i < n) {
+        int k = n - i < IOV_MAX ? n - i : IOV_MAX;
+        ssize_t w = pwritev(fd, iov + i, k, (off_t)offset);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        offset += (uint64_t)w;
+        /* Skip the ranges written; finish a range written in part on its own. */
+        while (i < n && (size_t)w >= iov[i].iov_len)
+            w -= (ssize_t)iov[i++].iov_len;
+        if (w > 0) {
+            int err = sl_store_pwrite_all(fd, (const char *)iov[i].iov_base + w,
+                                          iov[i].iov_len - (size_t)w, offset);
+            if (err)
+                return err;
+            offset += iov[i].iov_len - (size_t)w;
+            i++;
+        }
     }
     return 0;
 }

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 
 /* mkdir -p with mode 0750; fsyncs each parent whose entry it created, so a directory that holds
@@ -46,6 +47,10 @@ int sl_store_sweep(const char *dir, sl_store_keep_fn keep, void *arg, int *remov
 
 /* Write all of buf at offset (retrying short writes and EINTR). Returns 0 or -errno. */
 int sl_store_pwrite_all(int fd, const void *buf, size_t len, uint64_t offset);
+
+/* Write the n ranges of iov, in order, starting at offset (retrying short writes and EINTR; any
+ * number of ranges). Returns 0 or -errno. */
+int sl_store_pwritev_all(int fd, const struct iovec *iov, int n, uint64_t offset);
 
 /* Read exactly len bytes at offset. Returns 0, -errno, or -EIO at a premature end of file. */
 int sl_store_pread_all(int fd, void *buf, size_t len, uint64_t offset);

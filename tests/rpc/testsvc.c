@@ -186,6 +186,103 @@ static void chat_writable(sl_rpc_call *call, void *arg)
     sl_rpc_call_read(call);
 }
 
+/* ---- Digest: data fields taken as received buffers, hashed and released on a worker ---- */
+
+typedef struct digest {
+    uv_work_t work;
+    sl_rpc_call *call;
+    sl_rpc_bytes *bytes; /* the piece being hashed */
+    uint64_t fnv, total, messages, labels, ranges, mismatches;
+} digest;
+
+static void digest_free(void *p)
+{
+    digest *d = p;
+
+    sl_rpc_bytes_free(d->bytes);
+    free(d);
+}
+
+static void digest_work(uv_work_t *w)
+{
+    digest *d = w->data;
+    int n;
+    const struct iovec *iov = sl_rpc_bytes_iov(d->bytes, &n);
+    size_t sum = 0;
+
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = iov[i].iov_base;
+        for (size_t j = 0; j < iov[i].iov_len; j++) {
+            d->fnv ^= p[j];
+            d->fnv *= 0x100000001b3ull;
+        }
+        sum += iov[i].iov_len;
+    }
+    if (n < 1 || sum != sl_rpc_bytes_len(d->bytes))
+        d->mismatches++;
+    d->ranges += (uint64_t)n;
+    d->total += sum;
+    /* Released on a worker thread, as the checkpoint service's lanes may do. */
+    sl_rpc_bytes_free(d->bytes);
+    d->bytes = NULL;
+}
+
+static void digest_after(uv_work_t *w, int status)
+{
+    digest *d = w->data;
+    sl_rpc_call *call = d->call;
+
+    (void)status;
+    sl_rpc_call_read(call);
+    sl_rpc_call_unref(call);
+}
+
+static void digest_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    digest *d = calloc(1, sizeof(*d));
+
+    d->call = call;
+    d->work.data = d;
+    d->fnv = 0xcbf29ce484222325ull;
+    sl_rpc_call_set_data(call, d, digest_free);
+    sl_rpc_call_read(call);
+}
+
+static void digest_message(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__Test__Piece *p = (const void *)msg;
+    digest *d = sl_rpc_call_data(call);
+    sl_testsrv *s = arg;
+
+    if (!p) {
+        Sluice__Test__DigestResponse resp = SLUICE__TEST__DIGEST_RESPONSE__INIT;
+        resp.bytes = d->total;
+        resp.fnv = d->fnv;
+        resp.messages = d->messages;
+        resp.labels = d->labels;
+        resp.ranges = d->ranges;
+        resp.mismatches = d->mismatches;
+        sl_rpc_call_reply(call, &resp.base);
+        return;
+    }
+    if (p->kind_case == SLUICE__TEST__PIECE__KIND_LABEL)
+        d->labels++;
+    if (p->kind_case == SLUICE__TEST__PIECE__KIND_DATA) {
+        d->bytes = sl_rpc_call_take_bytes(call);
+        /* The field keeps its length, its data stays with the layer; a second take is empty. */
+        if (p->data.data || (d->bytes ? sl_rpc_bytes_len(d->bytes) : 0) != p->data.len ||
+            sl_rpc_call_take_bytes(call))
+            d->mismatches++;
+        if (d->bytes) {
+            d->messages++;
+            sl_rpc_call_ref(call);
+            uv_queue_work(&s->loop, &d->work, digest_work, digest_after);
+            return;
+        }
+    }
+    sl_rpc_call_read(call);
+}
+
 /* ---- Stats ---- */
 
 static void stats_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
@@ -200,15 +297,18 @@ static void stats_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
 /* Access levels of the test service: 0 writer, 1 public, 2 reader. */
 static const sl_rpc_method methods[] = {
     {"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
-     &sluice__test__echo_response__descriptor, 2, echo_start, NULL, NULL, echo_cancel},
+     &sluice__test__echo_response__descriptor, 2, echo_start, NULL, NULL, echo_cancel, 0},
     {"Count", SL_RPC_SERVER_STREAM, &sluice__test__count_request__descriptor,
-     &sluice__test__count_response__descriptor, 0, count_start, NULL, count_pump, NULL},
+     &sluice__test__count_response__descriptor, 0, count_start, NULL, count_pump, NULL, 0},
     {"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__num__descriptor,
-     &sluice__test__sum_response__descriptor, 0, sum_start, sum_message, NULL, NULL},
+     &sluice__test__sum_response__descriptor, 0, sum_start, sum_message, NULL, NULL, 0},
     {"Chat", SL_RPC_BIDI_STREAM, &sluice__test__num__descriptor, &sluice__test__num__descriptor, 0,
-     chat_start, chat_message, chat_writable, NULL},
+     chat_start, chat_message, chat_writable, NULL, 0},
     {"Stats", SL_RPC_UNARY, &sluice__test__stats_request__descriptor,
-     &sluice__test__stats_response__descriptor, 1, stats_start, NULL, NULL, NULL},
+     &sluice__test__stats_response__descriptor, 1, stats_start, NULL, NULL, NULL, 0},
+    {"Digest", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
+     &sluice__test__digest_response__descriptor, 0, digest_start, digest_message, NULL, NULL,
+     SLUICE__TEST__PIECE__KIND_DATA},
 };
 
 static int authorize(const char *method, unsigned access, const char *token, char *msg, size_t len,

@@ -6,6 +6,7 @@
 #include "testsvc.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -510,6 +511,213 @@ static void test_write_bytes(void)
     sl_rpc_client_free(c);
 }
 
+/* ---- bytes_field: the server takes data fields as the buffers they arrived in ---- */
+
+static uint64_t fnv_update(uint64_t h, const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static int fill_from(void *dst, size_t len, void *arg)
+{
+    memcpy(dst, arg, len);
+    return 0;
+}
+
+/* Finish a Digest stream and compare what the server saw with what was sent. */
+static void digest_check(sl_rpc_stream *s, const char *what, uint64_t bytes, uint64_t fnv,
+                         uint64_t messages, uint64_t labels)
+{
+    ProtobufCMessage *msg = NULL;
+    sl_rpc_status st;
+    int r;
+
+    CHECK(sl_rpc_stream_close_send(s) == 0, "%s: close_send", what);
+    r = sl_rpc_stream_read(s, &sluice__test__digest_response__descriptor, &msg);
+    CHECK(r == 1, "%s: read %d", what, r);
+    if (r == 1) {
+        const Sluice__Test__DigestResponse *d = (const void *)msg;
+        CHECK(d->bytes == bytes && d->fnv == fnv && d->messages == messages &&
+                  d->labels == labels && d->mismatches == 0,
+              "%s: server saw %" PRIu64 " bytes (fnv %016" PRIx64 ") in %" PRIu64
+              " messages, %" PRIu64 " labels, %" PRIu64 " mismatches; sent %" PRIu64
+              " bytes (fnv %016" PRIx64 ") in %" PRIu64 " messages, %" PRIu64 " labels",
+              what, d->bytes, d->fnv, d->messages, d->labels, d->mismatches, bytes, fnv, messages,
+              labels);
+        /* Every message of the data has at least one range; never more than a few per KiB. */
+        CHECK(d->ranges >= d->messages && d->ranges <= d->messages * 64 + bytes / 1024,
+              "%s: %" PRIu64 " ranges for %" PRIu64 " messages", what, d->ranges, d->messages);
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+    CHECK(sl_rpc_stream_finish(s, &st) == 0, "%s: status %d %s", what, st.code, st.message);
+}
+
+static void test_bytes_slices(void)
+{
+    /* Sizes around the 16 KiB HTTP/2 frame and around varint steps; sent back to back with the
+     * write hint, so message boundaries (and the tag and length in front of the data) fall at
+     * many places inside the transport's buffers. */
+    static const size_t sizes[] = {
+        1,     2,     127,    128,        129, 16370,          16379,           16384, 16389, 16390,
+        65535, 65536, 100003, (1u << 20), 3,   (1u << 20) + 3, (3u << 20) + 17, 16381, 5};
+    static const struct {
+        const char *bytes;
+        size_t len;
+        const char *data; /* what the server must see as data, NULL: a label */
+    } raw[] = {
+        {"\x12\x03"
+         "abc\x18\x07",
+         7, "abc"}, /* data, then another field: protobuf-c's path, its buffer adopted */
+        {"\x18\x07\x12\x03"
+         "abc",
+         7, "abc"}, /* another field first */
+        {"\x12\x01"
+         "a\x12\x02"
+         "bc",
+         7, "bc"}, /* the field twice: the last one counts */
+        {"\x0a\x01L\x12\x02"
+         "xy",
+         7, "xy"},                        /* label, then data in the same oneof */
+        {"\x12\x02xy\x0a\x01L", 7, NULL}, /* data, then label: a label */
+        {"\x12\x83\x80\x80\x80\x00"
+         "abc",
+         9, "abc"},          /* 5-byte length prefix, still taken as received */
+        {"\x12\x00", 2, ""}, /* empty data: no bytes to take */
+    };
+    size_t max = (3u << 20) + 17;
+    uint8_t *buf = malloc(max);
+    sl_testsrv *srv = NULL;
+    sl_rpc_client *c = NULL;
+    sl_rpc_client_opts co;
+    char tgt[64];
+    uint64_t fnv = 0xcbf29ce484222325ull, bytes = 0, messages = 0, labels = 0;
+    sl_rpc_stream *s = NULL;
+    sl_rpc_status st;
+
+    for (size_t i = 0; i < max; i++)
+        buf[i] = (uint8_t)(i * 7 + (i >> 9) + (i >> 17));
+    CHECK(sl_testsrv_start(&srv, 4 << 20, NULL) == 0, "start");
+    if (!srv) {
+        free(buf);
+        return;
+    }
+    snprintf(tgt, sizeof(tgt), "127.0.0.1:%d", sl_testsrv_port(srv));
+    memset(&co, 0, sizeof(co));
+    CHECK(sl_rpc_client_new(&c, tgt, &co) == 0, "client");
+
+    /* Packed messages, messages framed in place, and labels, in one stream. */
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Digest", 60000) == 0, "open");
+    for (size_t round = 0; round < 3; round++) {
+        for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+            size_t n = sizes[k], off = (k * 4099 + round * 77) % 1000;
+            const uint8_t *p = buf + off;
+            int last = round == 2 && k + 1 == sizeof(sizes) / sizeof(sizes[0]);
+            int flags = last ? 0 : SL_RPC_SEND_MORE, err;
+            if (off + n > max)
+                p = buf;
+            if ((k + round) % 2) {
+                Sluice__Test__Piece m = SLUICE__TEST__PIECE__INIT;
+                m.kind_case = SLUICE__TEST__PIECE__KIND_DATA;
+                m.data.data = (uint8_t *)p;
+                m.data.len = n;
+                err = sl_rpc_stream_write(s, &m.base, flags);
+            } else {
+                err = sl_rpc_stream_write_bytes(s, 2, n, flags, fill_from, (void *)p);
+            }
+            CHECK(err == 0, "write %zu: %d", n, err);
+            fnv = fnv_update(fnv, p, n);
+            bytes += n;
+            messages++;
+            if (k % 5 == 0) {
+                Sluice__Test__Piece m = SLUICE__TEST__PIECE__INIT;
+                m.kind_case = SLUICE__TEST__PIECE__KIND_LABEL;
+                m.label = (char *)"label";
+                m.tag = (uint32_t)k;
+                CHECK(sl_rpc_stream_write(s, &m.base, flags) == 0, "write label");
+                labels++;
+            }
+        }
+    }
+    digest_check(s, "stream", bytes, fnv, messages, labels);
+    sl_rpc_stream_free(s);
+
+    /* Other shapes of the message: decoded by protobuf-c, the data handed over the same way. */
+    fnv = 0xcbf29ce484222325ull;
+    bytes = messages = labels = 0;
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Digest", 60000) == 0, "open");
+    for (size_t i = 0; i < sizeof(raw) / sizeof(raw[0]); i++) {
+        CHECK(sl_rpc_stream_write_raw(s, raw[i].bytes, raw[i].len, 0) == 0, "raw %zu", i);
+        if (!raw[i].data) {
+            labels++;
+        } else if (raw[i].data[0]) {
+            size_t n = strlen(raw[i].data);
+            fnv = fnv_update(fnv, (const uint8_t *)raw[i].data, n);
+            bytes += n;
+            messages++;
+        }
+    }
+    digest_check(s, "raw", bytes, fnv, messages, labels);
+    sl_rpc_stream_free(s);
+
+    /* A length beyond the message is refused as usual. */
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Digest", 60000) == 0, "open");
+    sl_rpc_stream_write_raw(s,
+                            "\x12\x05"
+                            "abc",
+                            5, 0);
+    sl_rpc_stream_close_send(s);
+    CHECK(sl_rpc_stream_finish(s, &st) == SL_EINVAL && st.code == SL_RPC_INVALID_ARGUMENT,
+          "bad length: %d %s", st.code, st.message);
+    sl_rpc_stream_free(s);
+
+    /* A client that goes away while its data is held: everything is released. */
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Digest", 60000) == 0, "open");
+    for (int i = 0; i < 4; i++)
+        sl_rpc_stream_write_bytes(s, 2, 1u << 20, SL_RPC_SEND_MORE, fill_from, buf);
+    sl_rpc_stream_cancel(s);
+    sl_rpc_stream_free(s);
+
+    sl_rpc_client_free(c);
+    CHECK(sl_testsrv_stop(srv, 2000) == 0, "calls left at stop");
+    free(buf);
+}
+
+/* A bytes_field that is not a singular bytes field of the request, or on a method that does not
+ * stream requests, is refused when the server is created. */
+static void test_bytes_field_checked(void)
+{
+    static const sl_rpc_method bad[][1] = {
+        {{"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
+          &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL,
+          SLUICE__TEST__PIECE__KIND_LABEL}}, /* a string */
+        {{"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
+          &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL, 9}}, /* none */
+        {{"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
+          &sluice__test__echo_response__descriptor, 0, NULL, NULL, NULL, NULL, 2}}, /* unary */
+    };
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        sl_rpc_service svc = {.name = "sluice.test.Test", .methods = bad[i], .n_methods = 1};
+        const sl_rpc_service *svcs[1] = {&svc};
+        sl_rpc_server_opts opts;
+        sl_rpc_server *srv = NULL;
+        uv_loop_t loop;
+        int err;
+
+        uv_loop_init(&loop);
+        memset(&opts, 0, sizeof(opts));
+        opts.listen = "127.0.0.1:0";
+        err = sl_rpc_server_new(&srv, &loop, &opts, svcs, 1);
+        CHECK(err == SL_EINVAL && !srv, "case %zu: %d", i, err);
+        uv_run(&loop, UV_RUN_DEFAULT);
+        uv_loop_close(&loop);
+    }
+}
+
 typedef struct worker {
     sl_rpc_client *c;
     int ok;
@@ -809,6 +1017,8 @@ int main(void)
         {"strings", test_strings},
         {"bytes_field", test_bytes_field},
         {"write_bytes", test_write_bytes},
+        {"bytes_slices", test_bytes_slices},
+        {"bytes_field_checked", test_bytes_field_checked},
         {"concurrent", test_concurrent},
         {"async", test_async},
         {"tls", test_tls},
