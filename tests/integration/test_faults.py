@@ -905,3 +905,66 @@ class CrashStateTest(unittest.TestCase):
             c.close()
             self.assertEqual(d.stop(), 0, d.log())
             self.assertEqual(d.sanitizer_reports(), [], d.log())
+
+    def test_checkpoint_files_at_start(self):
+        """What the startup sweep keeps (docs/checkpoints.md): the young partial upload of a
+        WRITING checkpoint, which then resumes; it removes an abandoned one (older than
+        --upload-timeout), partials and files of aborted or unknown checkpoints, and metadata
+        temp files."""
+        with Daemon(args=["--upload-timeout", "600"]) as d:
+            c = Clients(d.addr)
+            for name, world in (("w", 2), ("gone", 1), ("ab", 1)):
+                c.ck.Begin(cpb.BeginRequest(job=JOB, name=name, world_size=world), timeout=10)
+            c.ck.Abort(cpb.CheckpointRef(job=JOB, name="ab"), timeout=10)
+            # An upload of rank 0 the client gave up on after 512 KiB: its partial stays.
+            data = random.Random(1).randbytes(MiB)
+            sha = hashlib.sha256(data).hexdigest()
+
+            def cut(reqs, n):
+                for i, r in enumerate(reqs):
+                    if i == n:
+                        raise RuntimeError("client gives up")
+                    yield r
+            with self.assertRaises(grpc.RpcError):
+                c.ck.UploadShard(cut(upload_reqs("w", 0, data, sha=sha), 3), timeout=30)
+            for _ in range(300):
+                st = c.ck.UploadStatus(cpb.UploadStatusRequest(job=JOB, checkpoint="w", rank=0),
+                                       timeout=10)
+                if not st.in_progress:
+                    break
+                time.sleep(0.1)
+            held = st.held_bytes
+            c.close()
+            d.signal(signal.SIGKILL)
+            d.stop()
+            self.sql(d, ("DELETE FROM checkpoints WHERE name = 'gone'", ()))
+            jobdir = os.path.join(d.data_dir, "checkpoints", JOB)
+            young = ".w_shard_0.shard.part"
+            self.assertEqual(os.listdir(jobdir), [young])
+            files = {".w_shard_1.shard.part": b"\0" * 88,       # abandoned: old mtime below
+                     ".ab_shard_0.shard.part": b"\0" * 88,      # aborted checkpoint
+                     ".gone_shard_0.shard.part": b"\0" * 88,    # unknown checkpoint
+                     "gone_shard_0.shard": b"\0" * 88,
+                     "gone.metadata.json": b"{}",
+                     "ab.metadata.json": b"{}",
+                     ".w.metadata.json.tmp": b"{"}
+            for f, content in files.items():
+                with open(os.path.join(jobdir, f), "wb") as fh:
+                    fh.write(content)
+            old = time.time() - 3600
+            os.utime(os.path.join(jobdir, ".w_shard_1.shard.part"), (old, old))
+            d.start()
+            c = Clients(d.addr)
+            self.assertEqual(sorted(os.listdir(jobdir)), [young])
+            st = c.ck.UploadStatus(cpb.UploadStatusRequest(job=JOB, checkpoint="w", rank=0),
+                                   timeout=10)
+            self.assertEqual(st.held_bytes, held)
+            c.ck.UploadShard(upload_reqs("w", 0, data, offset=held, sha=sha), timeout=30)
+            c.ck.UploadShard(upload_reqs("w", 1, shard_data("w", 1)), timeout=30)
+            self.assertEqual(c.ck.Commit(cpb.CheckpointRef(job=JOB, name="w"), timeout=10).state,
+                             cpb.COMPLETE)
+            v = c.ck.Verify(cpb.VerifyRequest(job=JOB, name="w", mode=cpb.DEEP), timeout=30)
+            self.assertTrue(v.ok, v)
+            c.close()
+            self.assertEqual(d.stop(), 0, d.log())
+            self.assertEqual(d.sanitizer_reports(), [], d.log())
