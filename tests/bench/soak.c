@@ -1014,7 +1014,7 @@ int main(int argc, char **argv)
     worker *ws;
     pthread_attr_t attr;
     double t0, t_warm, t_end, t_stop, idle;
-    sample after;
+    sample before, after;
 
     out = stdout;
     for (int i = 1; i < argc; i++) {
@@ -1129,6 +1129,15 @@ int main(int argc, char **argv)
     fprintf(out, "%7s %9s %6s %7s %8s %12s %10s %9s %9s %7s %7s %7s\n", "t(s)", "rss(MiB)", "fds",
             "threads", "streams", "indices/s", "batches/s", "up MiB/s", "ops/s", "errors", "cpu(d)",
             "cpu(c)");
+
+    /* Every connection up, then the daemon's state before the load. */
+    for (int i = 0; i < opt.clients; i++) {
+        sl_info info;
+        if (sl_client_info(clients[i], &info))
+            die("Admin.GetInfo");
+    }
+    memset(&before, 0, sizeof(before));
+    proc_read(&before.rss_mib, &before.fds, &before.threads);
 
     samples = calloc(MAX_SAMPLES, sizeof(*samples));
     ws = calloc((size_t)(n_index + n_batch + n_upload + opt.unary_threads), sizeof(*ws));
@@ -1310,6 +1319,15 @@ int main(int argc, char **argv)
                     s0->fds, sm->fds, se->fds, se->fds - s0->fds, slope(s0->t, 1), after.fds);
             fprintf(out, "daemon threads: start %ld  middle %ld  end %ld; after the load %ld\n",
                     s0->threads, sm->threads, se->threads, after.threads);
+            fprintf(out, "daemon before the load: RSS %.1f MiB, %ld fds, %ld threads\n",
+                    before.rss_mib, before.fds, before.threads);
+        }
+        /* The same connections are open before and after: any other descriptor left open
+         * (a shard file, a catalog handle) is a leak. */
+        if (sample_pid && after.fds > before.fds) {
+            fprintf(out, "soak: the daemon has %ld open fds after the load, %ld before it\n",
+                    after.fds, before.fds);
+            failed = 1;
         } else if (!sample_pid) {
             fprintf(out, "daemon RSS and fds: not visible from here\n");
         }
@@ -1337,7 +1355,9 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < n_samples; i++)
                 printf("%s{\"t\":%.1f,\"rss_mib\":%.1f,\"fds\":%ld,\"threads\":%ld}", i ? "," : "",
                        samples[i].t, samples[i].rss_mib, samples[i].fds, samples[i].threads);
-            printf("],\"after\":{\"rss_mib\":%.1f,\"fds\":%ld,\"threads\":%ld}}\n", after.rss_mib,
+            printf("],\"before\":{\"rss_mib\":%.1f,\"fds\":%ld,\"threads\":%ld}", before.rss_mib,
+                   before.fds, before.threads);
+            printf(",\"after\":{\"rss_mib\":%.1f,\"fds\":%ld,\"threads\":%ld}}\n", after.rss_mib,
                    after.fds, after.threads);
         }
     }
