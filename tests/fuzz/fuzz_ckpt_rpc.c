@@ -96,6 +96,61 @@ static ProtobufCMessage *decode(const ProtobufCMessageDescriptor *d, const uint8
     return m;
 }
 
+/* The decoder UploadShard runs (sl_rpc_unpack_bytes: chunks taken as the received slices) must
+ * give the same message as sl_rpc_unpack, and the same chunk bytes, wherever the transport split
+ * the message into slices: here at up to 7 places taken from the input. */
+static void check_upload_bytes(const uint8_t *p, size_t n, const ProtobufCMessage *want)
+{
+    const Sluice__V1__UploadShardRequest *w = (const void *)want;
+    const Sluice__V1__UploadShardRequest *g;
+    grpc_slice slices[8];
+    size_t k = 0, at = 0;
+    grpc_byte_buffer *bb;
+    sl_rpc_bytes *bytes = NULL;
+    ProtobufCMessage *m;
+
+    while (k < 7 && at < n) {
+        size_t len = 1 + (p[at] * 131u + k) % (n - at);
+        slices[k++] = grpc_slice_from_copied_buffer((const char *)p + at, len);
+        at += len;
+    }
+    if (at < n)
+        slices[k++] = grpc_slice_from_copied_buffer((const char *)p + at, n - at);
+    bb = grpc_raw_byte_buffer_create(slices, k);
+    for (size_t i = 0; i < k; i++)
+        grpc_slice_unref(slices[i]);
+    m = sl_rpc_unpack_bytes(&sluice__v1__upload_shard_request__descriptor,
+                            SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK, bb, &bytes, NULL, 0);
+    grpc_byte_buffer_destroy(bb);
+    if (!m != !want)
+        abort();
+    if (!m)
+        return;
+    g = (const void *)m;
+    if (g->kind_case != w->kind_case)
+        abort();
+    if (g->kind_case == SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK) {
+        size_t off = 0;
+        int nr = 0;
+        const struct iovec *iov = bytes ? sl_rpc_bytes_iov(bytes, &nr) : NULL;
+        if (g->chunk.data || g->chunk.len != w->chunk.len ||
+            (bytes ? sl_rpc_bytes_len(bytes) : 0) != w->chunk.len)
+            abort();
+        for (int i = 0; i < nr; i++) {
+            if (off + iov[i].iov_len > w->chunk.len ||
+                memcmp(iov[i].iov_base, w->chunk.data + off, iov[i].iov_len) != 0)
+                abort();
+            off += iov[i].iov_len;
+        }
+        if (off != w->chunk.len)
+            abort();
+    } else if (bytes) {
+        abort();
+    }
+    sl_rpc_bytes_free(bytes);
+    protobuf_c_message_free_unpacked(m, NULL);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const ProtobufCMessageDescriptor *d;
@@ -105,6 +160,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     d = requests[data[0] % N_REQUESTS];
     m = decode(d, data + 1, size - 1);
+    if (d == &sluice__v1__upload_shard_request__descriptor)
+        check_upload_bytes(data + 1, size - 1, m);
     if (!m)
         return 0;
     if (d == &sluice__v1__begin_request__descriptor) {
