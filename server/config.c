@@ -92,9 +92,30 @@ void sl_config_usage(FILE *f)
             "level.\n");
 }
 
+/* Why a string value cannot be written in a config file (sl_config_print's output must parse back
+ * to the same value, and inih strips spaces at both ends, ends a value at a newline and starts a
+ * comment at a ';' after a space), or NULL if it can. */
+static const char *str_unwritable(const char *v)
+{
+    size_t n = strlen(v);
+
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)v[i];
+        if (c < 0x20 || c == 0x7f)
+            return "has a control character";
+        /* "key = ;x": the ';' follows the space after '=' in the file. */
+        if (c == ';' && (i == 0 || v[i - 1] == ' '))
+            return "has a ';' at its start or after a space (a comment in a config file)";
+    }
+    if (n && (v[0] == ' ' || v[n - 1] == ' '))
+        return "starts or ends with a space";
+    return NULL;
+}
+
 static int apply(sl_config *cfg, const setting *s, const char *v, const char *src, char *msg,
                  size_t len)
 {
+    const char *why;
     char *p = (char *)cfg + s->off;
     char *end;
 
@@ -102,6 +123,10 @@ static int apply(sl_config *cfg, const setting *s, const char *v, const char *sr
     case K_STR:
         if ((!*v && !s->optional) || strlen(v) >= s->size) {
             snprintf(msg, len, "%s: value '%.64s' is %s", src, v, *v ? "too long" : "empty");
+            return SL_EINVAL;
+        }
+        if ((why = str_unwritable(v)) != NULL) {
+            snprintf(msg, len, "%s: value '%.64s' %s", src, v, why);
             return SL_EINVAL;
         }
         strcpy(p, v);
@@ -131,7 +156,8 @@ static int apply(sl_config *cfg, const setting *s, const char *v, const char *sr
                      s->lo, s->hi);
             return SL_EINVAL;
         }
-        *(uint64_t *)p = (uint64_t)(d * 1000.0);
+        /* Rounded, not truncated: 1.001 * 1000.0 is 1000.999..., and 1.001 s means 1001 ms. */
+        *(uint64_t *)p = (uint64_t)llround(d * 1000.0);
         return 0;
     }
     case K_LEVEL:
@@ -169,7 +195,11 @@ static const setting *find_setting(const char *key)
 typedef struct file_ctx {
     sl_config *cfg;
     const char *path;
+    FILE *f;
+    int lines;       /* lines read so far */
+    const char *bad; /* why the reader stopped early, NULL if it did not */
     char msg[512];
+    char long_msg[64];
 } file_ctx;
 
 static int on_ini(void *user, const char *section, const char *name, const char *value)
@@ -191,11 +221,53 @@ static int on_ini(void *user, const char *section, const char *name, const char 
     return apply(ctx->cfg, s, value, src, ctx->msg, sizeof(ctx->msg)) == 0;
 }
 
+/* inih's line reader. inih reads a line longer than its buffer as several lines, so the tail of
+ * a long value was parsed as a line of its own: "data-dir = /<186 x>listen = evil" was read as
+ * "data-dir = /<186 x>l" and "isten = evil"; a blank or comment tail cut the value silently. A
+ * line that does not fit, or a NUL byte (fgets would hide what follows it), ends the parse here
+ * instead. */
+static char *read_line(char *str, int num, void *stream)
+{
+    file_ctx *ctx = stream;
+    int c = EOF, i = 0;
+
+    if (ctx->bad)
+        return NULL;
+    while (i < num - 1 && (c = getc(ctx->f)) != EOF) {
+        if (c == '\0') {
+            ctx->bad = "a NUL byte";
+            return NULL;
+        }
+        str[i++] = (char)c;
+        if (c == '\n')
+            break;
+    }
+    if (i == 0)
+        return NULL;
+    ctx->lines++;
+    /* A full buffer without the newline: the line fits only if it ends right here. */
+    if (c != '\n' && i == num - 1 && (c = getc(ctx->f)) != EOF && c != '\n') {
+        snprintf(ctx->long_msg, sizeof(ctx->long_msg), "more than %d characters", num - 2);
+        ctx->bad = ctx->long_msg;
+        return NULL;
+    }
+    str[i] = '\0';
+    return str;
+}
+
 static int load_file(sl_config *cfg, const char *path, FILE *err)
 {
-    file_ctx ctx = {cfg, path, ""};
-    int line = ini_parse(path, on_ini, &ctx);
+    file_ctx ctx = {cfg, path, NULL, 0, NULL, "", ""};
+    int line = -1;
 
+    if ((ctx.f = fopen(path, "r")) != NULL) {
+        line = ini_parse_stream(read_line, &ctx, on_ini, &ctx);
+        fclose(ctx.f);
+    }
+    if (line == 0 && ctx.bad) {
+        fprintf(err, "sluiced: config file %s line %d: %s\n", path, ctx.lines, ctx.bad);
+        return SL_EINVAL;
+    }
     if (line == 0)
         return 0;
     if (line < 0)
@@ -331,9 +403,15 @@ void sl_config_print(const sl_config *cfg, FILE *f)
         case K_BYTES:
             fprintf(f, "%llu\n", (unsigned long long)*(const uint64_t *)p);
             break;
-        case K_SECONDS:
-            fprintf(f, "%g\n", (double)*(const uint64_t *)p / 1000.0);
+        case K_SECONDS: {
+            /* Exact milliseconds: "%g" would print 2591999 s as 2.592e+06. */
+            unsigned long long ms = *(const uint64_t *)p;
+            if (ms % 1000)
+                fprintf(f, "%llu.%03llu\n", ms / 1000, ms % 1000);
+            else
+                fprintf(f, "%llu\n", ms / 1000);
             break;
+        }
         case K_LEVEL:
             fprintf(f, "%s\n", sl_log_level_name(*(const sl_log_level *)p));
             break;

@@ -52,3 +52,6 @@ sl_fuzz_target(fuzz_feed_rpc sl_fuzz_server)
 sl_fuzz_target(fuzz_ckpt_rpc sl_fuzz_server)
 # feed_read_lengths (server/feed/stream.c): the daemon's lengths-file reader.
 sl_fuzz_target(fuzz_read_lengths sl_fuzz_server)
+# sluiced's flags and SLUICE_* environment (server/config.c, included).
+sl_fuzz_target(fuzz_flags sl_common PkgConfig::INIH m)
+target_include_directories(fuzz_flags PRIVATE "${PROJECT_SOURCE_DIR}/server")

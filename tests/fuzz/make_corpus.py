@@ -191,6 +191,49 @@ def read_lengths():
     put("fuzz_read_lengths", "no_file", head(16) + data)
 
 
+def flags():
+    # NUL-separated argv tokens and SLUICE_*=value variables; after a 0x01 byte, a config file.
+    def args(*tokens, config=None):
+        data = b"\x00".join(t.encode() for t in tokens)
+        return data + (b"\x01" + config.encode() if config is not None else b"")
+    put("fuzz_flags", "all_flags", args(
+        "--listen", "127.0.0.1:0", "--data-dir", "/tmp/d", "--port-file", "/tmp/p",
+        "--log-level", "debug", "--log-format", "json", "--grace-period", "2.5",
+        "--max-message-bytes", "4194304", "--rpc-threads", "4", "--max-shard-bytes", "1048576",
+        "--upload-timeout", "60", "--upload-memory", "16777216", "--metrics-listen", ":9100",
+        "--tls-cert", "/c.pem", "--tls-key", "/k.pem", "--tls-client-ca", "/ca.pem",
+        "--token-file", "/t", "--check-config"))
+    put("fuzz_flags", "equals_form", args("--listen=[::1]:7700", "--grace-period=0.001",
+                                          "--upload-timeout=1.0015"))
+    put("fuzz_flags", "env", args("SLUICE_LISTEN=0.0.0.0:1", "SLUICE_LOG_LEVEL=warn",
+                                  "SLUICE_UPLOAD_MEMORY=8388608", "SLUICE_GRACE_PERIOD=86400"))
+    put("fuzz_flags", "env_and_flag", args("SLUICE_RPC_THREADS=8", "--rpc-threads", "3"))
+    put("fuzz_flags", "all_layers", args("SLUICE_DATA_DIR=/env", "--listen", "a:1",
+                                         config="[sluiced]\ndata-dir = /file\nlisten = b:2\n"))
+    put("fuzz_flags", "help", args("-h"))
+    put("fuzz_flags", "short_cluster", args("-hV"))
+    put("fuzz_flags", "version", args("--version"))
+    put("fuzz_flags", "abbrev", args("--list", "x:1", "--rpc", "2"))
+    put("fuzz_flags", "missing_value", args("--listen"))
+    put("fuzz_flags", "unknown", args("--nope", "1"))
+    put("fuzz_flags", "positional", args("extra"))
+    put("fuzz_flags", "bad_int", args("--rpc-threads", "1"))
+    put("fuzz_flags", "bad_env", args("SLUICE_MAX_MESSAGE_BYTES=12x"))
+    put("fuzz_flags", "tls_half", args("--tls-key", "/k.pem"))
+    put("fuzz_flags", "empty_value", args("--port-file", ""))
+    put("fuzz_flags", "long_path", args("--data-dir", "/" + "d" * 300))
+    # Found while fuzzing: values a config file cannot hold, so --check-config printed a file
+    # that parsed differently (now refused), and a long line that inih split in two.
+    put("fuzz_flags", "value_newline", args("--data-dir", "/d\n[sluiced]\nd"))
+    put("fuzz_flags", "value_semicolon", args("--data-dir", ";;;d;"))
+    put("fuzz_flags", "value_space_semicolon", args("SLUICE_LISTEN=a ;b"))
+    put("fuzz_flags", "value_trailing_space", args("--token-file", "/t "))
+    put("fuzz_flags", "seconds_rounding", args("--grace-period", "1.001",
+                                               "SLUICE_UPLOAD_TIMEOUT=2591999"))
+    put("fuzz_flags", "long_line_split", args(
+        config="data-dir = /" + "a" * 185 + "listen = evil\n"))
+
+
 if __name__ == "__main__":
     shard()
     lengths()
@@ -198,3 +241,4 @@ if __name__ == "__main__":
     feed()
     ckpt()
     read_lengths()
+    flags()

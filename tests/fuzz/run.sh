@@ -2,22 +2,24 @@
 # Build one fuzz target with clang libFuzzer + ASan + UBSan and run it for N minutes.
 #
 # Usage: tests/fuzz/run.sh <target> <minutes> [libFuzzer flags...]
-#   targets: fuzz_shard fuzz_lengths fuzz_config fuzz_feed_rpc fuzz_ckpt_rpc
+#   targets: fuzz_shard fuzz_lengths fuzz_config fuzz_feed_rpc fuzz_ckpt_rpc fuzz_read_lengths
+#            fuzz_flags
 #
-# Builds into build/fuzz (its own build dir), starts from a copy of the committed seeds in
-# build/fuzz/corpus/<target> (new inputs stay there, not in the repository) and writes crashing
-# inputs to build/fuzz/artifacts/<target>/. It runs at the lowest CPU priority (nice 19): this
-# is a shared machine. After fixing a crash, copy its input into tests/fuzz/corpus/<target>/ so
-# ctest replays it from then on. Environment: CC (default clang-14), JOBS (default 1).
+# Builds into build/fuzz (its own build dir; FUZZ_BUILD=<dir> picks another), starts from a copy
+# of the committed seeds in build/fuzz/corpus/<target> (new inputs stay there, not in the
+# repository) and writes crashing inputs to build/fuzz/artifacts/<target>/. It runs at the
+# lowest CPU priority (nice 19): this is a shared machine. After fixing a crash, copy its input
+# into tests/fuzz/corpus/<target>/ so ctest replays it from then on. Environment: CC (default
+# clang-14), JOBS (default 1), FUZZ_BUILD (default build/fuzz).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 if [[ $# -lt 2 ]]; then
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 target="$1"; minutes="$2"; shift 2
 [[ -f "$root/tests/fuzz/$target.c" ]] || { echo "run.sh: no target $target" >&2; exit 2; }
-dir="$root/build/fuzz"
+dir="${FUZZ_BUILD:-$root/build/fuzz}"
 cc="${CC:-clang-14}"
 
 nice -n 19 cmake -S "$root" -B "$dir" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo \

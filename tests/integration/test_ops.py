@@ -459,6 +459,31 @@ class ConfigFileTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("missing.conf", r.stderr)
 
+    def test_printed_config_parses_back(self):
+        # Seconds keep their milliseconds ("%g" printed 2591999 as 2.592e+06, and 1.001 was
+        # truncated to 1000 ms), and the printed file gives the same settings (fuzz_flags).
+        r = self.check("--grace-period", "1.001", env={"SLUICE_UPLOAD_TIMEOUT": "2591999"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        eff = self.effective(r)
+        self.assertEqual((eff["grace-period"], eff["upload-timeout"]), ("1.001", "2591999"))
+        again = self.check("--config", self.write(r.stdout))
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertEqual(self.effective(again), eff)
+
+    def test_values_a_file_cannot_hold(self):
+        # inih read a long line as two: the value was cut and its tail parsed as another key.
+        r = self.check("--config", self.write("data-dir = /" + "a" * 185 + "listen = evil\n"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("line 1: more than 198 characters", r.stderr)
+        # Values --check-config could not print as a config file are refused everywhere.
+        for args, env, msg in [(["--data-dir", "/d\n[sluiced]\nx"], {}, "control character"),
+                               (["--listen", "a ;b"], {}, "';'"),
+                               ([], {"SLUICE_DATA_DIR": ";x"}, "';'"),
+                               (["--token-file", "/t "], {}, "space")]:
+            r = self.check(*args, env=env)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn(msg, r.stderr, args)
+
     def test_daemon_uses_file_and_json_logs(self):
         data = os.path.join(self.tmp, "data")
         path = self.write("data-dir = %s\nlog-format = json\nlog-level = debug\n" % data)
