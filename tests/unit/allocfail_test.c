@@ -201,7 +201,7 @@ static long run_case(const char *name, case_fn fn)
             }
         }
     }
-    printf("%-28s %ld allocation(s) in a clean run, each one failed in turn\n", name, clean);
+    printf("%-36s %ld allocation(s) in a clean run, each one failed in turn\n", name, clean);
     return clean;
 }
 
@@ -636,13 +636,70 @@ static int case_unpack(int injected)
     return rc;
 }
 
+/* sl_rpc_unpack_bytes on wire[] cut into slices of `wire_cut` bytes (0: one slice). */
+static size_t wire_cut;
+static const uint8_t *wire_chunk;
+static size_t wire_chunk_len;
+
+static int case_unpack_bytes(int injected)
+{
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field_by_name(wire_desc, "chunk");
+    grpc_slice slices[sizeof(wire)];
+    size_t n = 0, step = wire_cut ? wire_cut : wire_len;
+    grpc_byte_buffer *bb;
+    ProtobufCMessage *m;
+    sl_rpc_bytes *b = (sl_rpc_bytes *)wire;
+    char why[256] = "";
+
+    (void)injected;
+    for (size_t off = 0; off < wire_len; off += step)
+        slices[n++] = grpc_slice_from_copied_buffer((const char *)wire + off,
+                                                    wire_len - off < step ? wire_len - off : step);
+    bb = grpc_raw_byte_buffer_create(slices, n);
+    for (size_t i = 0; i < n; i++)
+        grpc_slice_unref(slices[i]);
+    m = sl_rpc_unpack_bytes(wire_desc, f->id, bb, &b, why, sizeof(why));
+    /* Whatever happened, bb is still the caller's to destroy (its slices may have moved out). */
+    grpc_byte_buffer_destroy(bb);
+    if (!m) {
+        CHECK(b == NULL);
+        CHECK(why[0] != '\0');
+        return -ENOMEM;
+    }
+    if (wire_chunk_len) {
+        const struct iovec *iov;
+        size_t got = 0;
+        int n_iov;
+
+        CHECK(b != NULL);
+        if (b) {
+            CHECK(sl_rpc_bytes_len(b) == wire_chunk_len);
+            iov = sl_rpc_bytes_iov(b, &n_iov);
+            for (int i = 0; i < n_iov; i++) {
+                CHECK(got + iov[i].iov_len <= wire_chunk_len &&
+                      memcmp(iov[i].iov_base, wire_chunk + got, iov[i].iov_len) == 0);
+                got += iov[i].iov_len;
+            }
+            CHECK(got == wire_chunk_len);
+        }
+    } else {
+        CHECK(b == NULL);
+        /* No bytes field: the message is all there is, and it packs to the same bytes. */
+        CHECK(protobuf_c_message_get_packed_size(m) == wire_len);
+    }
+    sl_rpc_bytes_free(b);
+    protobuf_c_message_free_unpacked(m, NULL);
+    return 0;
+}
+
 static void test_codec(void)
 {
     Sluice__V1__UploadShardRequest req = SLUICE__V1__UPLOAD_SHARD_REQUEST__INIT;
     Sluice__V1__ShardHeader hdr = SLUICE__V1__SHARD_HEADER__INIT;
     Sluice__V1__TensorInfo t[3], *tp[3];
     int64_t shape[3][2] = {{4, 8}, {16, 1}, {2, 2}};
-    static uint8_t chunk[1000];
+    static uint8_t chunk[3000];
 
     wire_desc = &sluice__v1__upload_shard_request__descriptor;
     /* A header: strings, repeated nested messages, packed repeated integers. */
@@ -669,6 +726,8 @@ static void test_codec(void)
     wire_len = protobuf_c_message_pack(&req.base, wire);
     CHECK(case_unpack(0) == 0);
     run_case("rpc_unpack header", case_unpack);
+    CHECK(case_unpack_bytes(0) == 0);
+    run_case("rpc_unpack_bytes header", case_unpack_bytes);
 
     /* A chunk: the one-bytes-field fast path. */
     for (size_t i = 0; i < sizeof(chunk); i++)
@@ -679,6 +738,20 @@ static void test_codec(void)
     wire_len = protobuf_c_message_pack(&req.base, wire);
     CHECK(case_unpack(0) == 0);
     run_case("rpc_unpack chunk", case_unpack);
+    /* The received slices kept as they are (one, or 31 of 100 bytes), and 101 slices of 30 bytes
+     * (a peer sending small frames: more than 64), which are joined into one allocation. Slices
+     * of at most 23 bytes would not do: gRPC merges such inlined slices as they are added. */
+    wire_chunk = chunk;
+    wire_chunk_len = sizeof(chunk);
+    CHECK(case_unpack_bytes(0) == 0);
+    run_case("rpc_unpack_bytes chunk", case_unpack_bytes);
+    wire_cut = 100;
+    CHECK(case_unpack_bytes(0) == 0);
+    run_case("rpc_unpack_bytes chunk, 31 slices", case_unpack_bytes);
+    wire_cut = 30;
+    CHECK(case_unpack_bytes(0) == 0);
+    run_case("rpc_unpack_bytes chunk, 101 slices", case_unpack_bytes);
+    wire_cut = 0;
 }
 
 int main(void)
