@@ -1387,6 +1387,20 @@ int main(int argc, char **argv)
     free(ws);
     free(samples);
     close(src_fd);
+    if (daemon_pid) {
+        /* What the daemon logged at warn and above. */
+        char path[4200], line[1024];
+        int n = 0;
+        FILE *f;
+        snprintf(path, sizeof(path), "%s/sluiced.log", root);
+        f = fopen(path, "r");
+        while (f && fgets(line, sizeof(line), f))
+            if (n++ < 10)
+                fprintf(out, "  sluiced log: %s", line);
+        if (f)
+            fclose(f);
+        fprintf(out, "soak: the daemon logged %d lines at warn or above\n", n);
+    }
     if (daemon_ok) {
         char cmd[4200];
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
