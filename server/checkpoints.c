@@ -1551,7 +1551,8 @@ static void up_header(upload *up, const Sluice__V1__ShardHeader *h)
     upload *other;
     int err;
 
-    if (!names_ok(call, h->job, h->checkpoint) || find_ckpt(s, call, &ck, h->job, h->checkpoint))
+    if (!names_ok(call, h->job, h->checkpoint) || sl_rpc_call_claim(call, h->job, "job") != 0 ||
+        find_ckpt(s, call, &ck, h->job, h->checkpoint))
         return;
     snprintf(up->job, sizeof(up->job), "%s", h->job);
     snprintf(up->name, sizeof(up->name), "%s", h->checkpoint);
@@ -1923,7 +1924,8 @@ static void ckpt_download(sl_rpc_call *call, const ProtobufCMessage *msg, void *
     sl_cat_ckpt ck;
     int err;
 
-    if (!names_ok(call, req->job, req->name) || find_ckpt(s, call, &ck, req->job, req->name))
+    if (!names_ok(call, req->job, req->name) || sl_rpc_call_claim(call, req->job, "job") != 0 ||
+        find_ckpt(s, call, &ck, req->job, req->name))
         return;
     if (req->rank < 0 || req->rank >= ck.world_size) {
         sl_rpc_call_fail(call, SL_EINVAL, "rank %d out of range [0, %d)", req->rank, ck.world_size);

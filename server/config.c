@@ -62,6 +62,17 @@ static const setting settings[] = {
     {"token-file", "SLUICE_TOKEN_FILE", STR(token_file, 1),
      "FILE  bearer tokens with roles, '<reader|trainer|admin> <token>' per line;\n"
      "                            without it every call is allowed (reloaded on SIGHUP)"},
+    {"max-calls", "SLUICE_MAX_CALLS", K_INT, offsetof(sl_config, max_calls), 0, 0, 1000000, 0,
+     "N      calls open at once, more are refused (RESOURCE_EXHAUSTED);\n"
+     "                     health checks have a reserve; 0 = unlimited (default 4096)"},
+    {"max-job-streams", "SLUICE_MAX_JOB_STREAMS", K_INT, offsetof(sl_config, max_job_streams), 0, 0,
+     1000000, 0,
+     "N index/batch streams, shard uploads and downloads open at once per\n"
+     "                     job; 0 = unlimited (default 1024)"},
+    {"idle-timeout", "SLUICE_IDLE_TIMEOUT", K_SECONDS, offsetof(sl_config, idle_timeout_ms), 0, 0,
+     86400, 0,
+     "S   end a stream that waits S seconds for its client (an upload that\n"
+     "                     sends nothing, a reader that stopped reading); 0 = never (default 300)"},
 };
 
 #define N_SETTINGS (sizeof(settings) / sizeof(settings[0]))
@@ -292,6 +303,9 @@ static void set_defaults(sl_config *cfg)
     cfg->max_shard_bytes = 1ULL << 40;
     cfg->upload_timeout_ms = 3600 * 1000;
     cfg->upload_memory = 1ULL << 30;
+    cfg->max_calls = 4096;
+    cfg->max_job_streams = 1024;
+    cfg->idle_timeout_ms = 300 * 1000;
 }
 
 int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)

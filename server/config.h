@@ -27,6 +27,9 @@ typedef struct sl_config {
     char tls_key[PATH_MAX];       /* tls-key */
     char tls_client_ca[PATH_MAX]; /* tls-client-ca, "" = no client certificates (no mTLS) */
     char token_file[PATH_MAX];    /* token-file, "" = no authentication */
+    int max_calls;                /* max-calls: concurrent calls, 4096, 0 = unlimited */
+    int max_job_streams;          /* max-job-streams: concurrent streams per job, 1024, 0 = off */
+    uint64_t idle_timeout_ms;     /* idle-timeout (seconds): stalled stream ended, 300 s, 0 = off */
     int check_config;             /* --check-config */
 } sl_config;
 

@@ -169,6 +169,8 @@ int sl_health_new(sl_health **out, const char *const *names, size_t n)
         .n_methods = 2,
         .arg = h,
         .on_shutdown = on_shutdown,
+        /* Probes must get an answer while the daemon is at its call limit. */
+        .reserved_calls = 64,
     };
     *out = h;
     return 0;

@@ -176,6 +176,9 @@ int main(int argc, char **argv)
     opts.listen = d.cfg.listen;
     opts.cq_threads = d.cfg.rpc_threads;
     opts.max_recv_bytes = d.cfg.max_message_bytes;
+    opts.max_calls = d.cfg.max_calls;
+    opts.max_key_calls = d.cfg.max_job_streams;
+    opts.idle_timeout_ms = d.cfg.idle_timeout_ms;
     sl_ops_rpc_opts(&d.ops, &opts);
     err = sl_rpc_server_new(&d.rpc, &d.loop, &opts, services, 3 + SL_FEED_N_SERVICES);
     if (err) {

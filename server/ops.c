@@ -30,6 +30,12 @@ static void observe_call(const sl_rpc_call_stats *st, void *arg)
     char labels[200];
 
     sl_metrics_observe_rpc(ops->metrics, st->method, st->code, st->duration_us);
+    if (st->end == SL_RPC_END_MAX_CALLS)
+        sl_metrics_add(ops->metrics, "sluice_rpc_refused_total", "limit=\"max_calls\"", 1);
+    else if (st->end == SL_RPC_END_MAX_KEY)
+        sl_metrics_add(ops->metrics, "sluice_rpc_refused_total", "limit=\"max_job_streams\"", 1);
+    else if (st->end == SL_RPC_END_IDLE)
+        sl_metrics_add(ops->metrics, "sluice_rpc_idle_timeouts_total", NULL, 1);
     if (st->code != SL_RPC_UNIMPLEMENTED) {
         snprintf(labels, sizeof(labels), "method=\"%s\"", st->method);
         if (st->bytes_in)
@@ -204,6 +210,12 @@ int sl_ops_init(sl_ops *ops, sl_daemon *d, int argc, char **argv)
                        "Open file descriptors of sluiced.");
     sl_metrics_declare(ops->metrics, "sluice_rpc_active_streams", SL_METRIC_GAUGE,
                        "Streaming calls in progress.");
+    sl_metrics_declare(ops->metrics, "sluice_rpc_refused_total", SL_METRIC_COUNTER,
+                       "Calls refused with RESOURCE_EXHAUSTED by a limit (max_calls, "
+                       "max_job_streams).");
+    sl_metrics_declare(ops->metrics, "sluice_rpc_idle_timeouts_total", SL_METRIC_COUNTER,
+                       "Streams ended because their client sent or read nothing for the idle "
+                       "timeout.");
     sl_metrics_declare(ops->metrics, "sluice_rpc_received_bytes_total", SL_METRIC_COUNTER,
                        "Request message bytes received, by method (upload data included).");
     sl_metrics_declare(ops->metrics, "sluice_rpc_sent_bytes_total", SL_METRIC_COUNTER,

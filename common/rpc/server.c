@@ -12,6 +12,7 @@
 #include "server.h"
 
 #include "internal.h"
+#include "keys.h"
 #include "../err.h"
 #include "../log.h"
 
@@ -40,6 +41,7 @@ typedef struct tag {
 typedef struct reg {
     const sl_rpc_service *svc;
     const sl_rpc_method *m;
+    size_t svc_idx; /* index of svc in the server's services */
     char *path;
     void *handle;
 } reg;
@@ -96,6 +98,18 @@ struct sl_rpc_call {
     ProtobufCMessage *cur_msg; /* the message being delivered, unless the handler took it */
     sl_rpc_bytes *cur_bytes;   /* its bytes_field, unless the handler took them */
     uint64_t bytes_in, bytes_out;
+
+    /* Limits (loop thread, except `progress`). The call is on the server's list of calls from
+     * arrival until freed; `admitted` says it counts against max_calls, `key` is its claim. */
+    struct sl_rpc_call *prev, *next;
+    int admitted;
+    sl_rpc_key *key;
+    sl_rpc_end end;
+    /* Bumped by whichever thread sees a message arrive, a read start or a send complete; the idle
+     * sweep compares it with the value it saw last (`idle_seen`, at `idle_since_us`). */
+    atomic_uint progress;
+    unsigned idle_seen;
+    uint64_t idle_since_us;
 };
 
 struct sl_rpc_server {
@@ -134,6 +148,14 @@ struct sl_rpc_server {
     tag shutdown_tag;
     void (*done)(void *);
     void *done_arg;
+
+    /* Limits, loop thread: every call with state, admitted calls (all, and per service), the
+     * per-key counts of sl_rpc_call_claim, and the idle sweep. */
+    sl_rpc_call *calls;
+    size_t admitted;
+    size_t *svc_admitted;
+    sl_rpc_keys keys;
+    uv_timer_t idle_timer;
 };
 
 static uint64_t now_us(void)
@@ -195,6 +217,7 @@ static void *cq_thread(void *arg)
         if (ev.success && ((tag *)ev.tag)->kind == TAG_SEND) {
             sl_rpc_call *c = ((tag *)ev.tag)->ptr;
             int more;
+            atomic_fetch_add_explicit(&c->progress, 1, memory_order_relaxed);
             pthread_mutex_lock(&c->mu);
             more = chain_next(c);
             if (!more && c->status_sent && drop_ref_unless_last(c))
@@ -235,6 +258,17 @@ static void call_free(sl_rpc_call *c)
         grpc_slice_unref(c->status_details);
     if (c->reg && c->reg->m->kind != SL_RPC_UNARY)
         atomic_fetch_sub(&srv->live_streams, 1);
+    if (c->admitted) {
+        srv->admitted--;
+        srv->svc_admitted[c->reg->svc_idx]--;
+    }
+    sl_rpc_keys_release(&srv->keys, c->key);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        srv->calls = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
     free(c->path);
     free(c->peer);
     free(c);
@@ -322,14 +356,17 @@ static int chain_next(sl_rpc_call *c)
     op.data.send_message.send_message = bb;
     op.flags = c->sq_len > 0 ? GRPC_WRITE_BUFFER_HINT : 0;
     c->send_buf = bb;
+    /* Queue the writable event before starting the batch: once started, the batch may fail at
+     * once (a cancelled call) and another completion-queue thread queue the chain's end, whose
+     * reference may be the call's last; the loop must see this event first. */
+    if (c->sq_len <= SEND_WINDOW / 2 && !c->writable_posted) {
+        c->writable_posted = 1;
+        push_event(c->srv, &c->tag_writable, 1);
+    }
     if (grpc_call_start_batch(c->call, &op, 1, &c->tag_send, NULL) != GRPC_CALL_OK) {
         c->send_buf = NULL;
         grpc_byte_buffer_destroy(bb);
         return 0;
-    }
-    if (c->sq_len <= SEND_WINDOW / 2 && !c->writable_posted) {
-        c->writable_posted = 1;
-        push_event(c->srv, &c->tag_writable, 1);
     }
     return 1;
 }
@@ -490,6 +527,7 @@ int sl_rpc_call_read(sl_rpc_call *call)
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &call->recv_buf;
     call->recv_busy = 1;
+    atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
     atomic_fetch_add(&call->refs, 1);
     e = grpc_call_start_batch(call->call, &op, 1, &call->tag_recv, NULL);
     if (e != GRPC_CALL_OK) {
@@ -615,6 +653,7 @@ static void on_recv_done(sl_rpc_call *c, int ok)
 
     c->recv_buf = NULL;
     c->recv_busy = 0;
+    atomic_fetch_add_explicit(&c->progress, 1, memory_order_relaxed);
     if (!ok || c->finished || c->done) {
         if (bb)
             grpc_byte_buffer_destroy(bb);
@@ -653,6 +692,8 @@ static void on_close_done(sl_rpc_call *c)
 
     c->done = 1;
     code = (!handler_finished || c->close_cancelled) ? SL_RPC_CANCELLED : c->status_code;
+    if (c->end == SL_RPC_END_IDLE)
+        code = SL_RPC_DEADLINE_EXCEEDED;
     if (!handler_finished) {
         c->finished = 1;
         if (c->reg && c->reg->m->on_cancel)
@@ -665,7 +706,8 @@ static void on_close_done(sl_rpc_call *c)
                                 now_us() - c->start_us,
                                 c->bytes_in,
                                 c->bytes_out,
-                                c->reg ? c->reg->m->kind : SL_RPC_UNARY};
+                                c->reg ? c->reg->m->kind : SL_RPC_UNARY,
+                                c->end};
         srv->opts.observer(&st, srv->opts.observer_arg);
     }
     sl_rpc_call_unref(c);
@@ -711,6 +753,11 @@ static sl_rpc_call *call_from_slot(slot *s)
     atomic_fetch_add(&srv->live_calls, 1);
     if (c->reg && c->reg->m->kind != SL_RPC_UNARY)
         atomic_fetch_add(&srv->live_streams, 1);
+    c->idle_since_us = c->start_us;
+    c->next = srv->calls;
+    if (srv->calls)
+        srv->calls->prev = c;
+    srv->calls = c;
 
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -744,6 +791,81 @@ static int authorized(sl_rpc_call *c)
     return 0;
 }
 
+/* Count the call against max_calls, or its service's reserve when the cap is reached. Returns 1
+ * if admitted. */
+static int admit(sl_rpc_call *c)
+{
+    sl_rpc_server *srv = c->srv;
+    size_t *svc = &srv->svc_admitted[c->reg->svc_idx];
+    int max = srv->opts.max_calls;
+
+    if (max > 0 && srv->admitted >= (size_t)max && *svc >= (size_t)c->reg->svc->reserved_calls)
+        return 0;
+    srv->admitted++;
+    (*svc)++;
+    c->admitted = 1;
+    return 1;
+}
+
+int sl_rpc_call_claim(sl_rpc_call *call, const char *key, const char *what)
+{
+    sl_rpc_server *srv = call->srv;
+    int err;
+
+    if (call->key || call->finished || call->done)
+        return SL_ESTATE;
+    err = sl_rpc_keys_acquire(&srv->keys, &call->key, key, (size_t)srv->opts.max_key_calls);
+    if (err == SL_ELIMIT) {
+        call->end = SL_RPC_END_MAX_KEY;
+        sl_log_limited(SL_LOG_WARN, 1000, "rpc_limit",
+                       "limit=max_key_calls value=%d %s=%s method=%s peer=%s",
+                       srv->opts.max_key_calls, what, key, call->path, sl_rpc_call_peer(call));
+        sl_rpc_call_finish(call, SL_RPC_RESOURCE_EXHAUSTED,
+                           "too many concurrent streams for %s '%s' (limit %d)", what, key,
+                           srv->opts.max_key_calls);
+    } else if (err) {
+        sl_rpc_call_finish(call, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    return err;
+}
+
+/* End a call that waited for its client longer than the idle timeout. The core sends the status
+ * and completes the call's operations; the handler learns it through on_cancel. */
+static void end_idle(sl_rpc_call *c)
+{
+    double secs = (double)c->srv->opts.idle_timeout_ms / 1000.0;
+    char msg[160];
+
+    c->end = SL_RPC_END_IDLE;
+    if (c->recv_busy)
+        snprintf(msg, sizeof(msg), "no message for %g s", secs);
+    else
+        snprintf(msg, sizeof(msg), "no send progress for %g s: the client stopped reading", secs);
+    sl_log_limited(SL_LOG_INFO, 1000, "rpc_idle_timeout", "method=%s peer=%s reason=\"%s\"",
+                   c->path, sl_rpc_call_peer(c), msg);
+    grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
+}
+
+/* The idle sweep: a call that waits for its client (a read or a send outstanding) and made no
+ * progress since the sweep that first saw it waiting is ended once the timeout has passed. */
+static void on_idle_sweep(uv_timer_t *t)
+{
+    sl_rpc_server *srv = t->data;
+    uint64_t now = now_us(), limit = srv->opts.idle_timeout_ms * 1000u;
+
+    for (sl_rpc_call *c = srv->calls; c; c = c->next) {
+        unsigned p = atomic_load_explicit(&c->progress, memory_order_relaxed);
+        if (c->done || c->end == SL_RPC_END_IDLE)
+            continue;
+        if (p != c->idle_seen || !(c->recv_busy || c->send_busy)) {
+            c->idle_seen = p;
+            c->idle_since_us = now;
+        } else if (now - c->idle_since_us >= limit) {
+            end_idle(c);
+        }
+    }
+}
+
 static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
 {
     const sl_rpc_method *m;
@@ -759,6 +881,14 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
         return;
     }
     m = c->reg->m;
+    if (!admit(c)) {
+        c->end = SL_RPC_END_MAX_CALLS;
+        sl_log_limited(SL_LOG_WARN, 1000, "rpc_limit", "limit=max_calls value=%d method=%s peer=%s",
+                       c->srv->opts.max_calls, c->path, sl_rpc_call_peer(c));
+        sl_rpc_call_finish(c, SL_RPC_RESOURCE_EXHAUSTED, "too many concurrent calls (limit %d)",
+                           c->srv->opts.max_calls);
+        return;
+    }
     if (c->srv->opts.authorize && !authorized(c))
         return;
     if (m->kind == SL_RPC_CLIENT_STREAM || m->kind == SL_RPC_BIDI_STREAM) {
@@ -857,6 +987,7 @@ static void teardown(sl_rpc_server *srv)
     srv->torn_down = 1;
     uv_close((uv_handle_t *)&srv->async, on_handle_closed);
     uv_close((uv_handle_t *)&srv->grace, on_handle_closed);
+    uv_close((uv_handle_t *)&srv->idle_timer, on_handle_closed);
 }
 
 static void maybe_finish_shutdown(sl_rpc_server *srv)
@@ -963,7 +1094,8 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
 
     *out = NULL;
     if (!opts || !opts->listen || !*opts->listen || opts->max_recv_bytes < 0 ||
-        opts->max_send_bytes < 0 || opts->cq_threads < 0 || opts->slots_per_method < 0)
+        opts->max_send_bytes < 0 || opts->cq_threads < 0 || opts->slots_per_method < 0 ||
+        opts->max_calls < 0 || opts->max_key_calls < 0)
         return SL_EINVAL;
     srv = calloc(1, sizeof(*srv));
     if (!srv)
@@ -995,7 +1127,8 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
     srv->n_slots = srv->n_regs * (size_t)per + n_generic;
     srv->slots = calloc(srv->n_slots, sizeof(*srv->slots));
     srv->threads = calloc((size_t)srv->opts.cq_threads, sizeof(*srv->threads));
-    if (!srv->regs || !srv->slots || !srv->threads) {
+    srv->svc_admitted = calloc(n_services ? n_services : 1, sizeof(*srv->svc_admitted));
+    if (!srv->regs || !srv->slots || !srv->threads || !srv->svc_admitted) {
         err = -ENOMEM;
         goto out;
     }
@@ -1022,6 +1155,7 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
             size_t len = strlen(services[i]->name) + strlen(m->name) + 3;
             int payload = m->kind == SL_RPC_UNARY || m->kind == SL_RPC_SERVER_STREAM;
             r->svc = services[i];
+            r->svc_idx = i;
             r->m = m;
             r->path = malloc(len);
             if (!r->path) {
@@ -1066,7 +1200,15 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
     srv->async.data = srv;
     uv_timer_init(loop, &srv->grace);
     srv->grace.data = srv;
-    srv->handles_open = 2;
+    uv_timer_init(loop, &srv->idle_timer);
+    srv->idle_timer.data = srv;
+    srv->handles_open = 3;
+    if (srv->opts.idle_timeout_ms > 0) {
+        /* A few sweeps per timeout, at most one a second: ends come at most a quarter late. */
+        uint64_t every = srv->opts.idle_timeout_ms / 4;
+        every = every < 50 ? 50 : every > 1000 ? 1000 : every;
+        uv_timer_start(&srv->idle_timer, on_idle_sweep, every, every);
+    }
 
     grpc_server_start(srv->server);
     k = 0;
@@ -1146,6 +1288,8 @@ void sl_rpc_server_free(sl_rpc_server *srv)
     free(srv->services);
     free(srv->slots);
     free(srv->threads);
+    free(srv->svc_admitted);
+    sl_rpc_keys_clear(&srv->keys);
     free(srv->q);
     free(srv->work);
     pthread_mutex_destroy(&srv->mu);

@@ -66,6 +66,9 @@ typedef struct sl_rpc_service {
     /* Called on the loop thread when graceful shutdown starts, so the service can end its
      * long-lived streams (they would otherwise be cancelled when the grace period ends). */
     void (*on_shutdown)(void *arg);
+    /* Calls of this service admitted even when the server's max_calls is reached, as long as the
+     * service has fewer than this many open (so health checks stay answerable). 0: none. */
+    int reserved_calls;
 } sl_rpc_service;
 
 /* Decide whether a call may proceed, before its handler sees it (loop thread). `token` is the
@@ -73,6 +76,14 @@ typedef struct sl_rpc_service {
  * allow, SL_EAUTH (UNAUTHENTICATED) or SL_EPERM (PERMISSION_DENIED) with a message in msg. */
 typedef int (*sl_rpc_authorize_fn)(const char *method, unsigned access, const char *token,
                                    char *msg, size_t msg_len, void *arg);
+
+/* Why the layer ended a call, if it did. */
+typedef enum sl_rpc_end {
+    SL_RPC_END_HANDLER = 0,   /* the handler or the client ended it */
+    SL_RPC_END_MAX_CALLS = 1, /* refused: max_calls calls were open */
+    SL_RPC_END_MAX_KEY = 2,   /* refused by sl_rpc_call_claim: max_key_calls under its key */
+    SL_RPC_END_IDLE = 3,      /* no progress for idle_timeout_ms */
+} sl_rpc_end;
 
 /* What a finished call did, for logs and metrics. */
 typedef struct sl_rpc_call_stats {
@@ -83,6 +94,7 @@ typedef struct sl_rpc_call_stats {
     uint64_t bytes_in;  /* serialized request messages received */
     uint64_t bytes_out; /* serialized response messages queued */
     sl_rpc_kind kind;
+    sl_rpc_end end;
 } sl_rpc_call_stats;
 
 /* Observer of finished calls, loop thread. */
@@ -99,6 +111,17 @@ typedef struct sl_rpc_server_opts {
     void *authorize_arg;
     sl_rpc_call_observer observer; /* optional */
     void *observer_arg;
+    /* Calls open at once (all kinds, counted from arrival until their state is freed); one more
+     * is answered RESOURCE_EXHAUSTED "too many concurrent calls (limit N)" before its handler or
+     * the authorize callback sees it. 0: unlimited. Services' reserved_calls come on top. */
+    int max_calls;
+    /* Calls open at once under one key of sl_rpc_call_claim. 0: unlimited. */
+    int max_key_calls;
+    /* A call that waits for the client this long is ended with DEADLINE_EXCEEDED: a read is
+     * outstanding and no message arrived, or a send is outstanding and none completed (the
+     * client stopped reading). Handlers see on_cancel. Checked a few times per period, at most
+     * once a second. 0: never. */
+    uint64_t idle_timeout_ms;
 } sl_rpc_server_opts;
 
 /* Create a server bound to opts->listen serving `services` (the array is copied; the services
@@ -128,6 +151,12 @@ size_t sl_rpc_server_live_calls(const sl_rpc_server *srv);
 size_t sl_rpc_server_live_streams(const sl_rpc_server *srv);
 
 /* ---- The call API for handlers. Loop thread only. ---- */
+
+/* Count the call under `key` (e.g. a job name) until it ends, unless max_key_calls calls already
+ * are: then the call is finished with RESOURCE_EXHAUSTED "too many concurrent streams for <what>
+ * '<key>' (limit N)" and SL_ELIMIT returned; the handler just returns. Returns 0, SL_ELIMIT,
+ * SL_ESTATE if the call already claimed a key or was finished, -ENOMEM (the call is finished). */
+int sl_rpc_call_claim(sl_rpc_call *call, const char *key, const char *what);
 
 /* Take ownership of the message being delivered (only inside on_start or on_message), e.g. to
  * hand a large upload chunk to a worker without copying it. Returns it, or NULL outside those

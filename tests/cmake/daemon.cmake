@@ -10,3 +10,9 @@ add_test(NAME ops_integration
          COMMAND ${SL_PYTHON} -m unittest -v test_ops
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
 set_tests_properties(ops_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
+
+# Enforced limits: --max-calls, --max-job-streams, --idle-timeout, memory of stalled readers.
+add_test(NAME limits_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_limits
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(limits_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)

@@ -15,6 +15,7 @@ struct sl_testsrv {
     pthread_t thread;
     uint64_t grace_ms;
     size_t live_at_stop;
+    int claim_keys; /* Echo claims its text as a key (sl_rpc_call_claim) */
     sl_rpc_service svc;
 };
 
@@ -68,6 +69,8 @@ static void echo_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
     Sluice__Test__EchoResponse resp = SLUICE__TEST__ECHO_RESPONSE__INIT;
     sl_testsrv *s = arg;
 
+    if (s->claim_keys && sl_rpc_call_claim(call, req->text, "text") != 0)
+        return;
     if (req->fail_code) {
         sl_rpc_call_finish(call, (sl_rpc_code)req->fail_code, "failing as asked: '%s'", req->text);
         return;
@@ -352,7 +355,8 @@ static void *loop_main(void *arg)
     return NULL;
 }
 
-static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, int auth)
+static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, int auth,
+                 const sl_rpc_server_opts *limits)
 {
     sl_testsrv *s = calloc(1, sizeof(*s));
     const sl_rpc_service *svcs[1];
@@ -362,14 +366,20 @@ static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, in
     uv_loop_init(&s->loop);
     uv_async_init(&s->loop, &s->stop, on_stop);
     s->stop.data = s;
-    s->svc = (sl_rpc_service){"sluice.test.Test", methods, sizeof(methods) / sizeof(methods[0]), s,
-                              NULL};
+    s->svc = (sl_rpc_service){
+        "sluice.test.Test", methods, sizeof(methods) / sizeof(methods[0]), s, NULL, 0};
     svcs[0] = &s->svc;
     memset(&opts, 0, sizeof(opts));
     opts.listen = "127.0.0.1:0";
     opts.max_recv_bytes = max_recv_bytes;
     opts.tls = tls;
     opts.authorize = auth ? authorize : NULL;
+    if (limits) {
+        opts.max_calls = limits->max_calls;
+        opts.max_key_calls = limits->max_key_calls;
+        opts.idle_timeout_ms = limits->idle_timeout_ms;
+        s->claim_keys = limits->max_key_calls > 0;
+    }
     err = sl_rpc_server_new(&s->srv, &s->loop, &opts, svcs, 1);
     if (err) {
         uv_close((uv_handle_t *)&s->stop, NULL);
@@ -385,12 +395,17 @@ static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, in
 
 int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls)
 {
-    return start(out, max_recv_bytes, tls, 0);
+    return start(out, max_recv_bytes, tls, 0, NULL);
 }
 
 int sl_testsrv_start_auth(sl_testsrv **out)
 {
-    return start(out, 0, NULL, 1);
+    return start(out, 0, NULL, 1, NULL);
+}
+
+int sl_testsrv_start_limits(sl_testsrv **out, const sl_rpc_server_opts *limits)
+{
+    return start(out, 0, NULL, 0, limits);
 }
 
 int sl_testsrv_port(const sl_testsrv *s)

@@ -17,6 +17,10 @@ int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls
  * everything (writer); Stats is public. */
 int sl_testsrv_start_auth(sl_testsrv **out);
 
+/* As sl_testsrv_start, with the max_calls, max_key_calls and idle_timeout_ms of `limits`; with
+ * max_key_calls set, Echo claims its text as the key (sl_rpc_call_claim). */
+int sl_testsrv_start_limits(sl_testsrv **out, const sl_rpc_server_opts *limits);
+
 /* The bound port. */
 int sl_testsrv_port(const sl_testsrv *s);
 

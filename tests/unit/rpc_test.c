@@ -997,6 +997,197 @@ static void test_auth(void)
     CHECK(sl_testsrv_stop(srv, 500) == 0, "stop");
 }
 
+/* ---- limits: max_calls, per-key claims, the idle sweep (each on its own server) ---- */
+
+/* Start a server with `lim` and point `target` at it; the previous target goes to `saved`. */
+static sl_testsrv *start_limited(const sl_rpc_server_opts *lim, char *saved, size_t len)
+{
+    sl_testsrv *srv = NULL;
+    int err = sl_testsrv_start_limits(&srv, lim);
+
+    CHECK(err == 0, "start_limits: %d", err);
+    if (err)
+        return NULL;
+    snprintf(saved, len, "%s", target);
+    snprintf(target, sizeof(target), "127.0.0.1:%d", sl_testsrv_port(srv));
+    return srv;
+}
+
+static void stop_limited(sl_testsrv *srv, const char *saved)
+{
+    size_t left = sl_testsrv_stop(srv, 2000);
+
+    CHECK(left == 0, "%zu calls left at stop", left);
+    snprintf(target, sizeof(target), "%s", saved);
+}
+
+/* A Count stream (forever, 1 KiB messages) whose first message was read, so the server holds it;
+ * the client then stops reading. */
+static sl_rpc_stream *open_count(sl_rpc_client *c, uint32_t payload)
+{
+    Sluice__Test__CountRequest req = SLUICE__TEST__COUNT_REQUEST__INIT;
+    sl_rpc_stream *s = NULL;
+    ProtobufCMessage *msg = NULL;
+    int n;
+
+    req.payload_size = payload;
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Count", 60000) == 0, "open");
+    CHECK(sl_rpc_stream_write(s, &req.base, 0) == 0, "write");
+    CHECK(sl_rpc_stream_close_send(s) == 0, "close_send");
+    n = sl_rpc_stream_read(s, &sluice__test__count_response__descriptor, &msg);
+    CHECK(n == 1, "first message: %d", n);
+    if (msg)
+        protobuf_c_message_free_unpacked(msg, NULL);
+    return s;
+}
+
+/* Echo until it answers OK (calls are released asynchronously), for up to 30 s. */
+static int echo_until_ok(sl_rpc_client *c, const char *text, sl_rpc_status *st)
+{
+    double end = now_s() + 30.0;
+    int err;
+
+    while ((err = echo(c, text, 0, 0, 5000, st, NULL, 0)) != 0 && now_s() < end)
+        usleep(20000);
+    return err;
+}
+
+static void test_max_calls(void)
+{
+    sl_rpc_server_opts lim = {0};
+    Sluice__Test__Num num = SLUICE__TEST__NUM__INIT;
+    char saved[64];
+    sl_testsrv *srv;
+    sl_rpc_client *c;
+    sl_rpc_stream *s[2], *sum = NULL;
+    sl_rpc_status st;
+    int err;
+
+    lim.max_calls = 2;
+    if (!(srv = start_limited(&lim, saved, sizeof(saved))))
+        return;
+    c = new_client();
+    s[0] = open_count(c, 1024);
+    s[1] = open_count(c, 1024);
+    /* Both slots are taken: a unary call and a client stream are refused at once. */
+    err = echo(c, "third", 0, 0, 5000, &st, NULL, 0);
+    CHECK(err == SL_ELIMIT && st.code == SL_RPC_RESOURCE_EXHAUSTED, "err %d code %d '%s'", err,
+          st.code, st.message);
+    CHECK(strstr(st.message, "too many concurrent calls (limit 2)") != NULL, "message '%s'",
+          st.message);
+    CHECK(sl_rpc_stream_open(&sum, c, "/sluice.test.Test/Sum", 10000) == 0, "open sum");
+    num.value = 1;
+    sl_rpc_stream_write(sum, &num.base, 0); /* may fail: the call may already be over */
+    sl_rpc_stream_close_send(sum);
+    err = sl_rpc_stream_finish(sum, &st);
+    CHECK(st.code == SL_RPC_RESOURCE_EXHAUSTED && strstr(st.message, "limit 2"),
+          "sum: err %d code %d '%s'", err, st.code, st.message);
+    sl_rpc_stream_free(sum);
+    /* Ending the streams frees their slots. */
+    for (int i = 0; i < 2; i++) {
+        sl_rpc_stream_cancel(s[i]);
+        sl_rpc_stream_free(s[i]);
+    }
+    err = echo_until_ok(c, "again", &st);
+    CHECK(err == 0, "echo after the streams ended: %d '%s'", err, st.message);
+    sl_rpc_client_free(c);
+    stop_limited(srv, saved);
+}
+
+static void test_max_key_calls(void)
+{
+    Sluice__Test__EchoRequest req = SLUICE__TEST__ECHO_REQUEST__INIT;
+    sl_rpc_server_opts lim = {0};
+    char saved[64];
+    sl_testsrv *srv;
+    sl_rpc_client *c;
+    sl_rpc_async *a = NULL;
+    sl_rpc_status st;
+    double end;
+    int err;
+
+    lim.max_key_calls = 2;
+    if (!(srv = start_limited(&lim, saved, sizeof(saved))))
+        return;
+    c = new_client();
+    CHECK(sl_rpc_async_new(&a, c) == 0, "async_new");
+    /* Two slow calls under key "k" and one under "other" hold their claims. */
+    req.delay_ms = 60000;
+    req.text = "k";
+    sl_rpc_async_start(a, "/sluice.test.Test/Echo", &req.base, 60000, NULL);
+    sl_rpc_async_start(a, "/sluice.test.Test/Echo", &req.base, 60000, NULL);
+    req.text = "other";
+    sl_rpc_async_start(a, "/sluice.test.Test/Echo", &req.base, 60000, NULL);
+    end = now_s() + 30.0;
+    while (live_calls(c) != 3 && now_s() < end)
+        usleep(10000);
+    CHECK(live_calls(c) == 3, "slow calls not all live");
+    err = echo(c, "k", 0, 0, 5000, &st, NULL, 0);
+    CHECK(err == SL_ELIMIT && st.code == SL_RPC_RESOURCE_EXHAUSTED, "err %d code %d '%s'", err,
+          st.code, st.message);
+    CHECK(strstr(st.message, "too many concurrent streams for text 'k' (limit 2)") != NULL,
+          "message '%s'", st.message);
+    /* Another key is not affected. */
+    err = echo(c, "other", 0, 0, 5000, &st, NULL, 0);
+    CHECK(err == 0, "other key: %d '%s'", err, st.message);
+    sl_rpc_async_free(a);
+    err = echo_until_ok(c, "k", &st);
+    CHECK(err == 0, "echo after the slow calls ended: %d '%s'", err, st.message);
+    CHECK(wait_idle(c, 10.0) == 0, "call state left");
+    sl_rpc_client_free(c);
+    stop_limited(srv, saved);
+}
+
+static void test_idle_timeout(void)
+{
+    Sluice__Test__Num num = SLUICE__TEST__NUM__INIT;
+    sl_rpc_server_opts lim = {0};
+    ProtobufCMessage *msg;
+    char saved[64], out[16] = "";
+    sl_testsrv *srv;
+    sl_rpc_client *c;
+    sl_rpc_stream *s = NULL;
+    sl_rpc_status st;
+    int err, n, got = 0;
+
+    lim.idle_timeout_ms = 300;
+    if (!(srv = start_limited(&lim, saved, sizeof(saved))))
+        return;
+    c = new_client();
+    /* A client stream that sends nothing, and one that stops after a message. The client's own
+     * deadline (30 s) only keeps a broken server from hanging the test. */
+    for (int i = 0; i < 2; i++) {
+        CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Sum", 30000) == 0, "open sum");
+        num.value = 5;
+        if (i == 1)
+            CHECK(sl_rpc_stream_write(s, &num.base, 0) == 0, "write");
+        err = sl_rpc_stream_finish(s, &st);
+        CHECK(st.code == SL_RPC_DEADLINE_EXCEEDED && strstr(st.message, "no message for 0.3 s"),
+              "sum %d: err %d code %d '%s'", i, err, st.code, st.message);
+        sl_rpc_stream_free(s);
+    }
+    /* A server stream whose client stops reading: the server's sends stop completing, and the
+     * sweep ends it. The client then reads what was buffered and gets the status. */
+    s = open_count(c, 16384);
+    usleep(1500 * 1000);
+    while (got < 20000 &&
+           (n = sl_rpc_stream_read(s, &sluice__test__count_response__descriptor, &msg)) == 1) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        got++;
+    }
+    err = sl_rpc_stream_finish(s, &st);
+    CHECK(st.code == SL_RPC_DEADLINE_EXCEEDED && strstr(st.message, "no send progress for 0.3 s"),
+          "count: err %d code %d '%s' after %d messages", err, st.code, st.message, got);
+    printf("  stalled stream ended after %d buffered messages\n", got);
+    sl_rpc_stream_free(s);
+    /* A call that waits for the handler (not the client) is not idle. */
+    err = echo(c, "slow", 1000, 0, 30000, &st, out, sizeof(out));
+    CHECK(err == 0 && strcmp(out, "slow") == 0, "slow echo: %d '%s'", err, st.message);
+    CHECK(wait_idle(c, 10.0) == 0, "call state left");
+    sl_rpc_client_free(c);
+    stop_limited(srv, saved);
+}
+
 int main(void)
 {
     static const struct {
@@ -1023,6 +1214,9 @@ int main(void)
         {"async", test_async},
         {"tls", test_tls},
         {"auth", test_auth},
+        {"max_calls", test_max_calls},
+        {"max_key_calls", test_max_key_calls},
+        {"idle_timeout", test_idle_timeout},
     };
     sl_testsrv *srv = NULL;
     size_t left;
