@@ -362,7 +362,7 @@ static int find_ckpt(sl_ckpt_svc *s, sl_rpc_call *call, sl_cat_ckpt *ck, const c
     if (err == SL_ENOTFOUND)
         sl_rpc_call_fail(call, err, "checkpoint %s/%s not found", job, name);
     else if (err)
-        sl_rpc_call_fail(call, err, "catalog error");
+        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
     return err;
 }
 
@@ -538,7 +538,7 @@ static void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
         return;
     }
     if (err) {
-        sl_rpc_call_fail(call, err, "catalog error");
+        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
         return;
     }
     if (created)
@@ -678,7 +678,7 @@ static void ckpt_latest(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     if (err == SL_ENOTFOUND)
         sl_rpc_call_fail(call, err, "job %s has no COMPLETE checkpoint", req->job);
     else if (err)
-        sl_rpc_call_fail(call, err, "catalog error");
+        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
     else
         reply_ckpt(call, &ck);
 }
@@ -779,7 +779,7 @@ static void ckpt_abort(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
         if (!err)
             err = sl_cat_ckpt_set_state(s->d->cat, ck.id, SL_CKPT_INCOMPLETE, 0);
         if (err) {
-            sl_rpc_call_fail(call, err, "catalog error");
+            sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
             return;
         }
         /* End its running uploads now; one finishing its rename removes its file itself. */
@@ -826,7 +826,7 @@ static void ckpt_delete(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     }
     err = delete_ckpt(s, &ck);
     if (err)
-        sl_rpc_call_fail(call, err, "catalog error");
+        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
     else
         sl_rpc_call_reply(call, &resp.base);
 }
@@ -1002,7 +1002,7 @@ static void commit_after(uv_work_t *w, int status)
     if (!err)
         err = sl_cat_ckpt_get(s->d->cat, &j->ck, j->ck.job, j->ck.name);
     if (err) {
-        sl_rpc_call_fail(j->call, err, "catalog error");
+        sl_rpc_call_fail(j->call, err, "catalog error: %s", sl_strerror(err));
         goto out;
     }
     sl_log_info("ckpt_commit", "job=%s name=%s world_size=%d bytes=%" PRIu64, j->ck.job, j->ck.name,
@@ -1059,7 +1059,7 @@ static void ckpt_commit(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     err = sl_cat_shard_list(s->d->cat, ck.id, 0, check_shard, &cc);
     note_missing(&cc, cc.next, ck.world_size);
     if (err) {
-        sl_rpc_call_fail(call, err, "catalog error");
+        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
         goto out;
     }
     if (cc.n_missing) {
@@ -1391,7 +1391,7 @@ static void up_finish(upload *up)
     /* Forget the rank's previous shard before its file is replaced. */
     err = sl_cat_shard_delete(s->d->cat, up->ckpt_id, up->rank);
     if (err) {
-        up_fail(up, err, "catalog error");
+        up_fail(up, err, "catalog error: %s", sl_strerror(err));
         return;
     }
     up->finalizing = 1;
@@ -1421,7 +1421,7 @@ static void up_recorded(upload *up)
     sh.tensors_json = up->tensors_json;
     err = sl_cat_shard_put(s->d->cat, up->ckpt_id, &sh, now_ms());
     if (err) {
-        up_fail(up, err, "catalog error");
+        up_fail(up, err, "catalog error: %s", sl_strerror(err));
         return;
     }
     up_stop(up, 0);
@@ -1602,7 +1602,7 @@ static void up_header(upload *up, const Sluice__V1__ShardHeader *h)
         size_t mine = strlen(up->tensors_json);
         err = sl_cat_ckpt_tensor_bytes(s->d->cat, &others, ck.id, h->rank);
         if (err) {
-            sl_rpc_call_fail(call, err, "catalog error");
+            sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
             return;
         }
         if (others + mine > META_MAX) {
@@ -2253,7 +2253,7 @@ static void ckpt_verify(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
             v->jobs[n].queued = 1;
     }
     if (err) {
-        sl_rpc_call_fail(call, err, "catalog error");
+        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
         goto fail;
     }
     for (int32_t r = 0; r <= n; r++)

@@ -511,6 +511,7 @@ sl_rpc_code sl_rpc_code_from_err(int err)
         return SL_RPC_FAILED_PRECONDITION;
     case SL_ESHUTDOWN:
     case SL_EUNAVAILABLE:
+    case SL_EDBBUSY:
         return SL_RPC_UNAVAILABLE;
     case SL_ECANCELLED:
         return SL_RPC_CANCELLED;
