@@ -248,32 +248,75 @@ static ProtobufCMessage *unpack_one_bytes_field(const ProtobufCMessageDescriptor
     return msg;
 }
 
-ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb,
-                                char *why, size_t why_len)
+/* protobuf-c's allocator for decoding: malloc and free, noting a failure, so that a message too
+ * large for the memory left is told apart from a malformed one (protobuf-c returns NULL for
+ * both). Messages it made are freed with the default allocator, which is free() as well. */
+typedef struct pb_mem {
+    int failed;
+} pb_mem;
+
+static void *pb_alloc(void *data, size_t n)
 {
+    void *p = malloc(n);
+
+    if (!p)
+        ((pb_mem *)data)->failed = 1;
+    return p;
+}
+
+static void pb_free(void *data, void *p)
+{
+    (void)data;
+    free(p);
+}
+
+int sl_rpc_decode(ProtobufCMessage **out, const ProtobufCMessageDescriptor *desc,
+                  grpc_byte_buffer *bb, char *why, size_t why_len)
+{
+    pb_mem mem = {0};
+    ProtobufCAllocator alloc = {pb_alloc, pb_free, &mem};
     grpc_byte_buffer_reader reader;
     ProtobufCMessage *msg;
     grpc_slice slice;
+    int err = 0;
 
+    *out = NULL;
     if (why && why_len)
         snprintf(why, why_len, "not a valid %s message", desc->name);
     if (!bb)
-        return NULL;
+        return SL_EPROTO;
     msg = unpack_one_bytes_field(desc, bb);
-    if (msg)
-        return msg;
+    if (msg) {
+        *out = msg;
+        return 0;
+    }
     if (!grpc_byte_buffer_reader_init(&reader, bb))
-        return NULL;
+        return SL_EPROTO;
     slice = grpc_byte_buffer_reader_readall(&reader);
-    msg = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(slice),
+    msg = protobuf_c_message_unpack(desc, &alloc, GRPC_SLICE_LENGTH(slice),
                                     GRPC_SLICE_START_PTR(slice));
-    if (msg &&
-        !strings_ok(desc, GRPC_SLICE_START_PTR(slice), GRPC_SLICE_LENGTH(slice), why, why_len, 0)) {
+    if (!msg) {
+        err = mem.failed ? -ENOMEM : SL_EPROTO;
+        if (mem.failed && why && why_len)
+            snprintf(why, why_len, "too large to hold (out of memory)");
+    } else if (!strings_ok(desc, GRPC_SLICE_START_PTR(slice), GRPC_SLICE_LENGTH(slice), why,
+                           why_len, 0)) {
         protobuf_c_message_free_unpacked(msg, NULL);
         msg = NULL;
+        err = SL_EPROTO;
     }
     grpc_slice_unref(slice);
     grpc_byte_buffer_reader_destroy(&reader);
+    *out = msg;
+    return err;
+}
+
+ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb,
+                                char *why, size_t why_len)
+{
+    ProtobufCMessage *msg;
+
+    sl_rpc_decode(&msg, desc, bb, why, why_len);
     return msg;
 }
 
@@ -386,15 +429,17 @@ static int field_present(const ProtobufCMessage *msg, const ProtobufCFieldDescri
     return bd->len > 0;
 }
 
-ProtobufCMessage *sl_rpc_unpack_bytes(const ProtobufCMessageDescriptor *desc, uint32_t field,
-                                      grpc_byte_buffer *bb, sl_rpc_bytes **bytes, char *why,
-                                      size_t why_len)
+int sl_rpc_decode_bytes(ProtobufCMessage **out, const ProtobufCMessageDescriptor *desc,
+                        uint32_t field, grpc_byte_buffer *bb, sl_rpc_bytes **bytes, char *why,
+                        size_t why_len)
 {
     const ProtobufCFieldDescriptor *want = sl_rpc_bytes_field(desc, field);
     ProtobufCMessage *msg;
     ProtobufCBinaryData *bd;
     size_t hlen, len;
+    int err;
 
+    *out = NULL;
     *bytes = NULL;
     if (want && one_bytes_field(desc, bb, &hlen, &len) == want) {
         sl_rpc_bytes *b = NULL;
@@ -406,25 +451,37 @@ ProtobufCMessage *sl_rpc_unpack_bytes(const ProtobufCMessageDescriptor *desc, ui
                 protobuf_c_message_free_unpacked(msg, NULL);
             if (why && why_len)
                 snprintf(why, why_len, "too large to hold (out of memory)");
-            return NULL;
+            return -ENOMEM;
         }
         *bytes = b;
-        return msg;
+        *out = msg;
+        return 0;
     }
-    msg = sl_rpc_unpack(desc, bb, why, why_len);
-    if (!msg || !want || !field_present(msg, want))
-        return msg;
-    bd = (ProtobufCBinaryData *)((char *)msg + want->offset);
-    if (bd->len == 0)
-        return msg;
-    *bytes = bytes_adopt(bd->data, bd->len);
-    if (!*bytes) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-        if (why && why_len)
-            snprintf(why, why_len, "too large to hold (out of memory)");
-        return NULL;
+    if ((err = sl_rpc_decode(&msg, desc, bb, why, why_len)) != 0)
+        return err;
+    if (want && field_present(msg, want)) {
+        bd = (ProtobufCBinaryData *)((char *)msg + want->offset);
+        if (bd->len > 0) {
+            if (!(*bytes = bytes_adopt(bd->data, bd->len))) {
+                protobuf_c_message_free_unpacked(msg, NULL);
+                if (why && why_len)
+                    snprintf(why, why_len, "too large to hold (out of memory)");
+                return -ENOMEM;
+            }
+            bd->data = NULL;
+        }
     }
-    bd->data = NULL;
+    *out = msg;
+    return 0;
+}
+
+ProtobufCMessage *sl_rpc_unpack_bytes(const ProtobufCMessageDescriptor *desc, uint32_t field,
+                                      grpc_byte_buffer *bb, sl_rpc_bytes **bytes, char *why,
+                                      size_t why_len)
+{
+    ProtobufCMessage *msg;
+
+    sl_rpc_decode_bytes(&msg, desc, field, bb, bytes, why, why_len);
     return msg;
 }
 

@@ -27,6 +27,12 @@ grpc_byte_buffer *sl_rpc_pack_raw(const void *buf, size_t len);
 ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb,
                                 char *why, size_t why_len);
 
+/* sl_rpc_unpack that says why it failed: 0 and *out, SL_EPROTO (not a valid message) or -ENOMEM
+ * (a valid message too large for the memory left: a server answers RESOURCE_EXHAUSTED, not
+ * INVALID_ARGUMENT), *out NULL and `why` set. */
+int sl_rpc_decode(ProtobufCMessage **out, const ProtobufCMessageDescriptor *desc,
+                  grpc_byte_buffer *bb, char *why, size_t why_len);
+
 /* sl_rpc_unpack for a message type whose singular bytes field number `field` is delivered as an
  * sl_rpc_bytes. On success *bytes holds that field's bytes and the message's field keeps its len
  * but has data NULL; *bytes is NULL (and len 0) when the field is absent or empty. A message that
@@ -37,6 +43,11 @@ ProtobufCMessage *sl_rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byt
 ProtobufCMessage *sl_rpc_unpack_bytes(const ProtobufCMessageDescriptor *desc, uint32_t field,
                                       grpc_byte_buffer *bb, sl_rpc_bytes **bytes, char *why,
                                       size_t why_len);
+
+/* sl_rpc_unpack_bytes that says why it failed, as sl_rpc_decode does. */
+int sl_rpc_decode_bytes(ProtobufCMessage **out, const ProtobufCMessageDescriptor *desc,
+                        uint32_t field, grpc_byte_buffer *bb, sl_rpc_bytes **bytes, char *why,
+                        size_t why_len);
 
 /* The field descriptor of a singular (plain, optional or oneof) bytes field number `field` of
  * `desc`, or NULL if there is no such field. */

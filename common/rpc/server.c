@@ -662,15 +662,17 @@ static void on_recv_done(sl_rpc_call *c, int ok)
     } else {
         ProtobufCMessage *msg;
         char why[256];
+        int err;
         c->bytes_in += grpc_byte_buffer_length(bb);
         if (m->bytes_field)
-            msg = sl_rpc_unpack_bytes(m->request, m->bytes_field, bb, &c->cur_bytes, why,
+            err = sl_rpc_decode_bytes(&msg, m->request, m->bytes_field, bb, &c->cur_bytes, why,
                                       sizeof(why));
         else
-            msg = sl_rpc_unpack(m->request, bb, why, sizeof(why));
+            err = sl_rpc_decode(&msg, m->request, bb, why, sizeof(why));
         grpc_byte_buffer_destroy(bb);
-        if (!msg) {
-            sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "message is %s", why);
+        if (err) {
+            /* INVALID_ARGUMENT, or RESOURCE_EXHAUSTED when memory ran out. */
+            sl_rpc_call_finish(c, sl_rpc_code_from_err(err), "message is %s", why);
         } else {
             c->cur_msg = msg;
             m->on_message(c, msg, c->reg->svc->arg);
@@ -871,6 +873,7 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
     const sl_rpc_method *m;
     ProtobufCMessage *req;
     char why[256];
+    int err;
 
     if (!c->path) {
         sl_rpc_call_finish(c, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -901,9 +904,8 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
         return;
     }
     c->bytes_in += grpc_byte_buffer_length(payload);
-    req = sl_rpc_unpack(m->request, payload, why, sizeof(why));
-    if (!req) {
-        sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "request is %s", why);
+    if ((err = sl_rpc_decode(&req, m->request, payload, why, sizeof(why))) != 0) {
+        sl_rpc_call_finish(c, sl_rpc_code_from_err(err), "request is %s", why);
         return;
     }
     c->cur_msg = req;

@@ -621,13 +621,17 @@ static int case_unpack(int injected)
 
     (void)injected;
     grpc_slice_unref(slice);
-    m = sl_rpc_unpack(wire_desc, bb, why, sizeof(why));
+    rc = sl_rpc_decode(&m, wire_desc, bb, why, sizeof(why));
     grpc_byte_buffer_destroy(bb);
-    if (!m) {
+    if (rc != 0) {
         if (getenv("ALLOCFAIL_DEBUG"))
             fprintf(stderr, "%s k=%ld mode %d: %s\n", cur_case, inj_at, inj_mode, why);
-        CHECK(why[0] != '\0');
-        return -ENOMEM;
+        /* The message is valid: running out of memory is the only way to fail, and it must not
+         * be answered as an invalid message (INVALID_ARGUMENT). */
+        CHECK(rc == -ENOMEM);
+        CHECK(m == NULL);
+        CHECK(strstr(why, "out of memory") != NULL);
+        return rc;
     }
     /* Decoded in full: it packs to the same bytes. */
     CHECK(protobuf_c_message_get_packed_size(m) == wire_len);
@@ -651,6 +655,7 @@ static int case_unpack_bytes(int injected)
     ProtobufCMessage *m;
     sl_rpc_bytes *b = (sl_rpc_bytes *)wire;
     char why[256] = "";
+    int rc;
 
     (void)injected;
     for (size_t off = 0; off < wire_len; off += step)
@@ -659,13 +664,14 @@ static int case_unpack_bytes(int injected)
     bb = grpc_raw_byte_buffer_create(slices, n);
     for (size_t i = 0; i < n; i++)
         grpc_slice_unref(slices[i]);
-    m = sl_rpc_unpack_bytes(wire_desc, f->id, bb, &b, why, sizeof(why));
+    rc = sl_rpc_decode_bytes(&m, wire_desc, f->id, bb, &b, why, sizeof(why));
     /* Whatever happened, bb is still the caller's to destroy (its slices may have moved out). */
     grpc_byte_buffer_destroy(bb);
-    if (!m) {
-        CHECK(b == NULL);
-        CHECK(why[0] != '\0');
-        return -ENOMEM;
+    if (rc != 0) {
+        CHECK(rc == -ENOMEM);
+        CHECK(m == NULL && b == NULL);
+        CHECK(strstr(why, "out of memory") != NULL);
+        return rc;
     }
     if (wire_chunk_len) {
         const struct iovec *iov;
