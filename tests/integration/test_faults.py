@@ -8,7 +8,6 @@ retryable. See docs/hardening.md, "Fault injection".
 Environment: SLUICE_FAULT_ROUNDS (kill rounds, default 50), SLUICE_FAULT_SEED (default: random;
 the seed is printed so a failing run can be repeated), SLUICE_TEST_VERBOSE (per-round lines).
 """
-import glob
 import hashlib
 import os
 import random
