@@ -321,6 +321,82 @@ class IdleTimeoutTest(Base):
         self.assertEqual(self.counter(self.metrics(), "sluice_rpc_idle_timeouts_total"), 0)
 
 
+class SamplerIdleTest(Base):
+    """The PyTorch samplers reopen a stream the daemon ended as idle, at the position reached:
+    a training loop that pauses longer than --idle-timeout loses and repeats nothing.
+
+    The timeout is 5 s here, not 1: a reader that is merely slow (Python consuming a stream of
+    small indices, under a sanitized daemon on a loaded machine) frees flow-control window only
+    every so often, and with 1 s a stream that is being read could be ended too."""
+    ARGS = ["--idle-timeout", "5", "--metrics-listen", "127.0.0.1:0"]
+
+    def setUp(self):
+        try:
+            import sluice.torch  # noqa: F401
+        except ImportError as e:
+            self.skipTest("torch not importable: %s" % e)
+        super().setUp()
+
+    def pause_until_idle_ended(self, n):
+        """The consumer stops reading; wait until the daemon has ended n streams as idle."""
+        wait_for(lambda: self.counter(self.metrics(), "sluice_rpc_idle_timeouts_total") >= n,
+                 "the daemon to end the paused stream")
+
+    def read_past_reconnect(self, sampler, it, k, limit):
+        """Read what the transport had buffered before the daemon ended the stream, through the
+        sampler's reconnect, then k more (at most `limit` in all)."""
+        out = []
+        while sampler.reconnects == 0 and len(out) < limit:
+            out.append(next(it))
+        for _ in range(k):
+            out.append(next(it))
+        return out
+
+    def test_index_sampler_resumes_after_pause(self):
+        from sluice.client import Client
+        from sluice.torch import DistributedSampler
+        k = 100000
+        sampler = DistributedSampler(num_samples=8 << 20, num_replicas=1, rank=0, shuffle=False,
+                                     address=self.d.addr, job="s", client=Client(self.d.addr))
+        it = iter(sampler)
+        got = [next(it) for _ in range(k)]
+        # 8 Mi indices are tens of MiB on the wire: more than the windows hold, so the daemon's
+        # sends stall while the loop "evaluates".
+        self.pause_until_idle_ended(1)
+        got += self.read_past_reconnect(sampler, it, k, 8 << 20)
+        # shuffle none, one rank: the share is 0, 1, 2, ... in order.
+        self.assertEqual(got, list(range(len(got))))
+        self.assertEqual(sampler.reconnects, 1)
+        self.assertEqual(sampler.position, len(got))
+        it.close()
+
+    def test_batch_sampler_resumes_after_pause(self):
+        from sluice.client import Client
+        from sluice.torch import BatchSampler
+        n, k = 2 << 20, 50000
+        c = Client(self.d.addr)
+        c.create_dataset("bd", n)
+        c.upload_lengths("bd", [i % 100 + 1 for i in range(n)])
+        c.create_job("bj", "bd", 1, batching={"max_batch_size": 1, "max_seq_len": 128})
+        sampler = BatchSampler(num_replicas=1, rank=0, address=self.d.addr, job="bj", client=c)
+        it = iter(sampler)
+        got = [next(it) for _ in range(k)]
+        # 2 Mi one-sample batches: again more than the windows hold.
+        self.pause_until_idle_ended(1)
+        got += self.read_past_reconnect(sampler, it, k, n)
+        self.assertEqual(sampler.reconnects, 1)
+        it.close()
+        # The same epoch's plan read in one go, without a pause.
+        ref = []
+        stream = c.stream_batches("bj", 0, epoch=0)
+        for chunk in stream:
+            ref += [list(b.indices) for b in chunk.batches]
+            if len(ref) >= len(got):
+                break
+        stream.cancel()
+        self.assertEqual(got, ref[:len(got)])
+
+
 class StalledReaderTest(Base):
     ARGS = []
 

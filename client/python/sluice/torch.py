@@ -11,7 +11,10 @@ finer-grained resume, call ``sampler.report(position)`` after the samples before
 really consumed (e.g. after an optimizer step); ``report_every=N`` instead reports every N
 indices handed out, which with a prefetching DataLoader may count a few prefetched samples as
 consumed. If the daemon restarts mid-epoch, the sampler reconnects (for up to ``retry_seconds``)
-and continues where it was.
+and continues where it was. If the training loop pauses longer than the daemon's
+``--idle-timeout`` (the DataLoader stops taking indices, e.g. for a long evaluation), the daemon
+ends the stream it can no longer send on; the sampler then opens a new one at the position it
+reached, so a pause never loses or repeats samples.
 """
 import os
 import time
@@ -46,6 +49,13 @@ def _world_and_rank(num_replicas, rank):
     if num_replicas < 1 or not 0 <= rank < num_replicas:
         raise ValueError("rank %d out of range [0, %d)" % (rank, num_replicas))
     return num_replicas, rank
+
+
+def _idle_ended(e):
+    """True if the daemon ended a stream because this client stopped reading it for the idle
+    timeout (the message is the daemon's, see docs/hardening.md): safe to reopen at once."""
+    return (e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            and "no send progress" in (e.details() or ""))
 
 
 def _ensure_job(client, job, dataset_name, num_samples, num_replicas, create, **job_args):
@@ -83,6 +93,7 @@ class _Fed:
         self.start_position = 0     # where the current iteration resumed
         self._next_epoch = None     # None: the coordinator's current epoch
         self._reported = -1
+        self.reconnects = 0         # streams reopened (daemon restarts, idle timeouts)
 
     def set_epoch(self, epoch):
         """Accepted for compatibility with torch; the coordinator decides the epoch."""
@@ -172,6 +183,9 @@ class DistributedSampler(Sampler, _Fed):
                     yield chunk
                 return
             except grpc.RpcError as e:
+                if self._iter_begun and _idle_ended(e):
+                    self.reconnects += 1
+                    continue
                 if e.code() != grpc.StatusCode.UNAVAILABLE or not self.retry_seconds:
                     raise
                 now = time.monotonic()
@@ -231,18 +245,37 @@ class BatchSampler(Sampler, _Fed):
             self.num_batches = st.ranks[0].count if st.ranks else 0
         return self.num_batches
 
+    def _chunks(self, state):
+        """Batch chunks of this iteration; a stream the daemon ended as idle (the consumer
+        paused) is reopened at the step reached."""
+        while True:
+            begun = not state["first"]
+            stream = self.client.stream_batches(
+                self.job, self.rank, epoch=self.epoch if begun else self._next_epoch,
+                step=self.position if begun else None, max_batches=self.max_batches)
+            try:
+                for chunk in stream:
+                    yield chunk
+                return
+            except grpc.RpcError as e:
+                if state["first"] or not _idle_ended(e):
+                    raise
+                self.reconnects += 1
+            finally:
+                stream.cancel()
+
     def __iter__(self):
-        stream = self.client.stream_batches(self.job, self.rank, epoch=self._next_epoch,
-                                            max_batches=self.max_batches)
+        state = {"first": True}
         first = True
         self.last_batches = []
+        chunks = self._chunks(state)
         try:
-            for chunk in stream:
+            for chunk in chunks:
                 if first:
                     start = chunk.batches[0].step if chunk.batches else chunk.batches_per_rank
                     self._begin(chunk.epoch, start)
                     self.num_batches = chunk.batches_per_rank
-                    first = False
+                    first = state["first"] = False
                 for b in chunk.batches:
                     self.position = b.step + 1
                     self.last_batches.append((b.max_len, b.tokens, b.padded_tokens))
@@ -250,7 +283,7 @@ class BatchSampler(Sampler, _Fed):
                     if self.report_every and self.position - self._reported >= self.report_every:
                         self.report()
         finally:
-            stream.cancel()
+            chunks.close()
         if first:
             return
         if self.position >= self.num_batches:
