@@ -65,6 +65,7 @@ struct sl_ckpt_svc {
     int mem_blocked;   /* an upload did not ask for its next chunk because of the budget */
     busy *committing;
     uv_timer_t sweep;
+    int dir_lost; /* the data dir was replaced under the daemon: sweeps stopped */
 };
 
 static int64_t now_ms(void)
@@ -2349,13 +2350,39 @@ static int sweep_keep(const char *file, const struct stat *st, void *arg)
     return 1;
 }
 
+/* Whether the data dir is still the one whose LOCK the daemon holds. If it was removed (and
+ * perhaps made again for another daemon), the files at its path are not in this daemon's
+ * catalog and a sweep would remove them: found when a daemon left running on a removed data dir
+ * deleted a new daemon's partial uploads every 60 s (tests/bench/soak.c, docs/hardening.md). */
+static int data_dir_held(sl_ckpt_svc *s)
+{
+    char path[PATH_MAX + 8];
+    struct stat held, now;
+
+    if (s->d->lock_fd < 0)
+        return 1;
+    snprintf(path, sizeof(path), "%s/LOCK", s->d->data_dir);
+    return fstat(s->d->lock_fd, &held) == 0 && stat(path, &now) == 0 && held.st_dev == now.st_dev &&
+           held.st_ino == now.st_ino;
+}
+
 static void sweep_all(sl_ckpt_svc *s, int startup)
 {
     char dir[PATH_MAX];
     struct dirent *e;
-    DIR *d = opendir(s->root);
+    DIR *d;
     int removed, total = 0, err;
 
+    if (s->dir_lost || !data_dir_held(s)) {
+        if (!s->dir_lost)
+            sl_log_error("data_dir_replaced",
+                         "path=%s hint=\"the data dir this daemon locked was removed or replaced; "
+                         "partial uploads are no longer swept: restart the daemon\"",
+                         s->d->data_dir);
+        s->dir_lost = 1;
+        return;
+    }
+    d = opendir(s->root);
     if (!d)
         return;
     while ((e = readdir(d)) != NULL) {

@@ -13,3 +13,10 @@ target_include_directories(memtrim_test PRIVATE "${PROJECT_SOURCE_DIR}/server")
 target_link_libraries(memtrim_test PRIVATE sl_common PkgConfig::LIBUV Threads::Threads)
 add_test(NAME memtrim_unit COMMAND memtrim_test)
 set_tests_properties(memtrim_unit PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# A daemon whose data dir was removed and made again for another daemon must not sweep it
+# (found by the soak).
+add_test(NAME data_dir_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_data_dir
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(data_dir_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120)

@@ -1,0 +1,97 @@
+"""A daemon whose data dir is removed under it must not touch what appears at that path later.
+
+Found by the soak benchmark (docs/hardening.md, "Load and soak"): a sluiced left running on a data
+dir that was then removed and made again for a second sluiced kept sweeping the path every 60 s,
+and since its own (deleted) catalog did not know the second daemon's checkpoints, it removed their
+partial uploads; the second daemon's uploads failed at the rename with "No such file or
+directory". The first daemon now sees that the LOCK file it holds is no longer the one at the
+path, logs data_dir_replaced and stops sweeping.
+"""
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+import unittest
+
+import grpc
+
+from sluice.v1 import checkpoint_pb2 as pb
+from sluice.v1 import checkpoint_pb2_grpc as pbg
+from sltest import Daemon
+
+MiB = 1 << 20
+
+
+def requests(data, data_size, sha, offset=0):
+    yield pb.UploadShardRequest(header=pb.ShardHeader(
+        job="j", checkpoint="c", rank=0, data_size=data_size, sha256=sha, offset=offset))
+    for i in range(offset, len(data), MiB):
+        yield pb.UploadShardRequest(chunk=data[i:i + MiB])
+
+
+class DataDirReplacedTest(unittest.TestCase):
+    def test_old_daemon_leaves_the_new_data_dir_alone(self):
+        tmp = tempfile.TemporaryDirectory(prefix="sluice-test-")
+        self.addCleanup(tmp.cleanup)
+        data_dir = os.path.join(tmp.name, "data")
+        # The old daemon sweeps every second (half its upload timeout); the new one keeps
+        # partial uploads for the default hour.
+        old = Daemon(data_dir=data_dir, args=["--upload-timeout", "2"]).start()
+        self.addCleanup(old.cleanup)
+        shutil.rmtree(data_dir)
+        new = Daemon(data_dir=data_dir).start()
+        self.addCleanup(new.cleanup)
+
+        channel = grpc.insecure_channel(new.addr)
+        self.addCleanup(channel.close)
+        stub = pbg.CheckpointsStub(channel)
+        stub.Begin(pb.BeginRequest(job="j", name="c", world_size=1), timeout=10)
+        data = bytes(range(256)) * (3 * MiB // 256)
+        sha = hashlib.sha256(data).hexdigest()
+        # A partial upload in the new daemon: 2 MiB of 3, then the client goes away.
+        release = threading.Event()
+
+        def cut():
+            yield from requests(data[:2 * MiB], len(data), sha)
+            release.wait(20)
+        fut = stub.UploadShard.future(cut(), timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            st = stub.UploadStatus(pb.UploadStatusRequest(job="j", checkpoint="c", rank=0))
+            if st.held_bytes == 2 * MiB:
+                break
+            time.sleep(0.05)
+        fut.cancel()
+        release.set()
+        part = os.path.join(data_dir, "checkpoints", "j", ".c_shard_0.shard.part")
+        self.assertTrue(os.path.exists(part))
+
+        # Wait until the old daemon has looked at the path (it logs that it lost its data dir)
+        # or, before the fix, until its sweep has removed the partial file.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "data_dir_replaced" in old.log() or not os.path.exists(part):
+                break
+            time.sleep(0.1)
+        self.assertTrue(os.path.exists(part), "the old daemon removed the new daemon's partial "
+                        "upload\n" + old.log())
+        self.assertIn("data_dir_replaced", old.log())
+
+        # The upload resumes and completes in the new daemon.
+        st = stub.UploadStatus(pb.UploadStatusRequest(job="j", checkpoint="c", rank=0))
+        self.assertEqual((st.in_progress, st.held_bytes), (False, 2 * MiB))
+        r = stub.UploadShard(requests(data, len(data), sha, offset=2 * MiB), timeout=60)
+        self.assertEqual(r.sha256, sha)
+        self.assertEqual(stub.Commit(pb.CheckpointRef(job="j", name="c"), timeout=10).state,
+                         pb.COMPLETE)
+
+        channel.close()
+        self.assertEqual(new.stop(), 0, new.log())
+        self.assertEqual(old.stop(), 0, old.log())
+        self.assertEqual(new.sanitizer_reports() + old.sanitizer_reports(), [], old.log())
+
+
+if __name__ == "__main__":
+    unittest.main()
