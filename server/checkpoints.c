@@ -2319,10 +2319,14 @@ static int sweep_keep(const char *file, const struct stat *st, void *arg)
     sl_cat_ckpt ck;
     int32_t rank;
     size_t n = strlen(file);
+    int err;
 
     if (file[0] == '.') {
         if (parse_shard_name(file + 1, PART_SUFFIX, name, sizeof(name), &rank) == 0) {
-            if (sl_cat_ckpt_get(s->d->cat, &ck, c->job, name) != 0 || ck.state != SL_CKPT_WRITING)
+            err = sl_cat_ckpt_get(s->d->cat, &ck, c->job, name);
+            if (err && err != SL_ENOTFOUND)
+                return 1; /* the catalog cannot say: keep it, a later sweep decides */
+            if (err || ck.state != SL_CKPT_WRITING)
                 return 0;
             if (find_upload(s, ck.id, rank))
                 return 1;
@@ -2344,10 +2348,11 @@ static int sweep_keep(const char *file, const struct stat *st, void *arg)
     }
     if (sl_shard_name_check(name) != 0)
         return 1;
-    if (sl_cat_ckpt_get(s->d->cat, &ck, c->job, name) == SL_ENOTFOUND ||
-        (ck.state == SL_CKPT_INCOMPLETE))
+    err = sl_cat_ckpt_get(s->d->cat, &ck, c->job, name);
+    if (err == SL_ENOTFOUND)
         return 0;
-    return 1;
+    /* A catalog that cannot be read says nothing about the file: keep it. */
+    return err || ck.state != SL_CKPT_INCOMPLETE;
 }
 
 /* Whether the data dir is still the one whose LOCK the daemon holds. If it was removed (and

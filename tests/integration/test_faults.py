@@ -967,3 +967,53 @@ class CrashStateTest(unittest.TestCase):
             c.close()
             self.assertEqual(d.stop(), 0, d.log())
             self.assertEqual(d.sanitizer_reports(), [], d.log())
+
+    def test_unreadable_catalog_keeps_files(self):
+        """A catalog the startup sweep cannot read (here: its checkpoints table renamed away)
+        must not make the daemon remove checkpoint files: it cannot know they are abandoned."""
+        with Daemon() as d:
+            c = Clients(d.addr)
+            c.ck.Begin(cpb.BeginRequest(job=JOB, name="done", world_size=1), timeout=10)
+            c.ck.UploadShard(upload_reqs("done", 0, shard_data("done", 0)), timeout=30)
+            c.ck.Commit(cpb.CheckpointRef(job=JOB, name="done"), timeout=10)
+            c.ck.Begin(cpb.BeginRequest(job=JOB, name="w", world_size=1), timeout=10)
+            data = random.Random(2).randbytes(MiB)
+
+            def cut(reqs, n):
+                for i, r in enumerate(reqs):
+                    if i == n:
+                        raise RuntimeError("client gives up")
+                    yield r
+            with self.assertRaises(grpc.RpcError):
+                c.ck.UploadShard(cut(upload_reqs("w", 0, data), 3), timeout=30)
+            for _ in range(300):
+                st = c.ck.UploadStatus(cpb.UploadStatusRequest(job=JOB, checkpoint="w", rank=0),
+                                       timeout=10)
+                if not st.in_progress:
+                    break
+                time.sleep(0.1)
+            c.close()
+            d.signal(signal.SIGKILL)
+            d.stop()
+            jobdir = os.path.join(d.data_dir, "checkpoints", JOB)
+            before = sorted(os.listdir(jobdir))
+            self.assertIn(".w_shard_0.shard.part", before)
+            self.sql(d, ("ALTER TABLE checkpoints RENAME TO checkpoints_away", ()))
+            d.start()
+            self.assertEqual(sorted(os.listdir(jobdir)), before)
+            d.stop()
+            self.sql(d, ("ALTER TABLE checkpoints_away RENAME TO checkpoints", ()))
+            d.start()
+            c = Clients(d.addr)
+            self.assertEqual(sorted(os.listdir(jobdir)), before)
+            v = c.ck.Verify(cpb.VerifyRequest(job=JOB, name="done", mode=cpb.DEEP), timeout=30)
+            self.assertTrue(v.ok, v)
+            st = c.ck.UploadStatus(cpb.UploadStatusRequest(job=JOB, checkpoint="w", rank=0),
+                                   timeout=10)
+            c.ck.UploadShard(upload_reqs("w", 0, data, offset=st.held_bytes,
+                                         sha=hashlib.sha256(data).hexdigest()), timeout=30)
+            self.assertEqual(c.ck.Commit(cpb.CheckpointRef(job=JOB, name="w"), timeout=10).state,
+                             cpb.COMPLETE)
+            c.close()
+            self.assertEqual(d.stop(), 0, d.log())
+            self.assertEqual(d.sanitizer_reports(), [], d.log())
