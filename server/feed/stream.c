@@ -342,7 +342,7 @@ static void share_request(fstream *s, const sl_sample_config *cfg)
 static void stream_begin(fstream *s)
 {
     fjob *j = s->job;
-    char msg[256];
+    char msg[256] = ""; /* indices_ready copies it even on success */
     int err;
 
     if ((err = feed_job_dp_rank(j, s->rank, &s->dp, msg, sizeof(msg))) != 0) {
