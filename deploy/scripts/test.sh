@@ -32,7 +32,7 @@ cmake --build "$root/build/ci-tsan" -j"$jobs" --target rpc_test
 TSAN_OPTIONS="suppressions=$root/tests/tsan.supp:ignore_noninstrumented_modules=1:halt_on_error=1:second_deadlock_stack=1" \
   "$root/build/ci-tsan/tests/rpc_test"
 
-echo "== valgrind memcheck: the daemon integration test (release build)"
+echo "== valgrind memcheck: the daemon integration test and index streams (release build)"
 # Every sluiced the test starts runs under memcheck: a memory error or a definite leak makes it
 # exit 1, which the test's exit-code check reports.
 vgdir="$root/build/ci-valgrind"
@@ -43,7 +43,8 @@ chmod +x "$vgdir/sluiced"
 if ! (cd "$root/tests/integration" &&
       SLUICED="$vgdir/sluiced" SLUICE_CLI="$root/build/ci-release/client/cli/sluice" \
       PYTHONPATH="$root/build/ci-release/python:$root/tests/python" PYTHONDONTWRITEBYTECODE=1 \
-      /usr/bin/python3 -m unittest test_daemon.DaemonTest); then
+      /usr/bin/python3 -m unittest test_daemon.DaemonTest test_limits.MaxCallsTest \
+        test_limits.MaxJobStreamsTest); then
   cat "$vgdir"/memcheck-*.log
   exit 1
 fi
