@@ -9,6 +9,7 @@ Environment: SLUICE_FAULT_ROUNDS (kill rounds, default 50), SLUICE_FAULT_SEED (d
 the seed is printed so a failing run can be repeated), SLUICE_TEST_VERBOSE (per-round lines).
 """
 import hashlib
+import itertools
 import os
 import random
 import signal
@@ -907,7 +908,7 @@ class CrashStateTest(unittest.TestCase):
 
     def test_checkpoint_files_at_start(self):
         """What the startup sweep keeps (docs/checkpoints.md): the young partial upload of a
-        WRITING checkpoint, which then resumes; it removes an abandoned one (older than
+        WRITING checkpoint (a stream that ended early), which then resumes; it removes an abandoned one (older than
         --upload-timeout), partials and files of aborted or unknown checkpoints, and metadata
         temp files."""
         with Daemon(args=["--upload-timeout", "600"]) as d:
@@ -919,20 +920,14 @@ class CrashStateTest(unittest.TestCase):
             data = random.Random(1).randbytes(MiB)
             sha = hashlib.sha256(data).hexdigest()
 
-            def cut(reqs, n):
-                for i, r in enumerate(reqs):
-                    if i == n:
-                        raise RuntimeError("client gives up")
-                    yield r
-            with self.assertRaises(grpc.RpcError):
-                c.ck.UploadShard(cut(upload_reqs("w", 0, data, sha=sha), 3), timeout=30)
-            for _ in range(300):
-                st = c.ck.UploadStatus(cpb.UploadStatusRequest(job=JOB, checkpoint="w", rank=0),
-                                       timeout=10)
-                if not st.in_progress:
-                    break
-                time.sleep(0.1)
-            held = st.held_bytes
+            # The stream ends after 512 KiB of the 1 MiB declared: the daemon keeps the prefix.
+            code, msg = status_of(c.ck.UploadShard, itertools.islice(
+                upload_reqs("w", 0, data, sha=sha), 3), timeout=30)
+            self.assertEqual(code, C.INVALID_ARGUMENT, msg)
+            held = 512 * 1024
+            st = c.ck.UploadStatus(cpb.UploadStatusRequest(job=JOB, checkpoint="w", rank=0),
+                                   timeout=10)
+            self.assertEqual((st.held_bytes, st.in_progress), (held, False))
             c.close()
             d.signal(signal.SIGKILL)
             d.stop()
@@ -979,19 +974,9 @@ class CrashStateTest(unittest.TestCase):
             c.ck.Begin(cpb.BeginRequest(job=JOB, name="w", world_size=1), timeout=10)
             data = random.Random(2).randbytes(MiB)
 
-            def cut(reqs, n):
-                for i, r in enumerate(reqs):
-                    if i == n:
-                        raise RuntimeError("client gives up")
-                    yield r
-            with self.assertRaises(grpc.RpcError):
-                c.ck.UploadShard(cut(upload_reqs("w", 0, data), 3), timeout=30)
-            for _ in range(300):
-                st = c.ck.UploadStatus(cpb.UploadStatusRequest(job=JOB, checkpoint="w", rank=0),
-                                       timeout=10)
-                if not st.in_progress:
-                    break
-                time.sleep(0.1)
+            code, msg = status_of(c.ck.UploadShard, itertools.islice(
+                upload_reqs("w", 0, data), 3), timeout=30)
+            self.assertEqual(code, C.INVALID_ARGUMENT, msg)
             c.close()
             d.signal(signal.SIGKILL)
             d.stop()
