@@ -920,15 +920,38 @@ static void print_pct(FILE *f, const char *name, const hist *h)
             (double)h->max_us / 1e3);
 }
 
-/* The sample nearest to time t. */
-static const sample *at(double t)
+/* Means of RSS, fds and threads over the samples in [from, to) (fds and threads rounded); the
+ * nearest sample if none falls inside. The series swings with the uploads' buffers, so single
+ * samples make a poor start or end. */
+static sample window(double from, double to)
 {
-    const sample *best = &samples[0];
+    sample m;
+    double rss = 0, fds = 0, th = 0;
+    int n = 0;
 
-    for (size_t i = 0; i < n_samples; i++)
-        if (fabs(samples[i].t - t) < fabs(best->t - t))
-            best = &samples[i];
-    return best;
+    memset(&m, 0, sizeof(m));
+    for (size_t i = 0; i < n_samples; i++) {
+        if (samples[i].t < from || samples[i].t >= to)
+            continue;
+        rss += samples[i].rss_mib;
+        fds += (double)samples[i].fds;
+        th += (double)samples[i].threads;
+        n++;
+    }
+    if (n == 0) {
+        const sample *best = &samples[0];
+        for (size_t i = 0; i < n_samples; i++)
+            if (fabs(samples[i].t - from) < fabs(best->t - from))
+                best = &samples[i];
+        m = *best;
+        m.t = from;
+        return m;
+    }
+    m.t = from;
+    m.rss_mib = rss / n;
+    m.fds = lround(fds / n);
+    m.threads = lround(th / n);
+    return m;
 }
 
 /* Least-squares slope per minute of RSS (field 0) or fds (field 1) over samples after t0. */
@@ -968,7 +991,7 @@ static void usage(FILE *f)
             "  --dir DIR            where the temporary directory goes (default /tmp)\n"
             "  --json               print the summary as JSON on stdout (the rest on stderr)\n"
             "  --interval SECS      sampling period of the time series (default 5)\n"
-            "  --warmup SECS        the start figures are taken after this (default min(30, "
+            "  --warmup SECS        the start figures are taken after this (default min(120, "
             "duration/5))\n"
             "  --clients N          connections the streams are spread over, neighbours sharing "
             "one\n"
@@ -1073,7 +1096,7 @@ int main(int argc, char **argv)
     if (opt.interval < 0.1)
         opt.interval = 0.1;
     if (opt.warmup < 0)
-        opt.warmup = opt.duration / 5 < 30 ? opt.duration / 5 : 30;
+        opt.warmup = opt.duration / 5 < 120 ? opt.duration / 5 : 120;
     if (opt.json)
         out = stderr;
     if (!opt.sluiced)
@@ -1274,12 +1297,22 @@ int main(int argc, char **argv)
     /* Summary. */
     {
         uint64_t ops = 0, errs = 0;
+        sample w0, wm, we;
         const sample *s0 = NULL, *sm = NULL, *se = NULL;
+        double w = 0;
         t_warm = opt.warmup;
         if (n_samples) {
-            s0 = at(t_warm);
-            se = &samples[n_samples - 1];
-            sm = at((s0->t + se->t) / 2);
+            /* Start, middle and end are means over windows of a fifth of the measured time,
+             * at most a minute. */
+            double last = samples[n_samples - 1].t + opt.interval / 2;
+            w = (last - t_warm) / 5;
+            w = w > 60 ? 60 : w < opt.interval ? opt.interval : w;
+            w0 = window(t_warm, t_warm + w);
+            wm = window((t_warm + last - w) / 2, (t_warm + last + w) / 2);
+            we = window(last - w, last);
+            s0 = &w0;
+            sm = &wm;
+            se = &we;
         }
         fprintf(out, "\nsoak: load ran %.1f s (all streams closed at %.1f s)\n", t_stop, t_end);
         fprintf(out, "operations and errors by kind:\n");
@@ -1306,10 +1339,10 @@ int main(int argc, char **argv)
                 (uint64_t)(atomic_load(&g_bytes) >> 20), (uint64_t)atomic_load(&g_ops[K_UPLOAD]));
         if (s0 && sample_pid) {
             fprintf(out,
-                    "daemon RSS (MiB): start %.1f (t=%.0f s)  middle %.1f (t=%.0f s)  end %.1f "
-                    "(t=%.0f s)  drift %+.1f (%+.1f%%), slope %+.2f MiB/min; %.0f s after the "
-                    "load %.1f\n",
-                    s0->rss_mib, s0->t, sm->rss_mib, sm->t, se->rss_mib, se->t,
+                    "daemon RSS (MiB), means over %.0f s from t=: start %.1f (%.0f s)  middle "
+                    "%.1f (%.0f s)  end %.1f (%.0f s)  drift %+.1f (%+.1f%%), slope %+.2f "
+                    "MiB/min; %.0f s after the load %.1f\n",
+                    w, s0->rss_mib, s0->t, sm->rss_mib, sm->t, se->rss_mib, se->t,
                     se->rss_mib - s0->rss_mib,
                     s0->rss_mib > 0 ? 100 * (se->rss_mib - s0->rss_mib) / s0->rss_mib : 0,
                     slope(s0->t, 0), idle, after.rss_mib);
@@ -1355,8 +1388,15 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < n_samples; i++)
                 printf("%s{\"t\":%.1f,\"rss_mib\":%.1f,\"fds\":%ld,\"threads\":%ld}", i ? "," : "",
                        samples[i].t, samples[i].rss_mib, samples[i].fds, samples[i].threads);
-            printf("],\"before\":{\"rss_mib\":%.1f,\"fds\":%ld,\"threads\":%ld}", before.rss_mib,
-                   before.fds, before.threads);
+            if (s0)
+                printf(
+                    "],\"window_s\":%.0f,\"rss_mib\":{\"start\":%.1f,\"middle\":%.1f,\"end\":%.1f,"
+                    "\"slope_per_min\":%.2f},\"fds\":{\"start\":%ld,\"middle\":%ld,\"end\":%ld,"
+                    "\"slope_per_min\":%.2f",
+                    w, s0->rss_mib, sm->rss_mib, se->rss_mib, slope(s0->t, 0), s0->fds, sm->fds,
+                    se->fds, slope(s0->t, 1));
+            printf("%s,\"before\":{\"rss_mib\":%.1f,\"fds\":%ld,\"threads\":%ld}", s0 ? "}" : "]",
+                   before.rss_mib, before.fds, before.threads);
             printf(",\"after\":{\"rss_mib\":%.1f,\"fds\":%ld,\"threads\":%ld}}\n", after.rss_mib,
                    after.fds, after.threads);
         }
