@@ -1041,13 +1041,13 @@ static sl_rpc_stream *open_count(sl_rpc_client *c, uint32_t payload)
     return s;
 }
 
-/* Echo until it answers OK (calls are released asynchronously), for up to 30 s. */
+/* Echo until it answers OK (calls are released asynchronously), for up to 60 s. */
 static int echo_until_ok(sl_rpc_client *c, const char *text, sl_rpc_status *st)
 {
-    double end = now_s() + 30.0;
+    double end = now_s() + 60.0;
     int err;
 
-    while ((err = echo(c, text, 0, 0, 5000, st, NULL, 0)) != 0 && now_s() < end)
+    while ((err = echo(c, text, 0, 0, 10000, st, NULL, 0)) != 0 && now_s() < end)
         usleep(20000);
     return err;
 }
@@ -1097,11 +1097,12 @@ static void test_max_calls(void)
 static void test_max_key_calls(void)
 {
     Sluice__Test__EchoRequest req = SLUICE__TEST__ECHO_REQUEST__INIT;
+    static const char *const texts[3] = {"k", "k", "other"};
     sl_rpc_server_opts lim = {0};
+    sl_rpc_stream *slow[3] = {NULL, NULL, NULL};
     char saved[64];
     sl_testsrv *srv;
     sl_rpc_client *c;
-    sl_rpc_async *a = NULL;
     sl_rpc_status st;
     double end;
     int err;
@@ -1110,30 +1111,36 @@ static void test_max_key_calls(void)
     if (!(srv = start_limited(&lim, saved, sizeof(saved))))
         return;
     c = new_client();
-    CHECK(sl_rpc_async_new(&a, c) == 0, "async_new");
-    /* Two slow calls under key "k" and one under "other" hold their claims. */
+    /* Two slow calls under key "k" and one under "other" hold their claims. They go through
+     * the stream API, whose writes return once the transport took the request. */
     req.delay_ms = 60000;
-    req.text = "k";
-    sl_rpc_async_start(a, "/sluice.test.Test/Echo", &req.base, 60000, NULL);
-    sl_rpc_async_start(a, "/sluice.test.Test/Echo", &req.base, 60000, NULL);
-    req.text = "other";
-    sl_rpc_async_start(a, "/sluice.test.Test/Echo", &req.base, 60000, NULL);
-    end = now_s() + 30.0;
+    for (int i = 0; i < 3; i++) {
+        req.text = (char *)texts[i];
+        CHECK(sl_rpc_stream_open(&slow[i], c, "/sluice.test.Test/Echo", 60000) == 0, "open");
+        CHECK(sl_rpc_stream_write(slow[i], &req.base, 0) == 0, "write");
+        CHECK(sl_rpc_stream_close_send(slow[i]) == 0, "close_send");
+    }
+    /* Wait until the server holds all three (a quick "k" call sent meanwhile could take a
+     * slow one's place), then a third "k" is refused. */
+    end = now_s() + 60.0;
     while (live_calls(c) != 3 && now_s() < end)
         usleep(10000);
     CHECK(live_calls(c) == 3, "slow calls not all live");
-    err = echo(c, "k", 0, 0, 5000, &st, NULL, 0);
+    err = echo(c, "k", 0, 0, 10000, &st, NULL, 0);
     CHECK(err == SL_ELIMIT && st.code == SL_RPC_RESOURCE_EXHAUSTED, "err %d code %d '%s'", err,
           st.code, st.message);
     CHECK(strstr(st.message, "too many concurrent streams for text 'k' (limit 2)") != NULL,
           "message '%s'", st.message);
     /* Another key is not affected. */
-    err = echo(c, "other", 0, 0, 5000, &st, NULL, 0);
+    err = echo(c, "other", 0, 0, 10000, &st, NULL, 0);
     CHECK(err == 0, "other key: %d '%s'", err, st.message);
-    sl_rpc_async_free(a);
+    for (int i = 0; i < 3; i++) {
+        sl_rpc_stream_cancel(slow[i]);
+        sl_rpc_stream_free(slow[i]);
+    }
     err = echo_until_ok(c, "k", &st);
     CHECK(err == 0, "echo after the slow calls ended: %d '%s'", err, st.message);
-    CHECK(wait_idle(c, 10.0) == 0, "call state left");
+    CHECK(wait_idle(c, 30.0) == 0, "call state left");
     sl_rpc_client_free(c);
     stop_limited(srv, saved);
 }
@@ -1183,7 +1190,7 @@ static void test_idle_timeout(void)
     /* A call that waits for the handler (not the client) is not idle. */
     err = echo(c, "slow", 1000, 0, 30000, &st, out, sizeof(out));
     CHECK(err == 0 && strcmp(out, "slow") == 0, "slow echo: %d '%s'", err, st.message);
-    CHECK(wait_idle(c, 10.0) == 0, "call state left");
+    CHECK(wait_idle(c, 30.0) == 0, "call state left");
     sl_rpc_client_free(c);
     stop_limited(srv, saved);
 }
