@@ -414,8 +414,13 @@ class StalledReaderTest(Base):
         # reach their working size before the baseline.
         warm = self.server_stream("/sluice.v1.Feed/StreamIndices",
                                   fd.StreamIndicesRequest(job="big", rank=0))
-        for _ in range(200):
-            next(warm)
+        try:
+            for _ in range(200):
+                next(warm)
+        except grpc.RpcError as e:
+            # With a 1 s idle timeout a reader slowed down by a loaded machine may be ended
+            # too; the warm-up has done its job either way.
+            self.assertEqual(e.code(), C.DEADLINE_EXCEEDED, e.details())
         warm.cancel()
         streams = [self.stalled_indices("big", 0, ch=ch) for ch in chs]
         base = self.rss()
