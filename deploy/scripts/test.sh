@@ -41,7 +41,7 @@ printf '#!/bin/sh\nexec valgrind --quiet --error-exitcode=1 --leak-check=full --
   "$vgdir" "$root/build/ci-release/server/sluiced" >"$vgdir/sluiced"
 chmod +x "$vgdir/sluiced"
 if ! (cd "$root/tests/integration" &&
-      SLUICED="$vgdir/sluiced" SLUICE_CLI="$root/build/ci-release/client/cli/sluice" \
+      SLUICED="$vgdir/sluiced" SLUICE_SLOWDOWN=10 SLUICE_CLI="$root/build/ci-release/client/cli/sluice" \
       PYTHONPATH="$root/build/ci-release/python:$root/tests/python" PYTHONDONTWRITEBYTECODE=1 \
       /usr/bin/python3 -m unittest test_daemon.DaemonTest test_limits.MaxCallsTest \
         test_limits.MaxJobStreamsTest); then
