@@ -1729,6 +1729,22 @@ static void up_message(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
     up_pump(up);
 }
 
+/* An undecodable message mid-stream: fail like any other bad message, answering only once the
+ * upload is released so that a retry of the same rank is not refused as "in progress". */
+static void up_bad_message(sl_rpc_call *call, int err, const char *why, void *arg)
+{
+    upload *up = sl_rpc_call_data(call);
+
+    (void)arg;
+    up->reading = 0;
+    if (up->stopped)
+        return;
+    if (!up->registered)
+        sl_rpc_call_fail(call, err, "%s", why);
+    else
+        up_fail(up, err, "%s", why);
+}
+
 static void up_cancel(sl_rpc_call *call, void *arg)
 {
     upload *up = sl_rpc_call_data(call);
@@ -2367,8 +2383,12 @@ static int data_dir_held(sl_ckpt_svc *s)
     if (s->d->lock_fd < 0)
         return 1;
     snprintf(path, sizeof(path), "%s/LOCK", s->d->data_dir);
-    return fstat(s->d->lock_fd, &held) == 0 && stat(path, &now) == 0 && held.st_dev == now.st_dev &&
-           held.st_ino == now.st_ino;
+    if (fstat(s->d->lock_fd, &held) != 0)
+        return -1;
+    if (stat(path, &now) != 0)
+        /* Only a missing path is proof; EIO, ESTALE or EACCES may pass: skip this sweep. */
+        return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
+    return held.st_dev == now.st_dev && held.st_ino == now.st_ino;
 }
 
 static void sweep_all(sl_ckpt_svc *s, int startup)
@@ -2376,9 +2396,11 @@ static void sweep_all(sl_ckpt_svc *s, int startup)
     char dir[PATH_MAX];
     struct dirent *e;
     DIR *d;
-    int removed, total = 0, err;
+    int removed, total = 0, err, held = 0;
 
-    if (s->dir_lost || !data_dir_held(s)) {
+    if (s->dir_lost || (held = data_dir_held(s)) <= 0) {
+        if (held < 0)
+            return; /* cannot tell now: try again at the next sweep */
         if (!s->dir_lost)
             sl_log_error("data_dir_replaced",
                          "path=%s hint=\"the data dir this daemon locked was removed or replaced; "
@@ -2431,6 +2453,7 @@ static const sl_rpc_method ckpt_methods[] = {
         .on_start = up_start,
         .on_message = up_message,
         .on_cancel = up_cancel,
+        .on_bad_message = up_bad_message,
         /* Chunks arrive as the received buffers: hashed and written without a copy. */
         .bytes_field = SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK,
     },

@@ -670,7 +670,11 @@ static void on_recv_done(sl_rpc_call *c, int ok)
         else
             err = sl_rpc_decode(&msg, m->request, bb, why, sizeof(why));
         grpc_byte_buffer_destroy(bb);
-        if (err) {
+        if (err && m->on_bad_message) {
+            char text[300];
+            snprintf(text, sizeof(text), "message is %s", why);
+            m->on_bad_message(c, err, text, c->reg->svc->arg);
+        } else if (err) {
             /* INVALID_ARGUMENT, or RESOURCE_EXHAUSTED when memory ran out. */
             sl_rpc_call_finish(c, sl_rpc_code_from_err(err), "message is %s", why);
         } else {

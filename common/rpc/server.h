@@ -56,6 +56,12 @@ typedef struct sl_rpc_method {
      * delivered to on_message that field keeps its len but its data is NULL; the handler takes
      * the bytes with sl_rpc_call_take_bytes(). 0: decode as usual. */
     uint32_t bytes_field;
+    /* Optional, client-streaming and bidi methods: a message asked for with sl_rpc_call_read()
+     * could not be decoded (`err` SL_EPROTO, or -ENOMEM; `why` says what was wrong). The handler
+     * must end the call with sl_rpc_call_fail(), now or once it has released what the call holds
+     * (so a client that retries at once does not find its old call's state still in place).
+     * Without it the layer answers at once with the status of `err`. */
+    void (*on_bad_message)(sl_rpc_call *call, int err, const char *why, void *svc_arg);
 } sl_rpc_method;
 
 typedef struct sl_rpc_service {

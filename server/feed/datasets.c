@@ -433,6 +433,13 @@ static void upload_message(sl_rpc_call *call, const ProtobufCMessage *m, void *a
     sl_rpc_call_read(call);
 }
 
+/* An undecodable message: the temp file goes before the answer, as for any failure. */
+static void upload_bad_message(sl_rpc_call *call, int err, const char *why, void *arg)
+{
+    (void)arg;
+    UPLOAD_FAIL(call, (upload *)sl_rpc_call_data(call), err, "%s", why);
+}
+
 static const sl_rpc_method methods[] = {
     {
         .name = "Create",
@@ -450,6 +457,7 @@ static const sl_rpc_method methods[] = {
         .response = &sluice__v1__dataset__descriptor,
         .on_start = upload_start,
         .on_message = upload_message,
+        .on_bad_message = upload_bad_message,
     },
     {
         .name = "Get",

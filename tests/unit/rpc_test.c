@@ -336,6 +336,18 @@ static void test_garbage(void)
     err = sl_rpc_stream_finish(s, &st);
     CHECK(err == SL_EINVAL && st.code == SL_RPC_INVALID_ARGUMENT, "stream err %d code %d", err,
           st.code);
+    CHECK(strstr(st.message, "message is") == st.message, "layer's message '%s'", st.message);
+    sl_rpc_stream_free(s);
+
+    /* A method with on_bad_message answers it itself (Chat). */
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Chat", 5000) == 0, "open chat");
+    sl_rpc_stream_write_raw(s, garbage, sizeof(garbage) - 1, 0);
+    sl_rpc_stream_close_send(s);
+    err = sl_rpc_stream_finish(s, &st);
+    CHECK(err == SL_EINVAL && st.code == SL_RPC_INVALID_ARGUMENT, "chat err %d code %d", err,
+          st.code);
+    CHECK(strstr(st.message, "chat refused: message is") == st.message, "chat message '%s'",
+          st.message);
     sl_rpc_stream_free(s);
 
     /* The server still serves. */
@@ -693,11 +705,13 @@ static void test_bytes_field_checked(void)
     static const sl_rpc_method bad[][1] = {
         {{"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
           &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL,
-          SLUICE__TEST__PIECE__KIND_LABEL}}, /* a string */
+          SLUICE__TEST__PIECE__KIND_LABEL, NULL}}, /* a string */
         {{"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
-          &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL, 9}}, /* none */
+          &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL, 9,
+          NULL}}, /* none */
         {{"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
-          &sluice__test__echo_response__descriptor, 0, NULL, NULL, NULL, NULL, 2}}, /* unary */
+          &sluice__test__echo_response__descriptor, 0, NULL, NULL, NULL, NULL, 2,
+          NULL}}, /* unary */
     };
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
