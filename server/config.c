@@ -64,11 +64,11 @@ static const setting settings[] = {
      "                            without it every call is allowed (reloaded on SIGHUP)"},
     {"max-calls", "SLUICE_MAX_CALLS", K_INT, offsetof(sl_config, max_calls), 0, 0, 1000000, 0,
      "N      calls open at once, more are refused (RESOURCE_EXHAUSTED);\n"
-     "                     health checks have a reserve; 0 = unlimited (default 4096)"},
+     "                     health checks have a reserve; 0 = unlimited (default 16384)"},
     {"max-job-streams", "SLUICE_MAX_JOB_STREAMS", K_INT, offsetof(sl_config, max_job_streams), 0, 0,
      1000000, 0,
      "N index/batch streams, shard uploads and downloads open at once per\n"
-     "                     job; 0 = unlimited (default 1024)"},
+     "                     job; 0 = unlimited (default 8192)"},
     {"idle-timeout", "SLUICE_IDLE_TIMEOUT", K_SECONDS, offsetof(sl_config, idle_timeout_ms), 0, 0,
      86400, 0,
      "S   end a stream that waits S seconds for its client (an upload that\n"
@@ -303,8 +303,8 @@ static void set_defaults(sl_config *cfg)
     cfg->max_shard_bytes = 1ULL << 40;
     cfg->upload_timeout_ms = 3600 * 1000;
     cfg->upload_memory = 1ULL << 30;
-    cfg->max_calls = 4096;
-    cfg->max_job_streams = 1024;
+    cfg->max_calls = 16384;
+    cfg->max_job_streams = 8192;
     cfg->idle_timeout_ms = 300 * 1000;
 }
 
