@@ -23,9 +23,15 @@ static void check_work(uv_work_t *w)
         struct mallinfo2 mi = mallinfo2();
         m->in_use = mi.uordblks + mi.hblkhd;
         m->free = mi.fordblks;
-        if (m->free > TRIM_MIN_FREE && m->free > 2 * m->in_use) {
+        /* malloc_trim leaves arena tops and what it already released counted as free: trim
+         * again only once more has been freed since, not every tick of an idle daemon. */
+        if (m->free > TRIM_MIN_FREE && m->free > 2 * m->in_use &&
+            m->free > m->free_at_trim + TRIM_MIN_FREE / 4) {
             malloc_trim(0);
             m->trimmed = 1;
+            m->free_at_trim = m->free;
+        } else if (m->free < m->free_at_trim) {
+            m->free_at_trim = m->free;
         }
     }
 #endif

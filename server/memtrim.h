@@ -16,12 +16,13 @@
 typedef struct sl_memtrim {
     uv_timer_t timer;
     uv_work_t work;
-    int open;       /* the timer is initialised */
-    int busy;       /* a check runs on the worker pool */
-    size_t in_use;  /* heap bytes in use at the last check */
-    size_t free;    /* heap bytes free at the last check, before trimming */
-    int trimmed;    /* the last check trimmed */
-    uint64_t trims; /* trims so far */
+    int open;            /* the timer is initialised */
+    int busy;            /* a check runs on the worker pool */
+    size_t in_use;       /* heap bytes in use at the last check */
+    size_t free;         /* heap bytes free at the last check, before trimming */
+    size_t free_at_trim; /* free bytes at the last trim, lowered as the heap is reused */
+    int trimmed;         /* the last check trimmed */
+    uint64_t trims;      /* trims so far */
 } sl_memtrim;
 
 /* Check the heap every interval_ms on `loop`. Returns 0 or a libuv error. */
