@@ -260,7 +260,8 @@ static void call_free(sl_rpc_call *c)
         atomic_fetch_sub(&srv->live_streams, 1);
     if (c->admitted) {
         srv->admitted--;
-        srv->svc_admitted[c->reg->svc_idx]--;
+        if (c->reg->m->kind == SL_RPC_UNARY)
+            srv->svc_admitted[c->reg->svc_idx]--;
     }
     sl_rpc_keys_release(&srv->keys, c->key);
     if (c->prev)
@@ -805,10 +806,16 @@ static int admit(sl_rpc_call *c)
     size_t *svc = &srv->svc_admitted[c->reg->svc_idx];
     int max = srv->opts.max_calls;
 
-    if (max > 0 && srv->admitted >= (size_t)max && *svc >= (size_t)c->reg->svc->reserved_calls)
+    int unary = c->reg->m->kind == SL_RPC_UNARY;
+
+    /* The reserve is for unary calls only (health Check): long-lived streams such as Watch
+     * cannot use it up. */
+    if (max > 0 && srv->admitted >= (size_t)max &&
+        (!unary || *svc >= (size_t)c->reg->svc->reserved_calls))
         return 0;
     srv->admitted++;
-    (*svc)++;
+    if (unary)
+        (*svc)++;
     c->admitted = 1;
     return 1;
 }

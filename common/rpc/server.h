@@ -72,8 +72,9 @@ typedef struct sl_rpc_service {
     /* Called on the loop thread when graceful shutdown starts, so the service can end its
      * long-lived streams (they would otherwise be cancelled when the grace period ends). */
     void (*on_shutdown)(void *arg);
-    /* Calls of this service admitted even when the server's max_calls is reached, as long as the
-     * service has fewer than this many open (so health checks stay answerable). 0: none. */
+    /* Unary calls of this service admitted even when the server's max_calls is reached, as long
+     * as the service has fewer than this many unary calls open (so health checks stay
+     * answerable; its streams, such as Watch, get no reserve). 0: none. */
     int reserved_calls;
 } sl_rpc_service;
 

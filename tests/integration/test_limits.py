@@ -137,6 +137,11 @@ class MaxCallsTest(Base):
         self.assert_refused(lambda: self.unary("/sluice.v1.Jobs/List", b"", ch=self.channel()),
                             needle)
         self.assertEqual(self.health(), hp.HealthCheckResponse.SERVING)
+        # The health reserve is for Check only: a Watch stream beyond the cap is refused, so
+        # watchers cannot use the reserve up.
+        self.assert_refused(lambda: next(self.server_stream(
+            "/grpc.health.v1.Health/Watch", hp.HealthCheckRequest(service=""))), needle)
+        self.assertEqual(self.health(), hp.HealthCheckResponse.SERVING)
         # Nothing of the refused upload is left, the open streams still flow.
         self.assertEqual([f for f in os.listdir(os.path.join(self.d.data_dir, "datasets"))
                           if f.endswith(".tmp")], [])
