@@ -51,6 +51,15 @@ typedef struct fshare {
     uv_work_t work;
 } fshare;
 
+/* Called when a batch plan a unary call waited for is ready or failed; `job` is the name of
+ * the job that asked (it may have been deleted since: look it up). */
+typedef void (*feed_plan_cb)(sl_rpc_call *call, sl_feed *f, const char *job);
+
+typedef struct fwaiter {
+    sl_rpc_call *call; /* referenced until cb ran */
+    feed_plan_cb cb;
+} fwaiter;
+
 /* A batch plan for one (job, epoch), computed on the worker pool and shared by all ranks. */
 typedef struct fplan {
     int refs;
@@ -61,6 +70,9 @@ typedef struct fplan {
     sl_batch_plan *plan;
     fjob *job; /* NULL once the job let go of it */
     sl_feed *f;
+    char job_name[SL_CAT_FEED_NAME_MAX + 1];
+    fwaiter *waiters; /* unary calls answered when the plan is ready */
+    size_t n_waiters;
     uv_work_t work;
     /* inputs for the worker, owned until it finishes */
     sl_batch_config cfg;
@@ -81,6 +93,10 @@ struct fjob {
     uint32_t dp_size;
     uint64_t *counts;   /* [dp_size] share size (indices) of each dp rank this epoch */
     uint64_t *progress; /* [dp_size] reported position of each dp rank */
+    /* [dp_size] 1 once the dp rank reported in this epoch: an empty share (fewer samples than
+     * ranks with drop_last) is done only when its rank said so, so the epochs of a job whose
+     * shares are all empty advance in step with the ranks instead of racing ahead. */
+    uint8_t *reported;
     /* Elastic remainder of the current epoch (resized mid-epoch), else NULL. */
     fsrc *src;
     uint8_t *elastic_blob; /* as stored in the catalog */
@@ -159,6 +175,14 @@ int feed_job_count(const fjob *j, uint32_t dp, uint64_t *count);
 int feed_job_report_check(const fjob *j, uint32_t dp, uint64_t epoch, uint64_t position, char *msg,
                           size_t len);
 
+/* 1 if the dp rank's report is news: a higher position, or its first report in the epoch. */
+int feed_job_report_new(const fjob *j, uint32_t dp, uint64_t position);
+
+/* The group's common position: the lowest position any dp rank reported in the epoch. Streams
+ * that ask for it (group_position) resume there, so after a group restart every dp rank has the
+ * same number of steps left. */
+uint64_t feed_job_group_position(const fjob *j);
+
 /* Apply a durable report in memory; advances the epoch when complete (unless manual). */
 int feed_job_report_apply(fjob *j, uint32_t dp, uint64_t position, int *advanced);
 
@@ -202,6 +226,11 @@ int feed_read_lengths(uint32_t **out, const char *path, uint64_t n, const char *
 
 /* Ask for the current epoch's plan (starts it on the worker pool if needed). */
 int feed_plan_request(fjob *j, char *msg, size_t len);
+
+/* Park a unary call until the current epoch's plan is ready (or failed), then call cb. Returns
+ * 0 when parked, or the error of feed_plan_request (e.g. SL_ESTATE: no lengths) with msg set,
+ * in which case the caller answers the call itself. */
+int feed_plan_wait(fjob *j, sl_rpc_call *call, feed_plan_cb cb, char *msg, size_t len);
 
 const sl_rpc_service *feed_datasets_service(sl_feed *f);
 const sl_rpc_service *feed_jobs_service(sl_feed *f);

@@ -259,9 +259,10 @@ static void reply_epoch(sl_rpc_call *call, const fjob *j)
         rp[d].dp_rank = d;
         rp[d].position = j->progress[d];
         rp[d].count = n;
-        rp[d].done = known && j->progress[d] >= n;
+        rp[d].done = known && j->progress[d] >= n && j->reported[d];
         ptrs[d] = &rp[d];
     }
+    st.group_position = feed_job_group_position(j);
     st.n_ranks = j->dp_size;
     st.ranks = ptrs;
     st.complete = feed_job_complete(j);
@@ -271,13 +272,32 @@ out:
     free(ptrs);
 }
 
+/* The batch plan an Epochs.Get waited for is ready (or failed): answer with the counts. */
+static void epoch_plan_ready(sl_rpc_call *call, sl_feed *f, const char *job)
+{
+    fjob *j = feed_job_find(f, job);
+
+    if (j)
+        reply_epoch(call, j);
+    else
+        sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' was deleted", job);
+}
+
 static void epoch_get(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__GetEpochRequest *req = (const void *)m;
     fjob *j = job_or_fail(call, arg, req->job);
+    char msg[256];
 
-    if (j)
-        reply_epoch(call, j);
+    if (!j)
+        return;
+    /* A batch job's share sizes come from the epoch's plan, which is computed on demand: wait
+     * for it, so that a trainer knows its number of steps before it streams (len(DataLoader)
+     * at setup). Without lengths there is no plan: answer with the counts unknown (0). */
+    if (j->spec->batching && !(j->plan && j->plan->state == 1) &&
+        feed_plan_wait(j, call, epoch_plan_ready, msg, sizeof(msg)) == 0)
+        return;
+    reply_epoch(call, j);
 }
 
 static void epoch_report(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
@@ -292,12 +312,24 @@ static void epoch_report(sl_rpc_call *call, const ProtobufCMessage *m, void *arg
 
     if (!j)
         return;
-    if ((err = feed_job_dp_rank(j, req->rank, &dp, msg, sizeof(msg))) != 0 ||
-        (err = feed_job_report_check(j, dp, req->epoch, req->position, msg, sizeof(msg))) != 0) {
+    if ((err = feed_job_dp_rank(j, req->rank, &dp, msg, sizeof(msg))) != 0) {
         sl_rpc_call_fail(call, err, "%s", msg);
         return;
     }
-    if (req->position > j->progress[dp]) {
+    if (req->epoch < j->epoch) {
+        /* The epoch is over (every rank finished it, or Next ended it): nothing to record.
+         * Answered OK so that reports are idempotent: a client that lost the answer to the
+         * report which completed the epoch (a daemon restart) may send it again. */
+        resp.epoch = j->epoch;
+        resp.position = req->position;
+        sl_rpc_call_reply(call, &resp.base);
+        return;
+    }
+    if ((err = feed_job_report_check(j, dp, req->epoch, req->position, msg, sizeof(msg))) != 0) {
+        sl_rpc_call_fail(call, err, "%s", msg);
+        return;
+    }
+    if (feed_job_report_new(j, dp, req->position)) {
         err = feed_report_enqueue(f, call, j, dp, req->epoch, req->position);
         if (err)
             sl_rpc_call_fail(call, err, "out of memory");

@@ -273,10 +273,12 @@ static int setup_counts(fjob *j, char *msg, size_t len)
         return err;
     free(j->counts);
     free(j->progress);
+    free(j->reported);
     j->dp_size = dp_size;
     j->counts = calloc(dp_size, sizeof(*j->counts));
     j->progress = calloc(dp_size, sizeof(*j->progress));
-    if (!j->counts || !j->progress)
+    j->reported = calloc(dp_size, sizeof(*j->reported));
+    if (!j->counts || !j->progress || !j->reported)
         return -ENOMEM;
     if (j->src)
         return 0; /* filled by setup_elastic_counts once the plan exists */
@@ -313,6 +315,7 @@ static void job_free(fjob *j)
         sluice__v1__job__free_unpacked(j->spec, NULL);
     free(j->counts);
     free(j->progress);
+    free(j->reported);
     free(j);
 }
 
@@ -320,8 +323,11 @@ static int load_progress(uint32_t dp, uint64_t epoch, uint64_t position, void *a
 {
     fjob *j = arg;
 
-    if (epoch == j->epoch && dp < j->dp_size && position > j->progress[dp])
-        j->progress[dp] = position;
+    if (epoch == j->epoch && dp < j->dp_size) {
+        j->reported[dp] = 1;
+        if (position > j->progress[dp])
+            j->progress[dp] = position;
+    }
     return 0;
 }
 
@@ -438,10 +444,25 @@ int feed_job_complete(const fjob *j)
 {
     for (uint32_t d = 0; d < j->dp_size; d++) {
         uint64_t n;
-        if (feed_job_count(j, d, &n) != 0 || j->progress[d] < n)
+        if (feed_job_count(j, d, &n) != 0 || j->progress[d] < n || !j->reported[d])
             return 0;
     }
     return 1;
+}
+
+int feed_job_report_new(const fjob *j, uint32_t dp, uint64_t position)
+{
+    return position > j->progress[dp] || !j->reported[dp];
+}
+
+uint64_t feed_job_group_position(const fjob *j)
+{
+    uint64_t low = UINT64_MAX;
+
+    for (uint32_t d = 0; d < j->dp_size; d++)
+        if (j->progress[d] < low)
+            low = j->progress[d];
+    return j->dp_size ? low : 0;
 }
 
 int feed_job_advance(fjob *j)
@@ -499,6 +520,7 @@ int feed_job_report_apply(fjob *j, uint32_t dp, uint64_t position, int *advanced
     int err;
 
     *advanced = 0;
+    j->reported[dp] = 1;
     if (position > j->progress[dp])
         j->progress[dp] = position;
     if (!j->spec->manual_advance && feed_job_complete(j)) {

@@ -41,6 +41,7 @@ struct fstream {
     uint32_t rank, dp;
     uint64_t epoch;
     int has_pos;
+    int group; /* without a position: resume at the group's common position */
     uint64_t pos, end;
     uint32_t chunk;
     int window;    /* send room with an empty queue */
@@ -202,8 +203,10 @@ static void stream_go(fstream *s)
         /* The epoch ended while the share or plan was built: every rank finished it (or it
          * was advanced by hand), so there is nothing left to serve from it. */
         s->pos = s->end;
-    else if (!s->has_pos)
-        s->pos = j->progress[s->dp] < s->end ? j->progress[s->dp] : s->end;
+    else if (!s->has_pos) {
+        uint64_t p = s->group ? feed_job_group_position(j) : j->progress[s->dp];
+        s->pos = p < s->end ? p : s->end;
+    }
     if (s->pos > s->end) {
         snprintf(msg, sizeof(msg), "position %llu past the end of rank %u's share (%llu)",
                  (unsigned long long)s->pos, s->rank, (unsigned long long)s->end);
@@ -382,8 +385,8 @@ static void stream_begin(fstream *s)
 }
 
 static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32_t rank,
-                         int has_epoch, uint64_t epoch, int has_pos, uint64_t pos, uint32_t chunk,
-                         sl_feed *f)
+                         int has_epoch, uint64_t epoch, int has_pos, int group, uint64_t pos,
+                         uint32_t chunk, sl_feed *f)
 {
     fstream *s;
     fjob *j;
@@ -442,6 +445,7 @@ static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32
     s->rank = rank;
     s->epoch = epoch;
     s->has_pos = has_pos;
+    s->group = group;
     s->pos = pos;
     s->chunk = chunk;
     s->job = j;
@@ -470,7 +474,7 @@ static void indices_start(sl_rpc_call *call, const ProtobufCMessage *m, void *ar
         return;
     }
     stream_start(call, 0, req->job, req->rank, req->epoch_set, req->epoch, req->position_set,
-                 req->position, chunk, arg);
+                 req->group_position, req->position, chunk, arg);
 }
 
 static void batches_start(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
@@ -483,8 +487,8 @@ static void batches_start(sl_rpc_call *call, const ProtobufCMessage *m, void *ar
                          MAX_BATCH_CHUNK);
         return;
     }
-    stream_start(call, 1, req->job, req->rank, req->epoch_set, req->epoch, req->step_set, req->step,
-                 chunk, arg);
+    stream_start(call, 1, req->job, req->rank, req->epoch_set, req->epoch, req->step_set,
+                 req->group_position, req->step, chunk, arg);
 }
 
 static void on_writable(sl_rpc_call *call, void *arg)
@@ -657,6 +661,13 @@ static void plan_done(uv_work_t *w, int status)
      * in every job, not only through the job's current plan. */
     for (fjob *k = p->f->jobs; k; k = k->next)
         feed_streams_plan_ready(k, p);
+    for (size_t i = 0; i < p->n_waiters; i++) {
+        p->waiters[i].cb(p->waiters[i].call, p->f, p->job_name);
+        sl_rpc_call_unref(p->waiters[i].call);
+    }
+    free(p->waiters);
+    p->waiters = NULL;
+    p->n_waiters = 0;
     if (j) {
         /* Reports recorded before the plan existed may already complete the epoch. */
         if (p->state == 1 && !j->spec->manual_advance && feed_job_complete(j))
@@ -701,6 +712,7 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
     p->scfg = j->cfg;
     p->epoch = j->epoch;
     p->f = j->feed;
+    snprintf(p->job_name, sizeof(p->job_name), "%s", j->name);
     snprintf(p->sha256, sizeof(p->sha256), "%s", d.lengths_sha256);
     p->refs = 2; /* the job's and the worker's */
     p->job = j;
@@ -712,6 +724,32 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
         return SL_EUNAVAILABLE;
     }
     j->plan = p;
+    return 0;
+}
+
+int feed_plan_wait(fjob *j, sl_rpc_call *call, feed_plan_cb cb, char *msg, size_t len)
+{
+    fwaiter *w;
+    fplan *p;
+    int err = feed_plan_request(j, msg, len);
+
+    if (err)
+        return err;
+    p = j->plan;
+    if (p->state != 0) {
+        cb(call, j->feed, j->name);
+        return 0;
+    }
+    w = realloc(p->waiters, (p->n_waiters + 1) * sizeof(*w));
+    if (!w) {
+        snprintf(msg, len, "out of memory");
+        return -ENOMEM;
+    }
+    p->waiters = w;
+    w[p->n_waiters].call = call;
+    w[p->n_waiters].cb = cb;
+    p->n_waiters++;
+    sl_rpc_call_ref(call);
     return 0;
 }
 

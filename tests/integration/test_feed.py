@@ -374,7 +374,11 @@ class FeedTest(unittest.TestCase):
         # Before the plan exists a report is bounded by the sample count.
         self.assertEqual(self.code(c.report_progress, "b", 0, 0, 2**64 - 1)[0],
                          C.INVALID_ARGUMENT)
+        self.assertEqual(c.get_epoch("b").ranks[0].count, 0)  # no lengths: no plan yet
         c.upload_lengths("tok", lengths)
+        # Epochs.Get waits for the plan: the counts are known before any rank streams.
+        before = c.get_epoch("b")
+        self.assertGreater(before.ranks[0].count, 0)
         per_rank = []
         for r in range(4):
             bs = [b for ch in c.stream_batches("b", r) for b in ch.batches]
@@ -388,6 +392,7 @@ class FeedTest(unittest.TestCase):
         st = c.get_epoch("b")
         self.assertEqual(st.unit, "batches")
         self.assertEqual(st.ranks[0].count, len(per_rank[0]))
+        self.assertEqual(before.ranks[0].count, len(per_rank[0]))
         # Resume by step, CLI output.
         c.report_progress("b", 1, 0, 2)
         rest = [b for ch in c.stream_batches("b", 1) for b in ch.batches]
@@ -403,6 +408,60 @@ class FeedTest(unittest.TestCase):
         nxt = [b for ch in c.stream_batches("b", 0) for b in ch.batches]
         self.assertEqual(len(nxt), len(per_rank[0]))
         self.assertNotEqual([list(b.indices) for b in nxt], [list(b.indices) for b in per_rank[0]])
+
+    def test_empty_shares_advance_when_every_rank_reported(self):
+        # 1 sample, 3 ranks, drop_last: every share is empty. The epoch is done only when every
+        # rank reported its empty share (so the epochs advance in step with the ranks), and the
+        # reports survive a restart.
+        c = self.c
+        c.create_dataset("one", 1)
+        c.create_job("e", "one", 3, shuffle="none", drop_last=True)
+        st = c.get_epoch("e")
+        self.assertEqual([r.count for r in st.ranks], [0, 0, 0])
+        self.assertFalse(st.complete)
+        self.assertEqual([(ch.epoch, list(ch.indices), ch.share_count)
+                          for ch in c.stream_indices("e", 1)], [(0, [], 0)])
+        self.assertFalse(c.report_progress("e", 0, 0, 0).advanced)
+        self.assertEqual([r.done for r in c.get_epoch("e").ranks], [True, False, False])
+        self.restart()
+        c = self.c
+        self.assertEqual([r.done for r in c.get_epoch("e").ranks], [True, False, False])
+        self.assertFalse(c.report_progress("e", 1, 0, 0).advanced)
+        resp = c.report_progress("e", 2, 0, 0)
+        self.assertTrue(resp.advanced)
+        self.assertEqual(resp.epoch, 1)
+        self.assertFalse(c.get_epoch("e").complete)
+
+    def test_reports_are_idempotent(self):
+        # The report that completed an epoch, sent again (its answer was lost), is answered OK
+        # with the current epoch and changes nothing; a future epoch is still refused.
+        c = self.c
+        c.create_dataset("ds", 10)
+        c.create_job("j", "ds", 2, shuffle="none")
+        c.report_progress("j", 0, 0, 5)
+        self.assertTrue(c.report_progress("j", 1, 0, 5).advanced)
+        again = c.report_progress("j", 1, 0, 5)
+        self.assertEqual((again.epoch, again.advanced), (1, False))
+        self.assertEqual([r.position for r in c.get_epoch("j").ranks], [0, 0])
+        code, msg = self.code(c.report_progress, "j", 0, 2, 1)
+        self.assertEqual(code, C.FAILED_PRECONDITION)
+        self.assertIn("epoch 2", msg)
+
+    def test_group_position_resumes_every_rank_at_the_lowest(self):
+        c = self.c
+        c.create_dataset("ds", 100)
+        c.create_job("g", "ds", 2, shuffle="feistel", seed=3)
+        full = [share(c, "g", r)[2] for r in range(2)]
+        c.report_progress("g", 0, 0, 30)
+        c.report_progress("g", 1, 0, 20)
+        self.assertEqual(c.get_epoch("g").group_position, 20)
+        for r in range(2):
+            epoch, start, idx = share(c, "g", r, group_position=True)
+            self.assertEqual((epoch, start, idx), (0, 20, full[r][20:]))
+        self.assertEqual(share(c, "g", 0)[1], 30)  # own position without the flag
+        self.assertEqual(share(c, "g", 0, group_position=True, position=40)[1], 40)
+        bq = c.stream_batches("g", 0, group_position=True)
+        self.assertEqual(self.code(list, bq)[0], C.FAILED_PRECONDITION)
 
     def test_mesh_ranks_share_dp_streams(self):
         c = self.c

@@ -117,10 +117,13 @@ class Client:
 
     # ---- streams ----
 
-    def stream_indices(self, job, rank, epoch=None, position=None, max_chunk=0):
+    def stream_indices(self, job, rank, epoch=None, position=None, max_chunk=0,
+                       group_position=False):
         """Iterate over IndexChunk messages (epoch, start, indices, share_count). By default the
-        current epoch from the rank's last reported position."""
-        req = feed_pb2.StreamIndicesRequest(job=job, rank=rank, max_chunk=max_chunk)
+        current epoch from the rank's last reported position; with ``group_position`` from the
+        lowest position any dp rank reported (DDP lockstep after a restart)."""
+        req = feed_pb2.StreamIndicesRequest(job=job, rank=rank, max_chunk=max_chunk,
+                                            group_position=group_position)
         if epoch is not None:
             req.epoch = epoch
             req.epoch_set = True
@@ -129,9 +132,12 @@ class Client:
             req.position_set = True
         return self.feed.StreamIndices(req, **self._kw(stream=True))
 
-    def stream_batches(self, job, rank, epoch=None, step=None, max_batches=0):
-        """Iterate over BatchChunk messages (epoch, batches, batches_per_rank)."""
-        req = feed_pb2.StreamBatchesRequest(job=job, rank=rank, max_batches=max_batches)
+    def stream_batches(self, job, rank, epoch=None, step=None, max_batches=0,
+                       group_position=False):
+        """Iterate over BatchChunk messages (epoch, batches, batches_per_rank); positions as in
+        stream_indices."""
+        req = feed_pb2.StreamBatchesRequest(job=job, rank=rank, max_batches=max_batches,
+                                            group_position=group_position)
         if epoch is not None:
             req.epoch = epoch
             req.epoch_set = True
