@@ -1,20 +1,37 @@
 """PyTorch samplers fed by the sluice coordinator.
 
 ``DistributedSampler`` takes the arguments of ``torch.utils.data.DistributedSampler`` plus the
-daemon's address and a job name, and can be used wherever torch's is. The coordinator owns the
-epoch: every rank of a job gets the same epoch and a disjoint share of it; a restarted rank resumes
-after its last reported position; when every rank has finished the epoch, the next one begins.
-``set_epoch`` is accepted and ignored (the coordinator decides the epoch).
+daemon's address and a job name, and can be used wherever torch's is; ``BatchSampler`` serves a
+job's token-budget batches. ``DataLoader`` is torch's DataLoader (same arguments) that also tells
+the coordinator how far the training loop got::
 
-Progress: at the end of each iteration the sampler reports its whole share as consumed. For
-finer-grained resume, call ``sampler.report(position)`` after the samples before ``position`` are
-really consumed (e.g. after an optimizer step); ``report_every=N`` instead reports every N
-indices handed out, which with a prefetching DataLoader may count a few prefetched samples as
-consumed. If the daemon restarts mid-epoch, the sampler reconnects (for up to ``retry_seconds``)
-and continues where it was. If the training loop pauses longer than the daemon's
-``--idle-timeout`` (the DataLoader stops taking indices, e.g. for a long evaluation), the daemon
-ends the stream it can no longer send on; the sampler then opens a new one at the position it
-reached, so a pause never loses or repeats samples.
+    sampler = sluice.torch.DistributedSampler(ds, shuffle=True, seed=0, job="run1")
+    loader = sluice.torch.DataLoader(ds, batch_size=32, sampler=sampler, num_workers=2)
+    for epoch in range(sampler.epoch, EPOCHS):   # sampler.epoch: the epoch served next
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            train_step(batch)
+
+The coordinator owns the epoch: every rank of a job gets the same epoch and a disjoint share of
+it; when every rank has finished the epoch, the next one begins.
+
+Positions count what the training loop consumed. ``DataLoader`` reports, before it hands the loop
+batch k of an epoch, that batches [0, k) are consumed, and at the end of the epoch the whole share
+(retried until it lands). With DataLoader workers the sampler runs ahead of the loop by the
+prefetched batches; those are not counted. A rank killed while training batch k trains it again
+after its restart, and nothing is lost.
+
+DDP lockstep: a new iteration starts at the group's common position, the lowest position any
+data-parallel rank of the job reported in the epoch, so after torchrun restarts the group every
+rank has the same number of steps left. A rank that had reported further trains the difference
+again (at most ``report_every`` batches, default 1).
+
+Failures: every call is retried on UNAVAILABLE, CANCELLED (a daemon shutting down) and
+DEADLINE_EXCEEDED with backoff for up to ``retry_seconds`` (also the first call, so a sampler
+built before sluiced is up waits for it). A stream that breaks is reopened at the position
+reached, in the same epoch. If the training loop pauses longer than the daemon's
+``--idle-timeout``, the daemon ends the stream it cannot send on; the sampler opens a new one at
+the position reached.
 """
 import os
 import time
@@ -22,11 +39,20 @@ import warnings
 
 import grpc
 import torch.distributed as dist
+import torch.utils.data
 from torch.utils.data import Sampler
 
 from sluice.client import Client
+from sluice.v1.feed_pb2 import BatchConfig
 
-__all__ = ["DistributedSampler", "BatchSampler"]
+__all__ = ["DistributedSampler", "BatchSampler", "DataLoader", "JobMismatchError"]
+
+_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+          grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class JobMismatchError(ValueError):
+    """The job exists with other settings than the sampler was given."""
 
 
 def _world_and_rank(num_replicas, rank):
@@ -58,68 +84,170 @@ def _idle_ended(e):
             and "no send progress" in (e.details() or ""))
 
 
-def _ensure_job(client, job, dataset_name, num_samples, num_replicas, create, **job_args):
-    """Create the dataset and the job if asked to (every rank may race: ALREADY_EXISTS is
-    fine), then check that the job's world matches this process's."""
-    if create:
-        try:
-            client.create_dataset(dataset_name, num_samples)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.ALREADY_EXISTS:
-                raise
-        try:
-            client.create_job(job, dataset_name, num_replicas, **job_args)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.ALREADY_EXISTS:
-                raise
-    info = client.get_job(job)
-    if info.world_size != num_replicas:
-        raise ValueError("job %r has world size %d, this process was started with %d"
-                         % (job, info.world_size, num_replicas))
-    return info
+def _mismatches(job, want):
+    """[(setting, job's value, sampler's value)] for every given setting that differs."""
+    out = []
+    for key, value in want.items():
+        have = job[key]
+        if value is not None and have != value:
+            out.append((key, have, value))
+    return out
 
 
 class _Fed:
-    """Shared state of the samplers: client, job, rank, epoch bookkeeping, reporting."""
+    """What both samplers share: the client, retries, the job check, the epoch and position
+    bookkeeping, progress reports and the stream loop."""
 
-    def _setup(self, address, job, rank, client):
+    def _setup(self, address, job, num_replicas, rank, client, retry_seconds, lockstep):
         self.client = client or Client(address)
         self.job = job or os.environ.get("SLUICE_JOB")
         if not self.job:
             raise ValueError("a job name is required (job= or SLUICE_JOB)")
+        self.num_replicas = num_replicas
         self.rank = rank
-        self.epoch = None           # the epoch of the current (or last) iteration
+        self.retry_seconds = retry_seconds
+        self.lockstep = lockstep
+        self.reconnects = 0         # streams reopened (daemon restarts, idle timeouts)
+        self.retries = 0            # calls repeated after a retryable failure
+        self.epoch = 0              # the epoch of the current (or last) iteration, or set_epoch's
+        self._next_epoch = 0        # served by the next iteration unless set_epoch says otherwise
         self.position = 0           # positions [0, position) of the share were handed out
         self.start_position = 0     # where the current iteration resumed
-        self._next_epoch = None     # None: the coordinator's current epoch
+        self.consumed = None        # counted by sluice.torch.DataLoader, else None
+        self._serving = None        # epoch of the iteration under way
+        self._share = 0             # share size of the iteration under way
         self._reported = -1
-        self.reconnects = 0         # streams reopened (daemon restarts, idle timeouts)
+        self._epoch_set = False     # set_epoch was called since the last iteration began
+        self._tracked = False       # a sluice.torch.DataLoader reports for this sampler
+
+    def _call(self, fn, *args, **kw):
+        """fn(*args, **kw), retried on transient failures for up to retry_seconds."""
+        deadline, delay = None, 0.05
+        while True:
+            try:
+                return fn(*args, **kw)
+            except grpc.RpcError as e:
+                if e.code() not in _RETRY or not self.retry_seconds:
+                    raise
+                now = time.monotonic()
+                deadline = deadline or now + self.retry_seconds
+                if now >= deadline:
+                    raise
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, 1.0)
+                self.retries += 1
+
+    def _attach(self, create, attach_any, want, create_fn):
+        """Create the job if asked to (every rank may race: ALREADY_EXISTS is fine), then check
+        that the existing job has the settings this sampler was given."""
+        if create:
+            try:
+                self._call(create_fn)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.ALREADY_EXISTS:
+                    raise
+        info = self._call(self.client.get_job, self.job)
+        if info.world_size != self.num_replicas:
+            raise JobMismatchError("job %r has world size %d, this process was started with %d"
+                                   % (self.job, info.world_size, self.num_replicas))
+        have = self._job_settings(info)
+        diff = [] if attach_any else _mismatches(have, want)
+        if diff:
+            raise JobMismatchError(
+                "job %r exists with other settings than this sampler's: %s. Use another job "
+                "name, or attach_any=True to use the job as it is"
+                % (self.job, "; ".join("%s: job has %r, sampler %r" % d for d in diff)))
+        self.info = info
+        self.epoch = self._next_epoch = info.epoch
+        return have
+
+    @property
+    def next_epoch(self):
+        """The epoch the next iteration serves (set_epoch's, else the one after the last)."""
+        return self.epoch if self._epoch_set else self._next_epoch
 
     def set_epoch(self, epoch):
-        """Accepted for compatibility with torch; the coordinator decides the epoch."""
-        self.requested_epoch = epoch
+        """Serve ``epoch`` in the next iteration, as torch's sampler does. The coordinator owns
+        the epoch: an epoch that is over is not served again (the sampler warns and serves the
+        coordinator's current one), and one more than one ahead of it is refused."""
+        self.epoch = int(epoch)
+        self._epoch_set = True
+
+    def _want_epoch(self):
+        """The epoch to stream in a new iteration: self.epoch, checked against the job's."""
+        current = self._call(self.client.get_job, self.job).epoch
+        want = self.next_epoch
+        if want < current:
+            if self._epoch_set:
+                warnings.warn("sluice: epoch %d of job %r is over; serving the coordinator's "
+                              "epoch %d (after a restart, start the epoch loop at "
+                              "sampler.epoch)" % (want, self.job, current))
+            want = current
+        elif want > current + 1:
+            raise ValueError("set_epoch(%d): job %r is at epoch %d, so it serves epoch %d or %d "
+                             "next" % (want, self.job, current, current, current + 1))
+        self._epoch_set = False
+        return want
+
+    def _begin(self, epoch, start, share):
+        self.epoch = self._serving = epoch
+        self.position = self.start_position = start
+        self._share = share
+        self._reported = start if start else -1
 
     def report(self, position=None):
         """Report that positions [0, position) of this rank's share in the current epoch are
-        consumed (default: everything handed out so far). Returns the daemon's answer."""
-        if self.epoch is None:
+        consumed (default: what sluice.torch.DataLoader counted, else everything handed out).
+        Retried like every call; returns the daemon's answer, or None if nothing was new."""
+        if self._serving is None:
             raise RuntimeError("nothing to report before the first iteration")
-        position = self.position if position is None else position
+        if position is None:
+            position = self.position if self.consumed is None else self.consumed
         if position <= self._reported:
             return None
-        resp = self.client.report_progress(self.job, self.rank, self.epoch, position)
+        resp = self._call(self.client.report_progress, self.job, self.rank, self._serving,
+                          position)
         self._reported = position
         return resp
 
-    def _begin(self, epoch, start):
-        self.epoch = epoch
-        self.position = start
-        self.start_position = start
-        self._reported = start
+    def _finish(self):
+        """The share of the iteration is consumed: report it (also an empty one, so that its
+        epoch can end) and move on to the next epoch."""
+        self.report(self._share)
+        self._next_epoch = self._serving + 1
 
-    def _end(self):
-        if self.epoch is not None:
-            self._next_epoch = self.epoch + 1
+    def _chunks(self, open_stream):
+        """Chunks of this iteration from open_stream(epoch, position). If the stream breaks
+        (daemon restart or shutdown), reopen it with backoff for up to retry_seconds at the
+        position reached, in the same epoch; a stream the daemon ended as idle (the loop
+        paused) is reopened at once."""
+        begun = False
+        self._serving = None
+        epoch = self._want_epoch()
+        deadline, delay = None, 0.05
+        while True:
+            stream = open_stream(epoch, self.position if begun else None)
+            try:
+                for chunk in stream:
+                    deadline, delay = None, 0.05
+                    begun = True
+                    yield chunk
+                return
+            except grpc.RpcError as e:
+                if begun and _idle_ended(e):
+                    self.reconnects += 1
+                    continue
+                if e.code() not in _RETRY or not self.retry_seconds:
+                    raise
+                now = time.monotonic()
+                deadline = deadline or now + self.retry_seconds
+                if now >= deadline:
+                    raise
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, 1.0)
+                self.reconnects += 1
+            finally:
+                stream.cancel()
 
 
 class DistributedSampler(Sampler, _Fed):
@@ -127,168 +255,211 @@ class DistributedSampler(Sampler, _Fed):
 
     ``shuffle=True`` uses the ``torch`` shuffle mode, which reproduces torch's own sampler
     exactly for the same seed (pass ``shuffle_mode="feistel"`` for O(1)-memory shuffling of very
-    large datasets). ``dataset`` is only used for its length (or pass ``num_samples``).
+    large datasets). ``dataset`` is only used for its length (or pass ``num_samples``). With
+    ``create=True`` the dataset (``dataset_name``, default ``<job>-data``) and the job are
+    created if they do not exist; an existing job must have the sample count, seed, shuffle
+    mode, drop_last and partition given here (JobMismatchError names the difference), unless
+    ``attach_any=True``, which takes the job's settings as they are.
     """
 
     def __init__(self, dataset=None, num_replicas=None, rank=None, shuffle=True, seed=0,
                  drop_last=False, *, address=None, job=None, dataset_name=None,
                  num_samples=None, shuffle_mode=None, partition="", chunk_size=0, create=True,
-                 report_every=0, max_chunk=0, retry_seconds=60.0, client=None):
+                 attach_any=False, report_every=0, max_chunk=0, retry_seconds=60.0,
+                 lockstep=True, client=None):
         num_replicas, rank = _world_and_rank(num_replicas, rank)
-        self._setup(address, job, rank, client)
+        self._setup(address, job, num_replicas, rank, client, retry_seconds, lockstep)
         if num_samples is None:
             if dataset is None:
                 raise ValueError("give a dataset or num_samples")
             num_samples = len(dataset)
-        self.num_replicas = num_replicas
-        self.total_samples = num_samples
-        self.shuffle = shuffle
-        self.seed = seed
-        self.drop_last = drop_last
+        self.dataset = dataset
         self.report_every = report_every
         self.max_chunk = max_chunk
-        self.retry_seconds = retry_seconds
-        self.reconnects = 0
-        self._iter_begun = False
         mode = shuffle_mode or ("torch" if shuffle else "none")
-        self.info = _ensure_job(self.client, self.job, dataset_name or self.job + "-data",
-                                num_samples, num_replicas, create, partition=partition,
-                                shuffle=mode, seed=seed, drop_last=drop_last,
-                                chunk_size=chunk_size)
+        data = dataset_name or self.job + "-data"
+
+        def create_fn():
+            try:
+                self.client.create_dataset(data, num_samples)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.ALREADY_EXISTS:
+                    raise
+            self.client.create_job(self.job, data, num_replicas, partition=partition,
+                                   shuffle=mode, seed=seed, drop_last=drop_last,
+                                   chunk_size=chunk_size)
+
+        want = dict(samples=num_samples, seed=seed, shuffle=mode, drop_last=bool(drop_last),
+                    partition=partition or "interleaved",
+                    chunk_size=chunk_size if partition == "chunked" else None)
+        have = self._attach(create, attach_any, want, create_fn)
+        self.total_samples = have["samples"]
+        self.seed = have["seed"]
+        self.shuffle_mode = have["shuffle"]
+        self.shuffle = have["shuffle"] != "none"
+        self.drop_last = have["drop_last"]
         self.num_samples = self._share_count()
 
+    def _job_settings(self, info):
+        samples = self._call(self.client.get_dataset, info.dataset).samples
+        return dict(samples=samples, seed=info.seed, shuffle=info.shuffle,
+                    drop_last=info.drop_last, partition=info.partition,
+                    chunk_size=info.chunk_size)
+
     def _share_count(self):
-        st = self.client.get_epoch(self.job)
+        st = self._call(self.client.get_epoch, self.job)
+        self.dp_size = st.dp_size or self.num_replicas
         if self.info.HasField("mesh"):
             return max(r.count for r in st.ranks) if st.ranks else 0
         return st.ranks[self.rank].count if self.rank < len(st.ranks) else 0
 
+    @property
+    def total_size(self):
+        """Indices of one epoch over all data-parallel ranks, padding included (torch's)."""
+        return self.num_samples * self.dp_size
+
     def __len__(self):
         return self.num_samples
 
-    def _chunks(self):
-        """Index chunks of this iteration. If the daemon goes away (UNAVAILABLE: restarted,
-        shutting down), reconnect with backoff for up to retry_seconds and continue at the
-        position reached, in the same epoch."""
-        deadline = None
-        delay = 0.05
-        while True:
-            begun = self.epoch is not None and self._iter_begun
-            stream = self.client.stream_indices(
-                self.job, self.rank, epoch=self.epoch if begun else self._next_epoch,
-                position=self.position if begun else None, max_chunk=self.max_chunk)
-            try:
-                for chunk in stream:
-                    deadline = None
-                    yield chunk
-                return
-            except grpc.RpcError as e:
-                if self._iter_begun and _idle_ended(e):
-                    self.reconnects += 1
-                    continue
-                if e.code() != grpc.StatusCode.UNAVAILABLE or not self.retry_seconds:
-                    raise
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + self.retry_seconds
-                if now >= deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-                self.reconnects += 1
-            finally:
-                stream.cancel()
+    def _open(self, epoch, position):
+        return self.client.stream_indices(self.job, self.rank, epoch=epoch, position=position,
+                                          max_chunk=self.max_chunk,
+                                          group_position=self.lockstep)
 
     def __iter__(self):
-        self._iter_begun = False
-        for chunk in self._chunks():
-            if not self._iter_begun:
-                self._begin(chunk.epoch, chunk.start)
+        begun = False
+        for chunk in self._chunks(self._open):
+            if not begun:
+                self._begin(chunk.epoch, chunk.start, chunk.share_count)
                 self.num_samples = chunk.share_count
-                self._iter_begun = True
+                begun = True
             for index in chunk.indices:
                 self.position += 1
                 yield index
                 if self.report_every and self.position - self._reported >= self.report_every:
                     self.report()
-        if not self._iter_begun:
-            return
-        if self.position >= self.num_samples:
-            try:
-                self.report(self.num_samples)
-            except grpc.RpcError as e:
-                warnings.warn("sluice: progress report failed: %s" % e.details())
-        self._end()
+        if begun and not self._tracked:
+            self._finish()
 
 
 class BatchSampler(Sampler, _Fed):
     """Token-budget batches of a job with a batching config: yields lists of sample indices.
     Every rank gets the same number of batches per epoch, and no batch exceeds the budget.
-    Positions are counted in batches (``report(step)``)."""
+    Positions are counted in batches. Give ``batching`` (BatchConfig fields), ``seed`` or
+    ``shuffle_mode`` to check them against the job (JobMismatchError), or ``attach_any=True``.
+    ``len()`` is the epoch's number of batches per rank, known right after construction."""
 
-    def __init__(self, num_replicas=None, rank=None, *, address=None, job=None, report_every=0,
-                 max_batches=0, client=None):
+    def __init__(self, num_replicas=None, rank=None, *, address=None, job=None, batching=None,
+                 seed=None, shuffle_mode=None, attach_any=False, report_every=0, max_batches=0,
+                 retry_seconds=60.0, lockstep=True, client=None):
         num_replicas, rank = _world_and_rank(num_replicas, rank)
-        self._setup(address, job, rank, client)
-        self.num_replicas = num_replicas
+        self._setup(address, job, num_replicas, rank, client, retry_seconds, lockstep)
         self.report_every = report_every
         self.max_batches = max_batches
-        self.info = self.client.get_job(self.job)
+        want = dict(seed=seed, shuffle=shuffle_mode)
+        fields = {f.name for f in BatchConfig.DESCRIPTOR.fields}
+        for key, value in (batching or {}).items():
+            if key not in fields:
+                raise ValueError("unknown batching setting %r (one of %s)"
+                                 % (key, ", ".join(sorted(fields))))
+            want["batching." + key] = value
+        have = self._attach(False, attach_any, want, None)
         if not self.info.HasField("batching"):
             raise ValueError("job %r has no batching config" % self.job)
-        self.num_batches = None
+        self.seed = have["seed"]
+        self.shuffle = have["shuffle"] != "none"
         self.last_batches = []  # (max_len, tokens, padded_tokens) of each batch handed out
+        self.num_batches = self._batch_count()
+
+    def _job_settings(self, info):
+        have = dict(seed=info.seed, shuffle=info.shuffle)
+        for field in info.batching.DESCRIPTOR.fields:
+            have["batching." + field.name] = getattr(info.batching, field.name)
+        return have
+
+    def _batch_count(self):
+        # Epochs.Get waits for the epoch's batch plan, so the count is known before streaming.
+        st = self._call(self.client.get_epoch, self.job)
+        return st.ranks[0].count if st.ranks else 0
 
     def __len__(self):
-        if self.num_batches is None:
-            st = self.client.get_epoch(self.job)
-            self.num_batches = st.ranks[0].count if st.ranks else 0
         return self.num_batches
 
-    def _chunks(self, state):
-        """Batch chunks of this iteration; a stream the daemon ended as idle (the consumer
-        paused) is reopened at the step reached."""
-        while True:
-            begun = not state["first"]
-            stream = self.client.stream_batches(
-                self.job, self.rank, epoch=self.epoch if begun else self._next_epoch,
-                step=self.position if begun else None, max_batches=self.max_batches)
-            try:
-                for chunk in stream:
-                    yield chunk
-                return
-            except grpc.RpcError as e:
-                if state["first"] or not _idle_ended(e):
-                    raise
-                self.reconnects += 1
-            finally:
-                stream.cancel()
+    def _open(self, epoch, step):
+        return self.client.stream_batches(self.job, self.rank, epoch=epoch, step=step,
+                                          max_batches=self.max_batches,
+                                          group_position=self.lockstep)
 
     def __iter__(self):
-        state = {"first": True}
-        first = True
+        begun = False
         self.last_batches = []
-        chunks = self._chunks(state)
+        for chunk in self._chunks(self._open):
+            if not begun:
+                start = chunk.batches[0].step if chunk.batches else chunk.batches_per_rank
+                self._begin(chunk.epoch, start, chunk.batches_per_rank)
+                self.num_batches = chunk.batches_per_rank
+                begun = True
+            for b in chunk.batches:
+                self.position = b.step + 1
+                self.last_batches.append((b.max_len, b.tokens, b.padded_tokens))
+                yield list(b.indices)
+                if self.report_every and self.position - self._reported >= self.report_every:
+                    self.report()
+        if begun and not self._tracked:
+            self._finish()
+
+
+def _fed_sampler(loader):
+    """(sluice sampler, positions per batch) of a DataLoader, or (None, 0)."""
+    bs = loader.batch_sampler
+    if isinstance(bs, BatchSampler):
+        return bs, 1
+    inner = getattr(bs, "sampler", None)
+    if isinstance(inner, DistributedSampler):
+        return inner, bs.batch_size
+    if bs is None and isinstance(loader.sampler, DistributedSampler):
+        return loader.sampler, 1
+    return None, 0
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """torch.utils.data.DataLoader (same arguments) that reports what the training loop consumed
+    to the coordinator, when its sampler or batch_sampler is a sluice sampler.
+
+    Before handing out batch k of an epoch it reports batches [0, k) as consumed (every
+    ``report_every`` batches; synchronously, retried), and when the loop has taken every batch
+    it reports the whole share, which may end the epoch. Prefetched batches (num_workers > 0)
+    are not counted until the loop takes them, so a rank killed at any moment loses no sample
+    and trains at most ``report_every`` batches again."""
+
+    def __init__(self, *args, report_every=1, **kwargs):
+        if report_every < 1:
+            raise ValueError("report_every %r must be at least 1" % (report_every,))
+        super().__init__(*args, **kwargs)
+        self.report_every = report_every
+
+    def __iter__(self):
+        sampler, per_batch = _fed_sampler(self)
+        it = super().__iter__()
+        if sampler is None:
+            return it
+        return self._tracked(it, sampler, per_batch)
+
+    def _tracked(self, it, sampler, per_batch):
+        sampler._tracked = True
+        sampler.consumed = None
+        taken = 0
         try:
-            for chunk in chunks:
-                if first:
-                    start = chunk.batches[0].step if chunk.batches else chunk.batches_per_rank
-                    self._begin(chunk.epoch, start)
-                    self.num_batches = chunk.batches_per_rank
-                    first = state["first"] = False
-                for b in chunk.batches:
-                    self.position = b.step + 1
-                    self.last_batches.append((b.max_len, b.tokens, b.padded_tokens))
-                    yield list(b.indices)
-                    if self.report_every and self.position - self._reported >= self.report_every:
-                        self.report()
+            for batch in it:
+                if taken and taken % self.report_every == 0:
+                    sampler.report(min(sampler.start_position + taken * per_batch,
+                                       sampler._share))
+                sampler.consumed = min(sampler.start_position + taken * per_batch,
+                                       sampler._share)
+                taken += 1
+                yield batch
+            if sampler._serving is not None:
+                sampler.consumed = sampler._share
+                sampler._finish()
         finally:
-            chunks.close()
-        if first:
-            return
-        if self.position >= self.num_batches:
-            try:
-                self.report(self.num_batches)
-            except grpc.RpcError as e:
-                warnings.warn("sluice: progress report failed: %s" % e.details())
-        self._end()
+            sampler._tracked = False
