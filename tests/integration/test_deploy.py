@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -209,6 +210,24 @@ class InstallTest(unittest.TestCase):
             r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertTrue(r.stdout.startswith(name + " "), r.stdout)
+
+    def test_python_package(self):
+        # The package and its generated stubs land in lib/python3.X/dist-packages, which a
+        # fresh /usr/bin/python3 searches for the /usr/local prefix; from this prefix it imports
+        # sluice.torch with nothing but that directory (-I: no PYTHONPATH, no user site).
+        ver = "%d.%d" % sys.version_info[:2]
+        rel = os.path.join("lib", "python" + ver, "dist-packages")
+        pkg = os.path.join(self.prefix, rel)
+        self.assertTrue(os.path.isfile(os.path.join(pkg, "sluice", "v1", "feed_pb2_grpc.py")))
+        r = subprocess.run(["/usr/bin/python3", "-I", "-c", "import sys; print(sys.path)"],
+                           capture_output=True, text=True, timeout=20)
+        self.assertIn("'/usr/local/%s'" % rel, r.stdout)
+        code = ("import site; site.addsitedir(%r); import sluice.torch, sluice.checkpoint, "
+                "sluice.client; print(sluice.torch.__file__)" % pkg)
+        r = subprocess.run(["/usr/bin/python3", "-I", "-c", code], capture_output=True,
+                           text=True, timeout=60, cwd=self.tmp)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(r.stdout.startswith(pkg), r.stdout)
 
     def test_service_files(self):
         self.assertEqual(read(self.unit_path),
