@@ -170,6 +170,9 @@ int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_di
         free(f);
         return err;
     }
+    f->hooks.streams_end = feed_streams_end;
+    f->hooks.epoch_began = feed_streams_epoch_began;
+    f->hooks.plan_ready = feed_job_plan_ready;
     err = recover_lengths(f, dir);
     if (!err)
         err = feed_reports_init(f);

@@ -37,6 +37,21 @@ typedef struct fsrc {
     sl_sample_elastic *plan;
 } fsrc;
 
+/* Called when a worker-pool product a call waited for (a batch plan, a torch-mode share) is
+ * ready or failed; `job` names the job that asked (it may have been deleted since: look it up,
+ * or check the call's own state). */
+typedef void (*feed_ready_cb)(sl_rpc_call *call, sl_feed *f, const char *job);
+
+typedef struct fwaiter {
+    sl_rpc_call *call; /* referenced until cb ran */
+    feed_ready_cb cb;
+} fwaiter;
+
+typedef struct fwaiters {
+    fwaiter *v;
+    size_t n;
+} fwaiters;
+
 /* A torch-mode share (its O(N) permutation) of one dp rank in one (job, epoch), built once on the
  * worker pool and shared by every stream of that dp rank (reconnects, tp/cp/pp replicas);
  * sl_sample_fill is thread-safe and streams never move its cursor. Reference counted. */
@@ -48,17 +63,10 @@ typedef struct fshare {
     sl_feed *f;
     sl_sample_config cfg;
     sl_sample *s;
+    char job_name[SL_CAT_FEED_NAME_MAX + 1];
+    fwaiters waiters; /* streams waiting for it */
     uv_work_t work;
 } fshare;
-
-/* Called when a batch plan a unary call waited for is ready or failed; `job` is the name of
- * the job that asked (it may have been deleted since: look it up). */
-typedef void (*feed_plan_cb)(sl_rpc_call *call, sl_feed *f, const char *job);
-
-typedef struct fwaiter {
-    sl_rpc_call *call; /* referenced until cb ran */
-    feed_plan_cb cb;
-} fwaiter;
 
 /* A batch plan for one (job, epoch), computed on the worker pool and shared by all ranks. */
 typedef struct fplan {
@@ -71,8 +79,7 @@ typedef struct fplan {
     fjob *job; /* NULL once the job let go of it */
     sl_feed *f;
     char job_name[SL_CAT_FEED_NAME_MAX + 1];
-    fwaiter *waiters; /* unary calls answered when the plan is ready */
-    size_t n_waiters;
+    fwaiters waiters; /* calls waiting for it (streams, Epochs.Get) */
     uv_work_t work;
     /* inputs for the worker, owned until it finishes */
     sl_batch_config cfg;
@@ -116,6 +123,19 @@ typedef struct freport {
     uint64_t epoch, position, gen;
 } freport;
 
+/* How the lower files (state.c, plan.c) reach the streams and the jobs above them: through
+ * these hooks, registered by feed.c, so that calls between the folder's files point one way
+ * (stream.c and jobs.c call state.c, plan.c and share.c; never the reverse). */
+typedef struct feed_hooks {
+    /* End the job's streams of the current epoch (resize) or all of them (delete). */
+    void (*streams_end)(fjob *j, int all, sl_rpc_code code, const char *why);
+    /* The job's epoch advanced: start the streams waiting for it. */
+    void (*epoch_began)(fjob *j);
+    /* The job's current batch plan is ready: reports recorded before it may complete the
+     * epoch. */
+    void (*plan_ready)(fjob *j);
+} feed_hooks;
+
 struct sl_feed {
     uv_loop_t *loop;
     sl_cat *cat;
@@ -128,11 +148,12 @@ struct sl_feed {
     freport *pending;
     size_t n_pending, cap_pending;
     uv_check_t *flush; /* heap: it outlives the feed until its close callback */
+    feed_hooks hooks;
     sl_rpc_service svcs[4];
     sl_metrics *metrics; /* NULL: not counted */
 };
 
-/* ---- state.c ---- */
+/* ---- spec.c: names and specs (pure) ---- */
 
 /* Check a name that becomes part of a path: 1..128 of [A-Za-z0-9._-], not starting with '.',
  * no "..". Returns 0 or SL_EINVAL with a message. */
@@ -141,7 +162,8 @@ int feed_name_check(const char *what, const char *name, char *msg, size_t len);
 /* data_dir/datasets/<name>.lengths into buf (name already checked). */
 int feed_lengths_path(const sl_feed *f, const char *name, char *buf, size_t len);
 
-fjob *feed_job_find(sl_feed *f, const char *name);
+/* 1 if the mesh is set (any dimension non-zero). */
+int feed_mesh_set(const Sluice__V1__Mesh *m);
 
 /* Build the epoch's sample config of a spec for `samples`; validates everything about the spec.
  * Returns 0 or SL_EINVAL / SL_ELIMIT with a message. */
@@ -151,6 +173,10 @@ int feed_spec_config(sl_sample_config *cfg, const Sluice__V1__Job *spec, uint64_
 /* The spec's batch config for dp_size ranks (spec->batching must be set). */
 int feed_spec_batch_config(sl_batch_config *bc, const Sluice__V1__Job *spec, uint32_t dp_size,
                            uint64_t seed, uint64_t epoch, char *msg, size_t len);
+
+/* ---- state.c: jobs in memory ---- */
+
+fjob *feed_job_find(sl_feed *f, const char *name);
 
 /* Create the in-memory job (and compute its epoch state). Takes ownership of spec. */
 int feed_job_add(sl_feed *f, fjob **out, const char *name, const char *dataset,
@@ -197,6 +223,9 @@ void feed_reports_close(sl_feed *f);
 /* Begin epoch j->epoch + 1. */
 int feed_job_advance(fjob *j);
 
+/* The plan_ready hook: advance the epoch if reports recorded before the plan complete it. */
+void feed_job_plan_ready(fjob *j);
+
 /* Resize to a new world (and mesh). */
 int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char *msg, size_t len);
 
@@ -204,19 +233,28 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
 int feed_job_complete(const fjob *j);
 
 void fsrc_unref(fsrc *s);
+
+/* ---- wait.c ---- */
+
+/* Park `call` (referenced until cb ran) in w. Returns 0 or -ENOMEM. */
+int feed_waiters_add(fwaiters *w, sl_rpc_call *call, feed_ready_cb cb);
+
+/* Call every waiter's cb(call, f, job), release the calls and empty w. */
+void feed_waiters_run(fwaiters *w, sl_feed *f, const char *job);
+
+/* ---- share.c: torch-mode shares ---- */
+
+/* Take a reference to dp rank `dp`'s torch-mode share of the job's current epoch (`cfg` its
+ * sample config), starting its build on the worker pool if needed, into *out (release with
+ * fshare_unref), and call cb once it is built or failed: at once if it is. Returns 0, or -ENOMEM
+ * or SL_EUNAVAILABLE with msg (cb is not called). */
+int feed_share_wait(fshare **out, fjob *j, uint32_t dp, const sl_sample_config *cfg,
+                    sl_rpc_call *call, feed_ready_cb cb, char *msg, size_t len);
 void fshare_unref(fshare *s);
+
+/* ---- plan.c: batch plans ---- */
+
 void fplan_unref(fplan *p);
-
-/* ---- stream.c ---- */
-
-/* End every stream of the job in the current epoch (resize) or all (delete). */
-void feed_streams_end(fjob *j, int all, sl_rpc_code code, const char *why);
-
-/* The job's epoch advanced: start the streams waiting for it. */
-void feed_streams_epoch_began(fjob *j);
-
-/* Batch plan p finished: start the job's streams waiting for it. */
-void feed_streams_plan_ready(fjob *j, const fplan *p);
 
 /* Read a dataset's lengths file for planning: exactly 4 * n bytes of little-endian u32 whose
  * SHA-256 (lowercase hex) is `sha256`, else SL_ECORRUPT (or -errno, -ENOMEM) with `msg` set.
@@ -227,10 +265,19 @@ int feed_read_lengths(uint32_t **out, const char *path, uint64_t n, const char *
 /* Ask for the current epoch's plan (starts it on the worker pool if needed). */
 int feed_plan_request(fjob *j, char *msg, size_t len);
 
-/* Park a unary call until the current epoch's plan is ready (or failed), then call cb. Returns
- * 0 when parked, or the error of feed_plan_request (e.g. SL_ESTATE: no lengths) with msg set,
- * in which case the caller answers the call itself. */
-int feed_plan_wait(fjob *j, sl_rpc_call *call, feed_plan_cb cb, char *msg, size_t len);
+/* Call cb once the current epoch's plan is ready (or failed): at once if it is, else when it
+ * is (the call is parked). Returns 0, or the error of feed_plan_request (e.g. SL_ESTATE: no
+ * lengths) or -ENOMEM with msg set; then cb is not called and the caller answers the call. */
+int feed_plan_wait(fjob *j, sl_rpc_call *call, feed_ready_cb cb, char *msg, size_t len);
+
+/* ---- stream.c ---- */
+
+/* The streams_end hook: end every stream of the job in the current epoch (resize) or all
+ * (delete). */
+void feed_streams_end(fjob *j, int all, sl_rpc_code code, const char *why);
+
+/* The epoch_began hook: the job's epoch advanced, start the streams waiting for it. */
+void feed_streams_epoch_began(fjob *j);
 
 const sl_rpc_service *feed_datasets_service(sl_feed *f);
 const sl_rpc_service *feed_jobs_service(sl_feed *f);

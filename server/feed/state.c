@@ -9,38 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int feed_name_check(const char *what, const char *name, char *msg, size_t len)
-{
-    size_t n = strlen(name);
-
-    if (n == 0 || n > SL_CAT_FEED_NAME_MAX) {
-        snprintf(msg, len, "%s name '%.140s' must have 1 to %d characters", what, name,
-                 SL_CAT_FEED_NAME_MAX);
-        return SL_EINVAL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        char c = name[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-')) {
-            snprintf(msg, len, "%s name '%.140s' has a character outside [A-Za-z0-9._-]", what,
-                     name);
-            return SL_EINVAL;
-        }
-    }
-    if (name[0] == '.' || strstr(name, "..")) {
-        snprintf(msg, len, "%s name '%.140s' must not start with '.' or contain '..'", what, name);
-        return SL_EINVAL;
-    }
-    return 0;
-}
-
-int feed_lengths_path(const sl_feed *f, const char *name, char *buf, size_t len)
-{
-    int n = snprintf(buf, len, "%s/datasets/%s.lengths", f->data_dir, name);
-
-    return n < 0 || (size_t)n >= len ? SL_ELIMIT : 0;
-}
-
 fjob *feed_job_find(sl_feed *f, const char *name)
 {
     for (fjob *j = f->jobs; j; j = j->next)
@@ -49,103 +17,11 @@ fjob *feed_job_find(sl_feed *f, const char *name)
     return NULL;
 }
 
-static int mesh_set(const Sluice__V1__Mesh *m)
-{
-    return m && (m->dp || m->tp || m->cp || m->pp);
-}
-
-int feed_spec_config(sl_sample_config *cfg, const Sluice__V1__Job *spec, uint64_t samples,
-                     uint64_t epoch, char *msg, size_t len)
-{
-    sl_sample_config_init(cfg);
-    cfg->samples = samples;
-    if (spec->world_size == 0 || spec->world_size > FEED_MAX_WORLD) {
-        snprintf(msg, len, "world_size %u out of range [1, %u]", spec->world_size, FEED_MAX_WORLD);
-        return SL_EINVAL;
-    }
-    cfg->replicas = spec->world_size;
-    if (spec->partition && spec->partition[0] &&
-        sl_sample_partition_parse(&cfg->partition, spec->partition) != 0) {
-        snprintf(msg, len, "unknown partition '%.64s' (interleaved, contiguous or chunked)",
-                 spec->partition);
-        return SL_EINVAL;
-    }
-    if (cfg->partition == SL_SAMPLE_CHUNKED)
-        cfg->chunk_size = spec->chunk_size;
-    if (spec->shuffle && spec->shuffle[0] &&
-        sl_sample_shuffle_parse(&cfg->shuffle, spec->shuffle) != 0) {
-        snprintf(msg, len, "unknown shuffle '%.64s' (none, torch or feistel)", spec->shuffle);
-        return SL_EINVAL;
-    }
-    cfg->seed = spec->seed;
-    cfg->epoch = epoch;
-    cfg->drop_last = spec->drop_last;
-    if (mesh_set(spec->mesh)) {
-        cfg->mesh.dp = spec->mesh->dp;
-        cfg->mesh.tp = spec->mesh->tp;
-        cfg->mesh.cp = spec->mesh->cp;
-        cfg->mesh.pp = spec->mesh->pp;
-        if (spec->mesh->order && spec->mesh->order[0] &&
-            sl_sample_mesh_order_parse(cfg->mesh.order, spec->mesh->order) != 0) {
-            snprintf(msg, len, "bad mesh order '%.64s' (a permutation of dp,tp,cp,pp)",
-                     spec->mesh->order);
-            return SL_EINVAL;
-        }
-    }
-    return sl_sample_config_check(cfg, msg, len);
-}
-
-int feed_spec_batch_config(sl_batch_config *bc, const Sluice__V1__Job *spec, uint32_t dp_size,
-                           uint64_t seed, uint64_t epoch, char *msg, size_t len)
-{
-    const Sluice__V1__BatchConfig *b = spec->batching;
-
-    sl_batch_config_init(bc);
-    if (b->strategy && b->strategy[0] && sl_batch_strategy_parse(b->strategy, &bc->strategy)) {
-        snprintf(msg, len, "unknown batching strategy '%.64s' (pad, bucket, dynamic or packed)",
-                 b->strategy);
-        return SL_EINVAL;
-    }
-    if (b->cost && b->cost[0] && sl_batch_cost_parse(b->cost, &bc->cost)) {
-        snprintf(msg, len, "unknown batching cost '%.64s' (padded or sum)", b->cost);
-        return SL_EINVAL;
-    }
-    bc->max_batch_size = b->max_batch_size;
-    bc->max_seq_len = b->max_seq_len;
-    bc->max_tokens = b->max_tokens;
-    bc->overlong = b->skip_overlong ? SL_BATCH_SKIP : SL_BATCH_TRUNCATE;
-    bc->bucket_width = b->bucket_width;
-    bc->window = b->window;
-    bc->batch_size_multiple = b->batch_size_multiple;
-    bc->replicas = dp_size;
-    bc->remainder = b->pad_remainder ? SL_BATCH_REPEAT : SL_BATCH_DROP;
-    bc->balance = b->balance;
-    bc->seed = seed;
-    bc->epoch = epoch;
-    return sl_batch_config_check(bc, msg, len);
-}
-
 void fsrc_unref(fsrc *s)
 {
     if (s && --s->refs == 0) {
         sl_sample_elastic_free(s->plan);
         free(s);
-    }
-}
-
-void fshare_unref(fshare *s)
-{
-    if (s && --s->refs == 0) {
-        sl_sample_free(s->s);
-        free(s);
-    }
-}
-
-void fplan_unref(fplan *p)
-{
-    if (p && --p->refs == 0) {
-        sl_batch_plan_free(p->plan);
-        free(p);
     }
 }
 
@@ -373,7 +249,7 @@ void feed_job_remove(sl_feed *f, fjob *j, sl_rpc_code code, const char *why)
 {
     fjob **pp = &f->jobs;
 
-    feed_streams_end(j, 1, code, why);
+    f->hooks.streams_end(j, 1, code, why);
     while (*pp && *pp != j)
         pp = &(*pp)->next;
     if (*pp)
@@ -390,7 +266,7 @@ void feed_job_describe(const fjob *j, Sluice__V1__Job *out, Sluice__V1__Mesh *me
     out->name = (char *)j->name;
     out->dataset = (char *)j->dataset;
     out->world_size = s->world_size;
-    if (mesh_set(s->mesh)) {
+    if (feed_mesh_set(s->mesh)) {
         sluice__v1__mesh__init(mesh);
         mesh->dp = s->mesh->dp;
         mesh->tp = s->mesh->tp;
@@ -489,8 +365,14 @@ int feed_job_advance(fjob *j)
         return err;
     }
     sl_log_info("epoch_began", "job=%s epoch=%llu", j->name, (unsigned long long)next);
-    feed_streams_epoch_began(j);
+    j->feed->hooks.epoch_began(j);
     return 0;
+}
+
+void feed_job_plan_ready(fjob *j)
+{
+    if (!j->spec->manual_advance && feed_job_complete(j))
+        feed_job_advance(j);
 }
 
 int feed_job_report_check(const fjob *j, uint32_t dp, uint64_t epoch, uint64_t position, char *msg,
@@ -547,14 +429,14 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
 
     for (uint32_t d = 0; d < j->dp_size; d++)
         any |= j->progress[d] > 0;
-    if (mesh_set(j->spec->mesh) && !mesh_set(mesh)) {
+    if (feed_mesh_set(j->spec->mesh) && !feed_mesh_set(mesh)) {
         snprintf(msg, len, "job '%s' has a mesh: give the new mesh (its product = world_size)",
                  j->name);
         return SL_EINVAL;
     }
     /* Build the new spec by packing the old one with the new world and mesh. */
     j->spec->world_size = world;
-    j->spec->mesh = mesh_set(mesh) ? (Sluice__V1__Mesh *)mesh : NULL;
+    j->spec->mesh = feed_mesh_set(mesh) ? (Sluice__V1__Mesh *)mesh : NULL;
     spec_len = sluice__v1__job__get_packed_size(j->spec);
     spec_buf = malloc(spec_len ? spec_len : 1);
     if (spec_buf)
@@ -621,7 +503,7 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
         goto out;
     }
     /* Committed: the old world's streams of this epoch are void. */
-    feed_streams_end(j, 0, SL_RPC_ABORTED, "job resized; reopen the stream");
+    j->feed->hooks.streams_end(j, 0, SL_RPC_ABORTED, "job resized; reopen the stream");
     drop_epoch_state(j);
     j->gen++;
     sluice__v1__job__free_unpacked(j->spec, NULL);

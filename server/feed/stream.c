@@ -273,72 +273,26 @@ static void share_attach(fstream *s)
     indices_ready(s, 0, "");
 }
 
-/* torch mode builds an O(N) permutation: do it on the worker pool, not on the loop. */
-static void share_work(uv_work_t *w)
+/* feed_ready_cb of a stream waiting for its share; it may have ended meanwhile. */
+static void share_ready(sl_rpc_call *call, sl_feed *f, const char *job)
 {
-    fshare *sh = w->data;
+    fstream *s = sl_rpc_call_data(call);
 
-    sh->err = sl_sample_new(&sh->s, &sh->cfg, sh->msg, sizeof(sh->msg));
+    (void)f;
+    (void)job;
+    if (s && s->job && s->state == ST_WAIT_SAMPLE)
+        share_attach(s);
 }
 
-static void share_done(uv_work_t *w, int status)
+/* feed_ready_cb of a stream waiting for its batch plan; it may have ended meanwhile. */
+static void plan_ready(sl_rpc_call *call, sl_feed *f, const char *job)
 {
-    fshare *sh = w->data;
+    fstream *s = sl_rpc_call_data(call);
 
-    if (status != 0 && !sh->err) {
-        sh->err = SL_ECANCELLED;
-        snprintf(sh->msg, sizeof(sh->msg), "cancelled");
-    }
-    sh->state = sh->err ? -1 : 1;
-    /* The streams waiting for it may belong to an epoch that has ended since: look for them
-     * in every job rather than through the job's current shares. */
-    for (fjob *j = sh->f->jobs; j; j = j->next) {
-        fstream *s = j->streams;
-        while (s) {
-            fstream *next = s->next;
-            if (s->state == ST_WAIT_SAMPLE && s->share == sh)
-                share_attach(s);
-            s = next;
-        }
-    }
-    fshare_unref(sh);
-}
-
-/* Attach the stream to its dp rank's shared torch-mode share, building it if needed. */
-static void share_request(fstream *s, const sl_sample_config *cfg)
-{
-    fjob *j = s->job;
-    fshare *sh;
-
-    if (!j->shares && !(j->shares = calloc(j->dp_size, sizeof(*j->shares)))) {
-        end_stream(s, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
-    sh = j->shares[s->dp];
-    if (!sh) {
-        sh = calloc(1, sizeof(*sh));
-        if (!sh) {
-            end_stream(s, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
-            return;
-        }
-        sh->refs = 2; /* the job's and the worker's */
-        sh->f = s->f;
-        sh->cfg = *cfg;
-        sh->work.data = sh;
-        if (uv_queue_work(s->f->loop, &sh->work, share_work, share_done) != 0) {
-            free(sh);
-            end_stream(s, SL_RPC_UNAVAILABLE, "cannot queue work");
-            return;
-        }
-        j->shares[s->dp] = sh;
-    }
-    s->share = sh;
-    sh->refs++;
-    if (sh->state == 0) {
-        s->state = ST_WAIT_SAMPLE;
-        return;
-    }
-    share_attach(s);
+    (void)f;
+    (void)job;
+    if (s && s->job && s->state == ST_WAIT_PLAN)
+        start_batches(s);
 }
 
 /* The stream's epoch is the job's current epoch: build the share and start. */
@@ -359,11 +313,9 @@ static void stream_begin(fstream *s)
         }
         s->plan = j->plan;
         s->plan->refs++;
-        if (s->plan->state == 0) {
-            s->state = ST_WAIT_PLAN;
-            return;
-        }
-        start_batches(s);
+        s->state = ST_WAIT_PLAN;
+        if ((err = feed_plan_wait(j, s->call, plan_ready, msg, sizeof(msg))) != 0)
+            end_stream(s, sl_rpc_code_from_err(err), msg);
         return;
     }
     if (j->src) {
@@ -376,7 +328,10 @@ static void stream_begin(fstream *s)
         sl_sample_config c = j->cfg;
         c.rank = s->rank;
         if (c.shuffle == SL_SAMPLE_SHUFFLE_TORCH) {
-            share_request(s, &c);
+            s->state = ST_WAIT_SAMPLE;
+            err = feed_share_wait(&s->share, j, s->dp, &c, s->call, share_ready, msg, sizeof(msg));
+            if (err)
+                end_stream(s, sl_rpc_code_from_err(err), msg);
             return;
         }
         err = sl_sample_new(&s->s, &c, msg, sizeof(msg));
@@ -525,232 +480,6 @@ void feed_streams_epoch_began(fjob *j)
             stream_begin(s);
         s = next;
     }
-}
-
-void feed_streams_plan_ready(fjob *j, const fplan *p)
-{
-    fstream *s = j->streams;
-
-    while (s) {
-        fstream *next = s->next;
-        if (s->state == ST_WAIT_PLAN && s->plan == p)
-            start_batches(s);
-        s = next;
-    }
-}
-
-/* ---- batch plans on the worker pool ---- */
-
-int feed_read_lengths(uint32_t **out, const char *path, uint64_t n, const char *sha256, char *msg,
-                      size_t len)
-{
-    uint32_t *v = NULL;
-    uint8_t *raw;
-    sl_sha256 *h = NULL;
-    char hex[SL_SHARD_HEX_LEN + 1];
-    struct stat stt;
-    size_t got = 0, bytes = (size_t)n * 4;
-    int fd = open(path, O_RDONLY | O_CLOEXEC), err = 0;
-
-    *out = NULL;
-    /* 4 * n must not wrap: a count of 2^62 + 5 would otherwise match a 20-byte file. */
-    if (n > SIZE_MAX / 4) {
-        err = SL_ECORRUPT;
-        snprintf(msg, len, "%llu lengths do not fit in memory", (unsigned long long)n);
-        goto out;
-    }
-    if (fd < 0 || fstat(fd, &stt) != 0) {
-        err = -errno;
-        snprintf(msg, len, "cannot open the lengths file: %s", sl_strerror(err));
-        goto out;
-    }
-    if ((uint64_t)stt.st_size != (uint64_t)bytes) {
-        err = SL_ECORRUPT;
-        snprintf(msg, len, "lengths file has %lld bytes, expected %zu", (long long)stt.st_size,
-                 bytes);
-        goto out;
-    }
-    v = malloc(bytes ? bytes : 4);
-    if (!v) {
-        err = -ENOMEM;
-        snprintf(msg, len, "out of memory for %zu lengths", (size_t)n);
-        goto out;
-    }
-    raw = (uint8_t *)v;
-    while (got < bytes) {
-        ssize_t r = read(fd, raw + got, bytes - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            err = r < 0 ? -errno : SL_ECORRUPT;
-            snprintf(msg, len, "cannot read the lengths file: %s", sl_strerror(err));
-            goto out;
-        }
-        got += (size_t)r;
-    }
-    if ((err = sl_sha256_new(&h)) != 0 || (err = sl_sha256_reset(h)) != 0 ||
-        (err = sl_sha256_update(h, raw, bytes)) != 0 || (err = sl_sha256_final(h, hex)) != 0) {
-        snprintf(msg, len, "hashing failed");
-        goto out;
-    }
-    if (strcmp(hex, sha256) != 0) {
-        err = SL_ECORRUPT;
-        snprintf(msg, len, "lengths file checksum %s does not match the catalog's %s", hex, sha256);
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++)
-        v[i] = (uint32_t)raw[4 * i] | (uint32_t)raw[4 * i + 1] << 8 |
-               (uint32_t)raw[4 * i + 2] << 16 | (uint32_t)raw[4 * i + 3] << 24;
-out:
-    if (fd >= 0)
-        close(fd);
-    sl_sha256_free(h);
-    if (err)
-        free(v);
-    else
-        *out = v;
-    return err;
-}
-
-static void plan_work(uv_work_t *w)
-{
-    fplan *p = w->data;
-    uint32_t *lengths = NULL;
-    uint64_t *order = NULL;
-    uint64_t n = p->scfg.samples;
-
-    p->err = feed_read_lengths(&lengths, p->path, n, p->sha256, p->msg, sizeof(p->msg));
-    if (p->err)
-        goto out;
-    order = malloc(sizeof(*order) * n);
-    if (!order) {
-        p->err = -ENOMEM;
-        snprintf(p->msg, sizeof(p->msg), "out of memory for the epoch order");
-        goto out;
-    }
-    p->err = sl_sample_epoch_order(order, n, p->scfg.shuffle, p->scfg.seed, p->scfg.epoch);
-    if (p->err) {
-        snprintf(p->msg, sizeof(p->msg), "epoch order failed: %s", sl_strerror(p->err));
-        goto out;
-    }
-    p->err = sl_batch_plan_new(&p->plan, &p->cfg, lengths, (size_t)n, order, (size_t)n, p->msg,
-                               sizeof(p->msg));
-out:
-    free(lengths);
-    free(order);
-}
-
-static void plan_done(uv_work_t *w, int status)
-{
-    fplan *p = w->data;
-    fjob *j = p->job;
-
-    if (status != 0 && !p->err) {
-        p->err = SL_ECANCELLED;
-        snprintf(p->msg, sizeof(p->msg), "planning cancelled");
-    }
-    p->state = p->err ? -1 : 1;
-    if (p->err)
-        sl_log_warn("batch_plan_failed", "epoch=%llu error=\"%s\"", (unsigned long long)p->epoch,
-                    p->msg);
-    else
-        sl_log_info("batch_plan_ready", "epoch=%llu batches_per_rank=%llu",
-                    (unsigned long long)p->epoch,
-                    (unsigned long long)sl_batch_plan_batches_per_rank(p->plan));
-    /* Streams waiting for it may belong to an epoch that has ended since (Epochs.Next): look
-     * in every job, not only through the job's current plan. */
-    for (fjob *k = p->f->jobs; k; k = k->next)
-        feed_streams_plan_ready(k, p);
-    for (size_t i = 0; i < p->n_waiters; i++) {
-        p->waiters[i].cb(p->waiters[i].call, p->f, p->job_name);
-        sl_rpc_call_unref(p->waiters[i].call);
-    }
-    free(p->waiters);
-    p->waiters = NULL;
-    p->n_waiters = 0;
-    if (j) {
-        /* Reports recorded before the plan existed may already complete the epoch. */
-        if (p->state == 1 && !j->spec->manual_advance && feed_job_complete(j))
-            feed_job_advance(j);
-    }
-    fplan_unref(p);
-}
-
-int feed_plan_request(fjob *j, char *msg, size_t len)
-{
-    sl_cat_dataset d;
-    fplan *p;
-    int err;
-
-    if (j->plan && j->plan->state >= 0)
-        return 0;
-    if (j->plan) {
-        /* A failed plan is retried (the lengths may have been uploaded since). */
-        j->plan->job = NULL;
-        fplan_unref(j->plan);
-        j->plan = NULL;
-    }
-    err = sl_cat_dataset_get(j->feed->cat, &d, j->dataset);
-    if (err) {
-        snprintf(msg, len, "dataset '%s': %s", j->dataset, sl_strerror(err));
-        return err;
-    }
-    if (!d.has_lengths) {
-        snprintf(msg, len, "dataset '%s' has no lengths: upload them first", j->dataset);
-        return SL_ESTATE;
-    }
-    p = calloc(1, sizeof(*p));
-    if (!p)
-        return -ENOMEM;
-    err = feed_spec_batch_config(&p->cfg, j->spec, j->dp_size, j->cfg.seed, j->epoch, msg, len);
-    if (!err)
-        err = feed_lengths_path(j->feed, j->dataset, p->path, sizeof(p->path));
-    if (err) {
-        free(p);
-        return err;
-    }
-    p->scfg = j->cfg;
-    p->epoch = j->epoch;
-    p->f = j->feed;
-    snprintf(p->job_name, sizeof(p->job_name), "%s", j->name);
-    snprintf(p->sha256, sizeof(p->sha256), "%s", d.lengths_sha256);
-    p->refs = 2; /* the job's and the worker's */
-    p->job = j;
-    p->work.data = p;
-    err = uv_queue_work(j->feed->loop, &p->work, plan_work, plan_done);
-    if (err) {
-        free(p);
-        snprintf(msg, len, "cannot queue the batch plan");
-        return SL_EUNAVAILABLE;
-    }
-    j->plan = p;
-    return 0;
-}
-
-int feed_plan_wait(fjob *j, sl_rpc_call *call, feed_plan_cb cb, char *msg, size_t len)
-{
-    fwaiter *w;
-    fplan *p;
-    int err = feed_plan_request(j, msg, len);
-
-    if (err)
-        return err;
-    p = j->plan;
-    if (p->state != 0) {
-        cb(call, j->feed, j->name);
-        return 0;
-    }
-    w = realloc(p->waiters, (p->n_waiters + 1) * sizeof(*w));
-    if (!w) {
-        snprintf(msg, len, "out of memory");
-        return -ENOMEM;
-    }
-    p->waiters = w;
-    w[p->n_waiters].call = call;
-    w[p->n_waiters].cb = cb;
-    p->n_waiters++;
-    sl_rpc_call_ref(call);
-    return 0;
 }
 
 static void on_shutdown(void *arg)

@@ -23,7 +23,9 @@ add_library(sl_fuzz_server STATIC
             ${PROJECT_SOURCE_DIR}/server/metrics.c ${PROJECT_SOURCE_DIR}/server/ops.c
             ${PROJECT_SOURCE_DIR}/server/store/store.c ${PROJECT_SOURCE_DIR}/server/feed/feed.c
             ${PROJECT_SOURCE_DIR}/server/feed/state.c ${PROJECT_SOURCE_DIR}/server/feed/datasets.c
-            ${PROJECT_SOURCE_DIR}/server/feed/jobs.c ${PROJECT_SOURCE_DIR}/server/feed/stream.c)
+            ${PROJECT_SOURCE_DIR}/server/feed/jobs.c ${PROJECT_SOURCE_DIR}/server/feed/stream.c
+            ${PROJECT_SOURCE_DIR}/server/feed/spec.c ${PROJECT_SOURCE_DIR}/server/feed/plan.c
+            ${PROJECT_SOURCE_DIR}/server/feed/share.c ${PROJECT_SOURCE_DIR}/server/feed/wait.c)
 target_include_directories(sl_fuzz_server PUBLIC "${PROJECT_SOURCE_DIR}/server")
 target_link_libraries(sl_fuzz_server PUBLIC PkgConfig::MHD PkgConfig::INIH PkgConfig::SYSTEMD
                       PkgConfig::CRYPTO sl_rpc sl_catalog sl_shard sl_sample sl_batch sl_proto
@@ -50,7 +52,7 @@ target_include_directories(fuzz_lengths PRIVATE "${PROJECT_SOURCE_DIR}/client/cl
 sl_fuzz_target(fuzz_config sl_fuzz_server)
 sl_fuzz_target(fuzz_feed_rpc sl_fuzz_server)
 sl_fuzz_target(fuzz_ckpt_rpc sl_fuzz_server)
-# feed_read_lengths (server/feed/stream.c): the daemon's lengths-file reader.
+# feed_read_lengths (server/feed/plan.c): the daemon's lengths-file reader.
 sl_fuzz_target(fuzz_read_lengths sl_fuzz_server)
 # sluiced's flags and SLUICE_* environment (server/config.c, included).
 sl_fuzz_target(fuzz_flags sl_common PkgConfig::INIH m)

@@ -1,4 +1,4 @@
-/* Fuzz target: the daemon's lengths-file reader (feed_read_lengths, server/feed/stream.c), which
+/* Fuzz target: the daemon's lengths-file reader (feed_read_lengths, server/feed/plan.c), which
  * re-checks the file's size and SHA-256 against the catalog before a batch plan is computed.
  *
  * Input layout: byte 0 is the mode, byte 1 a small parameter, bytes 2-9 a little-endian u64,

@@ -1,0 +1,216 @@
+/* Batch plans: one per (job, epoch), computed on libuv's worker pool from the stored lengths file
+ * (its SHA-256 checked first) and the epoch's global order, and shared by every rank of the job.
+ * Calls that need a plan wait for it as waiters (a call reference and a callback); when it is
+ * ready the job hears of it through the plan_ready hook. Loop thread, except plan_work. */
+#include "internal.h"
+
+#include "err.h"
+#include "log.h"
+#include "shard/shard.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void fplan_unref(fplan *p)
+{
+    if (p && --p->refs == 0) {
+        sl_batch_plan_free(p->plan);
+        free(p);
+    }
+}
+
+int feed_read_lengths(uint32_t **out, const char *path, uint64_t n, const char *sha256, char *msg,
+                      size_t len)
+{
+    uint32_t *v = NULL;
+    uint8_t *raw;
+    sl_sha256 *h = NULL;
+    char hex[SL_SHARD_HEX_LEN + 1];
+    struct stat stt;
+    size_t got = 0, bytes = (size_t)n * 4;
+    int fd = open(path, O_RDONLY | O_CLOEXEC), err = 0;
+
+    *out = NULL;
+    /* 4 * n must not wrap: a count of 2^62 + 5 would otherwise match a 20-byte file. */
+    if (n > SIZE_MAX / 4) {
+        err = SL_ECORRUPT;
+        snprintf(msg, len, "%llu lengths do not fit in memory", (unsigned long long)n);
+        goto out;
+    }
+    if (fd < 0 || fstat(fd, &stt) != 0) {
+        err = -errno;
+        snprintf(msg, len, "cannot open the lengths file: %s", sl_strerror(err));
+        goto out;
+    }
+    if ((uint64_t)stt.st_size != (uint64_t)bytes) {
+        err = SL_ECORRUPT;
+        snprintf(msg, len, "lengths file has %lld bytes, expected %zu", (long long)stt.st_size,
+                 bytes);
+        goto out;
+    }
+    v = malloc(bytes ? bytes : 4);
+    if (!v) {
+        err = -ENOMEM;
+        snprintf(msg, len, "out of memory for %zu lengths", (size_t)n);
+        goto out;
+    }
+    raw = (uint8_t *)v;
+    while (got < bytes) {
+        ssize_t r = read(fd, raw + got, bytes - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            err = r < 0 ? -errno : SL_ECORRUPT;
+            snprintf(msg, len, "cannot read the lengths file: %s", sl_strerror(err));
+            goto out;
+        }
+        got += (size_t)r;
+    }
+    if ((err = sl_sha256_new(&h)) != 0 || (err = sl_sha256_reset(h)) != 0 ||
+        (err = sl_sha256_update(h, raw, bytes)) != 0 || (err = sl_sha256_final(h, hex)) != 0) {
+        snprintf(msg, len, "hashing failed");
+        goto out;
+    }
+    if (strcmp(hex, sha256) != 0) {
+        err = SL_ECORRUPT;
+        snprintf(msg, len, "lengths file checksum %s does not match the catalog's %s", hex, sha256);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        v[i] = (uint32_t)raw[4 * i] | (uint32_t)raw[4 * i + 1] << 8 |
+               (uint32_t)raw[4 * i + 2] << 16 | (uint32_t)raw[4 * i + 3] << 24;
+out:
+    if (fd >= 0)
+        close(fd);
+    sl_sha256_free(h);
+    if (err)
+        free(v);
+    else
+        *out = v;
+    return err;
+}
+
+static void plan_work(uv_work_t *w)
+{
+    fplan *p = w->data;
+    uint32_t *lengths = NULL;
+    uint64_t *order = NULL;
+    uint64_t n = p->scfg.samples;
+
+    p->err = feed_read_lengths(&lengths, p->path, n, p->sha256, p->msg, sizeof(p->msg));
+    if (p->err)
+        goto out;
+    order = malloc(sizeof(*order) * n);
+    if (!order) {
+        p->err = -ENOMEM;
+        snprintf(p->msg, sizeof(p->msg), "out of memory for the epoch order");
+        goto out;
+    }
+    p->err = sl_sample_epoch_order(order, n, p->scfg.shuffle, p->scfg.seed, p->scfg.epoch);
+    if (p->err) {
+        snprintf(p->msg, sizeof(p->msg), "epoch order failed: %s", sl_strerror(p->err));
+        goto out;
+    }
+    p->err = sl_batch_plan_new(&p->plan, &p->cfg, lengths, (size_t)n, order, (size_t)n, p->msg,
+                               sizeof(p->msg));
+out:
+    free(lengths);
+    free(order);
+}
+
+static void plan_done(uv_work_t *w, int status)
+{
+    fplan *p = w->data;
+    fjob *j = p->job;
+
+    if (status != 0 && !p->err) {
+        p->err = SL_ECANCELLED;
+        snprintf(p->msg, sizeof(p->msg), "planning cancelled");
+    }
+    p->state = p->err ? -1 : 1;
+    if (p->err)
+        sl_log_warn("batch_plan_failed", "epoch=%llu error=\"%s\"", (unsigned long long)p->epoch,
+                    p->msg);
+    else
+        sl_log_info("batch_plan_ready", "epoch=%llu batches_per_rank=%llu",
+                    (unsigned long long)p->epoch,
+                    (unsigned long long)sl_batch_plan_batches_per_rank(p->plan));
+    /* The calls waiting for it (streams, Epochs.Get) may belong to an epoch that has ended
+     * since (Epochs.Next): each callback checks what it still needs. */
+    feed_waiters_run(&p->waiters, p->f, p->job_name);
+    if (j && p->state == 1)
+        p->f->hooks.plan_ready(j);
+    fplan_unref(p);
+}
+
+int feed_plan_request(fjob *j, char *msg, size_t len)
+{
+    sl_cat_dataset d;
+    fplan *p;
+    int err;
+
+    if (j->plan && j->plan->state >= 0)
+        return 0;
+    if (j->plan) {
+        /* A failed plan is retried (the lengths may have been uploaded since). */
+        j->plan->job = NULL;
+        fplan_unref(j->plan);
+        j->plan = NULL;
+    }
+    err = sl_cat_dataset_get(j->feed->cat, &d, j->dataset);
+    if (err) {
+        snprintf(msg, len, "dataset '%s': %s", j->dataset, sl_strerror(err));
+        return err;
+    }
+    if (!d.has_lengths) {
+        snprintf(msg, len, "dataset '%s' has no lengths: upload them first", j->dataset);
+        return SL_ESTATE;
+    }
+    p = calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    err = feed_spec_batch_config(&p->cfg, j->spec, j->dp_size, j->cfg.seed, j->epoch, msg, len);
+    if (!err)
+        err = feed_lengths_path(j->feed, j->dataset, p->path, sizeof(p->path));
+    if (err) {
+        free(p);
+        return err;
+    }
+    p->scfg = j->cfg;
+    p->epoch = j->epoch;
+    p->f = j->feed;
+    snprintf(p->job_name, sizeof(p->job_name), "%s", j->name);
+    snprintf(p->sha256, sizeof(p->sha256), "%s", d.lengths_sha256);
+    p->refs = 2; /* the job's and the worker's */
+    p->job = j;
+    p->work.data = p;
+    err = uv_queue_work(j->feed->loop, &p->work, plan_work, plan_done);
+    if (err) {
+        free(p);
+        snprintf(msg, len, "cannot queue the batch plan");
+        return SL_EUNAVAILABLE;
+    }
+    j->plan = p;
+    return 0;
+}
+
+int feed_plan_wait(fjob *j, sl_rpc_call *call, feed_ready_cb cb, char *msg, size_t len)
+{
+    int err = feed_plan_request(j, msg, len);
+
+    if (err)
+        return err;
+    if (j->plan->state != 0) {
+        cb(call, j->feed, j->name);
+        return 0;
+    }
+    err = feed_waiters_add(&j->plan->waiters, call, cb);
+    if (err)
+        snprintf(msg, len, "out of memory");
+    return err;
+}

@@ -1,0 +1,116 @@
+/* Job specs and names: validation and the sampling and batching configs a spec stands for. Pure
+ * functions of their arguments (no job state), used by every other file of the folder. */
+#include "internal.h"
+
+#include "err.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int feed_name_check(const char *what, const char *name, char *msg, size_t len)
+{
+    size_t n = strlen(name);
+
+    if (n == 0 || n > SL_CAT_FEED_NAME_MAX) {
+        snprintf(msg, len, "%s name '%.140s' must have 1 to %d characters", what, name,
+                 SL_CAT_FEED_NAME_MAX);
+        return SL_EINVAL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-')) {
+            snprintf(msg, len, "%s name '%.140s' has a character outside [A-Za-z0-9._-]", what,
+                     name);
+            return SL_EINVAL;
+        }
+    }
+    if (name[0] == '.' || strstr(name, "..")) {
+        snprintf(msg, len, "%s name '%.140s' must not start with '.' or contain '..'", what, name);
+        return SL_EINVAL;
+    }
+    return 0;
+}
+
+int feed_lengths_path(const sl_feed *f, const char *name, char *buf, size_t len)
+{
+    int n = snprintf(buf, len, "%s/datasets/%s.lengths", f->data_dir, name);
+
+    return n < 0 || (size_t)n >= len ? SL_ELIMIT : 0;
+}
+
+int feed_mesh_set(const Sluice__V1__Mesh *m)
+{
+    return m && (m->dp || m->tp || m->cp || m->pp);
+}
+
+int feed_spec_config(sl_sample_config *cfg, const Sluice__V1__Job *spec, uint64_t samples,
+                     uint64_t epoch, char *msg, size_t len)
+{
+    sl_sample_config_init(cfg);
+    cfg->samples = samples;
+    if (spec->world_size == 0 || spec->world_size > FEED_MAX_WORLD) {
+        snprintf(msg, len, "world_size %u out of range [1, %u]", spec->world_size, FEED_MAX_WORLD);
+        return SL_EINVAL;
+    }
+    cfg->replicas = spec->world_size;
+    if (spec->partition && spec->partition[0] &&
+        sl_sample_partition_parse(&cfg->partition, spec->partition) != 0) {
+        snprintf(msg, len, "unknown partition '%.64s' (interleaved, contiguous or chunked)",
+                 spec->partition);
+        return SL_EINVAL;
+    }
+    if (cfg->partition == SL_SAMPLE_CHUNKED)
+        cfg->chunk_size = spec->chunk_size;
+    if (spec->shuffle && spec->shuffle[0] &&
+        sl_sample_shuffle_parse(&cfg->shuffle, spec->shuffle) != 0) {
+        snprintf(msg, len, "unknown shuffle '%.64s' (none, torch or feistel)", spec->shuffle);
+        return SL_EINVAL;
+    }
+    cfg->seed = spec->seed;
+    cfg->epoch = epoch;
+    cfg->drop_last = spec->drop_last;
+    if (feed_mesh_set(spec->mesh)) {
+        cfg->mesh.dp = spec->mesh->dp;
+        cfg->mesh.tp = spec->mesh->tp;
+        cfg->mesh.cp = spec->mesh->cp;
+        cfg->mesh.pp = spec->mesh->pp;
+        if (spec->mesh->order && spec->mesh->order[0] &&
+            sl_sample_mesh_order_parse(cfg->mesh.order, spec->mesh->order) != 0) {
+            snprintf(msg, len, "bad mesh order '%.64s' (a permutation of dp,tp,cp,pp)",
+                     spec->mesh->order);
+            return SL_EINVAL;
+        }
+    }
+    return sl_sample_config_check(cfg, msg, len);
+}
+
+int feed_spec_batch_config(sl_batch_config *bc, const Sluice__V1__Job *spec, uint32_t dp_size,
+                           uint64_t seed, uint64_t epoch, char *msg, size_t len)
+{
+    const Sluice__V1__BatchConfig *b = spec->batching;
+
+    sl_batch_config_init(bc);
+    if (b->strategy && b->strategy[0] && sl_batch_strategy_parse(b->strategy, &bc->strategy)) {
+        snprintf(msg, len, "unknown batching strategy '%.64s' (pad, bucket, dynamic or packed)",
+                 b->strategy);
+        return SL_EINVAL;
+    }
+    if (b->cost && b->cost[0] && sl_batch_cost_parse(b->cost, &bc->cost)) {
+        snprintf(msg, len, "unknown batching cost '%.64s' (padded or sum)", b->cost);
+        return SL_EINVAL;
+    }
+    bc->max_batch_size = b->max_batch_size;
+    bc->max_seq_len = b->max_seq_len;
+    bc->max_tokens = b->max_tokens;
+    bc->overlong = b->skip_overlong ? SL_BATCH_SKIP : SL_BATCH_TRUNCATE;
+    bc->bucket_width = b->bucket_width;
+    bc->window = b->window;
+    bc->batch_size_multiple = b->batch_size_multiple;
+    bc->replicas = dp_size;
+    bc->remainder = b->pad_remainder ? SL_BATCH_REPEAT : SL_BATCH_DROP;
+    bc->balance = b->balance;
+    bc->seed = seed;
+    bc->epoch = epoch;
+    return sl_batch_config_check(bc, msg, len);
+}

@@ -1,0 +1,33 @@
+/* Calls parked until a worker-pool product (a batch plan, a torch-mode share) is ready. */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+int feed_waiters_add(fwaiters *w, sl_rpc_call *call, feed_ready_cb cb)
+{
+    fwaiter *v = realloc(w->v, (w->n + 1) * sizeof(*v));
+
+    if (!v)
+        return -ENOMEM;
+    w->v = v;
+    v[w->n].call = call;
+    v[w->n].cb = cb;
+    w->n++;
+    sl_rpc_call_ref(call);
+    return 0;
+}
+
+void feed_waiters_run(fwaiters *w, sl_feed *f, const char *job)
+{
+    fwaiter *v = w->v;
+    size_t n = w->n;
+
+    w->v = NULL;
+    w->n = 0;
+    for (size_t i = 0; i < n; i++) {
+        v[i].cb(v[i].call, f, job);
+        sl_rpc_call_unref(v[i].call);
+    }
+    free(v);
+}
