@@ -1,9 +1,11 @@
 """Integration tests of sluice.v1.Checkpoints: the real daemon on 127.0.0.1 (port 0, temporary
 data dir), a Python grpcio client and the `sluice ckpt` CLI."""
+import copy
 import glob
 import hashlib
 import io
 import json
+import math
 import os
 import signal
 import struct
@@ -12,6 +14,7 @@ import tempfile
 import threading
 import time
 import unittest
+from collections import OrderedDict
 
 import grpc
 
@@ -735,6 +738,347 @@ class CheckpointDDPTest(unittest.TestCase):
             self.assertEqual([s.sha256 for s in g.shards], [r["sha256"] for r in results])
             self.assertEqual(d.stop(), 0, d.log())
             self.assertEqual(d.sanitizer_reports(), [], d.log())
+
+
+# A subprocess for StateDictTest.test_memory: saves ("save") or loads ("load") a state with one
+# tensor of SIZE bytes and prints how much that raised the peak RSS, and the tensor's SHA-256.
+MEMORY_SCRIPT = r"""
+import hashlib, resource, sys, torch
+from sluice.checkpoint import Checkpoints
+addr, mode, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+with Checkpoints(addr) as ck:
+    if mode == "save":
+        ck.begin("mem", "m", world_size=2)
+        ck.save_state_dict("mem", "m", 1, {"warm": torch.ones(1000)})   # imports, channel
+        torch.manual_seed(0)
+        t = torch.empty(size // 4, dtype=torch.float32).uniform_()
+        base = peak()
+        ck.save_state_dict("mem", "m", 0, {"big": t, "step": 1})
+        ck.commit("mem", "m")
+    else:
+        ck.load_state_dict("mem", "m", 1)
+        base = peak()
+        t = ck.load_state_dict("mem", "m", 0)["big"]
+    grew = peak() - base
+    print(grew, hashlib.sha256(memoryview(t.view(torch.uint8).numpy())).hexdigest())
+"""
+
+
+class StateDictTest(unittest.TestCase):
+    """Checkpoints.save_state_dict / load_state_dict: nested model + optimizer state, every dtype,
+    no template needed, streamed, and safe and strict about bad data."""
+
+    def setUp(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        from sluice.checkpoint import Checkpoints
+        self.torch = torch
+        self.d = Daemon().start()
+        self.ck = Checkpoints(self.d.addr)
+
+    def tearDown(self):
+        self.ck.close()
+        rc = self.d.stop()
+        reports = self.d.sanitizer_reports()
+        log = self.d.log()
+        self.d.cleanup()
+        self.assertEqual(rc, 0, "sluiced exit code\n" + log)
+        self.assertEqual(reports, [], "sanitizer reports\n" + log)
+
+    def assertSame(self, got, want, path="state"):
+        """Same types all the way down, same keys in the same order, tensors with the same
+        dtype, shape and bytes, other values equal (nan equal to nan)."""
+        torch = self.torch
+        self.assertIs(type(got), type(want) if not isinstance(want, torch.Tensor)
+                      else torch.Tensor, path)
+        if isinstance(want, torch.Tensor):
+            self.assertEqual((got.dtype, got.shape), (want.dtype, want.shape), path)
+            self.assertTrue(torch.equal(self.bits(got), self.bits(want)), path)
+        elif isinstance(want, dict):
+            self.assertEqual(list(got), list(want), path)
+            self.assertEqual([type(k) for k in got], [type(k) for k in want], path)
+            for k in want:
+                self.assertSame(got[k], want[k], "%s[%r]" % (path, k))
+        elif isinstance(want, (list, tuple)):
+            self.assertEqual(len(got), len(want), path)
+            for i, (g, w) in enumerate(zip(got, want)):
+                self.assertSame(g, w, "%s[%d]" % (path, i))
+        elif isinstance(want, float) and math.isnan(want):
+            self.assertTrue(math.isnan(got), path)
+        else:
+            self.assertEqual(got, want, path)
+            if isinstance(want, float):
+                self.assertEqual(math.copysign(1, got), math.copysign(1, want), path)
+
+    def bits(self, t):
+        return t.detach().resolve_conj().contiguous().reshape(-1).view(self.torch.uint8)
+
+    def metadata_tensors(self, job, name, rank):
+        with open(os.path.join(self.d.data_dir, "checkpoints", job,
+                               name + ".metadata.json")) as f:
+            return json.load(f)["shards"][rank]["tensors"]
+
+    def test_model_and_optimizer(self):
+        torch = self.torch
+
+        def build():
+            torch.manual_seed(0)
+            m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8),
+                                    torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            return m, torch.optim.Adam(m.parameters(), lr=0.01, betas=(0.8, 0.95))
+
+        def step(m, opt, seed):
+            torch.manual_seed(seed)
+            x = torch.randn(16, 6)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(m(x), x[:, :2]).backward()
+            opt.step()
+        m, opt = build()
+        for i in range(3):
+            step(m, opt, i)
+        state = {"model": m.state_dict(), "optimizer": opt.state_dict(), "step": 5, "lr": 0.1,
+                 "name": "x", "extra": None}
+        want = copy.deepcopy(state)
+        self.ck.begin("sd", "step_5", world_size=1)
+        self.ck.save_state_dict("sd", "step_5", 0, state)
+        self.ck.commit("sd", "step_5")
+        self.assertTrue(self.ck.verify("sd", "step_5", deep=True).ok)
+        got = self.ck.load_state_dict("sd", "step_5", 0)
+        self.assertSame(got, want)
+        self.assertIs(type(got["model"]), OrderedDict)
+        self.assertEqual(got["optimizer"]["param_groups"], want["optimizer"]["param_groups"])
+        self.assertEqual(got["optimizer"]["param_groups"][0]["betas"], (0.8, 0.95))
+        self.assertEqual(sorted(got["optimizer"]["state"]), [0, 1, 2, 3, 4, 5])
+        # The restored model and optimizer take the next step bit for bit like the originals.
+        m2, opt2 = build()
+        m2.load_state_dict(got["model"])
+        opt2.load_state_dict(got["optimizer"])
+        step(m, opt, 99)
+        step(m2, opt2, 99)
+        for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
+            self.assertTrue(torch.equal(self.bits(a), self.bits(b)), k)
+        self.assertSame(opt2.state_dict(), opt.state_dict())
+        # A template of the same structure is accepted; one of another structure is refused.
+        self.assertSame(self.ck.load_state_dict("sd", "step_5", 0, template=want), want)
+        fresh = {"model": build()[0].state_dict(), "optimizer": build()[1].state_dict(),
+                 "step": 0, "lr": 0.0, "name": "", "extra": None}
+        with self.assertRaisesRegex(ValueError, r"optimizer\.state: keys differ"):
+            self.ck.load_state_dict("sd", "step_5", 0, template=fresh)
+        # Flattened key paths name the tensors in metadata.json; the skeleton comes first.
+        t = self.metadata_tensors("sd", "step_5", 0)
+        self.assertEqual((t[0]["name"], t[0]["dtype"], t[0]["offset"]),
+                         ("__sluice_skeleton__", "bytes", 0))
+        byname = {x["name"]: x for x in t}
+        self.assertEqual(byname["model.0.weight"]["shape"], [8, 6])
+        self.assertEqual(byname["model.1.num_batches_tracked"]["dtype"], "int64")
+        self.assertEqual(byname["optimizer.state.0.exp_avg"]["shape"], [8, 6])
+        self.assertEqual(len(t), 1 + 9 + 6 * 3)
+        self.assertTrue(all(x["offset"] % 64 == 0 for x in t if x["size"]))
+
+    def test_every_dtype_and_value(self):
+        torch = self.torch
+        torch.manual_seed(1)
+        base = torch.randn(4, 6, dtype=torch.float64)
+        specials = torch.tensor([float("nan"), -0.0, float("inf"), -float("inf"), 1e-310])
+        tensors = OrderedDict()
+        for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+                   torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+                   torch.complex64, torch.complex128):
+            name = str(dt)[len("torch."):]
+            if dt.is_complex:
+                v = torch.complex(base, -base).to(dt)
+            elif dt == torch.bool:
+                v = base > 0
+            elif dt.is_floating_point:
+                v = (base * 100).to(dt)
+                tensors[name + "_special"] = specials.to(dt)
+            else:
+                v = (base * 50).to(dt)
+            tensors[name] = v
+            tensors[name + "_0dim"] = v[1, 2].clone()
+            tensors[name + "_empty"] = v[:0]
+            tensors[name + "_strided"] = v.t()[::2]        # not contiguous, a view of v
+            self.assertFalse(tensors[name + "_strided"].is_contiguous())
+        tensors["conj"] = tensors["complex64"].conj()
+        tensors["param"] = torch.nn.Parameter(torch.ones(3))
+        tensors["big_empty"] = torch.zeros(7, 0, 5)
+        state = {
+            "tensors": tensors,
+            "values": [0, -1, 2 ** 63 - 1, -2 ** 63, 2 ** 200, -3 ** 90, 0.1, -0.0, 1e-310,
+                       float("nan"), float("inf"), -float("inf"), True, False, None, "",
+                       "ünïcödé \n\x00 \ud800", b"\x00\xff" * 10, bytearray(b"ba"), (), [], {},
+                       OrderedDict(), (1, (2.5, [3, {"k": None}]))],
+            "torch": {"dtype": torch.bfloat16, "qdtype": torch.qint8, "size": torch.Size([2, 0, 3]),
+                      "cpu": torch.device("cpu"), "cuda": torch.device("cuda", 1)},
+            "keys": {0: "int", -5: "neg", 2.5: "float", True: "bool", None: "none", "": "empty",
+                     (1, "a", (None, 0.5)): "tuple", "a.b": "dotted", float("inf"): "inf"},
+        }
+        state["nested"] = OrderedDict([("z", [tensors["int8"], (tensors["bool"], {})])])
+        self.ck.begin("dt", "all", world_size=1)
+        self.ck.save_state_dict("dt", "all", 0, state)
+        got = self.ck.load_state_dict("dt", "all", 0)
+        self.assertSame(got, state)
+        # Views are saved as copies of their own and load contiguous; Parameters as tensors.
+        self.assertTrue(got["tensors"]["float32_strided"].is_contiguous())
+        self.assertNotEqual(got["tensors"]["float32_strided"].data_ptr(),
+                            got["tensors"]["float32"].data_ptr())
+        self.assertIs(type(got["tensors"]["param"]), torch.Tensor)
+        self.ck.commit("dt", "all")
+        t = {x["name"]: x for x in self.metadata_tensors("dt", "all", 0)}
+        self.assertEqual(t["tensors.bfloat16"]["dtype"], "bfloat16")
+        self.assertEqual(t["tensors.complex64_strided"]["shape"], [3, 4])
+        self.assertEqual(t["tensors.bool_0dim"]["shape"], [])
+        self.assertEqual(t["nested.z.1.0"]["dtype"], "bool")
+        # A tensor as the whole state, and an empty state.
+        self.ck.begin("dt", "plain", world_size=2)
+        self.ck.save_state_dict("dt", "plain", 0, tensors["bfloat16"])
+        self.ck.save_state_dict("dt", "plain", 1, {})
+        self.assertSame(self.ck.load_state_dict("dt", "plain", 0), tensors["bfloat16"])
+        self.assertSame(self.ck.load_state_dict("dt", "plain", 1), {})
+
+    def test_unsupported_value_refused_before_upload(self):
+        torch = self.torch
+        self.ck.begin("bad", "c", world_size=1)
+        cases = [
+            ({"model": {"w": torch.ones(2)}, "optimizer": {"param_groups": [{"lr": 0.1,
+              "params": {0, 1}}]}}, TypeError, r"optimizer\.param_groups\.0\.params: .*set"),
+            ({"a": [1, 2, object()]}, TypeError, r"a\.2: .*object"),
+            ({"x": {"y": len}}, TypeError, r"x\.y: .*builtin_function"),
+            ({"k": {frozenset(): 1}}, TypeError, r"k: cannot save a dict key of type frozenset"),
+            ({"z": 1.5j}, TypeError, r"z: .*complex"),
+            ({"q": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)}, TypeError,
+             r"q: cannot save a quantized tensor"),
+            ({"s": torch.ones(2, 2).to_sparse()}, TypeError, r"s: .*layout"),
+            ({"m": torch.empty(2, device="meta")}, TypeError, r"m: .*meta"),
+        ]
+        loop = {"a": []}
+        loop["a"].append(loop)
+        cases.append((loop, ValueError, r"a\.0: the state refers to itself"))
+        for state, exc, msg in cases:
+            with self.subTest(msg=msg):
+                with self.assertRaisesRegex(exc, msg):
+                    self.ck.save_state_dict("bad", "c", 0, state)
+        st = self.ck.upload_status("bad", "c", 0)
+        self.assertEqual((st.stored, st.in_progress, st.held_bytes), (False, False, 0))
+        self.assertEqual(self.ck.get("bad", "c").shards_uploaded, 0)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.ck.download("bad", "c", 0)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def test_changed_while_saved(self):
+        # The daemon checks the hash taken before sending: a state changed in between is
+        # refused and nothing is stored.
+        torch = self.torch
+        w = torch.zeros(1000)
+        upload = self.ck.upload
+
+        def racing_upload(*args, **kw):
+            w.add_(1)
+            return upload(*args, **kw)
+        self.ck.upload = racing_upload
+        self.ck.begin("race", "c", world_size=1)
+        from sluice.checkpoint import ChecksumError
+        with self.assertRaisesRegex(ChecksumError, "changed while it was saved"):
+            self.ck.save_state_dict("race", "c", 0, {"w": w})
+        self.assertFalse(self.ck.upload_status("race", "c", 0).stored)
+        self.ck.upload = upload
+        self.ck.save_state_dict("race", "c", 0, {"w": w})
+        self.assertSame(self.ck.load_state_dict("race", "c", 0), {"w": torch.ones(1000)})
+
+    def test_bad_data_refused(self):
+        from sluice.checkpoint import SKELETON_MAGIC
+        torch = self.torch
+
+        def shard(doc, data=b"", raw=None):
+            text = raw if raw is not None else json.dumps(doc).encode()
+            head = SKELETON_MAGIC + struct.pack("<Q", len(text)) + text
+            return head + bytes(-len(head) % 64) + data
+        ok = {"format": "sluice.state_dict", "version": 1, "tensors": [["float32", [2], 0]],
+              "root": ["d", "w", ["T", 0]]}
+
+        def doc(**kw):
+            return dict(ok, **kw)
+        good = shard(ok, struct.pack("<2f", 1.5, 2.5))
+        cases = [
+            (good[:-1], "beyond the shard"),                          # truncated tensor data
+            (good[:40], "claims"),                                    # truncated skeleton
+            (shard(None, raw=b'{"format": "sluice.state_dict", "ver'), "not valid JSON"),
+            (shard(None, raw=b"[" * 100000 + b"]" * 100000), "nested too deeply|not a sluice"),
+            (shard(doc(version=2)), "version 2"),
+            (shard(doc(format="pickle")), "not a sluice.state_dict"),
+            (shard(doc(tensors=[["float99", [2], 0]]), bytes(8)), "unknown dtype 'float99'"),
+            (shard(doc(tensors=[["qint8", [2], 0]]), bytes(2)), "unknown dtype 'qint8'"),
+            (shard(doc(tensors=[["float32", [2], 64]]), bytes(8)), "beyond the shard"),
+            (shard(doc(tensors=[["float32", [1 << 40, 1 << 40], 0]]), bytes(8)), "beyond"),
+            (shard(doc(tensors=[["float32", [-2], 0]]), bytes(8)), "not \\[dtype, shape"),
+            (shard(doc(root=["d", "w", ["T", 1]]), bytes(8)), "tensor reference 1"),
+            (shard(doc(root=["l", ["T", 0], ["T", 0]]), bytes(8)), "tensor reference 0"),
+            (shard(doc(root=["d", "w", ["T", 0], "w", 1]), bytes(8)), "duplicate key"),
+            (shard(doc(root=["d", ["l"], ["T", 0]]), bytes(8)), "dict key"),
+            (shard(doc(root=["pickle", "cos\nsystem\n(S'touch /tmp/x'\ntR."]), bytes(8)),
+             "bad node"),
+            (shard(doc(root=["d", "w", ["T", 0], "x", ["dev", "nodevice:9"]]), bytes(8)),
+             "bad device"),
+            (shard(doc(root=["d", "w", ["T", 0], "x", ["i", "12"]]), bytes(8)), "bad node"),
+            (shard(doc(root=["d", "w", ["T", 0], "x", ["b", "!!"]]), bytes(8)), "bad base64"),
+            (good + b"tail", "its content ends at"),
+            (shard(doc(root=["l"]), bytes(8)), "1 of its 1 tensors are not referenced"),
+        ]
+        self.ck.begin("bad", "data", world_size=len(cases) + 1)
+        for rank, (data, _) in enumerate(cases):
+            self.ck.upload("bad", "data", rank, data)
+        self.ck.upload("bad", "data", len(cases), good)
+        self.ck.commit("bad", "data")
+        for rank, (_, msg) in enumerate(cases):
+            with self.subTest(rank=rank, msg=msg):
+                with self.assertRaisesRegex(ValueError, msg):
+                    self.ck.load_state_dict("bad", "data", rank)
+        got = self.ck.load_state_dict("bad", "data", len(cases))
+        self.assertSame(got, {"w": torch.tensor([1.5, 2.5])})
+
+    def test_flat_format_compat(self):
+        # A shard as the earlier save_state_dict wrote it: tensors back to back, no skeleton.
+        torch = self.torch
+        torch.manual_seed(2)
+        sd = OrderedDict([("w", torch.randn(3, 4)), ("b", torch.randn(4).to(torch.bfloat16)),
+                          ("n", torch.tensor(7)), ("e", torch.zeros(0))])
+        data = b"".join(self.bits(t).numpy().tobytes() for t in sd.values())
+        layout, off = [], 0
+        for k, t in sd.items():
+            size = t.numel() * t.element_size()
+            layout.append({"name": k, "dtype": str(t.dtype)[6:], "shape": list(t.shape),
+                           "offset": off, "size": size})
+            off += size
+        self.ck.begin("old", "c", world_size=2)
+        self.ck.upload("old", "c", 0, data, tensors=layout)
+        self.ck.upload("old", "c", 1, b"", tensors=[])
+        got = self.ck.load_state_dict("old", "c", 0, sd)
+        self.assertSame(got, dict(sd))
+        self.assertEqual(self.ck.load_state_dict("old", "c", 1, {}), {})
+        with self.assertRaisesRegex(ValueError, "no state skeleton .*template"):
+            self.ck.load_state_dict("old", "c", 0)
+        with self.assertRaisesRegex(ValueError, "the shard holds 64 bytes, the template 16"):
+            self.ck.load_state_dict("old", "c", 0, OrderedDict(list(sd.items())[1:]))
+
+    def test_memory(self):
+        # Saving streams the tensor (no copy of the shard or of the tensor in memory); loading
+        # fills the result as the data arrives (no second copy of the shard).
+        import subprocess
+        size = 200 * MiB
+        out = {}
+        for mode in ("save", "load"):
+            p = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, self.d.addr, mode,
+                                str(size)], capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            grew, sha = p.stdout.split()
+            out[mode] = (int(grew), sha)
+        self.assertLess(out["save"][0], size // 2, out)
+        self.assertLess(out["load"][0], size * 3 // 2, out)
+        self.assertEqual(out["save"][1], out["load"][1])
 
 
 class AccessTest(unittest.TestCase):
