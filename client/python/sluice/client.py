@@ -108,6 +108,13 @@ class Client:
             feed_pb2.ReportProgressRequest(job=job, rank=rank, epoch=epoch, position=position),
             **self._kw())
 
+    def report_progress_future(self, job, rank, epoch, position):
+        """report_progress started without waiting: a grpc.Future whose result() is the
+        answer (or raises grpc.RpcError)."""
+        return self.epochs.ReportProgress.future(
+            feed_pb2.ReportProgressRequest(job=job, rank=rank, epoch=epoch, position=position),
+            **self._kw())
+
     def next_epoch(self, job, expect_epoch=None):
         req = feed_pb2.NextEpochRequest(job=job)
         if expect_epoch is not None:

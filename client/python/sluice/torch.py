@@ -210,6 +210,33 @@ class _Fed:
         self._reported = position
         return resp
 
+    def _report_begin(self, position):
+        """Start reporting `position` without waiting; _report_end waits for it. None if there
+        is nothing new to report."""
+        if self._serving is None or position <= self._reported:
+            return None
+        try:
+            fut = self.client.report_progress_future(self.job, self.rank, self._serving, position)
+        except grpc.RpcError:
+            fut = None
+        return position, fut
+
+    def _report_end(self, pending):
+        """Wait for a report started by _report_begin; a transient failure is retried like
+        report() does."""
+        if pending is None:
+            return
+        position, fut = pending
+        if fut is not None:
+            try:
+                fut.result()
+                self._reported = max(self._reported, position)
+                return
+            except grpc.RpcError as e:
+                if e.code() not in _RETRY:
+                    raise
+        self.report(position)
+
     def _finish(self):
         """The share of the iteration is consumed: report it (also an empty one, so that its
         epoch can end) and move on to the next epoch."""
@@ -426,11 +453,12 @@ class DataLoader(torch.utils.data.DataLoader):
     """torch.utils.data.DataLoader (same arguments) that reports what the training loop consumed
     to the coordinator, when its sampler or batch_sampler is a sluice sampler.
 
-    Before handing out batch k of an epoch it reports batches [0, k) as consumed (every
-    ``report_every`` batches; synchronously, retried), and when the loop has taken every batch
-    it reports the whole share, which may end the epoch. Prefetched batches (num_workers > 0)
-    are not counted until the loop takes them, so a rank killed at any moment loses no sample
-    and trains at most ``report_every`` batches again."""
+    When the loop asks for batch k of an epoch, batches [0, k) are consumed: the report of that
+    (every ``report_every`` batches) is sent while batch k is fetched and has been recorded
+    before batch k is handed out (retried on transient failures). When the loop has taken every
+    batch the whole share is reported, which may end the epoch. Prefetched batches
+    (num_workers > 0) are not counted until the loop takes them, so a rank killed at any moment
+    loses no sample and trains at most ``report_every`` batches again."""
 
     def __init__(self, *args, report_every=1, **kwargs):
         if report_every < 1:
@@ -450,12 +478,19 @@ class DataLoader(torch.utils.data.DataLoader):
         sampler.consumed = None
         taken = 0
         try:
-            for batch in it:
-                if taken and taken % self.report_every == 0:
-                    sampler.report(min(sampler.start_position + taken * per_batch,
-                                       sampler._share))
-                sampler.consumed = min(sampler.start_position + taken * per_batch,
-                                       sampler._share)
+            while True:
+                pending = None
+                if taken:
+                    sampler.consumed = min(sampler.start_position + taken * per_batch,
+                                           sampler._share)
+                    if taken % self.report_every == 0:
+                        pending = sampler._report_begin(sampler.consumed)
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    sampler._report_end(pending)
+                    break
+                sampler._report_end(pending)
                 taken += 1
                 yield batch
             if sampler._serving is not None:
