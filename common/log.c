@@ -1,10 +1,13 @@
 #include "log.h"
 
 #include "err.h"
+#include "util/clock.h"
+#include "util/json.h"
 
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -62,35 +65,13 @@ const char *sl_log_level_name(sl_log_level level)
     return (unsigned)level < 4 ? level_names[level] : "unknown";
 }
 
-/* Append a JSON string literal of s[0..n) to line at *pos (bounded by cap). */
-static void json_str(char *line, size_t cap, size_t *pos, const char *s, size_t n)
+/* Turn logfmt fields (key=value, key="quoted value") into JSON members appended to b. A member
+ * that does not fit ends the list, so a long line is cut but stays valid JSON. */
+static void fields_to_json(sl_buf *b, const char *f)
 {
-    size_t p = *pos;
-
-    if (p < cap)
-        line[p++] = '"';
-    for (size_t i = 0; i < n && p + 7 < cap; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\') {
-            line[p++] = '\\';
-            line[p++] = (char)ch;
-        } else if (ch < 0x20) {
-            p += (size_t)snprintf(line + p, cap - p, "\\u%04x", ch);
-        } else {
-            line[p++] = (char)ch;
-        }
-    }
-    if (p < cap)
-        line[p++] = '"';
-    *pos = p;
-}
-
-/* Turn logfmt fields (key=value, key="quoted value") into JSON members. */
-static void fields_to_json(char *line, size_t cap, size_t *pos, const char *f)
-{
-    while (*f && *pos + 8 < cap) {
+    while (*f) {
         const char *k, *v;
-        size_t klen, vlen;
+        size_t klen, vlen, start = b->len;
         char unq[1024];
 
         while (*f == ' ')
@@ -124,27 +105,44 @@ static void fields_to_json(char *line, size_t cap, size_t *pos, const char *f)
                 f++;
             vlen = (size_t)(f - v);
         }
-        line[(*pos)++] = ',';
-        json_str(line, cap, pos, k, klen);
-        if (*pos < cap)
-            line[(*pos)++] = ':';
-        json_str(line, cap, pos, v, vlen);
+        if (sl_buf_add(b, ",", 1) || sl_json_str(b, k, klen) || sl_buf_add(b, ":", 1) ||
+            sl_json_str(b, v, vlen)) {
+            sl_buf_setlen(b, start);
+            return;
+        }
     }
+}
+
+/* The JSON form of a line into line[0..cap) (cap >= 3), without its newline. Returns its length.
+ * No allocation: the buffer is the caller's stack memory. */
+static size_t json_line(char *line, size_t cap, const char *ts, sl_log_level level,
+                        const char *event, const char *body)
+{
+    sl_buf b;
+
+    /* Two bytes stay free for the closing brace and the newline. */
+    sl_buf_init_fixed(&b, line, cap - 2);
+    if (sl_buf_printf(&b, "{\"ts\":\"%s\",\"level\":\"%s\",\"event\":", ts,
+                      sl_log_level_name(level)) == 0 &&
+        sl_json_str(&b, event, strlen(event)) == 0)
+        fields_to_json(&b, body);
+    line[b.len] = '}';
+    return b.len + 1;
 }
 
 static void vlog(sl_log_level level, const char *event, const char *suffix, const char *fields,
                  va_list ap)
 {
     char line[4096], ts[40], body[3072] = "";
-    struct timespec t;
+    int64_t now = sl_now_ms();
+    time_t sec = (time_t)(now / 1000);
     struct tm tm;
     size_t n = 0;
     int r;
 
-    clock_gettime(CLOCK_REALTIME, &t);
-    gmtime_r(&t.tv_sec, &tm);
+    gmtime_r(&sec, &tm);
     r = (int)strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(ts + r, sizeof(ts) - (size_t)r, ".%03ldZ", t.tv_nsec / 1000000L);
+    snprintf(ts + r, sizeof(ts) - (size_t)r, ".%03dZ", (int)(now % 1000));
     if (fields)
         vsnprintf(body, sizeof(body), fields, ap);
     if (suffix) {
@@ -152,12 +150,7 @@ static void vlog(sl_log_level level, const char *event, const char *suffix, cons
         snprintf(body + b, sizeof(body) - b, "%s%s", b ? " " : "", suffix);
     }
     if (atomic_load(&log_format) == SL_LOG_JSON) {
-        r = snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"%s\",\"event\":", ts,
-                     sl_log_level_name(level));
-        n = r > 0 ? (size_t)r : 0;
-        json_str(line, sizeof(line) - 4, &n, event, strlen(event));
-        fields_to_json(line, sizeof(line) - 4, &n, body);
-        line[n++] = '}';
+        n = json_line(line, sizeof(line), ts, level, event, body);
     } else {
         r = snprintf(line, sizeof(line), "ts=%s level=%s event=%s%s%s", ts,
                      sl_log_level_name(level), event, body[0] ? " " : "", body);
@@ -186,7 +179,7 @@ void sl_log(sl_log_level level, const char *event, const char *fields, ...)
 /* Per-event-name state of rate-limited lines. */
 static struct {
     const char *event;
-    struct timespec last;
+    uint64_t last_ns;
     unsigned long suppressed;
 } limits[64];
 static pthread_mutex_t limits_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -195,30 +188,28 @@ void sl_log_limited(sl_log_level level, unsigned interval_ms, const char *event,
                     ...)
 {
     char suffix[48] = "";
-    struct timespec now;
+    uint64_t now;
     unsigned long suppressed = 0;
     int write_it = 1, slot = -1;
     va_list ap;
 
     if ((int)level < atomic_load(&log_level))
         return;
-    clock_gettime(CLOCK_MONOTONIC, &now);
+    now = sl_mono_ns();
     pthread_mutex_lock(&limits_mu);
     for (int i = 0; i < 64 && slot < 0; i++)
         if (!limits[i].event || strcmp(limits[i].event, event) == 0)
             slot = i;
     if (slot >= 0) {
         if (limits[slot].event) {
-            long long ms = (long long)(now.tv_sec - limits[slot].last.tv_sec) * 1000 +
-                           (now.tv_nsec - limits[slot].last.tv_nsec) / 1000000;
-            if (ms < (long long)interval_ms) {
+            if (now - limits[slot].last_ns < (uint64_t)interval_ms * 1000000u) {
                 limits[slot].suppressed++;
                 write_it = 0;
             }
         }
         if (write_it) {
             limits[slot].event = event;
-            limits[slot].last = now;
+            limits[slot].last_ns = now;
             suppressed = limits[slot].suppressed;
             limits[slot].suppressed = 0;
         }
