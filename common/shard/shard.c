@@ -2,6 +2,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "util/name.h"
 
 #include <errno.h>
 #include <openssl/err.h>
@@ -86,20 +87,7 @@ int sl_shard_header_decode(sl_shard_header *out, const uint8_t *buf, size_t len)
 
 int sl_shard_name_check(const char *name)
 {
-    size_t n;
-
-    if (!name)
-        return SL_EINVAL;
-    n = strnlen(name, SL_SHARD_NAME_MAX + 1);
-    if (n == 0 || n > SL_SHARD_NAME_MAX || name[0] == '.' || strstr(name, ".."))
-        return SL_EINVAL;
-    for (size_t i = 0; i < n; i++) {
-        char c = name[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-'))
-            return SL_EINVAL;
-    }
-    return 0;
+    return sl_name_check("", name, NULL, 0);
 }
 
 int sl_shard_hex_check(const char *hex)

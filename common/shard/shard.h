@@ -16,13 +16,15 @@
 #ifndef SL_SHARD_H
 #define SL_SHARD_H
 
+#include "util/name.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 #define SL_SHARD_MAGIC       0x53484152u
 #define SL_SHARD_HEX_LEN     64 /* lowercase hex SHA-256 */
 #define SL_SHARD_HEADER_SIZE 88 /* 4 + 4 + 4 + 64 + 4 + 8 */
-#define SL_SHARD_NAME_MAX    128
+#define SL_SHARD_NAME_MAX    SL_NAME_MAX
 #define SL_SHARD_MAX_RANK    65535
 
 typedef struct sl_shard_header {
@@ -40,8 +42,9 @@ void sl_shard_header_encode(uint8_t out[SL_SHARD_HEADER_SIZE], const sl_shard_he
  * count is negative, or the data length exceeds INT64_MAX. */
 int sl_shard_header_decode(sl_shard_header *out, const uint8_t *buf, size_t len);
 
-/* Check a name that becomes part of a path (job, checkpoint): 1..SL_SHARD_NAME_MAX characters of
- * [A-Za-z0-9._-], not starting with '.', no "..". Returns 0 or SL_EINVAL. */
+/* Check a name that becomes part of a path (job, checkpoint): sl_name_check's rule (util/name.h:
+ * 1..SL_SHARD_NAME_MAX characters of [A-Za-z0-9._-], not starting with '.', no ".."), without a
+ * message. Returns 0 or SL_EINVAL. */
 int sl_shard_name_check(const char *name);
 
 /* Check a lowercase hex SHA-256 string (exactly 64 of [0-9a-f]). Returns 0 or SL_EINVAL. */
