@@ -405,7 +405,7 @@ static void hasher_stop(hasher *h)
 int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, const char *name,
                       int32_t rank, int fd, uint64_t size, const sl_ckpt_upload_opts *opts)
 {
-    static const sl_ckpt_upload_opts defaults = {0};
+    static const sl_ckpt_upload_opts defaults = SL_CKPT_UPLOAD_OPTS_INIT;
     Sluice__V1__UploadShardRequest msg = SLUICE__V1__UPLOAD_SHARD_REQUEST__INIT;
     Sluice__V1__ShardHeader hdr = SLUICE__V1__SHARD_HEADER__INIT;
     Sluice__V1__TensorInfo *tinfo = NULL, **tptr = NULL, one = SLUICE__V1__TENSOR_INFO__INIT;
@@ -420,11 +420,14 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
     size_t chunk;
     int err;
 
+    if (!opts)
+        opts = &defaults;
+    err = sl_opts_check(opts->version, SL_CKPT_UPLOAD_OPTS_VERSION, "sl_ckpt_upload_opts");
+    if (err)
+        return err;
     memset(&hs, 0, sizeof(hs));
     pthread_mutex_init(&hs.mu, NULL);
     pthread_cond_init(&hs.cv, NULL);
-    if (!opts)
-        opts = &defaults;
     chunk = opts->chunk_bytes ? opts->chunk_bytes : (1u << 20);
     if (chunk > (4u << 20))
         chunk = 4u << 20;

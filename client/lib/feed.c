@@ -465,10 +465,14 @@ int sl_indices_open(sl_index_stream **out, sl_client *c, const char *job, uint32
                     const sl_stream_opts *opts)
 {
     Sluice__V1__StreamIndicesRequest req = SLUICE__V1__STREAM_INDICES_REQUEST__INIT;
-    sl_index_stream *s = calloc(1, sizeof(*s));
+    sl_index_stream *s;
     int err;
 
     *out = NULL;
+    err = opts ? sl_opts_check(opts->version, SL_STREAM_OPTS_VERSION, "sl_stream_opts") : 0;
+    if (err)
+        return err;
+    s = calloc(1, sizeof(*s));
     if (!s)
         return sl_client_set_error(-ENOMEM, "out of memory");
     req.job = (char *)job;
@@ -535,10 +539,14 @@ int sl_batches_open(sl_batch_stream **out, sl_client *c, const char *job, uint32
                     const sl_stream_opts *opts)
 {
     Sluice__V1__StreamBatchesRequest req = SLUICE__V1__STREAM_BATCHES_REQUEST__INIT;
-    sl_batch_stream *s = calloc(1, sizeof(*s));
+    sl_batch_stream *s;
     int err;
 
     *out = NULL;
+    err = opts ? sl_opts_check(opts->version, SL_STREAM_OPTS_VERSION, "sl_stream_opts") : 0;
+    if (err)
+        return err;
+    s = calloc(1, sizeof(*s));
     if (!s)
         return sl_client_set_error(-ENOMEM, "out of memory");
     req.job = (char *)job;

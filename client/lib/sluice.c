@@ -43,30 +43,44 @@ const char *sl_client_error(void)
     return last_error;
 }
 
+int sl_opts_check(unsigned int version, unsigned int known, const char *type)
+{
+    if (version <= known)
+        return 0;
+    return sl_client_set_error(SL_EINVAL, "%s version %u is unknown: this libsluice reads up to %u",
+                               type, version, known);
+}
+
 int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *opts)
 {
+    static const sl_client_opts defaults = SL_CLIENT_OPTS_INIT;
     sl_client *c;
     int err;
 
     *out = NULL;
+    if (!opts)
+        opts = &defaults;
+    err = sl_opts_check(opts->version, SL_CLIENT_OPTS_VERSION, "sl_client_opts");
+    if (err)
+        return err;
     if (!addr || !*addr)
         return SL_EINVAL;
     c = calloc(1, sizeof(*c));
     if (!c)
         return -ENOMEM;
-    c->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : 10000;
+    c->timeout_ms = opts->timeout_ms ? opts->timeout_ms : 10000;
     {
         sl_rpc_tls tls = {NULL, NULL, NULL};
         sl_rpc_client_opts ro;
         memset(&ro, 0, sizeof(ro));
-        if (opts && (opts->tls || opts->tls_ca || opts->tls_cert)) {
+        if (opts->tls || opts->tls_ca || opts->tls_cert) {
             tls.ca_file = opts->tls_ca;
             tls.cert_file = opts->tls_cert;
             tls.key_file = opts->tls_key;
             ro.tls = &tls;
         }
-        ro.token = opts ? opts->token : NULL;
-        ro.own_connection = opts ? opts->own_connection : 0;
+        ro.token = opts->token;
+        ro.own_connection = opts->own_connection;
         err = sl_rpc_client_new(&c->rpc, addr, &ro);
     }
     if (err) {

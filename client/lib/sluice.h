@@ -2,6 +2,16 @@
  *
  * A client holds one gRPC channel; it is thread-safe except for sl_client_error, which reports
  * the last failure of the calling thread's most recent call.
+ *
+ * Option structs (sl_client_opts, sl_stream_opts, sl_ckpt_upload_opts) begin with a version
+ * field. Initialise them with their _INIT macro and set the fields you need:
+ *
+ *     sl_client_opts opts = SL_CLIENT_OPTS_INIT;
+ *     opts.timeout_ms = 30000;
+ *
+ * A later libsluice may add fields at the end of a struct and raise its _VERSION; it keeps
+ * reading the versions it knew. A struct zeroed with memset or {0} reads as version 1. A version
+ * the library does not know fails with SL_EINVAL (sl_client_error() names the struct).
  */
 #ifndef SLUICE_H
 #define SLUICE_H
@@ -10,8 +20,11 @@
 
 typedef struct sl_client sl_client;
 
+#define SL_CLIENT_OPTS_VERSION 1
+
 typedef struct sl_client_opts {
-    int64_t timeout_ms; /* per-call deadline; 0 means 10 s, < 0 means none */
+    unsigned int version; /* SL_CLIENT_OPTS_VERSION (0 reads as 1) */
+    int64_t timeout_ms;   /* per-call deadline; 0 means 10 s, < 0 means none */
     /* TLS: set tls to 1 (or any of the files) to connect with TLS; tls_ca verifies the daemon
      * (NULL: the system roots); tls_cert + tls_key present a client certificate (mTLS). */
     int tls;
@@ -23,6 +36,12 @@ typedef struct sl_client_opts {
      * that have equal options share one connection (gRPC's subchannel pool). */
     int own_connection;
 } sl_client_opts;
+
+/* The defaults: 10 s deadline, no TLS, no token, shared connection. */
+#define SL_CLIENT_OPTS_INIT                                                                        \
+    {                                                                                              \
+        .version = SL_CLIENT_OPTS_VERSION                                                          \
+    }
 
 /* Health of a service as grpc.health.v1 reports it. */
 typedef enum sl_client_health_status {
@@ -42,8 +61,8 @@ typedef struct sl_info {
 } sl_info;
 
 /* Create a client for the daemon at `addr` ("host:port"); connects lazily. opts may be NULL.
- * Returns 0 and *out (free with sl_client_close), SL_EINVAL for an empty address or a TLS file
- * that is not PEM, -errno for an unreadable TLS file. */
+ * Returns 0 and *out (free with sl_client_close), SL_EINVAL for an empty address, an unknown
+ * opts->version or a TLS file that is not PEM, -errno for an unreadable TLS file. */
 int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *opts);
 
 /* Close the client. Accepts NULL. */

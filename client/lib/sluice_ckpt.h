@@ -62,7 +62,10 @@ typedef struct sl_ckpt_verdict {
 /* Progress of a transfer: bytes done of total. Called from the transferring thread. */
 typedef void (*sl_ckpt_progress_fn)(uint64_t done, uint64_t total, void *arg);
 
+#define SL_CKPT_UPLOAD_OPTS_VERSION 1
+
 typedef struct sl_ckpt_upload_opts {
+    unsigned int version;          /* SL_CKPT_UPLOAD_OPTS_VERSION (0 reads as 1) */
     const sl_ckpt_tensor *tensors; /* NULL: one "bytes" tensor named "data" covering the shard */
     size_t n_tensors;
     const char *sha256; /* optional: the data's checksum, checked by the daemon */
@@ -72,6 +75,12 @@ typedef struct sl_ckpt_upload_opts {
     sl_ckpt_progress_fn progress;
     void *arg;
 } sl_ckpt_upload_opts;
+
+/* The defaults: one "bytes" tensor, 1 MiB messages, local SHA-256 check, no progress. */
+#define SL_CKPT_UPLOAD_OPTS_INIT                                                                   \
+    {                                                                                              \
+        .version = SL_CKPT_UPLOAD_OPTS_VERSION                                                     \
+    }
 
 /* Names of states and verdicts ("COMPLETE", "CHECKSUM_MISMATCH"). Static strings. */
 const char *sl_ckpt_state_name(int state);
@@ -110,8 +119,8 @@ int sl_ckpt_verify(sl_client *c, int *ok, sl_ckpt_verdict **shards, size_t *n_sh
                    sl_ckpt_verdict *metadata, const char *job, const char *name, int deep);
 
 /* Upload `size` bytes of fd (from offset 0, read with pread) as the data of rank's shard.
- * Returns 0 and the receipt (may be NULL); SL_ECORRUPT if the daemon's checksum differs from the
- * data read locally. opts may be NULL. */
+ * Returns 0 and the receipt (may be NULL); SL_EINVAL for an unknown opts->version, SL_ECORRUPT
+ * if the daemon's checksum differs from the data read locally. opts may be NULL. */
 int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, const char *name,
                       int32_t rank, int fd, uint64_t size, const sl_ckpt_upload_opts *opts);
 

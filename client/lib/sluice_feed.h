@@ -110,8 +110,11 @@ int sl_epoch_report(sl_client *c, const char *job, uint32_t rank, uint64_t epoch
 /* Free the ranks of an sl_epoch. Accepts a zeroed struct. */
 void sl_epoch_clear(sl_epoch *e);
 
+#define SL_STREAM_OPTS_VERSION 1
+
 /* Where a stream starts: by default the current epoch at the rank's reported position. */
 typedef struct sl_stream_opts {
+    unsigned int version; /* SL_STREAM_OPTS_VERSION (0 reads as 1) */
     int epoch_set;
     uint64_t epoch;
     int position_set;
@@ -119,10 +122,17 @@ typedef struct sl_stream_opts {
     uint32_t max_chunk; /* indices (or batches) per message; 0 = server default */
 } sl_stream_opts;
 
+/* The defaults: current epoch, reported position, the daemon's chunk size. */
+#define SL_STREAM_OPTS_INIT                                                                        \
+    {                                                                                              \
+        .version = SL_STREAM_OPTS_VERSION                                                          \
+    }
+
 typedef struct sl_index_stream sl_index_stream;
 
 /* Feed.StreamIndices for global rank `rank` of `job`. opts may be NULL. Free with
- * sl_indices_close. Errors of the request itself surface from the first sl_indices_next. */
+ * sl_indices_close. SL_EINVAL for an unknown opts->version; errors of the request itself
+ * surface from the first sl_indices_next. */
 int sl_indices_open(sl_index_stream **out, sl_client *c, const char *job, uint32_t rank,
                     const sl_stream_opts *opts);
 

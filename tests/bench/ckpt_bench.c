@@ -156,9 +156,8 @@ static void cpu_now(double *d, double *c)
 static void *upload_thread(void *arg)
 {
     job *j = arg;
-    sl_ckpt_upload_opts o;
+    sl_ckpt_upload_opts o = SL_CKPT_UPLOAD_OPTS_INIT;
 
-    memset(&o, 0, sizeof(o));
     o.chunk_bytes = chunk_bytes;
     o.no_verify = !j->client_hash;
     j->err = sl_ckpt_upload_fd(j->c, &j->receipt, "bench", j->name, j->rank, j->fd, j->size, &o);
@@ -210,11 +209,12 @@ int main(int argc, char **argv)
     char root[4096], data[4200], port_file[4200], src[4200], addr[64], cmd[16384];
     double sha_limit, v1[9], v1h[9], v2[9], v8[9], vd[9], vs[9];
     double cd1[9], cc1[9], cd1h[9], cc1h[9]; /* CPU seconds per GiB: daemon, client */
-    sl_client_opts co = {.timeout_ms = -1};
+    sl_client_opts co = SL_CLIENT_OPTS_INIT;
     sl_client *c;
     pid_t pid;
     int fd, st;
 
+    co.timeout_ms = -1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--sluiced") == 0 && i + 1 < argc)
             sluiced = argv[++i];

@@ -100,7 +100,7 @@ typedef struct share_run {
 static void *run_share(void *arg)
 {
     share_run *r = arg;
-    sl_stream_opts o = {.position_set = 1, .position = 0, .max_chunk = r->chunk};
+    sl_stream_opts o = SL_STREAM_OPTS_INIT;
     sl_index_stream *s = NULL;
     const uint64_t *idx;
     size_t n;
@@ -108,6 +108,8 @@ static void *run_share(void *arg)
     double t0 = now_s(), last = 0;
     int rc;
 
+    o.position_set = 1;
+    o.max_chunk = r->chunk;
     if (sl_indices_open(&s, r->c, r->job, r->rank, &o))
         die("open");
     r->got = 0;
@@ -136,11 +138,12 @@ int main(int argc, char **argv)
     uint64_t samples = 100000000;
     int runs = 5, streams = 256, smoke = 0, port;
     char dir[] = "/tmp/feed-bench-XXXXXX", data[64], port_file[64], addr[64], cmd[128];
-    sl_client_opts copts = {.timeout_ms = 60000};
+    sl_client_opts copts = SL_CLIENT_OPTS_INIT;
     sl_client *c;
     sl_job spec;
     pid_t pid;
 
+    copts.timeout_ms = 60000;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--sluiced") == 0 && i + 1 < argc)
             sluiced = argv[++i];
@@ -237,11 +240,13 @@ int main(int argc, char **argv)
         if (sl_job_create(c, &spec, NULL))
             die("batch job");
         for (int i = 0; i <= runs; i++) {
-            sl_stream_opts o = {.position_set = 1, .position = 0, .max_chunk = 256};
+            sl_stream_opts o = SL_STREAM_OPTS_INIT;
             sl_batch_stream *s = NULL;
             sl_feed_batch b;
             double t0 = now_s();
             int rc;
+            o.position_set = 1;
+            o.max_chunk = 256;
             batches = 0;
             if (sl_batches_open(&s, c, "batches", 0, &o))
                 die("batches");

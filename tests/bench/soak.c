@@ -587,7 +587,7 @@ static void wait_epoch(worker *w, uint64_t epoch)
  * *epoch is the stream's epoch. */
 static int index_stream(worker *w, int next_set, uint64_t next, uint64_t *epoch)
 {
-    sl_stream_opts o = {.epoch_set = next_set, .epoch = next, .max_chunk = 2048};
+    sl_stream_opts o = SL_STREAM_OPTS_INIT;
     sl_index_stream *s = NULL;
     const uint64_t *idx;
     size_t n;
@@ -595,6 +595,9 @@ static int index_stream(worker *w, int next_set, uint64_t next, uint64_t *epoch)
     double t0 = now_s();
     int rc, first = 1, rfail = 0, err;
 
+    o.epoch_set = next_set;
+    o.epoch = next;
+    o.max_chunk = 2048;
     err = sl_indices_open(&s, w->c, w->job->name, w->rank, &o);
     if (err) {
         op_fail(K_INDEX_STREAM, err, "open");
@@ -643,13 +646,16 @@ static int index_stream(worker *w, int next_set, uint64_t next, uint64_t *epoch)
 
 static int batch_stream(worker *w, int next_set, uint64_t next, uint64_t *epoch)
 {
-    sl_stream_opts o = {.epoch_set = next_set, .epoch = next, .max_chunk = 16};
+    sl_stream_opts o = SL_STREAM_OPTS_INIT;
     sl_batch_stream *s = NULL;
     sl_feed_batch b;
     uint64_t pos = 0, reported = 0, got = 0;
     double t0 = now_s();
     int rc, first = 1, rfail = 0, err;
 
+    o.epoch_set = next_set;
+    o.epoch = next;
+    o.max_chunk = 16;
     err = sl_batches_open(&s, w->c, w->job->name, w->rank, &o);
     if (err) {
         op_fail(K_BATCH_STREAM, err, "open");
@@ -771,7 +777,7 @@ static void *upload_main(void *arg)
         t = now_s();
         err = sl_ckpt_begin(w->c, NULL, g->job, name, round, g->g, "{\"soak\":true}");
         if (!unary_timed(w, K_CKPT_BEGIN, err, t, name)) {
-            memset(&o, 0, sizeof(o));
+            o = (sl_ckpt_upload_opts)SL_CKPT_UPLOAD_OPTS_INIT;
             o.sha256 = sizes_sha[si];
             o.chunk_bytes = rank % 2 ? (1u << 20) : (256u << 10);
             o.no_verify = (round + (uint64_t)rank) % 4 != 0;
@@ -1033,12 +1039,14 @@ int main(int argc, char **argv)
 {
     int n_index, n_batch, n_upload, gsize, n_workers = 0, port, failed = 0, daemon_ok = 1;
     char addr[300];
-    sl_client_opts co = {.timeout_ms = 60000, .own_connection = 1};
+    sl_client_opts co = SL_CLIENT_OPTS_INIT;
     worker *ws;
     pthread_attr_t attr;
     double t0, t_warm, t_end, t_stop, idle;
     sample before, after;
 
+    co.timeout_ms = 60000;
+    co.own_connection = 1;
     out = stdout;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
