@@ -1,7 +1,14 @@
-/* libsluice: the C client of the sluice daemon.
+/* libsluice: the C client of the sluice daemon. This header: the client itself, health and the
+ * daemon's info. sluice_feed.h has datasets, jobs, epochs and the index and batch streams,
+ * sluice_ckpt.h the checkpoint shards, sluice_err.h (included here) the error codes. Link with
+ * -lsluice (`pkg-config --cflags --libs sluice`).
  *
- * A client holds one gRPC channel; it is thread-safe except for sl_client_error, which reports
- * the last failure of the calling thread's most recent call.
+ * Errors: every function that returns int returns 0 on success or a negative code, -errno or an
+ * SL_E* code of sluice_err.h; sl_strerror() describes either. After a failed call,
+ * sl_client_error() says what the daemon (or the local system) reported.
+ *
+ * Threads: a client holds one gRPC channel and may be used by several threads at once. Objects a
+ * function hands out (streams, arrays) belong to the caller and are used by one thread at a time.
  *
  * Option structs (sl_client_opts, sl_stream_opts, sl_ckpt_upload_opts) begin with a version
  * field. Initialise them with their _INIT macro and set the fields you need:
@@ -16,7 +23,14 @@
 #ifndef SLUICE_H
 #define SLUICE_H
 
+#include "sluice_err.h"
+#include "sluice_export.h"
+
 #include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct sl_client sl_client;
 
@@ -60,26 +74,37 @@ typedef struct sl_info {
     char listen[300];
 } sl_info;
 
-/* Create a client for the daemon at `addr` ("host:port"); connects lazily. opts may be NULL.
- * Returns 0 and *out (free with sl_client_close), SL_EINVAL for an empty address, an unknown
- * opts->version or a TLS file that is not PEM, -errno for an unreadable TLS file. */
-int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *opts);
+/* Create a client for the daemon at `addr` ("host:port"); it connects lazily, at the first call.
+ * opts may be NULL (the defaults); the client copies what it needs, so opts and its strings may
+ * be freed on return. Returns 0 and *out, which the caller frees with sl_client_close; SL_EINVAL
+ * for an empty address, an unknown opts->version or a TLS file that is not PEM, -errno for an
+ * unreadable TLS file (*out is then NULL). Thread-safe. */
+SL_API int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *opts);
 
-/* Close the client. Accepts NULL. */
-void sl_client_close(sl_client *c);
+/* Close the client and free it; calls still running on other threads must have returned.
+ * Accepts NULL. */
+SL_API void sl_client_close(sl_client *c);
 
-/* The status code name and message of this thread's last failed call ("UNAVAILABLE: failed to
- * connect to all addresses"). Thread-local static buffer. */
-const char *sl_client_error(void);
+/* What the calling thread's last failed call reported: the status code name and message
+ * ("UNAVAILABLE: failed to connect to all addresses"), or the local failure. Returns a
+ * thread-local string owned by libsluice, valid until this thread's next call; "" if nothing
+ * failed yet. Thread-safe. */
+SL_API const char *sl_client_error(void);
 
-/* grpc.health.v1 Check of `service` ("" for the whole daemon). Returns 0 and *status, or a
- * negative sluice error (SL_ENOTFOUND for a service the daemon does not know). */
-int sl_client_health(sl_client *c, const char *service, sl_client_health_status *status);
+/* grpc.health.v1 Check of `service` ("" or NULL for the whole daemon). Returns 0 and *status, or
+ * a negative error (SL_ENOTFOUND for a service the daemon does not know). Thread-safe. */
+SL_API int sl_client_health(sl_client *c, const char *service, sl_client_health_status *status);
 
-/* Name of a health status ("SERVING"). Static string. */
-const char *sl_client_health_name(sl_client_health_status status);
+/* Name of a health status ("SERVING"; "UNKNOWN" for any other value). Returns a static string.
+ * Thread-safe. */
+SL_API const char *sl_client_health_name(sl_client_health_status status);
 
-/* Admin.GetInfo. Returns 0 and *info, or a negative sluice error. */
-int sl_client_info(sl_client *c, sl_info *info);
+/* Admin.GetInfo: the daemon's version, uptime, data dir, catalog schema, pid and listen address
+ * into the caller's *info. Returns 0 or a negative error. Thread-safe. */
+SL_API int sl_client_info(sl_client *c, sl_info *info);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

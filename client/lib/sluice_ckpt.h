@@ -1,9 +1,10 @@
 /* libsluice: checkpoint shards (sluice.v1.Checkpoints).
  *
- * Every function is thread-safe on one sl_client (uploads of several ranks may run in parallel
- * threads) and returns 0 or a negative sluice error; sl_client_error() then says what the daemon
- * (or the local file system) reported. Uploads and downloads stream from and to file
- * descriptors and never hold a shard in memory.
+ * Every function here is thread-safe on one sl_client (uploads of several ranks may run in
+ * parallel threads) and returns 0 or a negative error (sluice.h); sl_client_error() then says
+ * what the daemon (or the local file system) reported. Structs the caller passes in or out belong
+ * to the caller; arrays the library allocates are freed by the caller with free(). Uploads and
+ * downloads stream from and to file descriptors and never hold a shard in memory.
  */
 #ifndef SLUICE_CKPT_H
 #define SLUICE_CKPT_H
@@ -12,6 +13,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* Same numbers as sluice.v1.CheckpointState and sluice.v1.Verdict. */
 enum { SL_CKPT_STATE_WRITING = 1, SL_CKPT_STATE_COMPLETE = 2, SL_CKPT_STATE_INCOMPLETE = 3 };
@@ -82,57 +87,88 @@ typedef struct sl_ckpt_upload_opts {
         .version = SL_CKPT_UPLOAD_OPTS_VERSION                                                     \
     }
 
-/* Names of states and verdicts ("COMPLETE", "CHECKSUM_MISMATCH"). Static strings. */
-const char *sl_ckpt_state_name(int state);
-const char *sl_ckpt_verdict_name(int verdict);
+/* Name of a checkpoint state ("COMPLETE"; "UNKNOWN" for any other value). Returns a static
+ * string. Thread-safe. */
+SL_API const char *sl_ckpt_state_name(int state);
 
-/* Begin (or find) checkpoint (job, name); name NULL or "" means "step_<step>". */
-int sl_ckpt_begin(sl_client *c, sl_ckpt *out, const char *job, const char *name, uint64_t step,
-                  int32_t world_size, const char *user_metadata);
+/* Name of a verdict ("CHECKSUM_MISMATCH"; "UNCHECKED" for 0, "UNKNOWN" for other values).
+ * Returns a static string. Thread-safe. */
+SL_API const char *sl_ckpt_verdict_name(int verdict);
 
-/* Commit: COMPLETE once every rank has a durable shard (SL_ESTATE names missing ranks). */
-int sl_ckpt_commit(sl_client *c, sl_ckpt *out, const char *job, const char *name);
+/* Checkpoints.Begin: begin (or find, if it exists with the same step and world size) checkpoint
+ * (job, name) of `step` for `world_size` ranks; name NULL or "" means "step_<step>",
+ * user_metadata (NULL: none) is stored as given. Returns 0 and, if `out` is not NULL, the
+ * checkpoint; a negative error otherwise. */
+SL_API int sl_ckpt_begin(sl_client *c, sl_ckpt *out, const char *job, const char *name,
+                         uint64_t step, int32_t world_size, const char *user_metadata);
 
-/* Abort a WRITING checkpoint: INCOMPLETE, files removed. */
-int sl_ckpt_abort(sl_client *c, sl_ckpt *out, const char *job, const char *name);
+/* Checkpoints.Commit: the checkpoint becomes COMPLETE once every rank has a durable shard.
+ * Returns 0 and, if `out` is not NULL, the checkpoint; SL_ESTATE (the message names the missing
+ * ranks) or another negative error. */
+SL_API int sl_ckpt_commit(sl_client *c, sl_ckpt *out, const char *job, const char *name);
 
-/* Get a checkpoint and, if shards is not NULL, its shards (caller frees *shards with free()). */
-int sl_ckpt_get(sl_client *c, sl_ckpt *out, sl_ckpt_shard **shards, size_t *n_shards,
-                const char *job, const char *name);
+/* Checkpoints.Abort: a WRITING checkpoint becomes INCOMPLETE and its files are removed. Returns 0
+ * and, if `out` is not NULL, the checkpoint; a negative error otherwise. */
+SL_API int sl_ckpt_abort(sl_client *c, sl_ckpt *out, const char *job, const char *name);
 
-/* List checkpoints of job (NULL or "": all) in state (0: all), newest first. Caller frees *out. */
-int sl_ckpt_list(sl_client *c, sl_ckpt **out, size_t *n, const char *job, int state);
+/* Checkpoints.Get: the checkpoint into *out (may be NULL) and, if `shards` is not NULL, its
+ * stored shards: *shards an array of *n_shards, which the caller frees with free(). Returns 0,
+ * SL_ENOTFOUND or another negative error (then there is nothing to free). */
+SL_API int sl_ckpt_get(sl_client *c, sl_ckpt *out, sl_ckpt_shard **shards, size_t *n_shards,
+                       const char *job, const char *name);
 
-/* The newest COMPLETE checkpoint of job (SL_ENOTFOUND if none). */
-int sl_ckpt_latest(sl_client *c, sl_ckpt *out, const char *job);
+/* Checkpoints.List: the checkpoints of `job` (NULL or "": all jobs) in `state` (0: all), newest
+ * first. Returns 0 with *out an array of *n, which the caller frees with free() (also when *n is
+ * 0); on error *out is NULL and *n 0. */
+SL_API int sl_ckpt_list(sl_client *c, sl_ckpt **out, size_t *n, const char *job, int state);
 
-/* Delete a checkpoint that is not being written. */
-int sl_ckpt_delete(sl_client *c, const char *job, const char *name);
+/* Checkpoints.Latest: the newest COMPLETE checkpoint of `job` into the caller's *out (not NULL).
+ * Returns 0, SL_ENOTFOUND if there is none, or another negative error. */
+SL_API int sl_ckpt_latest(sl_client *c, sl_ckpt *out, const char *job);
 
-/* Keep the last keep_last COMPLETE checkpoints of job (0: all); *n_deleted (may be NULL) gets
- * how many were removed at once. */
-int sl_ckpt_set_retention(sl_client *c, const char *job, uint32_t keep_last, size_t *n_deleted);
+/* Checkpoints.Delete: a checkpoint that is not being written, with its files. Returns 0,
+ * SL_ENOTFOUND, SL_ESTATE (WRITING) or another negative error. */
+SL_API int sl_ckpt_delete(sl_client *c, const char *job, const char *name);
 
-/* Verify quick or deep. *ok says whether all is whole; *shards (caller frees, may be NULL) one
- * verdict per rank; *metadata (may be NULL) the metadata file's. */
-int sl_ckpt_verify(sl_client *c, int *ok, sl_ckpt_verdict **shards, size_t *n_shards,
-                   sl_ckpt_verdict *metadata, const char *job, const char *name, int deep);
+/* Checkpoints.SetRetention: keep the last keep_last COMPLETE checkpoints of `job` (0: all); older
+ * ones are deleted at once and after each commit. Returns 0 with *n_deleted (may be NULL) the
+ * number deleted now; a negative error otherwise. */
+SL_API int sl_ckpt_set_retention(sl_client *c, const char *job, uint32_t keep_last,
+                                 size_t *n_deleted);
 
-/* Upload `size` bytes of fd (from offset 0, read with pread) as the data of rank's shard.
- * Returns 0 and the receipt (may be NULL); SL_EINVAL for an unknown opts->version, SL_ECORRUPT
- * if the daemon's checksum differs from the data read locally. opts may be NULL. */
-int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, const char *name,
-                      int32_t rank, int fd, uint64_t size, const sl_ckpt_upload_opts *opts);
+/* Checkpoints.Verify, quick (sizes and headers) or `deep` (every byte hashed again; no deadline).
+ * Returns 0 with *ok whether the checkpoint is whole, *shards (if `shards` is not NULL) an array
+ * of *n_shards verdicts, one per rank, which the caller frees with free(), and *metadata (may be
+ * NULL) the metadata file's verdict; a negative error otherwise (nothing to free). */
+SL_API int sl_ckpt_verify(sl_client *c, int *ok, sl_ckpt_verdict **shards, size_t *n_shards,
+                          sl_ckpt_verdict *metadata, const char *job, const char *name, int deep);
 
-/* How many data bytes of an interrupted upload the daemon holds, whether one runs now and
- * whether the rank already has a stored shard. Any out-parameter may be NULL. */
-int sl_ckpt_upload_status(sl_client *c, uint64_t *held, int *in_progress, int *stored,
-                          const char *job, const char *name, int32_t rank);
+/* Checkpoints.UploadShard: upload `size` bytes of fd (from offset 0, read with pread; fd stays
+ * the caller's) as the data of rank's shard. opts may be NULL (the defaults) and is read during
+ * the call only; opts->progress is called on the calling thread. Returns 0 and the receipt (may
+ * be NULL); SL_EINVAL for an unknown opts->version, SL_ECORRUPT if the daemon's checksum differs
+ * from the data read locally, SL_ESTATE if another upload of the rank runs (with resume), or
+ * another negative error. */
+SL_API int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job,
+                             const char *name, int32_t rank, int fd, uint64_t size,
+                             const sl_ckpt_upload_opts *opts);
 
-/* Download rank's data section into fd (written sequentially from its current position) and
- * check its SHA-256 against the daemon's; sha256 (may be NULL) receives it. SL_ECORRUPT if the
- * bytes do not hash to it. */
-int sl_ckpt_download_fd(sl_client *c, char sha256[65], const char *job, const char *name,
-                        int32_t rank, int fd, sl_ckpt_progress_fn progress, void *arg);
+/* Checkpoints.UploadStatus: how many data bytes of an interrupted upload the daemon holds
+ * (*held), whether one runs now (*in_progress) and whether the rank already has a stored shard
+ * (*stored); any out-parameter may be NULL. Returns 0 or a negative error. */
+SL_API int sl_ckpt_upload_status(sl_client *c, uint64_t *held, int *in_progress, int *stored,
+                                 const char *job, const char *name, int32_t rank);
+
+/* Checkpoints.DownloadShard: write rank's data section into fd (sequentially from its current
+ * position; fd stays the caller's) and check its SHA-256 against the daemon's; progress (may be
+ * NULL) is called on the calling thread with `arg`. Returns 0 with sha256 (may be NULL) the
+ * caller's buffer filled with the hex checksum; SL_ECORRUPT if the bytes do not hash to the
+ * daemon's checksum, or another negative error (fd may then hold part of the data). */
+SL_API int sl_ckpt_download_fd(sl_client *c, char sha256[65], const char *job, const char *name,
+                               int32_t rank, int fd, sl_ckpt_progress_fn progress, void *arg);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,8 +1,10 @@
 /* libsluice: datasets, jobs, epochs and the per-rank index and batch streams (sluice.v1.Datasets,
  * Jobs, Epochs, Feed).
  *
- * Every function is thread-safe on one sl_client and returns 0 or a negative sluice error;
- * sl_client_error() then says what the daemon reported ("NOT_FOUND: job 'x' not found"). A
+ * Every function here is thread-safe on one sl_client and returns 0 (or, for the stream readers,
+ * 1) on success and a negative error on failure (sluice.h); sl_client_error() then says what the
+ * daemon reported ("NOT_FOUND: job 'x' not found"). Structs the caller passes in or out belong to
+ * the caller; arrays the library allocates are freed by the caller as each function says. A
  * stream object is used by one thread at a time. Streams have no deadline (a stream for the next
  * epoch waits until the coordinator begins it).
  */
@@ -14,6 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct sl_dataset {
     char name[129];
     uint64_t samples;
@@ -23,20 +29,27 @@ typedef struct sl_dataset {
     uint32_t jobs; /* jobs using it */
 } sl_dataset;
 
-/* Datasets.Create. `out` may be NULL. */
-int sl_dataset_create(sl_client *c, const char *name, uint64_t samples, sl_dataset *out);
+/* Datasets.Create: a dataset of `samples` samples named `name`. Returns 0 and, if `out` is not
+ * NULL, the dataset as stored; SL_EEXIST if the name is taken, SL_EINVAL for a bad name. */
+SL_API int sl_dataset_create(sl_client *c, const char *name, uint64_t samples, sl_dataset *out);
 
-/* Datasets.UploadLengths: stream n lengths (n must equal the sample count), 1 Mi per message.
- * `out` may be NULL. */
-int sl_dataset_upload_lengths(sl_client *c, const char *name, const uint32_t *lengths, uint64_t n,
-                              sl_dataset *out);
+/* Datasets.UploadLengths: stream the n sequence lengths of dataset `name` (n must equal its
+ * sample count), 1 Mi per message; `lengths` stays the caller's. Returns 0 and, if `out` is not
+ * NULL, the dataset with its lengths checksum; a negative error otherwise. */
+SL_API int sl_dataset_upload_lengths(sl_client *c, const char *name, const uint32_t *lengths,
+                                     uint64_t n, sl_dataset *out);
 
-int sl_dataset_get(sl_client *c, const char *name, sl_dataset *out);
+/* Datasets.Get: dataset `name` into the caller's *out (not NULL). Returns 0, SL_ENOTFOUND or
+ * another negative error. */
+SL_API int sl_dataset_get(sl_client *c, const char *name, sl_dataset *out);
 
-/* Datasets.List: *out is an array of *n datasets; the caller frees it with free(). */
-int sl_dataset_list(sl_client *c, sl_dataset **out, size_t *n);
+/* Datasets.List: every dataset. Returns 0 with *out an array of *n datasets, which the caller
+ * frees with free() (also when *n is 0); on error *out is NULL and *n 0. */
+SL_API int sl_dataset_list(sl_client *c, sl_dataset **out, size_t *n);
 
-int sl_dataset_delete(sl_client *c, const char *name);
+/* Datasets.Delete: dataset `name`. Returns 0, SL_ENOTFOUND, SL_ESTATE while jobs use it, or
+ * another negative error. */
+SL_API int sl_dataset_delete(sl_client *c, const char *name);
 
 typedef struct sl_job_mesh {
     uint32_t dp, tp, cp, pp; /* all 0: no mesh */
@@ -73,15 +86,27 @@ typedef struct sl_job {
     int resized_in_epoch; /* output */
 } sl_job;
 
-/* Jobs.Create from `spec` (name, dataset, world_size required). `out` may be NULL. */
-int sl_job_create(sl_client *c, const sl_job *spec, sl_job *out);
-int sl_job_get(sl_client *c, const char *name, sl_job *out);
-/* Jobs.List (dataset NULL or "" = all): *out has *n jobs; caller frees with free(). */
-int sl_job_list(sl_client *c, const char *dataset, sl_job **out, size_t *n);
-int sl_job_delete(sl_client *c, const char *name);
-/* Jobs.Resize; mesh NULL keeps no mesh. `out` may be NULL. */
-int sl_job_resize(sl_client *c, const char *name, uint32_t world_size, const sl_job_mesh *mesh,
-                  sl_job *out);
+/* Jobs.Create from the caller's `spec` (name, dataset and world_size required; zero fields take
+ * the defaults noted above). Returns 0 and, if `out` is not NULL, the job as stored; SL_EEXIST,
+ * SL_ENOTFOUND (no such dataset), SL_EINVAL (a bad setting) or another negative error. */
+SL_API int sl_job_create(sl_client *c, const sl_job *spec, sl_job *out);
+
+/* Jobs.Get: job `name` into the caller's *out (not NULL). Returns 0, SL_ENOTFOUND or another
+ * negative error. */
+SL_API int sl_job_get(sl_client *c, const char *name, sl_job *out);
+
+/* Jobs.List: the jobs of `dataset` (NULL or "": all). Returns 0 with *out an array of *n jobs,
+ * which the caller frees with free() (also when *n is 0); on error *out is NULL and *n 0. */
+SL_API int sl_job_list(sl_client *c, const char *dataset, sl_job **out, size_t *n);
+
+/* Jobs.Delete: job `name`. Returns 0, SL_ENOTFOUND or another negative error. */
+SL_API int sl_job_delete(sl_client *c, const char *name);
+
+/* Jobs.Resize: give job `name` a new world size, mid-epoch too (the rest of the epoch is
+ * redistributed); `mesh` NULL means no mesh. Returns 0 and, if `out` is not NULL, the job after
+ * the resize; a negative error otherwise. */
+SL_API int sl_job_resize(sl_client *c, const char *name, uint32_t world_size,
+                         const sl_job_mesh *mesh, sl_job *out);
 
 typedef struct sl_epoch_rank {
     uint32_t dp_rank;
@@ -98,17 +123,26 @@ typedef struct sl_epoch {
     sl_epoch_rank *ranks; /* dp_size entries; free with sl_epoch_clear */
 } sl_epoch;
 
-int sl_epoch_get(sl_client *c, const char *job, sl_epoch *out);
-/* Epochs.Next; with check, fails (SL_ESTATE) unless `expect` is the current epoch. `out` may be
- * NULL. */
-int sl_epoch_next(sl_client *c, const char *job, int check, uint64_t expect, sl_epoch *out);
-/* Epochs.ReportProgress: `rank` consumed positions [0, position) of its share in `epoch`.
- * *cur_epoch (may be NULL) receives the current epoch after the report, *advanced (may be NULL)
- * whether this report began the next epoch. */
-int sl_epoch_report(sl_client *c, const char *job, uint32_t rank, uint64_t epoch, uint64_t position,
-                    uint64_t *cur_epoch, int *advanced);
-/* Free the ranks of an sl_epoch. Accepts a zeroed struct. */
-void sl_epoch_clear(sl_epoch *e);
+/* Epochs.Get: the current epoch of `job` and each data-parallel rank's progress. Returns 0 and
+ * *out (not NULL), whose ranks array the caller frees with sl_epoch_clear; a negative error
+ * otherwise (nothing to free). */
+SL_API int sl_epoch_get(sl_client *c, const char *job, sl_epoch *out);
+
+/* Epochs.Next: begin the next epoch of `job`; with `check`, fails (SL_ESTATE) unless `expect` is
+ * the current epoch. Returns 0 and, if `out` is not NULL, the new epoch (free its ranks with
+ * sl_epoch_clear); a negative error otherwise. */
+SL_API int sl_epoch_next(sl_client *c, const char *job, int check, uint64_t expect, sl_epoch *out);
+
+/* Epochs.ReportProgress: global rank `rank` of `job` consumed positions [0, position) of its
+ * share in `epoch`. Returns 0 with *cur_epoch (may be NULL) the current epoch after the report
+ * and *advanced (may be NULL) whether this report began the next epoch; a negative error
+ * otherwise. */
+SL_API int sl_epoch_report(sl_client *c, const char *job, uint32_t rank, uint64_t epoch,
+                           uint64_t position, uint64_t *cur_epoch, int *advanced);
+
+/* Free the ranks array of an sl_epoch and set it to NULL; the struct itself stays the caller's.
+ * Accepts NULL and a zeroed struct. Thread-safe. */
+SL_API void sl_epoch_clear(sl_epoch *e);
 
 #define SL_STREAM_OPTS_VERSION 1
 
@@ -130,22 +164,27 @@ typedef struct sl_stream_opts {
 
 typedef struct sl_index_stream sl_index_stream;
 
-/* Feed.StreamIndices for global rank `rank` of `job`. opts may be NULL. Free with
- * sl_indices_close. SL_EINVAL for an unknown opts->version; errors of the request itself
- * surface from the first sl_indices_next. */
-int sl_indices_open(sl_index_stream **out, sl_client *c, const char *job, uint32_t rank,
-                    const sl_stream_opts *opts);
+/* Feed.StreamIndices for global rank `rank` of `job`; opts may be NULL (the defaults) and is not
+ * kept. Returns 0 and *out, which the caller frees with sl_indices_close; SL_EINVAL for an
+ * unknown opts->version, or the error of starting the call (*out is then NULL). Errors of the
+ * request itself (unknown job, rank out of range) surface from the first sl_indices_next. The
+ * stream may be read by one thread at a time, any thread. */
+SL_API int sl_indices_open(sl_index_stream **out, sl_client *c, const char *job, uint32_t rank,
+                           const sl_stream_opts *opts);
 
-/* The next chunk: *idx (valid until the next call) holds *n indices at positions [*start,
- * *start + *n). Returns 1 with a chunk (possibly empty), 0 at the end, or a negative error. */
-int sl_indices_next(sl_index_stream *s, const uint64_t **idx, size_t *n, uint64_t *start);
+/* The next chunk: *idx holds *n indices at positions [*start, *start + *n) of the share; the
+ * array belongs to the stream and is valid until the next call on it. Returns 1 with a chunk
+ * (possibly empty), 0 at the end of the share, or a negative error. */
+SL_API int sl_indices_next(sl_index_stream *s, const uint64_t **idx, size_t *n, uint64_t *start);
 
-/* Epoch and share size of the stream, known after the first chunk. */
-uint64_t sl_indices_epoch(const sl_index_stream *s);
-uint64_t sl_indices_share_count(const sl_index_stream *s);
+/* Epoch of the stream, known after the first chunk (0 before). */
+SL_API uint64_t sl_indices_epoch(const sl_index_stream *s);
 
-/* Cancel (if not finished) and free. Accepts NULL. */
-void sl_indices_close(sl_index_stream *s);
+/* Size of the rank's share in that epoch, known after the first chunk (0 before). */
+SL_API uint64_t sl_indices_share_count(const sl_index_stream *s);
+
+/* Cancel the call if it is not finished, and free the stream. Accepts NULL. */
+SL_API void sl_indices_close(sl_index_stream *s);
 
 typedef struct sl_feed_batch {
     uint64_t step;
@@ -157,16 +196,28 @@ typedef struct sl_feed_batch {
 
 typedef struct sl_batch_stream sl_batch_stream;
 
-/* Feed.StreamBatches; like sl_indices_open. */
-int sl_batches_open(sl_batch_stream **out, sl_client *c, const char *job, uint32_t rank,
-                    const sl_stream_opts *opts);
+/* Feed.StreamBatches for global rank `rank` of a job with batching; opts as for sl_indices_open
+ * (its position is a step). Returns 0 and *out, which the caller frees with sl_batches_close;
+ * errors as for sl_indices_open. */
+SL_API int sl_batches_open(sl_batch_stream **out, sl_client *c, const char *job, uint32_t rank,
+                           const sl_stream_opts *opts);
 
-/* The next batch. Returns 1 with a batch, 0 at the end, or a negative error. */
-int sl_batches_next(sl_batch_stream *s, sl_feed_batch *out);
+/* The next batch into the caller's *out; out->indices belongs to the stream and is valid until
+ * the next call on it. Returns 1 with a batch, 0 at the end of the rank's batches, or a negative
+ * error. */
+SL_API int sl_batches_next(sl_batch_stream *s, sl_feed_batch *out);
 
-uint64_t sl_batches_epoch(const sl_batch_stream *s);
-uint64_t sl_batches_per_rank(const sl_batch_stream *s);
+/* Epoch of the stream, known after the first batch (0 before). */
+SL_API uint64_t sl_batches_epoch(const sl_batch_stream *s);
 
-void sl_batches_close(sl_batch_stream *s);
+/* Number of batches every rank gets in that epoch, known after the first batch (0 before). */
+SL_API uint64_t sl_batches_per_rank(const sl_batch_stream *s);
+
+/* Cancel the call if it is not finished, and free the stream. Accepts NULL. */
+SL_API void sl_batches_close(sl_batch_stream *s);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
