@@ -2,58 +2,34 @@
 #include "cli.h"
 
 #include "err.h"
+#include "opt.h"
 #include "sluice.h"
 
-#include <string.h>
+typedef struct health_opts {
+    const char *service;
+} health_opts;
 
-int cmd_health(sl_cli *cli, int argc, char **argv)
+static const sl_cli_opt health_table[] = {
+    {"service", SL_CLI_STR, "NAME", "fully qualified service to ask about (default: the daemon)",
+     .letter = 's', SL_CLI_AT(health_opts, service)},
+    SL_CLI_OPTS_END,
+};
+
+static void health_init(void *o)
 {
-    static const struct option opts[] = {
-        SL_CLI_COMMON_OPTS,
-        {"service", required_argument, NULL, 's'},
-        {NULL, 0, NULL, 0},
-    };
-    sl_client_health_status status;
-    const char *service = "";
-    sl_client *c = NULL;
-    int ch, r, err;
+    ((health_opts *)o)->service = "";
+}
 
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, ":hs:", opts, NULL)) != -1) {
-        if (ch == 'h') {
-            printf(
-                "Usage: sluice health [--service NAME] [options]\n"
-                "\n"
-                "Ask the daemon's grpc.health.v1 service whether it is serving. Prints SERVING or\n"
-                "NOT_SERVING; exits 0 only when SERVING.\n"
-                "\n"
-                "Options:\n"
-                "  -s, --service NAME fully qualified service to ask about (default: the "
-                "daemon)\n" SL_CLI_COMMON_HELP);
-            return SL_CLI_OK;
-        }
-        if (ch == 's') {
-            service = optarg;
-            continue;
-        }
-        if (ch == '?' || ch == ':')
-            return sl_cli_bad_opt("health", ch, argv);
-        if ((r = sl_cli_common_opt(cli, "health", ch, optarg)) != 0)
-            return SL_CLI_USAGE;
-    }
-    if (optind < argc) {
-        fprintf(stderr, "sluice health: unexpected argument '%s'\n", argv[optind]);
-        return SL_CLI_USAGE;
-    }
-    if ((r = sl_cli_connect(&c, cli, "health")) != 0)
-        return r;
-    err = sl_client_health(c, service, &status);
-    sl_client_close(c);
-    if (err)
-        return sl_cli_fail("health", "%s (daemon %s)", sl_client_error(), cli->addr);
+static int health_run(sl_cli *cli, sl_client *c, void *opts, int argc, char **argv)
+{
+    const health_opts *o = opts;
+    sl_client_health_status status;
+
+    if (sl_client_health(c, o->service, &status) != 0)
+        return sl_cli_call_fail(cli, "health");
     if (cli->json) {
         printf("{\"service\":");
-        sl_cli_json_str(stdout, service);
+        sl_cli_json_str(stdout, o->service);
         printf(",\"status\":\"%s\"}\n", sl_client_health_name(status));
     } else {
         printf("%s\n", sl_client_health_name(status));
@@ -61,39 +37,28 @@ int cmd_health(sl_cli *cli, int argc, char **argv)
     return status == SL_CLIENT_HEALTH_SERVING ? SL_CLI_OK : SL_CLI_ERROR;
 }
 
-int cmd_info(sl_cli *cli, int argc, char **argv)
-{
-    static const struct option opts[] = {SL_CLI_COMMON_OPTS, {NULL, 0, NULL, 0}};
-    sl_client *c = NULL;
-    sl_info info;
-    int ch, r, err;
+const sl_cli_cmd sl_cli_health = {
+    .name = "health",
+    .summary = "check the daemon's health (grpc.health.v1)",
+    .opts = health_table,
+    .opts_size = sizeof(health_opts),
+    .init = health_init,
+    .run = health_run,
+    .flags = SL_CLI_CONNECT,
+    .head = "Usage: sluice health [--service NAME] [options]\n"
+            "\n"
+            "Ask the daemon's grpc.health.v1 service whether it is serving. Prints SERVING or\n"
+            "NOT_SERVING; exits 0 only when SERVING.\n"
+            "\n"
+            "Options:\n",
+};
 
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        if (ch == 'h') {
-            printf("Usage: sluice info [options]\n"
-                   "\n"
-                   "Show the daemon's version, uptime, data dir, catalog schema version, pid and\n"
-                   "listen address (sluice.v1.Admin/GetInfo).\n"
-                   "\n"
-                   "Options:\n" SL_CLI_COMMON_HELP);
-            return SL_CLI_OK;
-        }
-        if (ch == '?' || ch == ':')
-            return sl_cli_bad_opt("info", ch, argv);
-        if ((r = sl_cli_common_opt(cli, "info", ch, optarg)) != 0)
-            return SL_CLI_USAGE;
-    }
-    if (optind < argc) {
-        fprintf(stderr, "sluice info: unexpected argument '%s'\n", argv[optind]);
-        return SL_CLI_USAGE;
-    }
-    if ((r = sl_cli_connect(&c, cli, "info")) != 0)
-        return r;
-    err = sl_client_info(c, &info);
-    sl_client_close(c);
-    if (err)
-        return sl_cli_fail("info", "%s (daemon %s)", sl_client_error(), cli->addr);
+static int info_run(sl_cli *cli, sl_client *c, void *opts, int argc, char **argv)
+{
+    sl_info info;
+
+    if (sl_client_info(c, &info) != 0)
+        return sl_cli_call_fail(cli, "info");
     if (cli->json) {
         printf("{\"version\":");
         sl_cli_json_str(stdout, info.version);
@@ -115,3 +80,16 @@ int cmd_info(sl_cli *cli, int argc, char **argv)
     }
     return SL_CLI_OK;
 }
+
+const sl_cli_cmd sl_cli_info = {
+    .name = "info",
+    .summary = "show the daemon's version, uptime, data dir and schema version",
+    .run = info_run,
+    .flags = SL_CLI_CONNECT,
+    .head = "Usage: sluice info [options]\n"
+            "\n"
+            "Show the daemon's version, uptime, data dir, catalog schema version, pid and\n"
+            "listen address (sluice.v1.Admin/GetInfo).\n"
+            "\n"
+            "Options:\n",
+};

@@ -2,87 +2,33 @@
 #include "cli.h"
 
 #include "err.h"
+#include "opt.h"
 #include "sample/sample.h"
+#include "util/num.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum {
-    OPT_SAMPLES = 1,
-    OPT_REPLICAS,
-    OPT_RANK,
-    OPT_PARTITION,
-    OPT_CHUNK,
-    OPT_SHUFFLE,
-    OPT_SEED,
-    OPT_EPOCH,
-    OPT_DROP,
-    OPT_START,
-    OPT_COUNT,
-    OPT_MESH,
-    OPT_MESH_ORDER,
-    OPT_CONSUMED,
-    OPT_NEW_REPLICAS,
-};
+/* A comma-separated list of numbers, as given. */
+typedef struct u64_list {
+    uint64_t *v;
+    size_t n;
+} u64_list;
 
-static const char usage_text[] =
-    "Usage: sluice sample --samples N [--replicas R] [--rank r] [options]\n"
-    "\n"
-    "Print the sample indices rank r reads in one epoch, one per line (a JSON array with\n"
-    "--json). Computed locally; no daemon is contacted. See docs/sampling.md.\n"
-    "\n"
-    "Options:\n"
-    "  --samples N            dataset size (required, >= 1)\n"
-    "  --replicas R           world size (default 1)\n"
-    "  --rank r               global rank in [0, R) (default 0)\n"
-    "  --partition MODE       interleaved (default; = torch DistributedSampler), contiguous,\n"
-    "                         chunked\n"
-    "  --chunk-size C         samples per chunk for --partition chunked (default 1)\n"
-    "  --shuffle MODE         none, torch (= torch.randperm, N < 214748364) or feistel\n"
-    "                         (default; O(1) memory)\n"
-    "  --seed S               shuffle seed (default 0)\n"
-    "  --epoch E              epoch (default 0); the order is keyed by seed and epoch\n"
-    "  --drop-last            drop the tail instead of padding so shares are equal\n"
-    "  --mesh DP,TP,CP,PP     device mesh sizes; their product must be R; only dp partitions\n"
-    "  --mesh-order AXES      mesh axes outermost first (default pp,dp,cp,tp)\n"
-    "  --consumed C0,C1,...   elastic remainder: how many indices each old dp rank has read;\n"
-    "                         prints new rank r's share of the rest of the epoch\n"
-    "  --new-replicas R2      elastic remainder: the new dp world size (with --consumed)\n"
-    "  --start K              start at position K of the share (default 0)\n"
-    "  --count M              print at most M indices (default: to the end of the share)\n"
-    "  --json                 print a JSON array\n"
-    "  -h, --help             show this help\n"
-    "\n"
-    "Exit codes: 0 ok, 1 error (invalid configuration), 2 usage.\n";
+typedef struct sample_opts {
+    sl_sample_config cfg;
+    uint64_t start, count, new_replicas;
+    u64_list consumed;
+    int have_samples, have_new;
+} sample_opts;
 
-/* Strict unsigned decimal: no sign, no spaces, no trailing characters, at most max. */
-static int parse_u64(uint64_t *out, const char *opt, const char *arg, uint64_t max)
+/* Parse "A,B,..." (at most max_n entries, each in [0, max]) into *l, replacing what it held. */
+static int parse_list(u64_list *l, const char *opt, const char *arg, uint64_t max, size_t max_n)
 {
-    char *end;
-    unsigned long long v;
-
-    errno = 0;
-    if (!arg || arg[0] < '0' || arg[0] > '9')
-        goto bad;
-    v = strtoull(arg, &end, 10);
-    if (errno || *end || v > max)
-        goto bad;
-    *out = v;
-    return 0;
-bad:
-    fprintf(stderr, "sluice sample: --%s '%s' is not an integer in [0, %" PRIu64 "]\n", opt,
-            arg ? arg : "", max);
-    return SL_CLI_USAGE;
-}
-
-static int parse_list(uint64_t **out, size_t *n, const char *opt, const char *arg, uint64_t max,
-                      size_t max_n)
-{
-    uint64_t *v = NULL;
     size_t cnt = 1, k = 0;
     char *copy = NULL, *save = NULL, *tok;
+    uint64_t *v = NULL;
     int r = SL_CLI_USAGE;
 
     for (const char *p = arg; *p; p++)
@@ -98,21 +44,119 @@ static int parse_list(uint64_t **out, size_t *n, const char *opt, const char *ar
         goto out;
     }
     for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (parse_u64(&v[k++], opt, tok, max))
+        if (sl_parse_u64(&v[k++], tok, 0, max) != 0) {
+            fprintf(stderr, "sluice sample: --%s '%s' is not an integer in [0, %" PRIu64 "]\n", opt,
+                    tok, max);
             goto out;
+        }
     }
     if (k != cnt) {
         fprintf(stderr, "sluice sample: --%s '%s' has an empty entry\n", opt, arg);
         goto out;
     }
-    *out = v;
-    *n = cnt;
+    free(l->v);
+    l->v = v;
+    l->n = cnt;
     v = NULL;
     r = 0;
 out:
     free(v);
     free(copy);
     return r;
+}
+
+static int set_mesh(void *field, const char *arg)
+{
+    sl_sample_mesh *m = field;
+    u64_list l = {NULL, 0};
+    int r = parse_list(&l, "mesh", arg, UINT32_MAX, 4);
+
+    if (r == 0 && l.n != 4) {
+        fprintf(stderr, "sluice sample: --mesh '%s' needs four sizes DP,TP,CP,PP\n", arg);
+        r = SL_CLI_USAGE;
+    }
+    if (r == 0) {
+        m->dp = (uint32_t)l.v[0];
+        m->tp = (uint32_t)l.v[1];
+        m->cp = (uint32_t)l.v[2];
+        m->pp = (uint32_t)l.v[3];
+    }
+    free(l.v);
+    return r;
+}
+
+static int set_consumed(void *field, const char *arg)
+{
+    return parse_list(field, "consumed", arg, UINT64_MAX, 1u << 20);
+}
+
+static int set_partition(void *field, const char *arg)
+{
+    return sl_sample_partition_parse(field, arg);
+}
+
+static int set_shuffle(void *field, const char *arg)
+{
+    return sl_sample_shuffle_parse(field, arg);
+}
+
+static int set_mesh_order(void *field, const char *arg)
+{
+    return sl_sample_mesh_order_parse(field, arg);
+}
+
+#define AT(f) SL_CLI_AT(sample_opts, f)
+
+static const sl_cli_opt sample_table[] = {
+    {"samples", SL_CLI_U64, "N", "dataset size (required, >= 1)", AT(cfg.samples),
+     .max = UINT64_MAX, SL_CLI_SEEN(sample_opts, have_samples)},
+    {"replicas", SL_CLI_U64, "R", "world size (default 1)", AT(cfg.replicas), .max = UINT32_MAX},
+    {"rank", SL_CLI_U64, "r", "global rank in [0, R) (default 0)", AT(cfg.rank), .max = UINT32_MAX},
+    {"partition", SL_CLI_CALL, "MODE",
+     "interleaved (default; = torch DistributedSampler), contiguous,\nchunked", AT(cfg.partition),
+     .call = set_partition, .err = "is not interleaved, contiguous or chunked"},
+    {"chunk-size", SL_CLI_U64, "C", "samples per chunk for --partition chunked (default 1)",
+     AT(cfg.chunk_size), .max = UINT64_MAX},
+    {"shuffle", SL_CLI_CALL, "MODE",
+     "none, torch (= torch.randperm, N < 214748364) or feistel\n(default; O(1) memory)",
+     AT(cfg.shuffle), .call = set_shuffle, .err = "is not none, torch or feistel"},
+    {"seed", SL_CLI_U64, "S", "shuffle seed (default 0)", AT(cfg.seed), .max = UINT64_MAX},
+    {"epoch", SL_CLI_U64, "E", "epoch (default 0); the order is keyed by seed and epoch",
+     AT(cfg.epoch), .max = UINT64_MAX},
+    {"drop-last", SL_CLI_FLAG, NULL, "drop the tail instead of padding so shares are equal",
+     AT(cfg.drop_last)},
+    {"mesh", SL_CLI_CALL, "DP,TP,CP,PP",
+     "device mesh sizes; their product must be R; only dp partitions", AT(cfg.mesh),
+     .call = set_mesh},
+    {"mesh-order", SL_CLI_CALL, "AXES", "mesh axes outermost first (default pp,dp,cp,tp)",
+     AT(cfg.mesh.order), .call = set_mesh_order,
+     .err = "must list dp, tp, cp, pp once each, comma-separated"},
+    {"consumed", SL_CLI_CALL, "C0,C1,...",
+     "elastic remainder: how many indices each old dp rank has read;\nprints new rank r's "
+     "share of the rest of the epoch",
+     AT(consumed), .call = set_consumed},
+    {"new-replicas", SL_CLI_U64, "R2", "elastic remainder: the new dp world size (with --consumed)",
+     AT(new_replicas), .max = UINT32_MAX, SL_CLI_SEEN(sample_opts, have_new)},
+    {"start", SL_CLI_U64, "K", "start at position K of the share (default 0)", AT(start),
+     .max = UINT64_MAX},
+    {"count", SL_CLI_U64, "M", "print at most M indices (default: to the end of the share)",
+     AT(count), .max = UINT64_MAX},
+    SL_CLI_ROW("--json", "print a JSON array"),
+    SL_CLI_ROW("-h, --help", "show this help"),
+    SL_CLI_OPTS_END,
+};
+
+static void sample_init(void *opts)
+{
+    sample_opts *o = opts;
+
+    sl_sample_config_init(&o->cfg);
+    o->count = UINT64_MAX;
+}
+
+static void sample_fini(void *opts)
+{
+    free(((sample_opts *)opts)->consumed.v);
 }
 
 /* Print indices fast: stdio with a large buffer and hand-made decimal conversion. */
@@ -137,203 +181,100 @@ static void print_indices(const uint64_t *v, size_t n, int json, int *first)
     }
 }
 
-int cmd_sample(sl_cli *cli, int argc, char **argv)
+/* The share to print: the configured rank's, or with --consumed the new rank's share of the
+ * rest of the epoch. Returns 0 and *s, or an exit code after printing why. */
+static int open_share(sl_sample **s, sl_sample_elastic **plan, sample_opts *o)
 {
-    static const struct option opts[] = {
-        SL_CLI_COMMON_OPTS,
-        {"samples", required_argument, NULL, OPT_SAMPLES},
-        {"replicas", required_argument, NULL, OPT_REPLICAS},
-        {"rank", required_argument, NULL, OPT_RANK},
-        {"partition", required_argument, NULL, OPT_PARTITION},
-        {"chunk-size", required_argument, NULL, OPT_CHUNK},
-        {"shuffle", required_argument, NULL, OPT_SHUFFLE},
-        {"seed", required_argument, NULL, OPT_SEED},
-        {"epoch", required_argument, NULL, OPT_EPOCH},
-        {"drop-last", no_argument, NULL, OPT_DROP},
-        {"start", required_argument, NULL, OPT_START},
-        {"count", required_argument, NULL, OPT_COUNT},
-        {"mesh", required_argument, NULL, OPT_MESH},
-        {"mesh-order", required_argument, NULL, OPT_MESH_ORDER},
-        {"consumed", required_argument, NULL, OPT_CONSUMED},
-        {"new-replicas", required_argument, NULL, OPT_NEW_REPLICAS},
-        {NULL, 0, NULL, 0},
-    };
-    static char outbuf[1 << 16];
-    sl_sample_config cfg;
-    sl_sample_elastic *plan = NULL;
-    sl_sample *s = NULL;
-    uint64_t v, start = 0, count = UINT64_MAX, *consumed = NULL, *mesh = NULL, new_R = 0;
-    uint64_t buf[4096];
-    size_t n_consumed = 0, n_mesh = 0, got;
-    int have_samples = 0, have_new = 0, first = 1, ch, r = SL_CLI_USAGE, err;
-    char msg[256];
+    char msg[256] = "";
+    int err;
 
-    sl_sample_config_init(&cfg);
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'h':
-            fputs(usage_text, stdout);
-            r = SL_CLI_OK;
-            goto out;
-        case OPT_SAMPLES:
-            if (parse_u64(&cfg.samples, "samples", optarg, UINT64_MAX))
-                goto out;
-            have_samples = 1;
-            break;
-        case OPT_REPLICAS:
-            if (parse_u64(&v, "replicas", optarg, UINT32_MAX))
-                goto out;
-            cfg.replicas = (uint32_t)v;
-            break;
-        case OPT_RANK:
-            if (parse_u64(&v, "rank", optarg, UINT32_MAX))
-                goto out;
-            cfg.rank = (uint32_t)v;
-            break;
-        case OPT_PARTITION:
-            if (sl_sample_partition_parse(&cfg.partition, optarg)) {
-                fprintf(stderr,
-                        "sluice sample: --partition '%s' is not interleaved, contiguous or "
-                        "chunked\n",
-                        optarg);
-                goto out;
-            }
-            break;
-        case OPT_CHUNK:
-            if (parse_u64(&cfg.chunk_size, "chunk-size", optarg, UINT64_MAX))
-                goto out;
-            break;
-        case OPT_SHUFFLE:
-            if (sl_sample_shuffle_parse(&cfg.shuffle, optarg)) {
-                fprintf(stderr, "sluice sample: --shuffle '%s' is not none, torch or feistel\n",
-                        optarg);
-                goto out;
-            }
-            break;
-        case OPT_SEED:
-            if (parse_u64(&cfg.seed, "seed", optarg, UINT64_MAX))
-                goto out;
-            break;
-        case OPT_EPOCH:
-            if (parse_u64(&cfg.epoch, "epoch", optarg, UINT64_MAX))
-                goto out;
-            break;
-        case OPT_DROP:
-            cfg.drop_last = true;
-            break;
-        case OPT_START:
-            if (parse_u64(&start, "start", optarg, UINT64_MAX))
-                goto out;
-            break;
-        case OPT_COUNT:
-            if (parse_u64(&count, "count", optarg, UINT64_MAX))
-                goto out;
-            break;
-        case OPT_MESH:
-            free(mesh);
-            mesh = NULL;
-            if (parse_list(&mesh, &n_mesh, "mesh", optarg, UINT32_MAX, 4))
-                goto out;
-            if (n_mesh != 4) {
-                fprintf(stderr, "sluice sample: --mesh '%s' needs four sizes DP,TP,CP,PP\n",
-                        optarg);
-                goto out;
-            }
-            cfg.mesh.dp = (uint32_t)mesh[0];
-            cfg.mesh.tp = (uint32_t)mesh[1];
-            cfg.mesh.cp = (uint32_t)mesh[2];
-            cfg.mesh.pp = (uint32_t)mesh[3];
-            break;
-        case OPT_MESH_ORDER:
-            if (sl_sample_mesh_order_parse(cfg.mesh.order, optarg)) {
-                fprintf(stderr,
-                        "sluice sample: --mesh-order '%s' must list dp, tp, cp, pp once each, "
-                        "comma-separated\n",
-                        optarg);
-                goto out;
-            }
-            break;
-        case OPT_CONSUMED:
-            free(consumed);
-            consumed = NULL;
-            if (parse_list(&consumed, &n_consumed, "consumed", optarg, UINT64_MAX, 1u << 20))
-                goto out;
-            break;
-        case OPT_NEW_REPLICAS:
-            if (parse_u64(&new_R, "new-replicas", optarg, UINT32_MAX))
-                goto out;
-            have_new = 1;
-            break;
-        case '?':
-        case ':':
-            r = sl_cli_bad_opt("sample", ch, argv);
-            goto out;
-        default:
-            if (sl_cli_common_opt(cli, "sample", ch, optarg))
-                goto out;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "sluice sample: unexpected argument '%s'\n", argv[optind]);
-        goto out;
-    }
-    if (!have_samples) {
-        fprintf(stderr, "sluice sample: --samples is required\nTry 'sluice sample --help'.\n");
-        goto out;
-    }
-    if (!!consumed != have_new) {
-        fprintf(stderr, "sluice sample: --consumed and --new-replicas go together\n");
-        goto out;
-    }
-    msg[0] = '\0';
-    if (consumed) {
+    if (o->consumed.v) {
         /* The epoch's world is --replicas/--mesh; --rank is the rank in the new world. */
-        uint32_t new_rank = cfg.rank;
-        cfg.rank = 0;
-        err = sl_sample_elastic_new(&plan, &cfg, consumed, n_consumed, (uint32_t)new_R, msg,
-                                    sizeof(msg));
+        uint32_t new_rank = o->cfg.rank;
+
+        o->cfg.rank = 0;
+        err = sl_sample_elastic_new(plan, &o->cfg, o->consumed.v, o->consumed.n,
+                                    (uint32_t)o->new_replicas, msg, sizeof(msg));
         if (!err)
-            err = sl_sample_new_elastic(&s, plan, new_rank, msg, sizeof(msg));
+            err = sl_sample_new_elastic(s, *plan, new_rank, msg, sizeof(msg));
     } else {
-        err = sl_sample_new(&s, &cfg, msg, sizeof(msg));
+        err = sl_sample_new(s, &o->cfg, msg, sizeof(msg));
     }
-    if (err) {
-        r = sl_cli_fail("sample", "%s", msg[0] ? msg : sl_strerror(err));
-        goto out;
-    }
-    if (start > sl_sample_count(s)) {
-        r = sl_cli_fail("sample", "start %" PRIu64 " past the end of the share (%" PRIu64 ")",
-                        start, sl_sample_count(s));
-        goto out;
-    }
-    sl_sample_seek(s, start);
+    if (err)
+        return sl_cli_fail("sample", "%s", msg[0] ? msg : sl_strerror(err));
+    if (o->start > sl_sample_count(*s))
+        return sl_cli_fail("sample", "start %" PRIu64 " past the end of the share (%" PRIu64 ")",
+                           o->start, sl_sample_count(*s));
+    return 0;
+}
+
+static int print_share(sl_sample *s, uint64_t count, int json)
+{
+    static char outbuf[1 << 16];
+    uint64_t buf[4096];
+    size_t got;
+    int first = 1, err;
+
     setvbuf(stdout, outbuf, _IOFBF, sizeof(outbuf));
-    if (cli->json)
+    if (json)
         fputc('[', stdout);
     while (count > 0) {
         size_t want =
             count < sizeof(buf) / sizeof(buf[0]) ? (size_t)count : sizeof(buf) / sizeof(buf[0]);
-        if ((err = sl_sample_next(buf, &got, s, want)) != 0) {
-            r = sl_cli_fail("sample", "%s", sl_strerror(err));
-            goto out;
-        }
+        if ((err = sl_sample_next(buf, &got, s, want)) != 0)
+            return sl_cli_fail("sample", "%s", sl_strerror(err));
         if (got == 0)
             break;
-        print_indices(buf, got, cli->json, &first);
+        print_indices(buf, got, json, &first);
         count -= got;
     }
-    if (cli->json)
+    if (json)
         fputs("]\n", stdout);
-    if (fflush(stdout) != 0 || ferror(stdout)) {
-        r = sl_cli_fail("sample", "writing the output failed");
-        goto out;
+    if (fflush(stdout) != 0 || ferror(stdout))
+        return sl_cli_fail("sample", "writing the output failed");
+    return SL_CLI_OK;
+}
+
+static int sample_run(sl_cli *cli, struct sl_client *c, void *opts, int argc, char **argv)
+{
+    sample_opts *o = opts;
+    sl_sample_elastic *plan = NULL;
+    sl_sample *s = NULL;
+    int r;
+
+    if (!o->have_samples) {
+        fprintf(stderr, "sluice sample: --samples is required\nTry 'sluice sample --help'.\n");
+        return SL_CLI_USAGE;
     }
-    r = SL_CLI_OK;
-out:
+    if (!!o->consumed.v != o->have_new) {
+        fprintf(stderr, "sluice sample: --consumed and --new-replicas go together\n");
+        return SL_CLI_USAGE;
+    }
+    if ((r = open_share(&s, &plan, o)) == 0) {
+        sl_sample_seek(s, o->start);
+        r = print_share(s, o->count, cli->json);
+    }
     sl_sample_free(s);
     sl_sample_elastic_free(plan);
-    free(consumed);
-    free(mesh);
     return r;
 }
+
+const sl_cli_cmd sl_cli_sample = {
+    .name = "sample",
+    .summary = "list a rank's sample indices for an epoch (local, no daemon)",
+    .max_args = 0,
+    .opts = sample_table,
+    .opts_size = sizeof(sample_opts),
+    .init = sample_init,
+    .fini = sample_fini,
+    .run = sample_run,
+    .width = 23,
+    .flags = SL_CLI_NO_COMMON_HELP,
+    .head = "Usage: sluice sample --samples N [--replicas R] [--rank r] [options]\n"
+            "\n"
+            "Print the sample indices rank r reads in one epoch, one per line (a JSON array with\n"
+            "--json). Computed locally; no daemon is contacted. See docs/sampling.md.\n"
+            "\n"
+            "Options:\n",
+    .tail = "\nExit codes: 0 ok, 1 error (invalid configuration), 2 usage.\n",
+};
