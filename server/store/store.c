@@ -200,6 +200,17 @@ int sl_store_free_bytes(const char *path, uint64_t *out)
     return 0;
 }
 
+int sl_store_same_file(int fd, const char *path)
+{
+    struct stat held, now;
+
+    if (fstat(fd, &held) != 0)
+        return -errno;
+    if (stat(path, &now) != 0)
+        return errno == ENOENT || errno == ENOTDIR ? 0 : -errno;
+    return held.st_dev == now.st_dev && held.st_ino == now.st_ino;
+}
+
 int sl_store_sweep(const char *dir, sl_store_keep_fn keep, void *arg, int *removed)
 {
     DIR *d = opendir(dir);

@@ -37,6 +37,12 @@ int sl_store_remove(const char *dir, const char *name);
 /* Bytes available to unprivileged users on the file system holding `path`. Returns 0 or -errno. */
 int sl_store_free_bytes(const char *path, uint64_t *out);
 
+/* Whether `path` still names the file open as `fd` (same device and inode), e.g. a lock file
+ * whose directory may have been removed and made again. Returns 1, 0 if `path` is missing or
+ * another file, or -errno if it cannot tell (fstat failed, or stat failed otherwise than with
+ * ENOENT/ENOTDIR: EIO, ESTALE or EACCES prove nothing). */
+int sl_store_same_file(int fd, const char *path);
+
 /* Decides whether a sweep keeps a file: return 1 to keep it. */
 typedef int (*sl_store_keep_fn)(const char *name, const struct stat *st, void *arg);
 
