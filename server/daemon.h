@@ -3,7 +3,7 @@
 #define SL_DAEMON_H
 
 #include "catalog/catalog.h"
-#include "checkpoints.h"
+#include "ckpt/ckpt.h"
 #include "config.h"
 #include "feed/feed.h"
 #include "health.h"

@@ -83,6 +83,20 @@ static int write_port_file(const char *path, int port)
     return 0;
 }
 
+/* The Checkpoints service with the configured limits; its sweeps watch the data dir's LOCK. */
+static int open_ckpt(sl_daemon *d)
+{
+    sl_ckpt_opts o = {
+        .max_shard_bytes = d->cfg.max_shard_bytes,
+        .upload_timeout_ms = d->cfg.upload_timeout_ms,
+        .upload_memory = d->cfg.upload_memory,
+        .lock_fd = d->lock_fd,
+        .metrics = d->ops.metrics,
+    };
+
+    return sl_ckpt_svc_new(&d->ckpt, &d->loop, d->cat, d->data_dir, &o);
+}
+
 static void on_handle_closed(uv_handle_t *h)
 {
 }
@@ -159,7 +173,7 @@ int main(int argc, char **argv)
     snprintf(cat_path, sizeof(cat_path), "%s/catalog.db", d.data_dir);
     if (sl_cat_open(&d.cat, cat_path) != 0)
         goto out;
-    if (sl_ckpt_svc_new(&d.ckpt, &d) != 0)
+    if (open_ckpt(&d) != 0)
         goto out;
     if (sl_feed_new(&d.feed, &d.loop, d.cat, d.data_dir) != 0)
         goto out;

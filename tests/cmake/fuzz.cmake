@@ -15,22 +15,6 @@ option(SLUICE_FUZZ "Link the fuzz targets with libFuzzer (clang) instead of the 
 
 set(SL_FUZZ_DIR "${CMAKE_CURRENT_SOURCE_DIR}/fuzz")
 
-# The daemon's sources minus main() and the Checkpoints service (fuzz_ckpt_rpc includes
-# checkpoints.c itself to reach its static validators).
-add_library(sl_fuzz_server STATIC
-            ${PROJECT_SOURCE_DIR}/server/config.c ${PROJECT_SOURCE_DIR}/server/health.c
-            ${PROJECT_SOURCE_DIR}/server/admin.c ${PROJECT_SOURCE_DIR}/server/auth.c
-            ${PROJECT_SOURCE_DIR}/server/metrics.c ${PROJECT_SOURCE_DIR}/server/ops.c
-            ${PROJECT_SOURCE_DIR}/server/store/store.c ${PROJECT_SOURCE_DIR}/server/feed/feed.c
-            ${PROJECT_SOURCE_DIR}/server/feed/state.c ${PROJECT_SOURCE_DIR}/server/feed/datasets.c
-            ${PROJECT_SOURCE_DIR}/server/feed/jobs.c ${PROJECT_SOURCE_DIR}/server/feed/stream.c
-            ${PROJECT_SOURCE_DIR}/server/feed/spec.c ${PROJECT_SOURCE_DIR}/server/feed/plan.c
-            ${PROJECT_SOURCE_DIR}/server/feed/share.c ${PROJECT_SOURCE_DIR}/server/feed/wait.c)
-target_include_directories(sl_fuzz_server PUBLIC "${PROJECT_SOURCE_DIR}/server")
-target_link_libraries(sl_fuzz_server PUBLIC PkgConfig::MHD PkgConfig::INIH PkgConfig::SYSTEMD
-                      PkgConfig::CRYPTO sl_rpc sl_catalog sl_shard sl_sample sl_batch sl_proto
-                      sl_common m)
-
 # sl_fuzz_target(<name> <libraries>...)
 function(sl_fuzz_target name)
   if (SLUICE_FUZZ)
@@ -49,11 +33,11 @@ endfunction()
 sl_fuzz_target(fuzz_shard sl_shard sl_common)
 sl_fuzz_target(fuzz_lengths sl_batch sl_sample sl_common m)
 target_include_directories(fuzz_lengths PRIVATE "${PROJECT_SOURCE_DIR}/client/cli")
-sl_fuzz_target(fuzz_config sl_fuzz_server)
-sl_fuzz_target(fuzz_feed_rpc sl_fuzz_server)
-sl_fuzz_target(fuzz_ckpt_rpc sl_fuzz_server)
+sl_fuzz_target(fuzz_config sl_server_core)
+sl_fuzz_target(fuzz_feed_rpc sl_server_core)
+sl_fuzz_target(fuzz_ckpt_rpc sl_server_core)
 # feed_read_lengths (server/feed/plan.c): the daemon's lengths-file reader.
-sl_fuzz_target(fuzz_read_lengths sl_fuzz_server)
+sl_fuzz_target(fuzz_read_lengths sl_server_core)
 # sluiced's flags and SLUICE_* environment (server/config.c, included).
 sl_fuzz_target(fuzz_flags sl_common PkgConfig::INIH m)
 target_include_directories(fuzz_flags PRIVATE "${PROJECT_SOURCE_DIR}/server")

@@ -1,16 +1,20 @@
 /* Fuzz target: decoding of every sluice.v1 Checkpoints request by the RPC bridge's decoder
- * (sl_rpc_unpack, common/rpc/codec.c), then the service's pure validation of what decodes: names
- * (sl_shard_name_check), user metadata (size and UTF-8), client checksums, and for UploadShard
- * headers the tensor-list check that renders the catalog's JSON (tensors_check in
- * server/checkpoints.c).
+ * (sl_rpc_unpack, common/rpc/codec.c), then the service's pure validation of what decodes
+ * (server/ckpt/validate.h): names (sl_shard_name_check), user metadata (size and UTF-8), client
+ * checksums, and for UploadShard headers the tensor-list check that renders the catalog's JSON
+ * (sl_ckpt_check_tensors), which must be well-formed.
  *
- * Those checks are static in checkpoints.c, so the file is included here. The first input byte
- * picks the message type; the rest is its wire encoding. */
+ * The first input byte picks the message type; the rest is its wire encoding. */
 #include "fuzz.h"
 
-#include "../../server/checkpoints.c"
+#include "ckpt/validate.h"
+#include "shard.h"
+#include "util/utf8.h"
 
 #include "../../common/rpc/internal.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 static const ProtobufCMessageDescriptor *const requests[] = {
     &sluice__v1__begin_request__descriptor,         &sluice__v1__upload_shard_request__descriptor,
@@ -64,16 +68,37 @@ static void check_json(const char *json)
 
 static void check_header(const Sluice__V1__ShardHeader *h)
 {
-    char msg[256], *json = NULL;
+    char msg[512], *json = NULL;
 
     check_name(h->job);
     check_name(h->checkpoint);
     if (h->sha256 && *h->sha256)
         (void)sl_shard_hex_check(h->sha256);
-    if (tensors_check(&json, h->tensors, h->n_tensors, h->data_size, msg, sizeof(msg)) == 0) {
+    if (sl_ckpt_check_tensors(&json, h->tensors, h->n_tensors, h->data_size, msg, sizeof(msg)) ==
+        0) {
         check_json(json);
         free(json);
     }
+    /* The whole header check the service runs, for the largest world and no size limit. */
+    if (sl_ckpt_check_header(h, SL_CKPT_MAX_WORLD, UINT64_MAX, &json, msg, sizeof(msg)) == 0) {
+        check_json(json);
+        free(json);
+    }
+}
+
+/* A Begin request the service accepts names a checkpoint whose name is valid, also when the
+ * name is made from the step. */
+static void check_begin(const Sluice__V1__BeginRequest *r)
+{
+    char name[SL_SHARD_NAME_MAX + 1], msg[512];
+
+    check_name(r->job);
+    check_name(r->name);
+    if (r->user_metadata)
+        (void)sl_utf8_check(r->user_metadata, strlen(r->user_metadata));
+    if (sl_ckpt_check_begin(r, name, sizeof(name), msg, sizeof(msg)) == 0 &&
+        sl_shard_name_check(name) != 0)
+        abort();
 }
 
 /* Decode as the RPC bridge does (common/rpc/codec.c: protobuf-c, then every string field must
@@ -165,11 +190,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!m)
         return 0;
     if (d == &sluice__v1__begin_request__descriptor) {
-        const Sluice__V1__BeginRequest *r = (const void *)m;
-        check_name(r->job);
-        check_name(r->name);
-        if (r->user_metadata)
-            (void)utf8_ok(r->user_metadata);
+        check_begin((const void *)m);
     } else if (d == &sluice__v1__upload_shard_request__descriptor) {
         const Sluice__V1__UploadShardRequest *r = (const void *)m;
         if (r->kind_case == SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_HEADER && r->header)

@@ -1,0 +1,51 @@
+/* sluice.v1.Checkpoints: streamed shard uploads with inline SHA-256, a durable store under
+ * <data dir>/checkpoints/<job>/, the catalog lifecycle (WRITING -> COMPLETE | INCOMPLETE),
+ * verification, downloads and retention (docs/checkpoints.md).
+ *
+ * Handlers run on the loop thread and own all service state; hashing, writing, fsync and deep
+ * verification run on libuv's worker pool, one job at a time per upload lane or shard, with
+ * results back on the loop.
+ */
+#ifndef SL_CKPT_H
+#define SL_CKPT_H
+
+#include "catalog/catalog.h"
+#include "rpc/server.h"
+
+#include <stdint.h>
+#include <uv.h>
+
+struct sl_metrics;
+
+typedef struct sl_ckpt_svc sl_ckpt_svc;
+
+/* What the service needs besides the loop, the catalog and the data dir. Every field is set by
+ * the caller (sluiced takes them from its configuration). */
+typedef struct sl_ckpt_opts {
+    uint64_t max_shard_bytes;   /* largest shard accepted, data bytes (RESOURCE_EXHAUSTED) */
+    uint64_t upload_timeout_ms; /* partial uploads untouched this long are removed */
+    uint64_t upload_memory;     /* upload chunks held in memory by all uploads together */
+    /* The data dir's LOCK file, open and locked by the caller, or -1. While <data dir>/LOCK is
+     * still this file the sweeps run; once it is not (the data dir was removed or replaced under
+     * the daemon), they stop for good, since the files there are no longer this catalog's. */
+    int lock_fd;
+    struct sl_metrics *metrics; /* sluice_verify_verdicts_total; NULL: not counted */
+} sl_ckpt_opts;
+
+/* Create the service: makes <data_dir>/checkpoints, removes temp files left by a previous run
+ * (keeping the partial uploads of WRITING checkpoints younger than the upload timeout, so they
+ * can be resumed) and files of checkpoints the catalog no longer knows, and starts the timer that
+ * removes abandoned partial uploads. `loop`, `cat` and opts->metrics must outlive the service;
+ * data_dir and opts are copied. Returns 0 and *out (free with sl_ckpt_svc_free), -ENAMETOOLONG or
+ * -errno. Loop thread, after the catalog is open. */
+int sl_ckpt_svc_new(sl_ckpt_svc **out, uv_loop_t *loop, sl_cat *cat, const char *data_dir,
+                    const sl_ckpt_opts *opts);
+
+/* The service table; its arg is the service. Valid until sl_ckpt_svc_free. */
+const sl_rpc_service *sl_ckpt_service(sl_ckpt_svc *s);
+
+/* Stop the timer and free the service once its handle closed (the loop must run afterwards).
+ * Call after the RPC server has stopped (no call is alive). Accepts NULL. Loop thread. */
+void sl_ckpt_svc_free(sl_ckpt_svc *s);
+
+#endif

@@ -1,0 +1,410 @@
+/* Commit, Abort, Delete and SetRetention: the catalog lifecycle of a checkpoint and the removal
+ * of its files. The catalog changes first: a crash after it leaves files the startup sweep
+ * removes, never rows that point at missing files. */
+#include "internal.h"
+
+#include "err.h"
+#include "log.h"
+#include "store/layout.h"
+#include "store/store.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* Remove a checkpoint's shard files, partial uploads and metadata file, then fsync the
+ * directory. Errors are logged: the catalog already forgot them, and the startup sweep removes
+ * what is left. */
+static void remove_files(sl_ckpt_svc *s, const sl_cat_ckpt *c)
+{
+    char dir[PATH_MAX];
+    int err;
+
+    if (ckpt_job_dir(s, dir, sizeof(dir), c->job) != 0)
+        return;
+    err = sl_store_remove_ckpt(dir, c->name, c->world_size);
+    if (err && err != -ENOENT)
+        sl_log_warn("ckpt_fsync_dir_failed", "dir=%s error=\"%s\"", dir, sl_strerror(err));
+}
+
+/* ---- Abort, Delete ---- */
+
+/* Make a WRITING checkpoint INCOMPLETE: forget its shards, end its uploads, remove its files. */
+static int abort_writing(sl_ckpt_svc *s, const sl_cat_ckpt *ck)
+{
+    int err = sl_cat_shard_delete(s->cat, ck->id, -1);
+
+    if (!err)
+        err = sl_cat_ckpt_set_state(s->cat, ck->id, SL_CKPT_INCOMPLETE, 0);
+    if (err)
+        return err;
+    /* End its running uploads now; one finishing its rename removes its file itself. */
+    for (upload *u = s->uploads, *next; u; u = next) {
+        next = u->next; /* u may unregister itself; it never removes another */
+        if (u->ckpt_id == ck->id)
+            ckpt_upload_abort(u);
+    }
+    remove_files(s, ck);
+    sl_log_info("ckpt_abort", "job=%s name=%s", ck->job, ck->name);
+    return 0;
+}
+
+void ckpt_abort(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__V1__CheckpointRef *req = (const void *)msg;
+    sl_ckpt_svc *s = arg;
+    sl_cat_ckpt ck;
+    int err;
+
+    if (!ckpt_names_ok(call, req->job, req->name) || ckpt_find(s, call, &ck, req->job, req->name))
+        return;
+    if (ck.state == SL_CKPT_COMPLETE) {
+        sl_rpc_call_fail(call, SL_ESTATE, "checkpoint %s/%s is COMPLETE; delete it instead", ck.job,
+                         ck.name);
+        return;
+    }
+    if (ckpt_is_committing(s, ck.id)) {
+        sl_rpc_call_fail(call, SL_ESTATE, "checkpoint %s/%s is being committed", ck.job, ck.name);
+        return;
+    }
+    if (ck.state == SL_CKPT_WRITING) {
+        err = abort_writing(s, &ck);
+        if (err) {
+            sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+            return;
+        }
+        sl_cat_ckpt_get(s->cat, &ck, req->job, req->name);
+    }
+    ckpt_reply(call, &ck);
+}
+
+static int delete_ckpt(sl_ckpt_svc *s, const sl_cat_ckpt *ck)
+{
+    int err = sl_cat_ckpt_delete(s->cat, ck->id);
+
+    if (err)
+        return err;
+    remove_files(s, ck);
+    sl_log_info("ckpt_delete", "job=%s name=%s", ck->job, ck->name);
+    return 0;
+}
+
+void ckpt_delete(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__V1__CheckpointRef *req = (const void *)msg;
+    Sluice__V1__DeleteResponse resp = SLUICE__V1__DELETE_RESPONSE__INIT;
+    sl_ckpt_svc *s = arg;
+    sl_cat_ckpt ck;
+    int err;
+
+    if (!ckpt_names_ok(call, req->job, req->name) || ckpt_find(s, call, &ck, req->job, req->name))
+        return;
+    if (ck.state == SL_CKPT_WRITING || ckpt_upload_find(s, ck.id, -1)) {
+        sl_rpc_call_fail(call, SL_ESTATE, "checkpoint %s/%s is being written; abort it first",
+                         ck.job, ck.name);
+        return;
+    }
+    err = delete_ckpt(s, &ck);
+    if (err)
+        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+    else
+        sl_rpc_call_reply(call, &resp.base);
+}
+
+/* ---- retention ---- */
+
+typedef struct retention {
+    uint32_t keep;
+    uint32_t seen;
+    sl_cat_ckpt *victims;
+    size_t n, cap;
+} retention;
+
+static int pick_victim(const sl_cat_ckpt *c, void *arg)
+{
+    retention *r = arg;
+
+    /* Listed newest first: the first `keep` (at least the newest) stay. */
+    if (r->seen++ < r->keep)
+        return 0;
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 4;
+        void *v = realloc(r->victims, cap * sizeof(*r->victims));
+        if (!v)
+            return -ENOMEM;
+        r->victims = v;
+        r->cap = cap;
+    }
+    r->victims[r->n++] = *c;
+    return 0;
+}
+
+/* Apply the job's retention policy; names of deleted checkpoints go to `deleted` (may be NULL,
+ * else an array the caller frees with its strings). Returns 0 or an error. */
+static int apply_retention(sl_ckpt_svc *s, const char *job, char ***deleted, size_t *n_deleted)
+{
+    retention r = {0};
+    int err;
+
+    if (deleted) {
+        *deleted = NULL;
+        *n_deleted = 0;
+    }
+    err = sl_cat_retention_get(s->cat, job, &r.keep);
+    if (err || r.keep == 0)
+        return err;
+    err = sl_cat_ckpt_list(s->cat, job, SL_CKPT_COMPLETE, pick_victim, &r);
+    if (err < 0)
+        goto out;
+    err = 0;
+    if (deleted && r.n) {
+        *deleted = calloc(r.n, sizeof(char *));
+        if (!*deleted) {
+            err = -ENOMEM;
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < r.n; i++) {
+        err = delete_ckpt(s, &r.victims[i]);
+        if (err)
+            break;
+        sl_log_info("ckpt_retention_deleted", "job=%s name=%s keep_last=%u", job, r.victims[i].name,
+                    r.keep);
+        if (deleted)
+            (*deleted)[(*n_deleted)++] = strdup(r.victims[i].name);
+    }
+out:
+    free(r.victims);
+    return err;
+}
+
+void ckpt_set_retention(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__V1__SetRetentionRequest *req = (const void *)msg;
+    Sluice__V1__SetRetentionResponse resp = SLUICE__V1__SET_RETENTION_RESPONSE__INIT;
+    sl_ckpt_svc *s = arg;
+    char **deleted = NULL;
+    size_t n = 0;
+    int err;
+
+    if (!ckpt_names_ok(call, req->job, NULL))
+        return;
+    err = sl_cat_retention_set(s->cat, req->job, req->keep_last);
+    if (!err)
+        err = apply_retention(s, req->job, &deleted, &n);
+    resp.deleted = deleted;
+    resp.n_deleted = n;
+    if (err)
+        sl_rpc_call_fail(call, err, "cannot apply the retention policy");
+    else
+        sl_rpc_call_reply(call, &resp.base);
+    for (size_t i = 0; i < n; i++)
+        free(deleted[i]);
+    free(deleted);
+}
+
+/* ---- Commit ---- */
+
+typedef struct commit_job {
+    uv_work_t work;
+    sl_ckpt_svc *svc;
+    sl_rpc_call *call;
+    sl_cat_ckpt ck;
+    ckpt_mark mark;
+    int64_t committed_ms;
+    char dir[PATH_MAX];
+    char file[NAME_MAX + 1];
+    sl_buf json;
+    int err;
+} commit_job;
+
+/* What Commit finds about the recorded shards: missing ranks and files that do not match. */
+typedef struct commit_check {
+    const sl_cat_ckpt *ck;
+    const char *dir;
+    int32_t next;   /* the next rank expected */
+    sl_buf missing; /* the first 32 missing ranks, for the message */
+    int n_missing;
+    char bad[256];
+} commit_check;
+
+static void note_missing(commit_check *cc, int32_t from, int32_t to)
+{
+    for (int32_t r = from; r < to; r++) {
+        if (cc->n_missing < 32)
+            sl_buf_printf(&cc->missing, "%s%d", cc->n_missing ? ", " : "", r);
+        else if (cc->n_missing == 32)
+            sl_buf_addstr(&cc->missing, ", ...");
+        cc->n_missing++;
+    }
+}
+
+static int check_shard(const sl_cat_shard *sh, void *arg)
+{
+    commit_check *cc = arg;
+    char path[PATH_MAX];
+    struct stat st;
+
+    if (sh->rank >= cc->ck->world_size)
+        return 0;
+    note_missing(cc, cc->next, sh->rank);
+    cc->next = sh->rank + 1;
+    if (!cc->bad[0] &&
+        sl_store_path(path, sizeof(path), cc->dir, SL_STORE_SHARD, cc->ck->name, sh->rank) == 0 &&
+        (stat(path, &st) != 0 || (uint64_t)st.st_size != sh->file_size))
+        snprintf(cc->bad, sizeof(cc->bad), "shard file of rank %d is missing or has the wrong size",
+                 sh->rank);
+    return 0;
+}
+
+static void commit_work(uv_work_t *w)
+{
+    commit_job *j = w->data;
+
+    j->err = sl_store_write_file(j->dir, j->file, j->json.p, j->json.len);
+}
+
+static void commit_unmark(sl_ckpt_svc *s, ckpt_mark *mark)
+{
+    for (ckpt_mark **p = &s->committing; *p; p = &(*p)->next) {
+        if (*p == mark) {
+            *p = mark->next;
+            break;
+        }
+    }
+}
+
+static void commit_after(uv_work_t *w, int status)
+{
+    commit_job *j = w->data;
+    sl_ckpt_svc *s = j->svc;
+    int err = j->err;
+
+    commit_unmark(s, &j->mark);
+    if (err) {
+        sl_log_error("ckpt_commit_failed", "job=%s name=%s error=\"%s\"", j->ck.job, j->ck.name,
+                     sl_strerror(err));
+        sl_rpc_call_fail(j->call, err, "cannot write %s: %s", j->file, sl_strerror(err));
+        goto out;
+    }
+    err = sl_cat_ckpt_set_state(s->cat, j->ck.id, SL_CKPT_COMPLETE, j->committed_ms);
+    if (!err)
+        err = sl_cat_ckpt_get(s->cat, &j->ck, j->ck.job, j->ck.name);
+    if (err) {
+        sl_rpc_call_fail(j->call, err, "catalog error: %s", sl_strerror(err));
+        goto out;
+    }
+    sl_log_info("ckpt_commit", "job=%s name=%s world_size=%d bytes=%" PRIu64, j->ck.job, j->ck.name,
+                j->ck.world_size, j->ck.total_bytes);
+    ckpt_reply(j->call, &j->ck);
+    err = apply_retention(s, j->ck.job, NULL, NULL);
+    if (err)
+        sl_log_warn("ckpt_retention_failed", "job=%s error=\"%s\"", j->ck.job, sl_strerror(err));
+out:
+    sl_rpc_call_unref(j->call);
+    sl_buf_free(&j->json);
+    free(j);
+}
+
+/* Whether checkpoint ck may be committed now; answers the call if not (a COMPLETE one is
+ * answered as it is: a commit is idempotent). Returns 1 to go on. */
+static int commit_allowed(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck)
+{
+    upload *u;
+
+    if (ck->state == SL_CKPT_COMPLETE) {
+        ckpt_reply(call, ck);
+        return 0;
+    }
+    if (ck->state != SL_CKPT_WRITING) {
+        sl_rpc_call_fail(call, SL_ESTATE, "checkpoint %s/%s is %s", ck->job, ck->name,
+                         sl_cat_ckpt_state_name(ck->state));
+        return 0;
+    }
+    if (ckpt_is_committing(s, ck->id)) {
+        sl_rpc_call_fail(call, SL_ESTATE, "checkpoint %s/%s is being committed", ck->job, ck->name);
+        return 0;
+    }
+    if ((u = ckpt_upload_find(s, ck->id, -1)) != NULL) {
+        sl_rpc_call_fail(call, SL_ESTATE, "an upload of rank %d of %s/%s is in progress", u->rank,
+                         ck->job, ck->name);
+        return 0;
+    }
+    return 1;
+}
+
+/* Every rank has a recorded shard whose file has the recorded size; answers the call if not.
+ * Returns 1 to go on. */
+static int commit_shards_ok(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck,
+                            const char *dir)
+{
+    commit_check cc;
+    int err, ok = 0;
+
+    memset(&cc, 0, sizeof(cc));
+    cc.ck = ck;
+    cc.dir = dir;
+    sl_buf_init(&cc.missing, 1024);
+    err = sl_cat_shard_list(s->cat, ck->id, 0, check_shard, &cc);
+    note_missing(&cc, cc.next, ck->world_size);
+    if (err)
+        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+    else if (cc.n_missing)
+        sl_rpc_call_fail(call, SL_ESTATE, "%d of %d ranks have no shard: %s", cc.n_missing,
+                         ck->world_size, sl_buf_str(&cc.missing));
+    else if (cc.bad[0])
+        sl_rpc_call_fail(call, SL_ECORRUPT, "%s", cc.bad);
+    else
+        ok = 1;
+    sl_buf_free(&cc.missing);
+    return ok;
+}
+
+void ckpt_commit(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__V1__CheckpointRef *req = (const void *)msg;
+    sl_ckpt_svc *s = arg;
+    commit_job *j;
+    sl_cat_ckpt ck;
+    char dir[PATH_MAX];
+    int err;
+
+    if (!ckpt_names_ok(call, req->job, req->name) || ckpt_find(s, call, &ck, req->job, req->name) ||
+        !commit_allowed(s, call, &ck))
+        return;
+    if (ckpt_job_dir(s, dir, sizeof(dir), ck.job) != 0) {
+        sl_rpc_call_fail(call, SL_ELIMIT, "path too long");
+        return;
+    }
+    if (!commit_shards_ok(s, call, &ck, dir))
+        return;
+    j = calloc(1, sizeof(*j));
+    if (!j) {
+        sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+        return;
+    }
+    j->svc = s;
+    j->call = call;
+    j->ck = ck;
+    j->committed_ms = ckpt_now_ms();
+    snprintf(j->dir, sizeof(j->dir), "%s", dir);
+    snprintf(j->file, sizeof(j->file), "%s.metadata.json", ck.name);
+    sl_buf_init(&j->json, SIZE_MAX);
+    err = ckpt_render_metadata(s, &ck, j->committed_ms, &j->json);
+    if (err) {
+        sl_rpc_call_fail(call, err, "cannot render the metadata");
+        sl_buf_free(&j->json);
+        free(j);
+        return;
+    }
+    j->mark.id = ck.id;
+    j->mark.next = s->committing;
+    s->committing = &j->mark;
+    j->work.data = j;
+    sl_rpc_call_ref(call);
+    uv_queue_work(s->loop, &j->work, commit_work, commit_after);
+}

@@ -1,0 +1,232 @@
+/* Private to server/ckpt/: the Checkpoints service's state and what its files share. Loop thread
+ * only, unless a comment says otherwise.
+ *
+ * ckpt.c owns the service (method table, constructor, sweep timer); each RPC lives in the file
+ * of its concern: query.c (Begin, Get, List, Latest, UploadStatus), upload.c with upload_io.c
+ * (UploadShard), commit.c (Commit, Abort, Delete, SetRetention), verify.c, download.c. reply.c
+ * holds the checks and answers they share, metadata.c renders metadata.json, sweep.c removes
+ * abandoned files. Files and paths on disk are server/store/'s.
+ */
+#ifndef SL_CKPT_INTERNAL_H
+#define SL_CKPT_INTERNAL_H
+
+#include "ckpt.h"
+#include "validate.h"
+
+#include "catalog/ckpt.h"
+#include "shard.h"
+#include "util/buf.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <uv.h>
+
+#define UP_INFLIGHT 8  /* chunks held in memory per upload */
+#define UP_RING     16 /* ring slots, at least UP_INFLIGHT */
+_Static_assert(UP_RING >= UP_INFLIGHT, "the chunk ring must hold every chunk in flight");
+#define FLUSH_EVERY (8u << 20) /* start writeback of an upload every 8 MiB */
+#define DL_CHUNK    (1u << 20) /* download message size */
+#define DL_QUEUED   3          /* download messages queued per call */
+#define LIST_MAX    10000      /* checkpoints in one List answer */
+/* metadata.json is rendered in memory (commit, quick verify): its tensor lists are capped. */
+#define META_MAX        (64u << 20)
+#define SWEEP_PERIOD_MS 60000
+#define CKPT_MSG_MAX    512 /* room for any message of validate.h */
+
+typedef struct upload upload;
+
+/* A checkpoint with a commit in progress: uploads, aborts and other commits wait for it. */
+typedef struct ckpt_mark {
+    int64_t id;
+    struct ckpt_mark *next;
+} ckpt_mark;
+
+struct sl_ckpt_svc {
+    uv_loop_t *loop;
+    sl_cat *cat;
+    sl_ckpt_opts opts;
+    char data_dir[PATH_MAX]; /* holds LOCK (sl_ckpt_opts.lock_fd) */
+    char root[PATH_MAX];     /* <data dir>/checkpoints: the store root */
+    sl_rpc_service svc;
+    upload *uploads;   /* registered uploads (OPENING .. FAILING) */
+    uint64_t mem_held; /* bytes of upload chunks in memory, all uploads */
+    int mem_blocked;   /* an upload did not ask for its next chunk because of the budget */
+    ckpt_mark *committing;
+    uv_timer_t sweep;
+    int dir_lost; /* the data dir was replaced under the daemon: sweeps stopped */
+};
+
+/* The lifecycle of one UploadShard call. Every change goes through up_to() in upload.c, which
+ * checks it against the table there, logs it and runs the entry actions named here.
+ *
+ *   HEADER -> OPENING -> RECEIVING -> DRAINING -> FINALIZING -> DONE   (stored: the receipt)
+ *   HEADER -> DONE                                       (refused before anything was opened)
+ *   OPENING | RECEIVING | DRAINING -> STOPPING   (the client went away, the stream ended short,
+ *                                                 a resume did not match: resumable)
+ *   OPENING | RECEIVING | DRAINING | FINALIZING | STOPPING -> FAILING  (bad input, I/O, abort)
+ *   FINALIZING -> ABORTING -> FAILING                     (checkpoint aborted while finalizing)
+ *   FAILING -> FAILING                (aborted while failing: this failure is answered at once)
+ *   STOPPING | FAILING -> DONE                            (once no lane job runs)
+ */
+typedef enum up_state {
+    UP_HEADER,     /* waiting for the header; not registered. Rejected: DONE */
+    UP_OPENING,    /* entry: registered, the write lane opens the partial file or checks and
+                    * re-hashes the prefix kept for a resume */
+    UP_RECEIVING,  /* chunks are read and handed to the lanes without a copy */
+    UP_DRAINING,   /* the stream ended: the lanes finish the chunks they have, then the size and
+                    * checksum are checked */
+    UP_FINALIZING, /* entry: the write lane writes the real header, fsyncs, renames without
+                    * replacing and fsyncs the directory; then the catalog row and the receipt */
+    UP_ABORTING,   /* the checkpoint was aborted during FINALIZING: the new shard file is removed
+                    * when the lane returns, and the call fails */
+    UP_STOPPING,   /* ended, the partial file kept for a resume; lane jobs still running return
+                    * first */
+    UP_FAILING,    /* failed, the partial file removed; lane jobs still running return first, and
+                    * only then is the failure answered, so that a client retrying at once does
+                    * not find its own upload still in progress */
+    UP_DONE,       /* entry: chunks freed, file closed, partial file removed after FAILING,
+                    * unregistered, the answer of STOPPING/FAILING sent. Nothing more happens */
+} up_state;
+
+/* One chunk as received: the RPC layer's buffers, no copy. */
+typedef struct up_chunk {
+    sl_rpc_bytes *bytes;
+    uint64_t off; /* data offset */
+    size_t len;
+} up_chunk;
+
+/* An UploadShard call. The chunk pipeline: chunks wait in a ring, numbered by arrival; two lanes
+ * run at once on the worker pool: the hash lane hashes them in order, the write lane writes them
+ * at their offsets (it also runs the open and finalize steps). A lane job works on
+ * [seq_x, x_end) taken at its start, and a lane is idle when seq_x == x_end; the loop only
+ * appends behind the jobs and frees chunks both lanes passed. */
+struct upload {
+    sl_ckpt_svc *svc;
+    sl_rpc_call *call;
+    upload *next; /* in svc->uploads while registered */
+    up_state state;
+    int jobs; /* lane jobs on the worker pool (0..2), each holding a call reference */
+    int64_t ckpt_id;
+    char job[SL_SHARD_NAME_MAX + 1], name[SL_SHARD_NAME_MAX + 1];
+    int32_t rank, world_size;
+    char dir[PATH_MAX], part[PATH_MAX], final[PATH_MAX];
+    int fd;
+    sl_sha256 *sha;
+    uint64_t data_size;
+    uint64_t received;        /* data bytes accepted from the stream (incl. the resumed prefix) */
+    uint64_t written;         /* data bytes written by the write lane (its thread) */
+    uint64_t acked;           /* `written` as of the last write job, for the loop thread */
+    uint64_t flushed;         /* data bytes whose writeback was started (sync_file_range) */
+    uint64_t t_header, t_eof; /* loop time (ms) of the header and of the end of the stream */
+    uint64_t resume_from;
+    char client_sha[SL_SHARD_HEX_LEN + 1];
+    char sha_hex[SL_SHARD_HEX_LEN + 1];
+    char *tensors_json;
+    uint32_t tensor_count;
+    up_chunk ring[UP_RING];
+    uint64_t seq_tail, seq_free, seq_hash, seq_write, hash_end, write_end;
+    uv_work_t work, hwork; /* write lane, hash lane */
+    int err, herr;         /* results of the last write-lane / hash-lane job */
+    char errmsg[256];      /* what the write-lane job could not do */
+    /* The answer STOPPING or FAILING sends on DONE (answer_err 0: none, the client is gone). */
+    int answer_err;
+    char answer_msg[CKPT_MSG_MAX];
+};
+
+/* The running upload of (ckpt_id, rank), or of any rank with rank < 0; NULL if none. */
+static inline upload *ckpt_upload_find(const sl_ckpt_svc *s, int64_t ckpt_id, int32_t rank)
+{
+    for (upload *u = s->uploads; u; u = u->next)
+        if (u->ckpt_id == ckpt_id && (rank < 0 || u->rank == rank))
+            return u;
+    return NULL;
+}
+
+/* 1 if a commit of checkpoint `id` is in progress. */
+static inline int ckpt_is_committing(const sl_ckpt_svc *s, int64_t id)
+{
+    for (const ckpt_mark *m = s->committing; m; m = m->next)
+        if (m->id == id)
+            return 1;
+    return 0;
+}
+
+/* ---- reply.c: checks and answers shared by the handlers ---- */
+
+/* Wall-clock milliseconds (catalog timestamps). */
+int64_t ckpt_now_ms(void);
+
+/* sl_ckpt_check_names; on failure answers the call and returns 0. Returns 1 if valid. */
+int ckpt_names_ok(sl_rpc_call *call, const char *job, const char *name);
+
+/* Look up a checkpoint; on failure answers the call (NOT_FOUND or the catalog's error) and
+ * returns the error. */
+int ckpt_find(sl_ckpt_svc *s, sl_rpc_call *call, sl_cat_ckpt *ck, const char *job,
+              const char *name);
+
+/* The job's directory under the store root into buf. Returns 0 or SL_ELIMIT. */
+int ckpt_job_dir(const sl_ckpt_svc *s, char *buf, size_t len, const char *job);
+
+/* Fill a Checkpoint message with copies of the strings (shards left empty); free with
+ * ckpt_pb_clear, which also frees shards the caller attached. */
+void ckpt_pb_fill(Sluice__V1__Checkpoint *m, const sl_cat_ckpt *c);
+void ckpt_pb_clear(Sluice__V1__Checkpoint *m);
+
+/* Answer the call with the checkpoint (or out of memory). */
+void ckpt_reply(sl_rpc_call *call, const sl_cat_ckpt *c);
+
+/* ---- metadata.c ---- */
+
+/* Render <name>.metadata.json of checkpoint c from the catalog into b (initialized by the caller,
+ * who frees it), as committed at committed_ms (Commit writes it, Verify compares the file byte for
+ * byte). Returns 0, the catalog's error, or the buffer's (-ENOMEM, SL_ELIMIT). */
+int ckpt_render_metadata(sl_ckpt_svc *s, const sl_cat_ckpt *c, int64_t committed_ms, sl_buf *b);
+
+/* ---- upload.c / upload_io.c: UploadShard ---- */
+
+void ckpt_upload_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_upload_message(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_upload_bad_message(sl_rpc_call *call, int err, const char *why, void *arg);
+void ckpt_upload_cancel(sl_rpc_call *call, void *arg);
+
+/* The upload's checkpoint was aborted (the catalog already forgot its shards): a running upload
+ * fails at once; one in FINALIZING removes its shard file when the lane returns. */
+void ckpt_upload_abort(upload *up);
+
+/* Write-lane and hash-lane jobs (worker threads): each reads the upload's inputs, which the loop
+ * does not change while the job runs, and leaves its result in err/errmsg (herr). */
+void ckpt_up_open_work(uv_work_t *w);
+void ckpt_up_write_work(uv_work_t *w);
+void ckpt_up_hash_work(uv_work_t *w);
+void ckpt_up_final_work(uv_work_t *w);
+
+/* ---- query.c ---- */
+
+void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_get(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_list(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_latest(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_upload_status(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+
+/* ---- commit.c ---- */
+
+void ckpt_commit(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_abort(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_delete(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_set_retention(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+
+/* ---- verify.c, download.c ---- */
+
+void ckpt_verify(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_download(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_download_pump(sl_rpc_call *call, void *arg); /* on_writable */
+
+/* ---- sweep.c ---- */
+
+/* Remove abandoned files under the store root: partial uploads of WRITING checkpoints untouched
+ * for the upload timeout (and not running), partial uploads of other checkpoints; at `startup`
+ * also temp files and the files of checkpoints the catalog forgot or aborted. Stops for good
+ * once the data dir was replaced (sl_ckpt_opts.lock_fd). */
+void ckpt_sweep(sl_ckpt_svc *s, int startup);
+
+#endif

@@ -1,0 +1,216 @@
+/* Begin, Get, List, Latest and UploadStatus: checkpoints as the catalog has them, and how much
+ * of an interrupted upload the server holds. */
+#include "internal.h"
+
+#include "err.h"
+#include "log.h"
+#include "store/layout.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__V1__BeginRequest *req = (const void *)msg;
+    sl_ckpt_svc *s = arg;
+    sl_cat_ckpt ck;
+    char name[SL_SHARD_NAME_MAX + 1], why[CKPT_MSG_MAX];
+    int created, err;
+
+    err = sl_ckpt_check_begin(req, name, sizeof(name), why, sizeof(why));
+    if (err) {
+        sl_rpc_call_fail(call, err, "%s", why);
+        return;
+    }
+    err = sl_cat_ckpt_begin(s->cat, &ck, &created, req->job, name, req->step, req->world_size,
+                            req->user_metadata, ckpt_now_ms());
+    if (err == SL_EEXIST) {
+        sl_rpc_call_fail(call, err,
+                         "checkpoint %s/%s exists (%s) with world_size %d and step %" PRIu64
+                         ", not %d and %" PRIu64,
+                         req->job, name, sl_cat_ckpt_state_name(ck.state), ck.world_size, ck.step,
+                         req->world_size, req->step);
+        return;
+    }
+    if (err) {
+        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+        return;
+    }
+    if (created)
+        sl_log_info("ckpt_begin", "job=%s name=%s world_size=%d", req->job, name, req->world_size);
+    ckpt_reply(call, &ck);
+}
+
+typedef struct shard_list {
+    Sluice__V1__ShardInfo **v;
+    size_t n, cap;
+    const char *job, *name;
+} shard_list;
+
+static int collect_shard(const sl_cat_shard *sh, void *arg)
+{
+    shard_list *l = arg;
+    Sluice__V1__ShardInfo *si;
+    char file[NAME_MAX + 1], path[PATH_MAX];
+
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        void *v = realloc(l->v, cap * sizeof(*l->v));
+        if (!v)
+            return -ENOMEM;
+        l->v = v;
+        l->cap = cap;
+    }
+    si = calloc(1, sizeof(*si));
+    if (!si)
+        return -ENOMEM;
+    sluice__v1__shard_info__init(si);
+    sl_shard_file_name(file, sizeof(file), l->name, sh->rank);
+    snprintf(path, sizeof(path), "checkpoints/%s/%s", l->job, file);
+    si->rank = sh->rank;
+    si->data_size = sh->data_size;
+    si->file_size = sh->file_size;
+    si->sha256 = strdup(sh->sha256);
+    si->path = strdup(path);
+    si->tensor_count = sh->tensor_count;
+    l->v[l->n++] = si;
+    if (!si->sha256 || !si->path)
+        return -ENOMEM;
+    return 0;
+}
+
+void ckpt_get(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__V1__CheckpointRef *req = (const void *)msg;
+    sl_ckpt_svc *s = arg;
+    Sluice__V1__Checkpoint m;
+    shard_list l = {0};
+    sl_cat_ckpt ck;
+    int err;
+
+    if (!ckpt_names_ok(call, req->job, req->name) || ckpt_find(s, call, &ck, req->job, req->name))
+        return;
+    l.job = ck.job;
+    l.name = ck.name;
+    err = sl_cat_shard_list(s->cat, ck.id, 0, collect_shard, &l);
+    ckpt_pb_fill(&m, &ck);
+    m.shards = l.v;
+    m.n_shards = l.n;
+    if (err)
+        sl_rpc_call_fail(call, err, "cannot list shards");
+    else
+        sl_rpc_call_reply(call, &m.base);
+    ckpt_pb_clear(&m);
+}
+
+typedef struct ckpt_vec {
+    Sluice__V1__Checkpoint **v;
+    size_t n, cap;
+} ckpt_vec;
+
+static int collect_ckpt(const sl_cat_ckpt *c, void *arg)
+{
+    ckpt_vec *l = arg;
+    Sluice__V1__Checkpoint *m;
+
+    if (l->n >= LIST_MAX)
+        return 1;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        void *v = realloc(l->v, cap * sizeof(*l->v));
+        if (!v)
+            return -ENOMEM;
+        l->v = v;
+        l->cap = cap;
+    }
+    m = malloc(sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    ckpt_pb_fill(m, c);
+    l->v[l->n++] = m;
+    return 0;
+}
+
+void ckpt_list(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__V1__ListRequest *req = (const void *)msg;
+    Sluice__V1__ListResponse resp = SLUICE__V1__LIST_RESPONSE__INIT;
+    sl_ckpt_svc *s = arg;
+    ckpt_vec l = {0};
+    int err;
+
+    if (req->job && *req->job && !ckpt_names_ok(call, req->job, NULL))
+        return;
+    if ((int)req->state < 0 || (int)req->state > SL_CKPT_INCOMPLETE) {
+        sl_rpc_call_fail(call, SL_EINVAL, "state %d is not a checkpoint state", (int)req->state);
+        return;
+    }
+    /* A callback's 1 (LIST_MAX reached) ends the listing early without an error. */
+    err = sl_cat_ckpt_list(s->cat, req->job, (int)req->state, collect_ckpt, &l);
+    resp.checkpoints = l.v;
+    resp.n_checkpoints = l.n;
+    if (err < 0)
+        sl_rpc_call_fail(call, err, "cannot list checkpoints");
+    else
+        sl_rpc_call_reply(call, &resp.base);
+    for (size_t i = 0; i < l.n; i++) {
+        ckpt_pb_clear(l.v[i]);
+        free(l.v[i]);
+    }
+    free(l.v);
+}
+
+void ckpt_latest(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__V1__LatestRequest *req = (const void *)msg;
+    sl_ckpt_svc *s = arg;
+    sl_cat_ckpt ck;
+    int err;
+
+    if (!ckpt_names_ok(call, req->job, NULL))
+        return;
+    err = sl_cat_ckpt_latest(s->cat, &ck, req->job);
+    if (err == SL_ENOTFOUND)
+        sl_rpc_call_fail(call, err, "job %s has no COMPLETE checkpoint", req->job);
+    else if (err)
+        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+    else
+        ckpt_reply(call, &ck);
+}
+
+void ckpt_upload_status(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__V1__UploadStatusRequest *req = (const void *)msg;
+    Sluice__V1__UploadStatusResponse resp = SLUICE__V1__UPLOAD_STATUS_RESPONSE__INIT;
+    sl_ckpt_svc *s = arg;
+    char dir[PATH_MAX], part[PATH_MAX], why[CKPT_MSG_MAX];
+    sl_cat_shard sh;
+    sl_cat_ckpt ck;
+    upload *u;
+    int err;
+
+    if (!ckpt_names_ok(call, req->job, req->checkpoint) ||
+        ckpt_find(s, call, &ck, req->job, req->checkpoint))
+        return;
+    err = sl_ckpt_check_rank(req->rank, ck.world_size, why, sizeof(why));
+    if (err) {
+        sl_rpc_call_fail(call, err, "%s", why);
+        return;
+    }
+    if (sl_cat_shard_get(s->cat, &sh, ck.id, req->rank) == 0) {
+        resp.stored = 1;
+        resp.sha256 = sh.sha256;
+    }
+    if ((u = ckpt_upload_find(s, ck.id, req->rank)) != NULL) {
+        resp.in_progress = 1;
+        resp.held_bytes = u->acked;
+    } else if (ckpt_job_dir(s, dir, sizeof(dir), ck.job) == 0 &&
+               sl_store_path(part, sizeof(part), dir, SL_STORE_PART, ck.name, req->rank) == 0) {
+        /* Nothing held (no file, or not a partial upload of this rank) leaves held_bytes 0. */
+        sl_store_part_held(part, req->rank, &resp.held_bytes);
+    }
+    sl_rpc_call_reply(call, &resp.base);
+}

@@ -1,0 +1,84 @@
+/* Checks and answers the Checkpoints handlers share. See internal.h. */
+#include "internal.h"
+
+#include "err.h"
+#include "store/layout.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int64_t ckpt_now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int ckpt_names_ok(sl_rpc_call *call, const char *job, const char *name)
+{
+    char msg[CKPT_MSG_MAX];
+    int err = sl_ckpt_check_names(job, name, msg, sizeof(msg));
+
+    if (err)
+        sl_rpc_call_fail(call, err, "%s", msg);
+    return !err;
+}
+
+int ckpt_find(sl_ckpt_svc *s, sl_rpc_call *call, sl_cat_ckpt *ck, const char *job, const char *name)
+{
+    int err = sl_cat_ckpt_get(s->cat, ck, job, name);
+
+    if (err == SL_ENOTFOUND)
+        sl_rpc_call_fail(call, err, "checkpoint %s/%s not found", job, name);
+    else if (err)
+        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+    return err;
+}
+
+int ckpt_job_dir(const sl_ckpt_svc *s, char *buf, size_t len, const char *job)
+{
+    return sl_store_job_dir(buf, len, s->root, job);
+}
+
+void ckpt_pb_fill(Sluice__V1__Checkpoint *m, const sl_cat_ckpt *c)
+{
+    sluice__v1__checkpoint__init(m);
+    m->job = strdup(c->job);
+    m->name = strdup(c->name);
+    m->step = c->step;
+    m->world_size = c->world_size;
+    m->state = (Sluice__V1__CheckpointState)c->state;
+    m->user_metadata = strdup(c->user_metadata);
+    m->created_at_ms = c->created_ms;
+    m->committed_at_ms = c->committed_ms;
+    m->shards_uploaded = c->shards;
+    m->total_bytes = c->total_bytes;
+}
+
+void ckpt_pb_clear(Sluice__V1__Checkpoint *m)
+{
+    free(m->job);
+    free(m->name);
+    free(m->user_metadata);
+    for (size_t i = 0; i < m->n_shards; i++) {
+        free(m->shards[i]->sha256);
+        free(m->shards[i]->path);
+        free(m->shards[i]);
+    }
+    free(m->shards);
+}
+
+void ckpt_reply(sl_rpc_call *call, const sl_cat_ckpt *c)
+{
+    Sluice__V1__Checkpoint m;
+
+    ckpt_pb_fill(&m, c);
+    if (!m.job || !m.name || !m.user_metadata)
+        sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+    else
+        sl_rpc_call_reply(call, &m.base);
+    ckpt_pb_clear(&m);
+}
