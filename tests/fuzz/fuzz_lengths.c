@@ -1,38 +1,22 @@
-/* Fuzz target: the lengths-file parsers of `sluice batch` (text and raw u32 records, in
- * client/cli/cmd_batch.c), then the batch planner (common/batch) over what they accept.
+/* Fuzz target: the lengths-file input forms of `sluice batch` (text and raw u32 records,
+ * sl_lengths_parse in common/util/lengths.c, which client/cli/cmd_batch.c reads its file with),
+ * then the batch planner (common/batch) over what they accept.
  *
- * The parsers are static in cmd_batch.c, so the file is included here; the CLI helpers it calls
- * are replaced by quiet stubs. The first input byte picks the format and the plan's shape; the
- * rest is the file. */
+ * The first input byte picks the format and the plan's shape; the rest is the file. */
 #include "fuzz.h"
 
-#include "../../client/cli/cmd_batch.c"
+#include "batch/batch.h"
+#include "util/lengths.h"
 
-#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 
-int sl_cli_fail(const char *cmd, const char *fmt, ...)
+/* The CLI's reader (cmd_batch.c read_form): at most as many lengths as the planner takes. */
+static int read_form(uint32_t **v, size_t *n, FILE *f, sl_lengths_form form)
 {
-    char buf[512];
-    va_list ap;
+    char msg[512];
 
-    (void)cmd;
-    /* Format the message anyway: a bad format argument is a finding too. */
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    return SL_CLI_ERROR;
-}
-
-int sl_cli_common_opt(sl_cli *cli, const char *cmd, int c, const char *arg)
-{
-    (void)cli, (void)cmd, (void)c, (void)arg;
-    return SL_CLI_USAGE;
-}
-
-int sl_cli_bad_opt(const char *cmd, int c, char **argv)
-{
-    (void)cmd, (void)c, (void)argv;
-    return SL_CLI_USAGE;
+    return sl_lengths_parse(v, n, f, form, SL_BATCH_MAX_SEQUENCES, "fuzz", msg, sizeof(msg));
 }
 
 /* Plans stay small: the planner's own cost is not what is being fuzzed. */
@@ -40,7 +24,10 @@ int sl_cli_bad_opt(const char *cmd, int c, char **argv)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    lengths l = {0};
+    struct {
+        uint32_t *v;
+        size_t n;
+    } l = {NULL, 0};
     FILE *f;
     uint8_t mode;
     char msg[256];
@@ -52,7 +39,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     f = size > 1 ? fmemopen((void *)(data + 1), size - 1, "rb") : fopen("/dev/null", "rb");
     if (!f)
         return 0;
-    if (((mode & 1) ? read_u32(&l, f, "fuzz") : read_text(&l, f, "fuzz")) == 0 && l.n &&
+    if (read_form(&l.v, &l.n, f, (mode & 1) ? SL_LENGTHS_U32 : SL_LENGTHS_TEXT) == 0 && l.n &&
         l.n <= FUZZ_MAX_PLAN) {
         sl_batch_config cfg;
         sl_batch_plan *plan = NULL;
