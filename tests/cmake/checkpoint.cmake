@@ -6,6 +6,15 @@ if (TARGET sl_shard)
   set_tests_properties(shard_unit PROPERTIES TIMEOUT 60)
 endif ()
 
+# The daemon's side, linked from sl_server_core: the store (server/store/), the checkpoint queries
+# of the catalog (server/catalog/ckpt.c) and the service's request validation (server/ckpt/).
+foreach (unit store ckpt_catalog ckpt_validate)
+  add_executable(${unit}_test unit/${unit}_test.c)
+  target_link_libraries(${unit}_test PRIVATE sl_server_core)
+  add_test(NAME ${unit}_unit COMMAND ${unit}_test)
+  set_tests_properties(${unit}_unit PROPERTIES TIMEOUT 60 LABELS checkpoint)
+endforeach ()
+
 add_test(NAME checkpoint_integration
          COMMAND ${SL_PYTHON} -m unittest -v test_checkpoints
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
