@@ -45,11 +45,6 @@ int sl_cli_call_fail(const sl_cli *cli, const char *cmd);
 /* Write `s` as a JSON string literal (quoted, escaped by util/json.h). */
 void sl_cli_json_str(FILE *f, const char *s);
 
-/* Not defined any more: the options are tables now (opt.h). tests/fuzz/fuzz_lengths.c, which
- * includes cmd_batch.c, still defines a stub of it; this keeps that stub declared until the
- * target reads lengths through sl_lengths_parse directly. */
-int sl_cli_common_opt(sl_cli *cli, const char *cmd, int c, const char *arg);
-
 /* The commands, in cmd_<name>.c. */
 struct sl_cli_cmd;
 extern const struct sl_cli_cmd sl_cli_health, sl_cli_info, sl_cli_sample, sl_cli_batch, sl_cli_ckpt,

@@ -1,10 +1,6 @@
 /* sluice batch: plan an epoch's token-budget batches from a file of sequence lengths (local, no
  * daemon). The epoch order comes from the sampling engine, the plan from common/batch/, the
- * lengths from the lengths-file module (util/lengths.h).
- *
- * tests/fuzz/fuzz_lengths.c includes this file and calls read_text and read_u32, so this file
- * uses nothing of the client but sl_cli_fail and the tables' types (the dispatcher is what parses
- * the options). */
+ * lengths from the lengths-file module (util/lengths.h). */
 #include "cli.h"
 
 #include "batch/batch.h"
@@ -181,46 +177,28 @@ static void batch_init(void *opts)
 
 /* ---- lengths ---- */
 
-/* The lengths of the epoch's samples. */
+/* The lengths of the epoch's samples, from a file or stdin ('-'). */
 typedef struct lengths {
     uint32_t *v;
     size_t n;
 } lengths;
 
-static int read_form(lengths *l, FILE *f, const char *path, sl_lengths_form form)
-{
-    char msg[512];
-
-    if (sl_lengths_parse(&l->v, &l->n, f, form, SL_BATCH_MAX_SEQUENCES, path, msg, sizeof(msg)))
-        return sl_cli_fail("batch", "%s", msg);
-    return 0;
-}
-
-/* Text: one integer >= 1 per line. */
-static int read_text(lengths *l, FILE *f, const char *path)
-{
-    return read_form(l, f, path, SL_LENGTHS_TEXT);
-}
-
-/* u32: raw little-endian uint32 records. */
-static int read_u32(lengths *l, FILE *f, const char *path)
-{
-    return read_form(l, f, path, SL_LENGTHS_U32);
-}
-
 static int read_lengths(lengths *l, const char *path, sl_lengths_form form)
 {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    int r;
+    char msg[512];
+    int err;
 
     if (!f)
         return sl_cli_fail("batch", "cannot open '%s': %s", path, strerror(errno));
-    r = form == SL_LENGTHS_U32 ? read_u32(l, f, path) : read_text(l, f, path);
+    err = sl_lengths_parse(&l->v, &l->n, f, form, SL_BATCH_MAX_SEQUENCES, path, msg, sizeof(msg));
     if (f != stdin)
         fclose(f);
-    if (r == 0 && l->n == 0)
-        r = sl_cli_fail("batch", "%s: no lengths (the file is empty)", path);
-    return r;
+    if (err)
+        return sl_cli_fail("batch", "%s", msg);
+    if (l->n == 0)
+        return sl_cli_fail("batch", "%s: no lengths (the file is empty)", path);
+    return 0;
 }
 
 /* ---- the order ---- */
