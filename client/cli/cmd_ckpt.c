@@ -129,11 +129,13 @@ static int run_show(sl_cli *cli, sl_client *c, void *o, int argc, char **argv)
         printf("{\"checkpoint\":");
         print_ckpt(cli, &ck, 0);
         printf(",\"shards\":[");
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
             printf("%s{\"rank\":%d,\"data_size\":%" PRIu64 ",\"file_size\":%" PRIu64
                    ",\"sha256\":\"%s\",\"path\":",
-                   i ? "," : "", sh[i].rank, sh[i].data_size, sh[i].file_size, sh[i].sha256),
-                sl_cli_json_str(stdout, sh[i].path), printf(",\"tensors\":%u}", sh[i].tensor_count);
+                   i ? "," : "", sh[i].rank, sh[i].data_size, sh[i].file_size, sh[i].sha256);
+            sl_cli_json_str(stdout, sh[i].path);
+            printf(",\"tensors\":%u}", sh[i].tensor_count);
+        }
         printf("]}\n");
     } else {
         print_ckpt(cli, &ck, 1);
