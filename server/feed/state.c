@@ -1,4 +1,4 @@
-/* Jobs in memory: spec validation, each epoch's share sizes, progress, epoch advance, resize. */
+/* Jobs in memory: each epoch's share sizes, progress, epoch advance, resize, elastic state. */
 #include "internal.h"
 
 #include "err.h"

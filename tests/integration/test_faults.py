@@ -452,7 +452,7 @@ class KillTest(unittest.TestCase):
                         self.assertEqual(st.sha256, hashlib.sha256(
                             shard_data(name, rank)).hexdigest())
                     self.assertFalse(st.in_progress)
-        # Files: only what the design keeps (docs/checkpoints.md, server/checkpoints.c
+        # Files: only what the design keeps (docs/checkpoints.md, server/ckpt/sweep.c
         # sweep_keep): shard files and metadata of known checkpoints that are not INCOMPLETE,
         # and hidden partial uploads (".<name>_shard_<r>.shard.part") of WRITING ones.
         jobdir = os.path.join(self.data_dir, "checkpoints", JOB)

@@ -114,7 +114,7 @@ SKELETON_NAME = "__sluice_skeleton__"
 SKELETON_MAGIC = b"SLUICESD"
 _FORMAT, _VERSION = "sluice.state_dict", 1
 _ALIGN = 64
-# The dtypes the daemon knows (server/checkpoints.c); other dtypes are described as "bytes".
+# The dtypes the daemon knows (server/ckpt/validate.c); other dtypes are described as "bytes".
 _DAEMON_DTYPES = frozenset(
     "float64 float32 float16 bfloat16 float8_e4m3fn float8_e5m2 complex128 complex64 int64 int32 "
     "int16 int8 uint64 uint32 uint16 uint8 bool".split())
