@@ -390,7 +390,7 @@ void ckpt_commit(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     j->svc = s;
     j->call = call;
     j->ck = ck;
-    j->committed_ms = ckpt_now_ms();
+    j->committed_ms = sl_now_ms();
     snprintf(j->dir, sizeof(j->dir), "%s", dir);
     snprintf(j->file, sizeof(j->file), "%s.metadata.json", ck.name);
     sl_buf_init(&j->json, SIZE_MAX);

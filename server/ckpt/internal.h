@@ -16,6 +16,7 @@
 #include "catalog/ckpt.h"
 #include "shard.h"
 #include "util/buf.h"
+#include "util/clock.h"
 
 #include <limits.h>
 #include <stdint.h>
@@ -152,9 +153,6 @@ static inline int ckpt_is_committing(const sl_ckpt_svc *s, int64_t id)
 }
 
 /* ---- reply.c: checks and answers shared by the handlers ---- */
-
-/* Wall-clock milliseconds (catalog timestamps). */
-int64_t ckpt_now_ms(void);
 
 /* sl_ckpt_check_names; on failure answers the call and returns 0. Returns 1 if valid. */
 int ckpt_names_ok(sl_rpc_call *call, const char *job, const char *name);

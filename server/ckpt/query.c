@@ -26,7 +26,7 @@ void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
         return;
     }
     err = sl_cat_ckpt_begin(s->cat, &ck, &created, req->job, name, req->step, req->world_size,
-                            req->user_metadata, ckpt_now_ms());
+                            req->user_metadata, sl_now_ms());
     if (err == SL_EEXIST) {
         sl_rpc_call_fail(call, err,
                          "checkpoint %s/%s exists (%s) with world_size %d and step %" PRIu64

@@ -109,7 +109,7 @@ void ckpt_sweep(sl_ckpt_svc *s, int startup)
     if (!d)
         return;
     while ((e = readdir(d)) != NULL) {
-        sweep_ctx c = {s, e->d_name, startup, ckpt_now_ms()};
+        sweep_ctx c = {s, e->d_name, startup, sl_now_ms()};
         if (sl_shard_name_check(e->d_name) != 0 ||
             ckpt_job_dir(s, dir, sizeof(dir), e->d_name) != 0)
             continue;

@@ -318,7 +318,7 @@ static void up_record(upload *up)
     memcpy(sh.sha256, up->sha_hex, sizeof(sh.sha256));
     sh.tensor_count = up->tensor_count;
     sh.tensors_json = up->tensors_json;
-    err = sl_cat_shard_put(s->cat, up->ckpt_id, &sh, ckpt_now_ms());
+    err = sl_cat_shard_put(s->cat, up->ckpt_id, &sh, sl_now_ms());
     if (err) {
         up_fail(up, err, "catalog error: %s", sl_strerror(err));
         return;

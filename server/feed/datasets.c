@@ -11,6 +11,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "util/clock.h"
 #include "shard/shard.h"
 
 #include <errno.h>
@@ -21,14 +22,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void describe(const sl_cat_dataset *d, Sluice__V1__Dataset *out)
 {
@@ -60,7 +53,7 @@ static void create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     const Sluice__V1__CreateDatasetRequest *req = (const void *)m;
     sl_feed *f = arg;
     char msg[256];
-    int err = feed_name_check("dataset", req->name, msg, sizeof(msg));
+    int err = sl_name_check("dataset", req->name, msg, sizeof(msg));
 
     if (err) {
         sl_rpc_call_fail(call, err, "%s", msg);
@@ -71,7 +64,7 @@ static void create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
                          (unsigned long long)req->samples);
         return;
     }
-    err = sl_cat_dataset_create(f->cat, req->name, req->samples, now_ms());
+    err = sl_cat_dataset_create(f->cat, req->name, req->samples, sl_now_ms());
     if (err == SL_EEXIST) {
         sl_rpc_call_fail(call, err, "dataset '%s' already exists", req->name);
         return;
@@ -90,7 +83,7 @@ static void get(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__GetDatasetRequest *req = (const void *)m;
     char msg[256];
-    int err = feed_name_check("dataset", req->name, msg, sizeof(msg));
+    int err = sl_name_check("dataset", req->name, msg, sizeof(msg));
 
     if (err) {
         sl_rpc_call_fail(call, err, "%s", msg);
@@ -159,7 +152,7 @@ static void delete (sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     sl_feed *f = arg;
     sl_cat_dataset d;
     char msg[256], path[4300];
-    int err = feed_name_check("dataset", req->name, msg, sizeof(msg));
+    int err = sl_name_check("dataset", req->name, msg, sizeof(msg));
 
     if (err) {
         sl_rpc_call_fail(call, err, "%s", msg);
@@ -261,7 +254,7 @@ static int upload_open(sl_rpc_call *call, upload *u, const char *name)
 {
     sl_cat_dataset d;
     char msg[256], dir[4200];
-    int err = feed_name_check("dataset", name, msg, sizeof(msg));
+    int err = sl_name_check("dataset", name, msg, sizeof(msg));
 
     if (err)
         return sl_rpc_call_fail(call, err, "%s", msg), err;

@@ -16,6 +16,7 @@
 #include "catalog/feed.h"
 #include "sample/sample.h"
 #include "sluice/v1/feed.pb-c.h"
+#include "util/name.h"
 
 #include <stdint.h>
 
@@ -155,10 +156,6 @@ struct sl_feed {
 
 /* ---- spec.c: names and specs (pure) ---- */
 
-/* Check a name that becomes part of a path: 1..128 of [A-Za-z0-9._-], not starting with '.',
- * no "..". Returns 0 or SL_EINVAL with a message. */
-int feed_name_check(const char *what, const char *name, char *msg, size_t len);
-
 /* data_dir/datasets/<name>.lengths into buf (name already checked). */
 int feed_lengths_path(const sl_feed *f, const char *name, char *buf, size_t len);
 
@@ -255,12 +252,6 @@ void fshare_unref(fshare *s);
 /* ---- plan.c: batch plans ---- */
 
 void fplan_unref(fplan *p);
-
-/* Read a dataset's lengths file for planning: exactly 4 * n bytes of little-endian u32 whose
- * SHA-256 (lowercase hex) is `sha256`, else SL_ECORRUPT (or -errno, -ENOMEM) with `msg` set.
- * On success *out holds the n lengths; caller frees. Thread-safe (worker pool). */
-int feed_read_lengths(uint32_t **out, const char *path, uint64_t n, const char *sha256, char *msg,
-                      size_t len);
 
 /* Ask for the current epoch's plan (starts it on the worker pool if needed). */
 int feed_plan_request(fjob *j, char *msg, size_t len);

@@ -3,20 +3,13 @@
 
 #include "err.h"
 #include "log.h"
+#include "util/clock.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void reply_job(sl_rpc_call *call, const fjob *j)
 {
@@ -34,7 +27,7 @@ static fjob *job_or_fail(sl_rpc_call *call, sl_feed *f, const char *name)
     char msg[256];
     fjob *j;
 
-    if (feed_name_check("job", name, msg, sizeof(msg)) != 0) {
+    if (sl_name_check("job", name, msg, sizeof(msg)) != 0) {
         sl_rpc_call_fail(call, SL_EINVAL, "%s", msg);
         return NULL;
     }
@@ -65,8 +58,8 @@ static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
         sl_rpc_call_fail(call, SL_EINVAL, "missing job");
         return;
     }
-    if ((err = feed_name_check("job", in->name, msg, sizeof(msg))) != 0 ||
-        (err = feed_name_check("dataset", in->dataset, msg, sizeof(msg))) != 0)
+    if ((err = sl_name_check("job", in->name, msg, sizeof(msg))) != 0 ||
+        (err = sl_name_check("dataset", in->dataset, msg, sizeof(msg))) != 0)
         goto fail;
     if (feed_job_find(f, in->name)) {
         err = SL_EEXIST;
@@ -119,7 +112,7 @@ static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     row.spec = buf;
     row.spec_len = len;
     row.world_size = in->world_size;
-    row.created_ms = now_ms();
+    row.created_ms = sl_now_ms();
     err = sl_cat_job_create(f->cat, &row);
     if (err) {
         snprintf(msg, sizeof(msg), "job '%s': %s", in->name,

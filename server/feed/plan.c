@@ -6,6 +6,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "util/lengths.h"
 #include "shard/shard.h"
 
 #include <errno.h>
@@ -24,77 +25,6 @@ void fplan_unref(fplan *p)
     }
 }
 
-int feed_read_lengths(uint32_t **out, const char *path, uint64_t n, const char *sha256, char *msg,
-                      size_t len)
-{
-    uint32_t *v = NULL;
-    uint8_t *raw;
-    sl_sha256 *h = NULL;
-    char hex[SL_SHARD_HEX_LEN + 1];
-    struct stat stt;
-    size_t got = 0, bytes = (size_t)n * 4;
-    int fd = open(path, O_RDONLY | O_CLOEXEC), err = 0;
-
-    *out = NULL;
-    /* 4 * n must not wrap: a count of 2^62 + 5 would otherwise match a 20-byte file. */
-    if (n > SIZE_MAX / 4) {
-        err = SL_ECORRUPT;
-        snprintf(msg, len, "%llu lengths do not fit in memory", (unsigned long long)n);
-        goto out;
-    }
-    if (fd < 0 || fstat(fd, &stt) != 0) {
-        err = -errno;
-        snprintf(msg, len, "cannot open the lengths file: %s", sl_strerror(err));
-        goto out;
-    }
-    if ((uint64_t)stt.st_size != (uint64_t)bytes) {
-        err = SL_ECORRUPT;
-        snprintf(msg, len, "lengths file has %lld bytes, expected %zu", (long long)stt.st_size,
-                 bytes);
-        goto out;
-    }
-    v = malloc(bytes ? bytes : 4);
-    if (!v) {
-        err = -ENOMEM;
-        snprintf(msg, len, "out of memory for %zu lengths", (size_t)n);
-        goto out;
-    }
-    raw = (uint8_t *)v;
-    while (got < bytes) {
-        ssize_t r = read(fd, raw + got, bytes - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            err = r < 0 ? -errno : SL_ECORRUPT;
-            snprintf(msg, len, "cannot read the lengths file: %s", sl_strerror(err));
-            goto out;
-        }
-        got += (size_t)r;
-    }
-    if ((err = sl_sha256_new(&h)) != 0 || (err = sl_sha256_reset(h)) != 0 ||
-        (err = sl_sha256_update(h, raw, bytes)) != 0 || (err = sl_sha256_final(h, hex)) != 0) {
-        snprintf(msg, len, "hashing failed");
-        goto out;
-    }
-    if (strcmp(hex, sha256) != 0) {
-        err = SL_ECORRUPT;
-        snprintf(msg, len, "lengths file checksum %s does not match the catalog's %s", hex, sha256);
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++)
-        v[i] = (uint32_t)raw[4 * i] | (uint32_t)raw[4 * i + 1] << 8 |
-               (uint32_t)raw[4 * i + 2] << 16 | (uint32_t)raw[4 * i + 3] << 24;
-out:
-    if (fd >= 0)
-        close(fd);
-    sl_sha256_free(h);
-    if (err)
-        free(v);
-    else
-        *out = v;
-    return err;
-}
-
 static void plan_work(uv_work_t *w)
 {
     fplan *p = w->data;
@@ -102,7 +32,7 @@ static void plan_work(uv_work_t *w)
     uint64_t *order = NULL;
     uint64_t n = p->scfg.samples;
 
-    p->err = feed_read_lengths(&lengths, p->path, n, p->sha256, p->msg, sizeof(p->msg));
+    p->err = sl_lengths_read(&lengths, p->path, n, p->sha256, p->msg, sizeof(p->msg));
     if (p->err)
         goto out;
     order = malloc(sizeof(*order) * n);

@@ -7,31 +7,6 @@
 #include <stdio.h>
 #include <string.h>
 
-int feed_name_check(const char *what, const char *name, char *msg, size_t len)
-{
-    size_t n = strlen(name);
-
-    if (n == 0 || n > SL_CAT_FEED_NAME_MAX) {
-        snprintf(msg, len, "%s name '%.140s' must have 1 to %d characters", what, name,
-                 SL_CAT_FEED_NAME_MAX);
-        return SL_EINVAL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        char c = name[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-')) {
-            snprintf(msg, len, "%s name '%.140s' has a character outside [A-Za-z0-9._-]", what,
-                     name);
-            return SL_EINVAL;
-        }
-    }
-    if (name[0] == '.' || strstr(name, "..")) {
-        snprintf(msg, len, "%s name '%.140s' must not start with '.' or contain '..'", what, name);
-        return SL_EINVAL;
-    }
-    return 0;
-}
-
 int feed_lengths_path(const sl_feed *f, const char *name, char *buf, size_t len)
 {
     int n = snprintf(buf, len, "%s/datasets/%s.lengths", f->data_dir, name);

@@ -353,7 +353,7 @@ static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32
         sl_rpc_call_finish(call, SL_RPC_UNAVAILABLE, "server shutting down");
         return;
     }
-    if (feed_name_check("job", job, msg, sizeof(msg)) != 0) {
+    if (sl_name_check("job", job, msg, sizeof(msg)) != 0) {
         sl_rpc_call_fail(call, SL_EINVAL, "%s", msg);
         return;
     }

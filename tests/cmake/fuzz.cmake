@@ -35,7 +35,7 @@ sl_fuzz_target(fuzz_lengths sl_batch sl_common m)
 sl_fuzz_target(fuzz_config sl_server_core)
 sl_fuzz_target(fuzz_feed_rpc sl_server_core)
 sl_fuzz_target(fuzz_ckpt_rpc sl_server_core)
-# feed_read_lengths (server/feed/plan.c): the daemon's lengths-file reader.
+# sl_lengths_read (common/util/lengths_read.c): the daemon's lengths-file reader.
 sl_fuzz_target(fuzz_read_lengths sl_server_core)
 # sluiced's flags and SLUICE_* environment (server/config.c, included).
 sl_fuzz_target(fuzz_flags sl_common PkgConfig::INIH m)

@@ -36,7 +36,7 @@ static void check_name(const char *what, const char *name)
 {
     char msg[320];
 
-    if (name && feed_name_check(what, name, msg, sizeof(msg)) == 0 &&
+    if (name && sl_name_check(what, name, msg, sizeof(msg)) == 0 &&
         (strchr(name, '/') || name[0] == '.' || strstr(name, "..")))
         abort();
 }

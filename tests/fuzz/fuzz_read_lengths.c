@@ -1,5 +1,5 @@
-/* Fuzz target: the daemon's lengths-file reader (feed_read_lengths, server/feed/plan.c), which
- * re-checks the file's size and SHA-256 against the catalog before a batch plan is computed.
+/* Fuzz target: the daemon's lengths-file reader (sl_lengths_read, common/util/lengths_read.c),
+ * which re-checks the file's size and SHA-256 against the catalog before a batch plan is computed.
  *
  * Input layout: byte 0 is the mode, byte 1 a small parameter, bytes 2-9 a little-endian u64,
  * then (hash mode 2 only) 64 bytes of expected hash; the rest is the file. The mode picks how the
@@ -9,11 +9,12 @@
  *   bits 2-3  expected hash: the file's true SHA-256; the true one upper-cased; the 64 input
  *             bytes (up to a NUL); the true one with the character at byte 1 changed
  *   bit 4     the file does not exist
- * The reader must accept exactly the files that exist, are 4 * n bytes long and hash to the
- * expected string, and then return the lengths little-endian decoded; it must never crash. */
+ * The reader must accept exactly the files that exist, are 4 * n bytes long, hash to the
+ * expected string and hold no length of 0, and then return the lengths little-endian decoded;
+ * it must never crash. */
 #include "fuzz.h"
 
-#include "feed/internal.h"
+#include "util/lengths.h"
 
 #include <ctype.h>
 #include <openssl/evp.h>
@@ -42,6 +43,16 @@ static void true_hash(const uint8_t *data, size_t size, char hex[65])
         abort();
     for (int i = 0; i < 32; i++)
         snprintf(hex + 2 * i, 3, "%02x", md[i]);
+}
+
+/* A stored lengths file never holds a length of 0 (every upload refuses it): one that does is
+ * not the file the catalog describes. */
+static int has_zero(const uint8_t *file, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(file[4 * i] | file[4 * i + 1] | file[4 * i + 2] | file[4 * i + 3]))
+            return 1;
+    return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -118,9 +129,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         unlink(path);
     }
     /* Written with exact arithmetic: 4 * n must equal the size without wrapping. */
-    want = exists && n <= fsize / 4 && n * 4 == fsize && strcmp(expect, truth) == 0;
+    want = exists && n <= fsize / 4 && n * 4 == fsize && strcmp(expect, truth) == 0 &&
+           !has_zero(file, fsize / 4);
     msg[0] = '\0';
-    err = feed_read_lengths(&v, path, n, expect, msg, sizeof(msg));
+    err = sl_lengths_read(&v, path, n, expect, msg, sizeof(msg));
     if (want != (err == 0)) {
         fprintf(stderr, "read_lengths: n=%llu size=%zu err=%d msg=%s\n", (unsigned long long)n,
                 fsize, err, msg);
