@@ -124,6 +124,16 @@ class Client:
 
     # ---- streams ----
 
+    @staticmethod
+    def _stream_request(req, epoch, position_field, position):
+        if epoch is not None:
+            req.epoch = epoch
+            req.epoch_set = True
+        if position is not None:
+            setattr(req, position_field, position)
+            setattr(req, position_field + "_set", True)
+        return req
+
     def stream_indices(self, job, rank, epoch=None, position=None, max_chunk=0,
                        group_position=False):
         """Iterate over IndexChunk messages (epoch, start, indices, share_count). By default the
@@ -131,24 +141,14 @@ class Client:
         lowest position any dp rank reported (DDP lockstep after a restart)."""
         req = feed_pb2.StreamIndicesRequest(job=job, rank=rank, max_chunk=max_chunk,
                                             group_position=group_position)
-        if epoch is not None:
-            req.epoch = epoch
-            req.epoch_set = True
-        if position is not None:
-            req.position = position
-            req.position_set = True
-        return self.feed.StreamIndices(req, **self._kw(stream=True))
+        return self.feed.StreamIndices(self._stream_request(req, epoch, "position", position),
+                                       **self._kw(stream=True))
 
     def stream_batches(self, job, rank, epoch=None, step=None, max_batches=0,
                        group_position=False):
-        """Iterate over BatchChunk messages (epoch, batches, batches_per_rank); positions as in
-        stream_indices."""
+        """Iterate over BatchChunk messages (epoch, batches, batches_per_rank); positions (steps)
+        as in stream_indices."""
         req = feed_pb2.StreamBatchesRequest(job=job, rank=rank, max_batches=max_batches,
                                             group_position=group_position)
-        if epoch is not None:
-            req.epoch = epoch
-            req.epoch_set = True
-        if step is not None:
-            req.step = step
-            req.step_set = True
-        return self.feed.StreamBatches(req, **self._kw(stream=True))
+        return self.feed.StreamBatches(self._stream_request(req, epoch, "step", step),
+                                       **self._kw(stream=True))

@@ -243,6 +243,24 @@ class _Fed:
         self.report(self._share)
         self._next_epoch = self._serving + 1
 
+    def __len__(self):
+        return self._len()
+
+    def __iter__(self):
+        """One epoch of this rank's share: what _items makes of each chunk _open streams."""
+        begun = False
+        for chunk in self._chunks(self._open):
+            if not begun:
+                self._begin(chunk.epoch, *self._start_and_count(chunk))
+                begun = True
+            for position, item in self._items(chunk):
+                self.position = position
+                yield item
+                if self.report_every and self.position - self._reported >= self.report_every:
+                    self.report()
+        if begun and not self._tracked:
+            self._finish()
+
     def _chunks(self, open_stream):
         """Chunks of this iteration from open_stream(epoch, position). If the stream breaks
         (daemon restart or shutdown), reopen it with backoff for up to retry_seconds at the
@@ -277,7 +295,7 @@ class _Fed:
                 stream.cancel()
 
 
-class DistributedSampler(Sampler, _Fed):
+class DistributedSampler(_Fed, Sampler):
     """Drop-in for torch.utils.data.DistributedSampler with the coordinator owning the epoch.
 
     ``shuffle=True`` uses the ``torch`` shuffle mode, which reproduces torch's own sampler
@@ -345,7 +363,7 @@ class DistributedSampler(Sampler, _Fed):
         """Indices of one epoch over all data-parallel ranks, padding included (torch's)."""
         return self.num_samples * self.dp_size
 
-    def __len__(self):
+    def _len(self):
         return self.num_samples
 
     def _open(self, epoch, position):
@@ -353,23 +371,15 @@ class DistributedSampler(Sampler, _Fed):
                                           max_chunk=self.max_chunk,
                                           group_position=self.lockstep)
 
-    def __iter__(self):
-        begun = False
-        for chunk in self._chunks(self._open):
-            if not begun:
-                self._begin(chunk.epoch, chunk.start, chunk.share_count)
-                self.num_samples = chunk.share_count
-                begun = True
-            for index in chunk.indices:
-                self.position += 1
-                yield index
-                if self.report_every and self.position - self._reported >= self.report_every:
-                    self.report()
-        if begun and not self._tracked:
-            self._finish()
+    def _start_and_count(self, chunk):
+        self.num_samples = chunk.share_count
+        return chunk.start, chunk.share_count
+
+    def _items(self, chunk):
+        return enumerate(chunk.indices, chunk.start + 1)
 
 
-class BatchSampler(Sampler, _Fed):
+class BatchSampler(_Fed, Sampler):
     """Token-budget batches of a job with a batching config: yields lists of sample indices.
     Every rank gets the same number of batches per epoch, and no batch exceeds the budget.
     Positions are counted in batches. Give ``batching`` (BatchConfig fields), ``seed`` or
@@ -409,7 +419,7 @@ class BatchSampler(Sampler, _Fed):
         st = self._call(self.client.get_epoch, self.job)
         return st.ranks[0].count if st.ranks else 0
 
-    def __len__(self):
+    def _len(self):
         return self.num_batches
 
     def _open(self, epoch, step):
@@ -417,23 +427,16 @@ class BatchSampler(Sampler, _Fed):
                                           max_batches=self.max_batches,
                                           group_position=self.lockstep)
 
-    def __iter__(self):
-        begun = False
+    def _start_and_count(self, chunk):
+        self.num_batches = chunk.batches_per_rank
         self.last_batches = []
-        for chunk in self._chunks(self._open):
-            if not begun:
-                start = chunk.batches[0].step if chunk.batches else chunk.batches_per_rank
-                self._begin(chunk.epoch, start, chunk.batches_per_rank)
-                self.num_batches = chunk.batches_per_rank
-                begun = True
-            for b in chunk.batches:
-                self.position = b.step + 1
-                self.last_batches.append((b.max_len, b.tokens, b.padded_tokens))
-                yield list(b.indices)
-                if self.report_every and self.position - self._reported >= self.report_every:
-                    self.report()
-        if begun and not self._tracked:
-            self._finish()
+        start = chunk.batches[0].step if chunk.batches else chunk.batches_per_rank
+        return start, chunk.batches_per_rank
+
+    def _items(self, chunk):
+        for b in chunk.batches:
+            self.last_batches.append((b.max_len, b.tokens, b.padded_tokens))
+            yield b.step + 1, list(b.indices)
 
 
 def _fed_sampler(loader):
