@@ -13,6 +13,8 @@
 #include "log.h"
 #include "util/clock.h"
 #include "shard/shard.h"
+#include "store/store.h"
+#include "util/lengths.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -237,18 +239,6 @@ static void upload_start(sl_rpc_call *call, const ProtobufCMessage *m, void *arg
     sl_rpc_call_read(call);
 }
 
-static int fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err = 0;
-
-    if (fd < 0)
-        return -errno;
-    if (fsync(fd) != 0)
-        err = -errno;
-    close(fd);
-    return err;
-}
-
 /* First message: check the dataset and open the temporary file. */
 static int upload_open(sl_rpc_call *call, upload *u, const char *name)
 {
@@ -291,21 +281,6 @@ static int upload_open(sl_rpc_call *call, upload *u, const char *name)
     return err;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 static void upload_finish(sl_rpc_call *call, upload *u)
 {
     char hex[SL_SHARD_HEX_LEN + 1], path[4300], staged[4500], dir[4200];
@@ -340,7 +315,7 @@ static void upload_finish(sl_rpc_call *call, upload *u)
     }
     close(u->fd);
     u->fd = -1;
-    if ((err = fsync_dir(dir)) != 0) {
+    if ((err = sl_store_fsync_dir(dir)) != 0) {
         unlink(staged);
         sl_rpc_call_fail(call, err, "could not sync %s: %s", dir, sl_strerror(err));
         return;
@@ -353,7 +328,7 @@ static void upload_finish(sl_rpc_call *call, upload *u)
                          sl_strerror(err));
         return;
     }
-    if (rename(staged, path) != 0 || (err = fsync_dir(dir)) != 0) {
+    if (rename(staged, path) != 0 || (err = sl_store_fsync_dir(dir)) != 0) {
         /* Recorded but not in place: planning refuses the old file (its checksum differs) until
          * the next start moves the staged file into place. */
         err = err ? err : -errno;
@@ -372,7 +347,7 @@ static void upload_message(sl_rpc_call *call, const ProtobufCMessage *m, void *a
 {
     const Sluice__V1__UploadLengthsRequest *req = (const void *)m;
     upload *u = sl_rpc_call_data(call);
-    size_t bytes;
+    size_t bytes, bad = 0;
     int err;
 
     (void)arg;
@@ -403,19 +378,12 @@ static void upload_message(sl_rpc_call *call, const ProtobufCMessage *m, void *a
         u->buf = p;
         u->buf_cap = bytes;
     }
-    for (size_t i = 0; i < req->n_lengths; i++) {
-        uint32_t v = req->lengths[i];
-        if (v == 0) {
-            UPLOAD_FAIL(call, u, SL_EINVAL, "length 0 for sample %llu (lengths must be >= 1)",
-                        (unsigned long long)(u->got + i));
-            return;
-        }
-        u->buf[4 * i] = (uint8_t)v;
-        u->buf[4 * i + 1] = (uint8_t)(v >> 8);
-        u->buf[4 * i + 2] = (uint8_t)(v >> 16);
-        u->buf[4 * i + 3] = (uint8_t)(v >> 24);
+    if (sl_lengths_encode(u->buf, req->lengths, req->n_lengths, &bad) != 0) {
+        UPLOAD_FAIL(call, u, SL_EINVAL, "length 0 for sample %llu (lengths must be >= 1)",
+                    (unsigned long long)(u->got + bad));
+        return;
     }
-    err = write_all(u->fd, u->buf, bytes);
+    err = sl_store_pwrite_all(u->fd, u->buf, bytes, 4 * u->got);
     if (!err)
         err = sl_sha256_update(u->sha, u->buf, bytes);
     if (err) {

@@ -3,6 +3,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "store/store.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -95,12 +96,8 @@ static int recover_lengths(sl_feed *f, const char *dir)
     }
     closedir(d);
     if (changed) {
-        int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd >= 0) {
-            if (fsync(fd) != 0)
-                sl_log_warn("lengths_recover_failed", "dir=%s error=\"fsync failed\"", dir);
-            close(fd);
-        }
+        if (sl_store_fsync_dir(dir) != 0)
+            sl_log_warn("lengths_recover_failed", "dir=%s error=\"fsync failed\"", dir);
     }
     return err;
 }

@@ -367,9 +367,8 @@ class DistributedSampler(_Fed, Sampler):
         return self.num_samples
 
     def _open(self, epoch, position):
-        return self.client.stream_indices(self.job, self.rank, epoch=epoch, position=position,
-                                          max_chunk=self.max_chunk,
-                                          group_position=self.lockstep)
+        return self.client.stream_indices(self.job, self.rank, epoch, position, self.max_chunk,
+                                          self.lockstep)
 
     def _start_and_count(self, chunk):
         self.num_samples = chunk.share_count
@@ -423,9 +422,8 @@ class BatchSampler(_Fed, Sampler):
         return self.num_batches
 
     def _open(self, epoch, step):
-        return self.client.stream_batches(self.job, self.rank, epoch=epoch, step=step,
-                                          max_batches=self.max_batches,
-                                          group_position=self.lockstep)
+        return self.client.stream_batches(self.job, self.rank, epoch, step, self.max_batches,
+                                          self.lockstep)
 
     def _start_and_count(self, chunk):
         self.num_batches = chunk.batches_per_rank
