@@ -2,6 +2,7 @@
  * of its files. The catalog changes first: a crash after it leaves files the startup sweep
  * removes, never rows that point at missing files. */
 #include "internal.h"
+#include "util/array.h"
 
 #include "err.h"
 #include "log.h"
@@ -131,14 +132,8 @@ static int pick_victim(const sl_cat_ckpt *c, void *arg)
     /* Listed newest first: the first `keep` (at least the newest) stay. */
     if (r->seen++ < r->keep)
         return 0;
-    if (r->n == r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 4;
-        void *v = realloc(r->victims, cap * sizeof(*r->victims));
-        if (!v)
-            return -ENOMEM;
-        r->victims = v;
-        r->cap = cap;
-    }
+    if (sl_array_grow((void **)&r->victims, &r->cap, r->n, sizeof(*r->victims), 4) != 0)
+        return -ENOMEM;
     r->victims[r->n++] = *c;
     return 0;
 }

@@ -1,6 +1,7 @@
 /* Begin, Get, List, Latest and UploadStatus: checkpoints as the catalog has them, and how much
  * of an interrupted upload the server holds. */
 #include "internal.h"
+#include "util/array.h"
 
 #include "err.h"
 #include "log.h"
@@ -56,14 +57,8 @@ static int collect_shard(const sl_cat_shard *sh, void *arg)
     Sluice__V1__ShardInfo *si;
     char file[NAME_MAX + 1], path[PATH_MAX];
 
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16;
-        void *v = realloc(l->v, cap * sizeof(*l->v));
-        if (!v)
-            return -ENOMEM;
-        l->v = v;
-        l->cap = cap;
-    }
+    if (sl_array_grow((void **)&l->v, &l->cap, l->n, sizeof(*l->v), 16) != 0)
+        return -ENOMEM;
     si = calloc(1, sizeof(*si));
     if (!si)
         return -ENOMEM;
@@ -118,14 +113,8 @@ static int collect_ckpt(const sl_cat_ckpt *c, void *arg)
 
     if (l->n >= LIST_MAX)
         return 1;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16;
-        void *v = realloc(l->v, cap * sizeof(*l->v));
-        if (!v)
-            return -ENOMEM;
-        l->v = v;
-        l->cap = cap;
-    }
+    if (sl_array_grow((void **)&l->v, &l->cap, l->n, sizeof(*l->v), 16) != 0)
+        return -ENOMEM;
     m = malloc(sizeof(*m));
     if (!m)
         return -ENOMEM;

@@ -8,6 +8,7 @@
  * run on the loop thread: they are page-cache writes of at most one message (a few MiB) each.
  */
 #include "internal.h"
+#include "util/array.h"
 
 #include "err.h"
 #include "log.h"
@@ -103,14 +104,8 @@ static int list_one(const sl_cat_dataset *d, void *arg)
 {
     list_acc *a = arg;
 
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? 2 * a->cap : 16;
-        sl_cat_dataset *p = realloc(a->items, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        a->items = p;
-        a->cap = cap;
-    }
+    if (sl_array_grow((void **)&a->items, &a->cap, a->n, sizeof(*a->items), 16) != 0)
+        return -ENOMEM;
     a->items[a->n++] = *d;
     return 0;
 }

@@ -1,5 +1,6 @@
 /* sluice.v1.Jobs and sluice.v1.Epochs. */
 #include "internal.h"
+#include "util/array.h"
 
 #include "err.h"
 #include "log.h"
@@ -354,14 +355,9 @@ int feed_report_enqueue(sl_feed *f, sl_rpc_call *call, const fjob *j, uint32_t d
 {
     freport *r;
 
-    if (f->n_pending == f->cap_pending) {
-        size_t cap = f->cap_pending ? 2 * f->cap_pending : 64;
-        freport *p = realloc(f->pending, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        f->pending = p;
-        f->cap_pending = cap;
-    }
+    if (sl_array_grow((void **)&f->pending, &f->cap_pending, f->n_pending, sizeof(*f->pending),
+                      64) != 0)
+        return -ENOMEM;
     r = &f->pending[f->n_pending++];
     r->call = call;
     snprintf(r->job, sizeof(r->job), "%s", j->name);

@@ -3,6 +3,7 @@
  * tested; LeakSanitizer in the ASan run checks that a failure leaks nothing. */
 #include "err.h"
 #include "shard/shard.h"
+#include "util/array.h"
 #include "util/buf.h"
 #include "util/clock.h"
 #include "util/json.h"
@@ -439,6 +440,30 @@ static void test_lengths_read(void)
     CHECK(strstr(msg, "cannot open the lengths file") != NULL);
 }
 
+static void test_array_grow(void)
+{
+    int *v = NULL;
+    size_t cap = 0, n = 0;
+
+    for (int i = 0; i < 100; i++) {
+        CHECK(sl_array_grow((void **)&v, &cap, n, sizeof(*v), 4) == 0);
+        CHECK(cap > n);
+        v[n++] = i;
+    }
+    CHECK(cap == 128);
+    for (int i = 0; i < 100; i++)
+        CHECK(v[i] == i);
+    /* Room already there: nothing moves. */
+    CHECK(sl_array_grow((void **)&v, &cap, 5, sizeof(*v), 4) == 0 && cap == 128);
+    /* A size that overflows is refused and leaves the array as it was. */
+    {
+        int *before = v;
+        CHECK(sl_array_grow((void **)&v, &cap, 128, SIZE_MAX / 64, 4) == -ENOMEM);
+        CHECK(v == before && cap == 128);
+    }
+    free(v);
+}
+
 int main(void)
 {
     test_parse_u64();
@@ -452,6 +477,7 @@ int main(void)
     test_lengths_text();
     test_lengths_u32();
     test_lengths_read();
+    test_array_grow();
     if (failures) {
         fprintf(stderr, "util_test: %d failure(s)\n", failures);
         return 1;
