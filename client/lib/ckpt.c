@@ -67,17 +67,13 @@ static int unary(sl_client *c, const char *method, const ProtobufCMessage *req,
     return err ? sl_client_record(err, &st) : 0;
 }
 
-static int ref_call(sl_client *c, const char *method, sl_ckpt *out, const char *job,
-                    const char *name)
+/* A unary call answered with a Checkpoint, copied into *out (may be NULL). */
+static int ckpt_call(sl_client *c, const char *method, const ProtobufCMessage *req, sl_ckpt *out)
 {
-    Sluice__V1__CheckpointRef req = SLUICE__V1__CHECKPOINT_REF__INIT;
     Sluice__V1__Checkpoint *resp = NULL;
-    int err;
+    int err =
+        unary(c, method, req, &sluice__v1__checkpoint__descriptor, (ProtobufCMessage **)&resp);
 
-    req.job = (char *)job;
-    req.name = (char *)name;
-    err = unary(c, method, &req.base, &sluice__v1__checkpoint__descriptor,
-                (ProtobufCMessage **)&resp);
     if (err)
         return err;
     if (out)
@@ -86,26 +82,27 @@ static int ref_call(sl_client *c, const char *method, sl_ckpt *out, const char *
     return 0;
 }
 
+static int ref_call(sl_client *c, const char *method, sl_ckpt *out, const char *job,
+                    const char *name)
+{
+    Sluice__V1__CheckpointRef req = SLUICE__V1__CHECKPOINT_REF__INIT;
+
+    req.job = (char *)job;
+    req.name = (char *)name;
+    return ckpt_call(c, method, &req.base, out);
+}
+
 int sl_ckpt_begin(sl_client *c, sl_ckpt *out, const char *job, const char *name, uint64_t step,
                   int32_t world_size, const char *user_metadata)
 {
     Sluice__V1__BeginRequest req = SLUICE__V1__BEGIN_REQUEST__INIT;
-    Sluice__V1__Checkpoint *resp = NULL;
-    int err;
 
     req.job = (char *)job;
     req.name = (char *)(name ? name : "");
     req.step = step;
     req.world_size = world_size;
     req.user_metadata = (char *)(user_metadata ? user_metadata : "");
-    err = unary(c, SVC "Begin", &req.base, &sluice__v1__checkpoint__descriptor,
-                (ProtobufCMessage **)&resp);
-    if (err)
-        return err;
-    if (out)
-        from_pb(out, resp);
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
-    return 0;
+    return ckpt_call(c, SVC "Begin", &req.base, out);
 }
 
 int sl_ckpt_commit(sl_client *c, sl_ckpt *out, const char *job, const char *name)

@@ -7,6 +7,7 @@
 #include "sluice/v1/feed.pb-c.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -461,20 +462,35 @@ static int read_msg(sl_rpc_stream *s, const ProtobufCMessageDescriptor *d, Proto
     return r == 0 ? 0 : sl_client_set_error(r, "stream failed: %s", sl_strerror(r));
 }
 
-int sl_indices_open(sl_index_stream **out, sl_client *c, const char *job, uint32_t rank,
-                    const sl_stream_opts *opts)
+/* Check the options, allocate a stream object of `size` bytes whose sl_rpc_stream pointer is at
+ * `rpc_off`, and start `method` with `req`. Returns 0 and *out, or the error (*out NULL). */
+static int open_typed(void **out, size_t size, size_t rpc_off, sl_client *c, const char *method,
+                      const ProtobufCMessage *req, const sl_stream_opts *opts)
 {
-    Sluice__V1__StreamIndicesRequest req = SLUICE__V1__STREAM_INDICES_REQUEST__INIT;
-    sl_index_stream *s;
+    char *s;
     int err;
 
     *out = NULL;
     err = opts ? sl_opts_check(opts->version, SL_STREAM_OPTS_VERSION, "sl_stream_opts") : 0;
     if (err)
         return err;
-    s = calloc(1, sizeof(*s));
+    s = calloc(1, size);
     if (!s)
         return sl_client_set_error(-ENOMEM, "out of memory");
+    err = open_stream((sl_rpc_stream **)(void *)(s + rpc_off), c, method, req);
+    if (err) {
+        free(s);
+        return err;
+    }
+    *out = s;
+    return 0;
+}
+
+int sl_indices_open(sl_index_stream **out, sl_client *c, const char *job, uint32_t rank,
+                    const sl_stream_opts *opts)
+{
+    Sluice__V1__StreamIndicesRequest req = SLUICE__V1__STREAM_INDICES_REQUEST__INIT;
+
     req.job = (char *)job;
     req.rank = rank;
     if (opts) {
@@ -484,13 +500,8 @@ int sl_indices_open(sl_index_stream **out, sl_client *c, const char *job, uint32
         req.position = opts->position;
         req.max_chunk = opts->max_chunk;
     }
-    err = open_stream(&s->s, c, P_FEED "StreamIndices", &req.base);
-    if (err) {
-        free(s);
-        return err;
-    }
-    *out = s;
-    return 0;
+    return open_typed((void **)out, sizeof(**out), offsetof(sl_index_stream, s), c,
+                      P_FEED "StreamIndices", &req.base, opts);
 }
 
 int sl_indices_next(sl_index_stream *s, const uint64_t **idx, size_t *n, uint64_t *start)
@@ -539,16 +550,7 @@ int sl_batches_open(sl_batch_stream **out, sl_client *c, const char *job, uint32
                     const sl_stream_opts *opts)
 {
     Sluice__V1__StreamBatchesRequest req = SLUICE__V1__STREAM_BATCHES_REQUEST__INIT;
-    sl_batch_stream *s;
-    int err;
 
-    *out = NULL;
-    err = opts ? sl_opts_check(opts->version, SL_STREAM_OPTS_VERSION, "sl_stream_opts") : 0;
-    if (err)
-        return err;
-    s = calloc(1, sizeof(*s));
-    if (!s)
-        return sl_client_set_error(-ENOMEM, "out of memory");
     req.job = (char *)job;
     req.rank = rank;
     if (opts) {
@@ -558,13 +560,8 @@ int sl_batches_open(sl_batch_stream **out, sl_client *c, const char *job, uint32
         req.step = opts->position;
         req.max_batches = opts->max_chunk;
     }
-    err = open_stream(&s->s, c, P_FEED "StreamBatches", &req.base);
-    if (err) {
-        free(s);
-        return err;
-    }
-    *out = s;
-    return 0;
+    return open_typed((void **)out, sizeof(**out), offsetof(sl_batch_stream, s), c,
+                      P_FEED "StreamBatches", &req.base, opts);
 }
 
 int sl_batches_next(sl_batch_stream *s, sl_feed_batch *out)
