@@ -12,6 +12,7 @@
 #include "batch/batch.h"
 
 #include "err.h"
+#include "util/msg.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -123,21 +124,6 @@ static void acct_free(acct *a, void *p, size_t n)
     }
 }
 
-static int fail(char *msg, size_t len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *msg, size_t len, int code, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (msg && len) {
-        va_start(ap, fmt);
-        vsnprintf(msg, len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 void sl_batch_config_init(sl_batch_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
@@ -190,64 +176,64 @@ static int config_resolve(sl_batch_config *out, const sl_batch_config *in, char 
     sl_batch_config c;
 
     if (!in)
-        return fail(msg, len, SL_EINVAL, "config is NULL");
+        return sl_fail(msg, len, SL_EINVAL, "config is NULL");
     c = *in;
     if ((unsigned)c.strategy > SL_BATCH_PACKED)
-        return fail(msg, len, SL_EINVAL, "strategy %d is not pad, bucket, dynamic or packed",
-                    (int)c.strategy);
+        return sl_fail(msg, len, SL_EINVAL, "strategy %d is not pad, bucket, dynamic or packed",
+                       (int)c.strategy);
     if ((unsigned)c.cost > SL_BATCH_COST_SUM)
-        return fail(msg, len, SL_EINVAL, "cost model %d is not padded or sum", (int)c.cost);
+        return sl_fail(msg, len, SL_EINVAL, "cost model %d is not padded or sum", (int)c.cost);
     if ((unsigned)c.overlong > SL_BATCH_SKIP)
-        return fail(msg, len, SL_EINVAL, "overlong policy %d is not truncate or skip",
-                    (int)c.overlong);
+        return sl_fail(msg, len, SL_EINVAL, "overlong policy %d is not truncate or skip",
+                       (int)c.overlong);
     if ((unsigned)c.remainder > SL_BATCH_REPEAT)
-        return fail(msg, len, SL_EINVAL, "remainder policy %d is not drop or pad",
-                    (int)c.remainder);
+        return sl_fail(msg, len, SL_EINVAL, "remainder policy %d is not drop or pad",
+                       (int)c.remainder);
     if (c.max_batch_size == 0)
-        return fail(msg, len, SL_EINVAL, "max_batch_size must be at least 1 (got 0)");
+        return sl_fail(msg, len, SL_EINVAL, "max_batch_size must be at least 1 (got 0)");
     if (c.max_seq_len == 0)
-        return fail(msg, len, SL_EINVAL, "max_seq_len must be at least 1 (got 0)");
+        return sl_fail(msg, len, SL_EINVAL, "max_seq_len must be at least 1 (got 0)");
     if (c.max_seq_len > SL_BATCH_MAX_SEQ_LEN)
-        return fail(msg, len, SL_ELIMIT, "max_seq_len %" PRIu32 " is over the limit %u",
-                    c.max_seq_len, SL_BATCH_MAX_SEQ_LEN);
+        return sl_fail(msg, len, SL_ELIMIT, "max_seq_len %" PRIu32 " is over the limit %u",
+                       c.max_seq_len, SL_BATCH_MAX_SEQ_LEN);
     if (c.max_tokens == 0) {
         /* Both factors are 32-bit, so the product cannot overflow 64 bits. */
         uint64_t t = (uint64_t)c.max_batch_size * c.max_seq_len;
 
         if (t > SL_BATCH_MAX_TOKENS)
-            return fail(msg, len, SL_ELIMIT,
-                        "max_batch_size %" PRIu32 " x max_seq_len %" PRIu32 " = %" PRIu64
-                        " tokens is over the limit %" PRIu32 "; set max_tokens",
-                        c.max_batch_size, c.max_seq_len, t, SL_BATCH_MAX_TOKENS);
+            return sl_fail(msg, len, SL_ELIMIT,
+                           "max_batch_size %" PRIu32 " x max_seq_len %" PRIu32 " = %" PRIu64
+                           " tokens is over the limit %" PRIu32 "; set max_tokens",
+                           c.max_batch_size, c.max_seq_len, t, SL_BATCH_MAX_TOKENS);
         c.max_tokens = t;
     }
     if (c.max_tokens > SL_BATCH_MAX_TOKENS)
-        return fail(msg, len, SL_ELIMIT, "max_tokens %" PRIu64 " is over the limit %" PRIu32,
-                    c.max_tokens, SL_BATCH_MAX_TOKENS);
+        return sl_fail(msg, len, SL_ELIMIT, "max_tokens %" PRIu64 " is over the limit %" PRIu32,
+                       c.max_tokens, SL_BATCH_MAX_TOKENS);
     if (c.max_tokens < c.max_seq_len)
-        return fail(msg, len, SL_EINVAL,
-                    "max_tokens %" PRIu64 " is smaller than max_seq_len %" PRIu32
-                    ": a sequence of max_seq_len tokens would not fit in any batch",
-                    c.max_tokens, c.max_seq_len);
+        return sl_fail(msg, len, SL_EINVAL,
+                       "max_tokens %" PRIu64 " is smaller than max_seq_len %" PRIu32
+                       ": a sequence of max_seq_len tokens would not fit in any batch",
+                       c.max_tokens, c.max_seq_len);
     if (c.cost == SL_BATCH_COST_DEFAULT)
         c.cost = c.strategy == SL_BATCH_PACKED ? SL_BATCH_COST_SUM : SL_BATCH_COST_PADDED;
     if (c.strategy == SL_BATCH_PACKED && c.cost != SL_BATCH_COST_SUM)
-        return fail(msg, len, SL_EINVAL,
-                    "the packed strategy packs by sum of lengths; cost model padded does not "
-                    "apply to it");
+        return sl_fail(msg, len, SL_EINVAL,
+                       "the packed strategy packs by sum of lengths; cost model padded does not "
+                       "apply to it");
     if (c.bucket_width == 0)
         c.bucket_width = SL_BATCH_DEFAULT_BUCKET;
     if (c.batch_size_multiple == 0)
         c.batch_size_multiple = 1;
     if (c.batch_size_multiple > c.max_batch_size)
-        return fail(msg, len, SL_EINVAL,
-                    "batch_size_multiple %" PRIu32 " is larger than max_batch_size %" PRIu32,
-                    c.batch_size_multiple, c.max_batch_size);
+        return sl_fail(msg, len, SL_EINVAL,
+                       "batch_size_multiple %" PRIu32 " is larger than max_batch_size %" PRIu32,
+                       c.batch_size_multiple, c.max_batch_size);
     if (c.replicas == 0)
         c.replicas = 1;
     if (c.replicas > SL_BATCH_MAX_REPLICAS)
-        return fail(msg, len, SL_ELIMIT, "replicas %" PRIu32 " is over the limit %u", c.replicas,
-                    SL_BATCH_MAX_REPLICAS);
+        return sl_fail(msg, len, SL_ELIMIT, "replicas %" PRIu32 " is over the limit %u", c.replicas,
+                       SL_BATCH_MAX_REPLICAS);
     *out = c;
     return 0;
 }
@@ -737,14 +723,14 @@ static inline __attribute__((always_inline)) int scan_loop(planner *p, const uin
                 __builtin_prefetch(&p->lengths[order[k + PREFETCH]]);
         }
         if (i >= n_lengths) {
-            err = fail(msg, len, SL_EINVAL, "order[%zu] = %" PRIu64 " is out of range [0, %zu)", k,
-                       i, n_lengths);
+            err = sl_fail(msg, len, SL_EINVAL, "order[%zu] = %" PRIu64 " is out of range [0, %zu)",
+                          k, i, n_lengths);
             break;
         }
         l = c16 ? c16[i] : p->lengths[i];
         if (l == 0) {
-            err = fail(msg, len, SL_EINVAL,
-                       "sample %" PRIu64 " has length 0 (every length must be at least 1)", i);
+            err = sl_fail(msg, len, SL_EINVAL,
+                          "sample %" PRIu64 " has length 0 (every length must be at least 1)", i);
             break;
         }
         if (l > maxl) {
@@ -1172,20 +1158,20 @@ int sl_batch_plan_new(sl_batch_plan **out, const sl_batch_config *cfg, const uin
     if (msg && len)
         msg[0] = '\0';
     if (!out)
-        return fail(msg, len, SL_EINVAL, "out is NULL");
+        return sl_fail(msg, len, SL_EINVAL, "out is NULL");
     *out = NULL;
     if ((err = config_resolve(&p.c, cfg, msg, len)) != 0)
         return err;
     if (n_lengths > SL_BATCH_MAX_SEQUENCES)
-        return fail(msg, len, SL_ELIMIT, "%zu lengths is over the limit %" PRIu32, n_lengths,
-                    SL_BATCH_MAX_SEQUENCES);
+        return sl_fail(msg, len, SL_ELIMIT, "%zu lengths is over the limit %" PRIu32, n_lengths,
+                       SL_BATCH_MAX_SEQUENCES);
     if (!order)
         n_order = n_lengths;
     if (n_order > SL_BATCH_MAX_SEQUENCES)
-        return fail(msg, len, SL_ELIMIT, "an order of %zu samples is over the limit %" PRIu32,
-                    n_order, SL_BATCH_MAX_SEQUENCES);
+        return sl_fail(msg, len, SL_ELIMIT, "an order of %zu samples is over the limit %" PRIu32,
+                       n_order, SL_BATCH_MAX_SEQUENCES);
     if (!lengths && n_lengths)
-        return fail(msg, len, SL_EINVAL, "lengths is NULL");
+        return sl_fail(msg, len, SL_EINVAL, "lengths is NULL");
     p.lengths = lengths;
     p.order = order;
     p.n_order = n_order;
@@ -1282,7 +1268,7 @@ int sl_batch_plan_new(sl_batch_plan **out, const sl_batch_config *cfg, const uin
 out:
     /* The contract promises a message for every failure; the allocation sites leave it to us. */
     if (err == -ENOMEM)
-        fail(msg, len, err, "out of memory planning an epoch of %zu samples", n_order);
+        sl_fail(msg, len, err, "out of memory planning an epoch of %zu samples", n_order);
     free_scratch(&p);
     free(p.idx);
     free(p.recs);

@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include "err.h"
+#include "util/msg.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -44,21 +45,6 @@ struct sl_sample_elastic {
     uint64_t *off;   /* [old_R + 1]: prefix sums of the unconsumed lengths */
 };
 
-static int fail(char *msg, size_t len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *msg, size_t len, int code, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (msg && len) {
-        va_start(ap, fmt);
-        vsnprintf(msg, len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 void sl_sample_config_init(sl_sample_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
@@ -98,21 +84,21 @@ static int check_mesh(const sl_sample_config *cfg, char *msg, size_t len)
         return 0;
     for (int a = 1; a <= 4; a++) {
         if (sz[a] == 0)
-            return fail(msg, len, SL_EINVAL, "mesh %s size 0: every axis must be at least 1",
-                        axis_names[a]);
+            return sl_fail(msg, len, SL_EINVAL, "mesh %s size 0: every axis must be at least 1",
+                           axis_names[a]);
         prod *= sz[a];
     }
     if (prod != cfg->replicas)
-        return fail(msg, len, SL_EINVAL,
-                    "mesh dp=%" PRIu32 " x tp=%" PRIu32 " x cp=%" PRIu32 " x pp=%" PRIu32
-                    " = %" PRIu64 " ranks does not match world size %" PRIu32,
-                    m->dp, m->tp, m->cp, m->pp, prod, cfg->replicas);
+        return sl_fail(msg, len, SL_EINVAL,
+                       "mesh dp=%" PRIu32 " x tp=%" PRIu32 " x cp=%" PRIu32 " x pp=%" PRIu32
+                       " = %" PRIu64 " ranks does not match world size %" PRIu32,
+                       m->dp, m->tp, m->cp, m->pp, prod, cfg->replicas);
     mesh_order(ord, m);
     for (int i = 0; i < 4; i++) {
         if (ord[i] < 1 || ord[i] > 4 || (seen & (1u << ord[i])))
-            return fail(msg, len, SL_EINVAL,
-                        "mesh order must list each of dp, tp, cp, pp once (entry %d is %u)", i,
-                        ord[i]);
+            return sl_fail(msg, len, SL_EINVAL,
+                           "mesh order must list each of dp, tp, cp, pp once (entry %d is %u)", i,
+                           ord[i]);
         seen |= 1u << ord[i];
     }
     return 0;
@@ -121,38 +107,38 @@ static int check_mesh(const sl_sample_config *cfg, char *msg, size_t len)
 int sl_sample_config_check(const sl_sample_config *cfg, char *msg, size_t len)
 {
     if (!cfg)
-        return fail(msg, len, SL_EINVAL, "no config");
+        return sl_fail(msg, len, SL_EINVAL, "no config");
     if (cfg->samples == 0)
-        return fail(msg, len, SL_EINVAL, "samples 0: the dataset must hold at least one sample");
+        return sl_fail(msg, len, SL_EINVAL, "samples 0: the dataset must hold at least one sample");
     if (cfg->samples > SL_SAMPLE_MAX_N)
-        return fail(msg, len, SL_ELIMIT, "samples %" PRIu64 " over the limit %" PRIu64,
-                    cfg->samples, SL_SAMPLE_MAX_N);
+        return sl_fail(msg, len, SL_ELIMIT, "samples %" PRIu64 " over the limit %" PRIu64,
+                       cfg->samples, SL_SAMPLE_MAX_N);
     if (cfg->replicas == 0)
-        return fail(msg, len, SL_EINVAL, "replicas 0: the world must hold at least one rank");
+        return sl_fail(msg, len, SL_EINVAL, "replicas 0: the world must hold at least one rank");
     if (cfg->rank >= cfg->replicas)
-        return fail(msg, len, SL_EINVAL, "rank %" PRIu32 " out of range [0, %" PRIu32 ")",
-                    cfg->rank, cfg->replicas);
+        return sl_fail(msg, len, SL_EINVAL, "rank %" PRIu32 " out of range [0, %" PRIu32 ")",
+                       cfg->rank, cfg->replicas);
     if ((unsigned)cfg->partition > SL_SAMPLE_CHUNKED)
-        return fail(msg, len, SL_EINVAL, "partition %d unknown", (int)cfg->partition);
+        return sl_fail(msg, len, SL_EINVAL, "partition %d unknown", (int)cfg->partition);
     if ((unsigned)cfg->shuffle > SL_SAMPLE_SHUFFLE_FEISTEL)
-        return fail(msg, len, SL_EINVAL, "shuffle %d unknown", (int)cfg->shuffle);
+        return sl_fail(msg, len, SL_EINVAL, "shuffle %d unknown", (int)cfg->shuffle);
     if (cfg->partition == SL_SAMPLE_CHUNKED && cfg->chunk_size == 0)
-        return fail(msg, len, SL_EINVAL, "chunk size 0: chunks hold at least one sample");
+        return sl_fail(msg, len, SL_EINVAL, "chunk size 0: chunks hold at least one sample");
     if (cfg->partition == SL_SAMPLE_CHUNKED && cfg->chunk_size > SL_SAMPLE_MAX_CHUNK)
-        return fail(msg, len, SL_ELIMIT, "chunk size %" PRIu64 " over the limit %" PRIu64,
-                    cfg->chunk_size, SL_SAMPLE_MAX_CHUNK);
+        return sl_fail(msg, len, SL_ELIMIT, "chunk size %" PRIu64 " over the limit %" PRIu64,
+                       cfg->chunk_size, SL_SAMPLE_MAX_CHUNK);
     if (cfg->shuffle == SL_SAMPLE_SHUFFLE_TORCH && cfg->samples >= SL_SAMPLE_TORCH_MAX_N)
-        return fail(msg, len, SL_ELIMIT,
-                    "samples %" PRIu64 " too many for shuffle torch (exact below %" PRIu64
-                    "); use feistel",
-                    cfg->samples, SL_SAMPLE_TORCH_MAX_N);
+        return sl_fail(msg, len, SL_ELIMIT,
+                       "samples %" PRIu64 " too many for shuffle torch (exact below %" PRIu64
+                       "); use feistel",
+                       cfg->samples, SL_SAMPLE_TORCH_MAX_N);
     if (cfg->epoch > SL_SAMPLE_EPOCH_MAX)
-        return fail(msg, len, SL_EINVAL, "epoch %" PRIu64 " out of range [0, %" PRIu64 "]",
-                    cfg->epoch, SL_SAMPLE_EPOCH_MAX);
+        return sl_fail(msg, len, SL_EINVAL, "epoch %" PRIu64 " out of range [0, %" PRIu64 "]",
+                       cfg->epoch, SL_SAMPLE_EPOCH_MAX);
     if (cfg->seed > UINT64_MAX - cfg->epoch)
-        return fail(msg, len, SL_EINVAL,
-                    "epoch %" PRIu64 " out of range: seed %" PRIu64 " + epoch exceeds %" PRIu64,
-                    cfg->epoch, cfg->seed, UINT64_MAX);
+        return sl_fail(msg, len, SL_EINVAL,
+                       "epoch %" PRIu64 " out of range: seed %" PRIu64 " + epoch exceeds %" PRIu64,
+                       cfg->epoch, cfg->seed, UINT64_MAX);
     return check_mesh(cfg, msg, len);
 }
 
@@ -476,14 +462,14 @@ int sl_sample_new(sl_sample **out, const sl_sample_config *cfg, char *msg, size_
     if ((err = sl_sample_config_check(cfg, msg, len)) != 0)
         goto out;
     if (!(s = calloc(1, sizeof(*s)))) {
-        err = fail(msg, len, -ENOMEM, "out of memory");
+        err = sl_fail(msg, len, -ENOMEM, "out of memory");
         goto out;
     }
     layout_sizes(&s->own, cfg);
     dp_of(&s->r, &R, cfg);
     if ((err = layout_perms(&s->own, s->r)) != 0) {
-        fail(msg, len, err, "out of memory for the torch permutation of %" PRIu64 " samples",
-             cfg->samples);
+        sl_fail(msg, len, err, "out of memory for the torch permutation of %" PRIu64 " samples",
+                cfg->samples);
         goto out;
     }
     s->L = &s->own;
@@ -600,7 +586,7 @@ int sl_sample_elastic_new(sl_sample_elastic **out, const sl_sample_config *epoch
 
     *out = NULL;
     if (!epoch_cfg || (n_consumed && !consumed)) {
-        err = fail(msg, len, SL_EINVAL, "no config or consumed counts");
+        err = sl_fail(msg, len, SL_EINVAL, "no config or consumed counts");
         goto out;
     }
     cfg = *epoch_cfg;
@@ -608,36 +594,36 @@ int sl_sample_elastic_new(sl_sample_elastic **out, const sl_sample_config *epoch
     if ((err = sl_sample_config_check(&cfg, msg, len)) != 0)
         goto out;
     if (new_replicas == 0) {
-        err = fail(msg, len, SL_EINVAL, "new replicas 0: the world must hold at least one rank");
+        err = sl_fail(msg, len, SL_EINVAL, "new replicas 0: the world must hold at least one rank");
         goto out;
     }
     if (!(e = calloc(1, sizeof(*e)))) {
-        err = fail(msg, len, -ENOMEM, "out of memory");
+        err = sl_fail(msg, len, -ENOMEM, "out of memory");
         goto out;
     }
     layout_sizes(&e->L, &cfg);
     e->old_R = e->L.R;
     e->new_R = new_replicas;
     if (n_consumed != e->old_R) {
-        err = fail(msg, len, SL_EINVAL,
-                   "%zu consumed counts for an old dp world of %" PRIu32 " ranks", n_consumed,
-                   e->old_R);
+        err = sl_fail(msg, len, SL_EINVAL,
+                      "%zu consumed counts for an old dp world of %" PRIu32 " ranks", n_consumed,
+                      e->old_R);
         goto out;
     }
     e->start = malloc(e->old_R * sizeof(*e->start));
     e->off = malloc((e->old_R + (size_t)1) * sizeof(*e->off));
     if (!e->start || !e->off) {
-        err = fail(msg, len, -ENOMEM, "out of memory");
+        err = sl_fail(msg, len, -ENOMEM, "out of memory");
         goto out;
     }
     e->off[0] = 0;
     for (uint32_t r = 0; r < e->old_R; r++) {
         uint64_t cnt = layout_count(&e->L, r);
         if (consumed[r] > cnt) {
-            err =
-                fail(msg, len, SL_EINVAL,
-                     "consumed %" PRIu64 " for old rank %" PRIu32 " exceeds its share of %" PRIu64,
-                     consumed[r], r, cnt);
+            err = sl_fail(msg, len, SL_EINVAL,
+                          "consumed %" PRIu64 " for old rank %" PRIu32
+                          " exceeds its share of %" PRIu64,
+                          consumed[r], r, cnt);
             goto out;
         }
         e->start[r] = consumed[r];
@@ -647,8 +633,8 @@ int sl_sample_elastic_new(sl_sample_elastic **out, const sl_sample_config *epoch
     e->interleave = cfg.partition == SL_SAMPLE_INTERLEAVED;
     e->pad = !cfg.drop_last && cfg.partition != SL_SAMPLE_CHUNKED;
     if ((err = layout_perms(&e->L, -1)) != 0) {
-        fail(msg, len, err, "out of memory for the torch permutation of %" PRIu64 " samples",
-             cfg.samples);
+        sl_fail(msg, len, err, "out of memory for the torch permutation of %" PRIu64 " samples",
+                cfg.samples);
         goto out;
     }
     *out = e;
@@ -670,12 +656,12 @@ int sl_sample_new_elastic(sl_sample **out, const sl_sample_elastic *e, uint32_t 
 
     *out = NULL;
     if (!e)
-        return fail(msg, len, SL_EINVAL, "no elastic plan");
+        return sl_fail(msg, len, SL_EINVAL, "no elastic plan");
     if (new_rank >= e->new_R)
-        return fail(msg, len, SL_EINVAL, "rank %" PRIu32 " out of range [0, %" PRIu32 ")", new_rank,
-                    e->new_R);
+        return sl_fail(msg, len, SL_EINVAL, "rank %" PRIu32 " out of range [0, %" PRIu32 ")",
+                       new_rank, e->new_R);
     if (!(s = calloc(1, sizeof(*s))))
-        return fail(msg, len, -ENOMEM, "out of memory");
+        return sl_fail(msg, len, -ENOMEM, "out of memory");
     s->L = &e->L;
     s->e = e;
     s->r = new_rank;
