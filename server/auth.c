@@ -1,6 +1,7 @@
 #include "auth.h"
 
 #include "err.h"
+#include "util/array.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -23,7 +24,7 @@ typedef struct entry {
 
 struct sl_auth {
     entry *e;
-    size_t n;
+    size_t n, cap;
 };
 
 static const char *const role_names[] = {NULL, "reader", "trainer", "admin"};
@@ -112,13 +113,9 @@ int sl_auth_load(sl_auth **out, const char *path, char *msg, size_t len)
             err = SL_ELIMIT;
             goto out;
         }
-        if ((a->n & (a->n - 1)) == 0) {
-            entry *grown = realloc(a->e, (a->n ? a->n * 2 : 8) * sizeof(*grown));
-            if (!grown) {
-                err = -ENOMEM;
-                goto out;
-            }
-            a->e = grown;
+        if (sl_array_grow((void **)&a->e, &a->cap, a->n, sizeof(*a->e), 8) != 0) {
+            err = -ENOMEM;
+            goto out;
         }
         a->e[a->n++] = e;
     }

@@ -364,14 +364,9 @@ static void upload_message(sl_rpc_call *call, const ProtobufCMessage *m, void *a
         return;
     }
     bytes = req->n_lengths * 4;
-    if (bytes > u->buf_cap) {
-        uint8_t *p = realloc(u->buf, bytes);
-        if (!p) {
-            UPLOAD_FAIL(call, u, -ENOMEM, "out of memory");
-            return;
-        }
-        u->buf = p;
-        u->buf_cap = bytes;
+    if (bytes && sl_array_grow((void **)&u->buf, &u->buf_cap, bytes - 1, 1, bytes) != 0) {
+        UPLOAD_FAIL(call, u, -ENOMEM, "out of memory");
+        return;
     }
     if (sl_lengths_encode(u->buf, req->lengths, req->n_lengths, &bad) != 0) {
         UPLOAD_FAIL(call, u, SL_EINVAL, "length 0 for sample %llu (lengths must be >= 1)",

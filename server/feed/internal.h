@@ -50,7 +50,7 @@ typedef struct fwaiter {
 
 typedef struct fwaiters {
     fwaiter *v;
-    size_t n;
+    size_t n, cap;
 } fwaiters;
 
 /* A torch-mode share (its O(N) permutation) of one dp rank in one (job, epoch), built once on the
