@@ -6,6 +6,7 @@
 #include "sluice.h"
 #include "util/buf.h"
 #include "util/json.h"
+#include "util/num.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -148,4 +149,18 @@ void sl_cli_json_str(FILE *f, const char *s)
         fwrite(b.p, 1, b.len, f);
     }
     fputc('"', f);
+}
+
+int sl_cli_mesh(const char *arg, uint32_t *dp, uint32_t *tp, uint32_t *cp, uint32_t *pp)
+{
+    uint64_t v[4];
+    int err = sl_parse_u64_list(v, 4, arg, ',', 1, UINT32_MAX);
+
+    if (err)
+        return err;
+    *dp = (uint32_t)v[0];
+    *tp = (uint32_t)v[1];
+    *cp = (uint32_t)v[2];
+    *pp = (uint32_t)v[3];
+    return 0;
 }

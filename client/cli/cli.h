@@ -45,6 +45,10 @@ int sl_cli_call_fail(const sl_cli *cli, const char *cmd);
 /* Write `s` as a JSON string literal (quoted, escaped by util/json.h). */
 void sl_cli_json_str(FILE *f, const char *s);
 
+/* "DP,TP,CP,PP": four mesh sizes >= 1 into *dp, *tp, *cp, *pp (set only on success). Returns 0 or
+ * the error of sl_parse_u64_list. */
+int sl_cli_mesh(const char *arg, uint32_t *dp, uint32_t *tp, uint32_t *cp, uint32_t *pp);
+
 /* The commands, in cmd_<name>.c. */
 struct sl_cli_cmd;
 extern const struct sl_cli_cmd sl_cli_health, sl_cli_info, sl_cli_sample, sl_cli_batch, sl_cli_ckpt,

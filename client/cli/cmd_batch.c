@@ -59,16 +59,8 @@ static int set_mesh_order(void *field, const char *arg)
 static int set_mesh(void *field, const char *arg)
 {
     sl_sample_mesh *m = field;
-    uint64_t v[4];
-    int err = sl_parse_u64_list(v, 4, arg, ',', 1, UINT32_MAX);
 
-    if (err)
-        return err;
-    m->dp = (uint32_t)v[0];
-    m->tp = (uint32_t)v[1];
-    m->cp = (uint32_t)v[2];
-    m->pp = (uint32_t)v[3];
-    return 0;
+    return sl_cli_mesh(arg, &m->dp, &m->tp, &m->cp, &m->pp);
 }
 
 static const sl_cli_choice remainders[] = {
