@@ -116,12 +116,11 @@ typedef struct uploader {
 /* Upload one shard file. Upload threads. */
 static void upload_one(uploader *u, item *it)
 {
-    sl_ckpt_upload_opts uo;
+    sl_ckpt_upload_opts uo = SL_CKPT_UPLOAD_OPTS_INIT;
     xfer x = {&u->prog, 0};
     struct stat st;
     int fd = open(it->path, O_RDONLY | O_CLOEXEC);
 
-    memset(&uo, 0, sizeof(uo));
     if (fd < 0 || fstat(fd, &st) != 0) {
         snprintf(it->error, sizeof(it->error), "%s: %s", it->path, strerror(errno));
         it->rc = SL_CLI_ERROR;

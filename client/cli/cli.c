@@ -114,14 +114,13 @@ static int read_token(sl_cli *cli, const char *cmd)
 
 int sl_cli_connect(sl_client **out, sl_cli *cli, const char *cmd)
 {
-    sl_client_opts opts;
+    sl_client_opts opts = SL_CLIENT_OPTS_INIT;
     int err;
 
     if (!!cli->tls_cert != !!cli->tls_key)
         return sl_cli_fail(cmd, "--tls-cert and --tls-key go together");
     if (cli->token_file && read_token(cli, cmd) != 0)
         return SL_CLI_ERROR;
-    memset(&opts, 0, sizeof(opts));
     opts.timeout_ms = cli->timeout_ms;
     opts.tls = cli->tls;
     opts.tls_ca = cli->tls_ca;

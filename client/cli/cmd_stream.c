@@ -56,7 +56,11 @@ static const sl_cli_opt batches_table[] =
 
 static void stream_init(void *opts)
 {
-    ((stream_opts *)opts)->count = UINT64_MAX;
+    stream_opts *o = opts;
+    const sl_stream_opts so = SL_STREAM_OPTS_INIT;
+
+    o->count = UINT64_MAX;
+    o->so = so;
 }
 
 /* Print indices (one per line, or one JSON object for all). Returns 0 or the client's error. */
