@@ -10,6 +10,14 @@ add_test(NAME feed_torch_ddp
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(feed_torch_ddp PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 600)
 
+# Real training with the drop-in under torchrun (3 DDP ranks, gloo, CPU): ranks SIGKILLed mid-epoch,
+# sluiced killed or stopped while they train, a batch job, empty shares, job mismatches; ~2 min.
+add_test(NAME feed_torch_train
+         COMMAND ${SL_PYTHON} -m unittest -v test_torch_train
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+set_tests_properties(feed_torch_train PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 900
+                     LABELS "python;feed")
+
 # The benchmark (tests/bench/feed_bench.c, feed_bench.py); ctest runs a small smoke round only.
 add_executable(feed_bench bench/feed_bench.c)
 target_link_libraries(feed_bench PRIVATE sluice_static Threads::Threads m)
