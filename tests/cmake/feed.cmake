@@ -18,6 +18,13 @@ add_test(NAME feed_torch_train
 set_tests_properties(feed_torch_train PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 900
                      LABELS "python;feed")
 
+# The PyTorch drop-in against torch's DataLoader + DistributedSampler (tests/bench/
+# torch_loader_bench.py); ctest runs a small smoke round only.
+add_test(NAME torch_loader_bench_smoke
+         COMMAND ${SL_PYTHON} "${CMAKE_CURRENT_SOURCE_DIR}/bench/torch_loader_bench.py" --smoke)
+set_tests_properties(torch_loader_bench_smoke PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120
+                     LABELS bench)
+
 # The benchmark (tests/bench/feed_bench.c, feed_bench.py); ctest runs a small smoke round only.
 add_executable(feed_bench bench/feed_bench.c)
 target_link_libraries(feed_bench PRIVATE sluice_static Threads::Threads m)

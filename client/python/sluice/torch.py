@@ -469,14 +469,15 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __iter__(self):
         sampler, per_batch = _fed_sampler(self)
-        it = super().__iter__()
         if sampler is None:
-            return it
-        return self._tracked(it, sampler, per_batch)
-
-    def _tracked(self, it, sampler, per_batch):
+            return super().__iter__()
+        # Before torch's iterator exists: with workers it prefetches (and may exhaust the
+        # sampler) as it is built, and an untracked sampler would report its share itself.
         sampler._tracked = True
         sampler.consumed = None
+        return self._tracked(super().__iter__(), sampler, per_batch)
+
+    def _tracked(self, it, sampler, per_batch):
         taken = 0
         try:
             while True:
