@@ -435,3 +435,37 @@ void sl_config_print(const sl_config *cfg, FILE *f)
         }
     }
 }
+
+/* 1 if setting s has the same value in a and b. */
+static int same_value(const setting *s, const sl_config *a, const sl_config *b)
+{
+    const char *pa = (const char *)a + s->off, *pb = (const char *)b + s->off;
+
+    switch (s->kind) {
+    case K_STR:
+        return strcmp(pa, pb) == 0;
+    case K_INT:
+        return *(const int *)pa == *(const int *)pb;
+    case K_BYTES:
+    case K_SECONDS:
+        return *(const uint64_t *)pa == *(const uint64_t *)pb;
+    case K_LEVEL:
+        return *(const sl_log_level *)pa == *(const sl_log_level *)pb;
+    case K_FORMAT:
+        return *(const sl_log_format *)pa == *(const sl_log_format *)pb;
+    }
+    return 0;
+}
+
+const char *sl_config_diff(const sl_config *a, const sl_config *b)
+{
+    for (size_t i = 0; i < N_SETTINGS; i++)
+        if (!same_value(&settings[i], a, b))
+            return settings[i].name;
+    return NULL;
+}
+
+const char *sl_config_env_name(size_t i)
+{
+    return i < N_SETTINGS ? settings[i].env : NULL;
+}

@@ -47,4 +47,11 @@ void sl_config_print(const sl_config *cfg, FILE *f);
 /* Print the usage text. */
 void sl_config_usage(FILE *f);
 
+/* The name of the first setting whose value differs between a and b, or NULL if every setting of
+ * the table is equal (settings added later are compared too). For tests and the fuzzer. */
+const char *sl_config_diff(const sl_config *a, const sl_config *b);
+
+/* The SLUICE_* environment variable of the i-th setting, or NULL for i past the last one. */
+const char *sl_config_env_name(size_t i);
+
 #endif

@@ -8,11 +8,13 @@
  * token is the next argv element. Tokens that would name another config file (--config and its
  * abbreviations, SLUICE_CONFIG) are dropped: the target must not read arbitrary files.
  *
- * config.c is included so the check can walk its settings table: every setting, including ones
- * added later, is compared field by field. */
+ * The comparison walks config.c's settings table (sl_config_diff): every setting, including ones
+ * added later, is compared. */
 #include "fuzz.h"
 
-#include "../../server/config.c"
+#include "config.h"
+
+#include <ini.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,34 +26,11 @@
 
 static void same_settings(const sl_config *a, const sl_config *b)
 {
-    for (size_t i = 0; i < N_SETTINGS; i++) {
-        const setting *s = &settings[i];
-        const char *pa = (const char *)a + s->off, *pb = (const char *)b + s->off;
-        int same = 1;
+    const char *name = sl_config_diff(a, b);
 
-        switch (s->kind) {
-        case K_STR:
-            same = strcmp(pa, pb) == 0;
-            break;
-        case K_INT:
-            same = *(const int *)pa == *(const int *)pb;
-            break;
-        case K_BYTES:
-        case K_SECONDS:
-            same = *(const uint64_t *)pa == *(const uint64_t *)pb;
-            break;
-        case K_LEVEL:
-            same = *(const sl_log_level *)pa == *(const sl_log_level *)pb;
-            break;
-        case K_FORMAT:
-            same = *(const sl_log_format *)pa == *(const sl_log_format *)pb;
-            break;
-        }
-        if (!same) {
-            fprintf(stderr, "fuzz_flags: '%s' changed when its printed value was parsed again\n",
-                    s->name);
-            abort();
-        }
+    if (name) {
+        fprintf(stderr, "fuzz_flags: '%s' changed when its printed value was parsed again\n", name);
+        abort();
     }
 }
 
@@ -101,8 +80,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         snprintf(path, sizeof(path), "/tmp/sl-fuzz-flags-%d.ini", (int)getpid());
         snprintf(path2, sizeof(path2), "/tmp/sl-fuzz-flags-%d-printed.ini", (int)getpid());
         /* Only the input's variables: none of the fuzzing process's own. */
-        for (size_t i = 0; i < N_SETTINGS; i++)
-            unsetenv(settings[i].env);
+        for (size_t i = 0; sl_config_env_name(i); i++)
+            unsetenv(sl_config_env_name(i));
         unsetenv("SLUICE_CONFIG");
         null = fopen("/dev/null", "w");
     }
