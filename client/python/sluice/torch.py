@@ -77,6 +77,29 @@ def _world_and_rank(num_replicas, rank):
     return num_replicas, rank
 
 
+class _Backoff:
+    """The waits between tries of a call that failed transiently: 50 ms doubling to 1 s, for up
+    to `seconds` after the first failure (0: no retries)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.reset()
+
+    def reset(self):
+        self.deadline, self.delay = None, 0.05
+
+    def wait(self, e):
+        """Sleep before the next try, or raise `e` if it is not transient or the time is up."""
+        if e.code() not in _RETRY or not self.seconds:
+            raise e
+        now = time.monotonic()
+        self.deadline = self.deadline or now + self.seconds
+        if now >= self.deadline:
+            raise e
+        time.sleep(min(self.delay, self.deadline - now))
+        self.delay = min(self.delay * 2, 1.0)
+
+
 def _idle_ended(e):
     """True if the daemon ended a stream because this client stopped reading it for the idle
     timeout (the message is the daemon's, see docs/hardening.md): safe to reopen at once."""
@@ -122,19 +145,12 @@ class _Fed:
 
     def _call(self, fn, *args, **kw):
         """fn(*args, **kw), retried on transient failures for up to retry_seconds."""
-        deadline, delay = None, 0.05
+        backoff = _Backoff(self.retry_seconds)
         while True:
             try:
                 return fn(*args, **kw)
             except grpc.RpcError as e:
-                if e.code() not in _RETRY or not self.retry_seconds:
-                    raise
-                now = time.monotonic()
-                deadline = deadline or now + self.retry_seconds
-                if now >= deadline:
-                    raise
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, 1.0)
+                backoff.wait(e)
                 self.retries += 1
 
     def _attach(self, create, attach_any, want, create_fn):
@@ -269,27 +285,18 @@ class _Fed:
         begun = False
         self._serving = None
         epoch = self._want_epoch()
-        deadline, delay = None, 0.05
+        backoff = _Backoff(self.retry_seconds)
         while True:
             stream = open_stream(epoch, self.position if begun else None)
             try:
                 for chunk in stream:
-                    deadline, delay = None, 0.05
+                    backoff.reset()
                     begun = True
                     yield chunk
                 return
             except grpc.RpcError as e:
-                if begun and _idle_ended(e):
-                    self.reconnects += 1
-                    continue
-                if e.code() not in _RETRY or not self.retry_seconds:
-                    raise
-                now = time.monotonic()
-                deadline = deadline or now + self.retry_seconds
-                if now >= deadline:
-                    raise
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, 1.0)
+                if not (begun and _idle_ended(e)):
+                    backoff.wait(e)
                 self.reconnects += 1
             finally:
                 stream.cancel()
