@@ -31,6 +31,18 @@ static int unary(sl_client *c, const char *method, const ProtobufCMessage *req,
     return err ? sl_client_record(err, &st) : 0;
 }
 
+/* A unary call whose answer carries nothing the caller needs. */
+static int unary_discard(sl_client *c, const char *method, const ProtobufCMessage *req,
+                         const ProtobufCMessageDescriptor *rd)
+{
+    ProtobufCMessage *resp = NULL;
+    int err = unary(c, method, req, rd, &resp);
+
+    if (resp)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    return err;
+}
+
 /* ---- datasets ---- */
 
 static void from_dataset(sl_dataset *out, const Sluice__V1__Dataset *d)
@@ -140,15 +152,10 @@ int sl_dataset_list(sl_client *c, sl_dataset **out, size_t *n)
 int sl_dataset_delete(sl_client *c, const char *name)
 {
     Sluice__V1__DeleteDatasetRequest req = SLUICE__V1__DELETE_DATASET_REQUEST__INIT;
-    ProtobufCMessage *resp = NULL;
-    int err;
 
     req.name = (char *)name;
-    err = unary(c, P_DATASETS "Delete", &req.base, &sluice__v1__delete_dataset_response__descriptor,
-                &resp);
-    if (resp)
-        protobuf_c_message_free_unpacked(resp, NULL);
-    return err;
+    return unary_discard(c, P_DATASETS "Delete", &req.base,
+                         &sluice__v1__delete_dataset_response__descriptor);
 }
 
 /* ---- jobs ---- */
@@ -295,14 +302,10 @@ int sl_job_list(sl_client *c, const char *dataset, sl_job **out, size_t *n)
 int sl_job_delete(sl_client *c, const char *name)
 {
     Sluice__V1__DeleteJobRequest req = SLUICE__V1__DELETE_JOB_REQUEST__INIT;
-    ProtobufCMessage *resp = NULL;
-    int err;
 
     req.name = (char *)name;
-    err = unary(c, P_JOBS "Delete", &req.base, &sluice__v1__delete_job_response__descriptor, &resp);
-    if (resp)
-        protobuf_c_message_free_unpacked(resp, NULL);
-    return err;
+    return unary_discard(c, P_JOBS "Delete", &req.base,
+                         &sluice__v1__delete_job_response__descriptor);
 }
 
 int sl_job_resize(sl_client *c, const char *name, uint32_t world_size, const sl_job_mesh *mesh,
