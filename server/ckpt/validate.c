@@ -198,16 +198,23 @@ static int span_cmp(const void *a, const void *b)
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* No two non-empty tensors share a byte. Sorts spans. */
+/* No two non-empty tensors share a byte. Sorts spans. In offset order, a non-empty span overlaps
+ * an earlier one exactly when it starts before the furthest end of the earlier non-empty spans
+ * (comparing only neighbours let an empty tensor sorted between two overlapping ones hide it). */
 static int check_overlap(span *spans, size_t n, char *msg, size_t len)
 {
+    const span *far = NULL; /* the earlier non-empty span that ends last */
+
     qsort(spans, n, sizeof(*spans), span_cmp);
-    for (size_t i = 1; i < n; i++) {
-        if (spans[i - 1].size && spans[i].size &&
-            spans[i - 1].off + spans[i - 1].size > spans[i].off) {
-            snprintf(msg, len, "tensors %zu and %zu overlap", spans[i - 1].idx, spans[i].idx);
+    for (size_t i = 0; i < n; i++) {
+        if (!spans[i].size)
+            continue;
+        if (far && far->off + far->size > spans[i].off) {
+            snprintf(msg, len, "tensors %zu and %zu overlap", far->idx, spans[i].idx);
             return SL_EINVAL;
         }
+        if (!far || spans[i].off + spans[i].size > far->off + far->size)
+            far = &spans[i];
     }
     return 0;
 }

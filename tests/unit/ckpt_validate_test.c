@@ -256,6 +256,48 @@ static void test_tensors(void)
     CHECK_MSG(err, SL_EINVAL, msg, "65537 tensors, at most 65536 allowed");
 }
 
+/* The overlap check against a brute-force one over random tensor lists (1-D uint8 tensors, some
+ * empty, at random offsets): refused exactly when two non-empty tensors share a byte. */
+static void test_overlap_property(void)
+{
+    static const char *names[8] = {"t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7"};
+    static const int64_t s23[] = {2, 3, -2}, s0[] = {0, 5, -2};
+    Sluice__V1__TensorInfo v[8];
+    int64_t shapes[8][2];
+    uint64_t x = 88172645463325252ull; /* xorshift64 */
+    char msg[256], *json = NULL;
+    int err;
+
+    /* The case that passed before: an empty tensor sorted between two overlapping ones. */
+    v[0] = tensor("w", "float32", s23, 0, 24);
+    v[1] = tensor("e", "float64", s0, 10, 0);
+    v[2] = tensor("b", "int8", s23, 20, 6);
+    err = check(v, 3, 100, msg, sizeof(msg), &json);
+    CHECK_MSG(err, SL_EINVAL, msg, "tensors 0 and 2 overlap");
+    for (int round = 0; round < 20000; round++) {
+        size_t n;
+        int want = 0;
+
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        n = 1 + x % 8;
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            shapes[i][0] = (int64_t)(x % 4 == 0 ? 0 : x % 13);
+            shapes[i][1] = -2;
+            v[i] = tensor(names[i], "uint8", shapes[i], (x >> 8) % 48, (uint64_t)shapes[i][0]);
+        }
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = i + 1; j < n; j++)
+                if (v[i].size && v[j].size && v[i].offset < v[j].offset + v[j].size &&
+                    v[j].offset < v[i].offset + v[i].size)
+                    want = 1;
+        err = check(v, n, 64, msg, sizeof(msg), &json);
+        CHECK(want ? err == SL_EINVAL && strstr(msg, "overlap") : err == 0);
+        free(json);
+        json = NULL;
+    }
+}
+
 static void test_header(void)
 {
     static const int64_t s4[] = {4, -2};
@@ -308,6 +350,7 @@ int main(void)
     test_names_and_rank();
     test_begin();
     test_tensors();
+    test_overlap_property();
     test_header();
     if (failures) {
         fprintf(stderr, "ckpt_validate_test: %d failure(s)\n", failures);
