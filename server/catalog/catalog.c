@@ -6,9 +6,12 @@
 #include "log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* Migration N (1-based) takes the schema from version N-1 to N. Append only: a released
  * migration is never edited, later changes get a new entry. */
@@ -218,6 +221,27 @@ static int migrate(sl_cat *cat)
     return 0;
 }
 
+/* The catalog holds every checkpoint's and job's records: readable by the daemon's user only.
+ * SQLite creates the file 0644 (whatever the umask allows), and its -wal and -shm files take the
+ * main file's mode, so create it (or tighten an existing one) to 0600 before SQLite opens it. A
+ * symlink in its place is refused. */
+static int own_file(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600), err = 0;
+
+    if (fd < 0) {
+        err = -errno;
+        sl_log_error("catalog_open_failed", "path=%s error=\"%s\"", path, sl_strerror(err));
+        return err == -ELOOP ? SL_EINVAL : err;
+    }
+    if (fchmod(fd, 0600) != 0) {
+        err = -errno;
+        sl_log_error("catalog_open_failed", "path=%s error=\"chmod: %s\"", path, sl_strerror(err));
+    }
+    close(fd);
+    return err;
+}
+
 int sl_cat_open(sl_cat **out, const char *path)
 {
     sl_cat *cat = calloc(1, sizeof(*cat));
@@ -226,6 +250,8 @@ int sl_cat_open(sl_cat **out, const char *path)
     *out = NULL;
     if (!cat)
         return -ENOMEM;
+    if ((err = own_file(path)) != 0)
+        goto out;
     rc = sqlite3_open_v2(path, &cat->db,
                          SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
     if (rc != SQLITE_OK) {

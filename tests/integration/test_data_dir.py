@@ -93,5 +93,40 @@ class DataDirReplacedTest(unittest.TestCase):
         self.assertEqual(new.sanitizer_reports() + old.sanitizer_reports(), [], old.log())
 
 
+class CatalogPermissionsTest(unittest.TestCase):
+    """The catalog and its WAL files are readable by the daemon's user only, whatever the umask
+    (SQLite made them 0644), an existing one is tightened, and a symlink in its place is
+    refused."""
+
+    def test_catalog_files_are_0600(self):
+        old = os.umask(0o022)
+        try:
+            d = Daemon().start()
+        finally:
+            os.umask(old)
+        try:
+            cat = os.path.join(d.data_dir, "catalog.db")
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(cat + suffix):
+                    self.assertEqual(os.stat(cat + suffix).st_mode & 0o777, 0o600, suffix)
+            self.assertEqual(d.stop(), 0, d.log())
+            os.chmod(cat, 0o644)
+            d.start()
+            self.assertEqual(os.stat(cat).st_mode & 0o777, 0o600)
+            self.assertEqual(d.stop(), 0, d.log())
+            elsewhere = os.path.join(os.path.dirname(d.data_dir), "elsewhere.db")
+            os.rename(cat, elsewhere)
+            for suffix in ("-wal", "-shm"):
+                if os.path.exists(cat + suffix):
+                    os.unlink(cat + suffix)
+            os.symlink(elsewhere, cat)
+            with self.assertRaises(RuntimeError) as e:
+                d.start()
+            self.assertIn("catalog_open_failed", str(e.exception))
+            self.assertEqual(os.stat(elsewhere).st_mode & 0o777, 0o600)
+        finally:
+            d.cleanup()
+
+
 if __name__ == "__main__":
     unittest.main()
