@@ -41,3 +41,9 @@ add_executable(feed_catalog_test unit/feed_catalog_test.c)
 target_link_libraries(feed_catalog_test PRIVATE sl_catalog sl_common)
 add_test(NAME feed_catalog_unit COMMAND feed_catalog_test)
 set_tests_properties(feed_catalog_unit PROPERTIES TIMEOUT 60)
+
+# The feeding service's job state (server/feed/state.c), linked from sl_server_core.
+add_executable(feed_state_test unit/feed_state_test.c)
+target_link_libraries(feed_state_test PRIVATE sl_server_core)
+add_test(NAME feed_state_unit COMMAND feed_state_test)
+set_tests_properties(feed_state_unit PROPERTIES TIMEOUT 60)
