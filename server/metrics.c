@@ -2,6 +2,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "util/buf.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -198,55 +199,17 @@ void sl_metrics_on_collect(sl_metrics *m, sl_metrics_collect_fn fn, void *arg)
     pthread_mutex_unlock(&m->mu);
 }
 
-typedef struct buf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} buf;
-
-static void put(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void put(buf *b, const char *fmt, ...)
-{
-    va_list ap;
-    int n;
-
-    if (b->oom)
-        return;
-    for (;;) {
-        va_start(ap, fmt);
-        n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = 1;
-            return;
-        }
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        {
-            size_t cap = b->cap * 2 + (size_t)n;
-            char *p = realloc(b->p, cap);
-            if (!p) {
-                b->oom = 1;
-                return;
-            }
-            b->p = p;
-            b->cap = cap;
-        }
-    }
-}
+/* Most bytes one /metrics page may hold: far above what the bounded series render to. */
+#define RENDER_MAX (64u << 20)
 
 char *sl_metrics_render(sl_metrics *m)
 {
     sl_metrics_collect_fn collect;
     void *arg;
-    buf b = {malloc(16384), 0, 16384, 0};
+    sl_buf b;
+    int err = 0; /* any failed append (out of memory, over RENDER_MAX) */
 
-    if (!b.p)
-        return NULL;
-    b.p[0] = '\0';
+    sl_buf_init(&b, RENDER_MAX);
     pthread_mutex_lock(&m->mu);
     collect = m->collect;
     arg = m->collect_arg;
@@ -256,37 +219,42 @@ char *sl_metrics_render(sl_metrics *m)
 
     pthread_mutex_lock(&m->mu);
     for (int f = 0; f < m->n_fam; f++) {
-        put(&b, "# HELP %s %s\n# TYPE %s %s\n", m->fam[f].name, m->fam[f].help, m->fam[f].name,
-            m->fam[f].type == SL_METRIC_COUNTER ? "counter" : "gauge");
+        err |= sl_buf_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", m->fam[f].name, m->fam[f].help,
+                             m->fam[f].name,
+                             m->fam[f].type == SL_METRIC_COUNTER ? "counter" : "gauge");
         for (int i = 0; i < m->n_ser; i++) {
             const series *s = &m->ser[i];
             if (s->family != f)
                 continue;
             if (s->labels[0])
-                put(&b, "%s{%s} %.17g\n", m->fam[f].name, s->labels, s->value);
+                err |= sl_buf_printf(&b, "%s{%s} %.17g\n", m->fam[f].name, s->labels, s->value);
             else
-                put(&b, "%s %.17g\n", m->fam[f].name, s->value);
+                err |= sl_buf_printf(&b, "%s %.17g\n", m->fam[f].name, s->value);
         }
     }
-    put(&b, "# HELP sluice_rpc_duration_seconds Time from a call's arrival to its end, by "
+    err |= sl_buf_printf(
+        &b, "# HELP sluice_rpc_duration_seconds Time from a call's arrival to its end, by "
             "method.\n# TYPE sluice_rpc_duration_seconds histogram\n");
     for (int i = 0; i < m->n_hist; i++) {
         const histogram *h = &m->hist[i];
         for (int k = 0; k < N_BUCKETS; k++)
-            put(&b, "sluice_rpc_duration_seconds_bucket{method=\"%s\",le=\"%g\"} %llu\n", h->method,
+            err |= sl_buf_printf(
+                &b, "sluice_rpc_duration_seconds_bucket{method=\"%s\",le=\"%g\"} %llu\n", h->method,
                 bucket_le[k], (unsigned long long)h->buckets[k]);
-        put(&b, "sluice_rpc_duration_seconds_bucket{method=\"%s\",le=\"+Inf\"} %llu\n", h->method,
-            (unsigned long long)h->count);
-        put(&b, "sluice_rpc_duration_seconds_sum{method=\"%s\"} %.9g\n", h->method, h->sum);
-        put(&b, "sluice_rpc_duration_seconds_count{method=\"%s\"} %llu\n", h->method,
-            (unsigned long long)h->count);
+        err |= sl_buf_printf(&b,
+                             "sluice_rpc_duration_seconds_bucket{method=\"%s\",le=\"+Inf\"} %llu\n",
+                             h->method, (unsigned long long)h->count);
+        err |= sl_buf_printf(&b, "sluice_rpc_duration_seconds_sum{method=\"%s\"} %.9g\n", h->method,
+                             h->sum);
+        err |= sl_buf_printf(&b, "sluice_rpc_duration_seconds_count{method=\"%s\"} %llu\n",
+                             h->method, (unsigned long long)h->count);
     }
     pthread_mutex_unlock(&m->mu);
-    if (b.oom) {
-        free(b.p);
+    if (err) {
+        sl_buf_free(&b);
         return NULL;
     }
-    return b.p;
+    return sl_buf_take(&b);
 }
 
 static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,

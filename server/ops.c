@@ -184,6 +184,32 @@ int sl_ops_check_config(const sl_config *cfg, FILE *out)
     return 0;
 }
 
+/* The families the daemon exports besides the RPC layer's (declared once, at start). */
+static const struct {
+    const char *name;
+    sl_metric_type type;
+    const char *help;
+} families[] = {
+    {"sluice_process_resident_memory_bytes", SL_METRIC_GAUGE, "Resident set size of sluiced."},
+    {"sluice_process_open_fds", SL_METRIC_GAUGE, "Open file descriptors of sluiced."},
+    {"sluice_rpc_active_streams", SL_METRIC_GAUGE, "Streaming calls in progress."},
+    {"sluice_rpc_refused_total", SL_METRIC_COUNTER,
+     "Calls refused with RESOURCE_EXHAUSTED by a limit (max_calls, max_job_streams)."},
+    {"sluice_rpc_idle_timeouts_total", SL_METRIC_COUNTER,
+     "Streams ended because their client sent or read nothing for the idle timeout."},
+    {"sluice_rpc_received_bytes_total", SL_METRIC_COUNTER,
+     "Request message bytes received, by method (upload data included)."},
+    {"sluice_rpc_sent_bytes_total", SL_METRIC_COUNTER,
+     "Response message bytes sent, by method (downloads and streams included)."},
+    {"sluice_indices_served_total", SL_METRIC_COUNTER, "Sample indices streamed to ranks."},
+    {"sluice_batches_served_total", SL_METRIC_COUNTER, "Token-budget batches streamed to ranks."},
+    {"sluice_checkpoints", SL_METRIC_GAUGE,
+     "Checkpoints in the catalog by state (refreshed every 5 s)."},
+    {"sluice_verify_verdicts_total", SL_METRIC_COUNTER,
+     "Checkpoint verification verdicts per shard and metadata file, by mode."},
+    {"sluice_catalog_errors_total", SL_METRIC_COUNTER, "Catalog (SQLite) statements that failed."},
+};
+
 int sl_ops_init(sl_ops *ops, sl_daemon *d, int argc, char **argv)
 {
     const sl_config *cfg = &d->cfg;
@@ -204,32 +230,8 @@ int sl_ops_init(sl_ops *ops, sl_daemon *d, int argc, char **argv)
         return err;
     if ((err = sl_metrics_new(&ops->metrics)) != 0)
         return err;
-    sl_metrics_declare(ops->metrics, "sluice_process_resident_memory_bytes", SL_METRIC_GAUGE,
-                       "Resident set size of sluiced.");
-    sl_metrics_declare(ops->metrics, "sluice_process_open_fds", SL_METRIC_GAUGE,
-                       "Open file descriptors of sluiced.");
-    sl_metrics_declare(ops->metrics, "sluice_rpc_active_streams", SL_METRIC_GAUGE,
-                       "Streaming calls in progress.");
-    sl_metrics_declare(ops->metrics, "sluice_rpc_refused_total", SL_METRIC_COUNTER,
-                       "Calls refused with RESOURCE_EXHAUSTED by a limit (max_calls, "
-                       "max_job_streams).");
-    sl_metrics_declare(ops->metrics, "sluice_rpc_idle_timeouts_total", SL_METRIC_COUNTER,
-                       "Streams ended because their client sent or read nothing for the idle "
-                       "timeout.");
-    sl_metrics_declare(ops->metrics, "sluice_rpc_received_bytes_total", SL_METRIC_COUNTER,
-                       "Request message bytes received, by method (upload data included).");
-    sl_metrics_declare(ops->metrics, "sluice_rpc_sent_bytes_total", SL_METRIC_COUNTER,
-                       "Response message bytes sent, by method (downloads and streams included).");
-    sl_metrics_declare(ops->metrics, "sluice_indices_served_total", SL_METRIC_COUNTER,
-                       "Sample indices streamed to ranks.");
-    sl_metrics_declare(ops->metrics, "sluice_batches_served_total", SL_METRIC_COUNTER,
-                       "Token-budget batches streamed to ranks.");
-    sl_metrics_declare(ops->metrics, "sluice_checkpoints", SL_METRIC_GAUGE,
-                       "Checkpoints in the catalog by state (refreshed every 5 s).");
-    sl_metrics_declare(ops->metrics, "sluice_verify_verdicts_total", SL_METRIC_COUNTER,
-                       "Checkpoint verification verdicts per shard and metadata file, by mode.");
-    sl_metrics_declare(ops->metrics, "sluice_catalog_errors_total", SL_METRIC_COUNTER,
-                       "Catalog (SQLite) statements that failed.");
+    for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
+        sl_metrics_declare(ops->metrics, families[i].name, families[i].type, families[i].help);
     sl_metrics_on_collect(ops->metrics, collect, ops);
     return 0;
 }
