@@ -229,6 +229,20 @@ static int unary_bb(sl_rpc_client *c, const char *method, grpc_byte_buffer *req,
     return err;
 }
 
+/* Decode a response; a message that does not decode is SL_EPROTO with INTERNAL in st. */
+static int unpack_resp(ProtobufCMessage **resp, const ProtobufCMessageDescriptor *desc,
+                       grpc_byte_buffer *bb, sl_rpc_status *st)
+{
+    *resp = sl_rpc_unpack(desc, bb, NULL, 0);
+    if (*resp)
+        return 0;
+    if (st) {
+        st->code = SL_RPC_INTERNAL;
+        snprintf(st->message, sizeof(st->message), "response is not a valid %s", desc->name);
+    }
+    return SL_EPROTO;
+}
+
 int sl_rpc_client_unary(sl_rpc_client *c, const char *method, const ProtobufCMessage *req,
                         const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
                         int64_t timeout_ms, sl_rpc_status *st)
@@ -240,17 +254,8 @@ int sl_rpc_client_unary(sl_rpc_client *c, const char *method, const ProtobufCMes
     *resp = NULL;
     err = unary_bb(c, method, req_bb, &resp_bb, timeout_ms, st);
     grpc_byte_buffer_destroy(req_bb);
-    if (err == 0) {
-        *resp = sl_rpc_unpack(resp_desc, resp_bb, NULL, 0);
-        if (!*resp) {
-            err = SL_EPROTO;
-            if (st) {
-                st->code = SL_RPC_INTERNAL;
-                snprintf(st->message, sizeof(st->message), "response is not a valid %s",
-                         resp_desc->name);
-            }
-        }
-    }
+    if (err == 0)
+        err = unpack_resp(resp, resp_desc, resp_bb, st);
     if (resp_bb)
         grpc_byte_buffer_destroy(resp_bb);
     return err;
@@ -388,17 +393,8 @@ int sl_rpc_async_wait(sl_rpc_async *a, const ProtobufCMessageDescriptor *resp_de
     if (user)
         *user = ac->user;
     err = fill_status(st, ac->status, ac->details);
-    if (err == 0 && resp_desc && resp) {
-        *resp = sl_rpc_unpack(resp_desc, ac->resp, NULL, 0);
-        if (!*resp) {
-            err = SL_EPROTO;
-            if (st) {
-                st->code = SL_RPC_INTERNAL;
-                snprintf(st->message, sizeof(st->message), "response is not a valid %s",
-                         resp_desc->name);
-            }
-        }
-    }
+    if (err == 0 && resp_desc && resp)
+        err = unpack_resp(resp, resp_desc, ac->resp, st);
     async_call_free(ac);
     return err;
 }

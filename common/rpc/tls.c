@@ -59,10 +59,37 @@ out:
     return 0;
 }
 
+/* The PEM files of a TLS configuration, read into memory. */
+typedef struct pems {
+    char *cert, *key, *ca;
+} pems;
+
+static void pems_free(pems *p)
+{
+    free(p->cert);
+    free(p->key);
+    free(p->ca);
+}
+
+/* Read tls's files: the certificate and key if `pair` (they go together), the CA file if set
+ * (logged as `ca_what`). Returns 0 or the error of read_pem; the caller frees with pems_free. */
+static int pems_read(pems *p, const sl_rpc_tls *tls, int pair, const char *ca_what)
+{
+    int err = 0;
+
+    memset(p, 0, sizeof(*p));
+    if (pair && ((err = read_pem(&p->cert, tls->cert_file, "tls_cert")) != 0 ||
+                 (err = read_pem(&p->key, tls->key_file, "tls_key")) != 0))
+        return err;
+    if (tls->ca_file && *tls->ca_file)
+        err = read_pem(&p->ca, tls->ca_file, ca_what);
+    return err;
+}
+
 int sl_rpc_server_creds(grpc_server_credentials **out, const sl_rpc_tls *tls)
 {
     grpc_ssl_pem_key_cert_pair pair;
-    char *cert = NULL, *key = NULL, *ca = NULL;
+    pems p;
     int err;
 
     *out = NULL;
@@ -70,52 +97,42 @@ int sl_rpc_server_creds(grpc_server_credentials **out, const sl_rpc_tls *tls)
         *out = grpc_insecure_server_credentials_create();
         return 0;
     }
-    if ((err = read_pem(&cert, tls->cert_file, "tls_cert")) != 0 ||
-        (err = read_pem(&key, tls->key_file, "tls_key")) != 0)
-        goto out;
-    if (tls->ca_file && *tls->ca_file && (err = read_pem(&ca, tls->ca_file, "tls_client_ca")) != 0)
-        goto out;
-    pair.private_key = key;
-    pair.cert_chain = cert;
-    *out = grpc_ssl_server_credentials_create_ex(
-        ca, &pair, 1,
-        ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-           : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-        NULL);
-    if (!*out)
-        err = SL_EINVAL;
-out:
-    free(cert);
-    free(key);
-    free(ca);
+    err = pems_read(&p, tls, 1, "tls_client_ca");
+    if (!err) {
+        pair.private_key = p.key;
+        pair.cert_chain = p.cert;
+        *out = grpc_ssl_server_credentials_create_ex(
+            p.ca, &pair, 1,
+            p.ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+        if (!*out)
+            err = SL_EINVAL;
+    }
+    pems_free(&p);
     return err;
 }
 
 int sl_rpc_channel_creds(grpc_channel_credentials **out, const sl_rpc_tls *tls)
 {
     grpc_ssl_pem_key_cert_pair pair;
-    char *cert = NULL, *key = NULL, *ca = NULL;
     int have_pair = tls && tls->cert_file && *tls->cert_file;
-    int err = 0;
+    pems p;
+    int err;
 
     *out = NULL;
     if (!tls) {
         *out = grpc_insecure_credentials_create();
         return 0;
     }
-    if (tls->ca_file && *tls->ca_file && (err = read_pem(&ca, tls->ca_file, "tls_ca")) != 0)
-        goto out;
-    if (have_pair && ((err = read_pem(&cert, tls->cert_file, "tls_cert")) != 0 ||
-                      (err = read_pem(&key, tls->key_file, "tls_key")) != 0))
-        goto out;
-    pair.private_key = key;
-    pair.cert_chain = cert;
-    *out = grpc_ssl_credentials_create(ca, have_pair ? &pair : NULL, NULL, NULL);
-    if (!*out)
-        err = SL_EINVAL;
-out:
-    free(cert);
-    free(key);
-    free(ca);
+    err = pems_read(&p, tls, have_pair, "tls_ca");
+    if (!err) {
+        pair.private_key = p.key;
+        pair.cert_chain = p.cert;
+        *out = grpc_ssl_credentials_create(p.ca, have_pair ? &pair : NULL, NULL, NULL);
+        if (!*out)
+            err = SL_EINVAL;
+    }
+    pems_free(&p);
     return err;
 }
