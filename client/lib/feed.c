@@ -31,6 +31,25 @@ static int unary(sl_client *c, const char *method, const ProtobufCMessage *req,
     return err ? sl_client_record(err, &st) : 0;
 }
 
+/* Copy `count` protobuf items into a new array of `size`-byte structs (one more, zeroed, so an
+ * empty list is not NULL) with conv(dst, src), then free the response. Returns 0 with *out and
+ * *n, or -ENOMEM (recorded as the client's error). */
+static int copy_list(void **out, size_t *n, size_t size, void *const *items, size_t count,
+                     void (*conv)(void *dst, const void *src), ProtobufCMessage *resp)
+{
+    char *v = calloc(count + 1, size);
+
+    if (v)
+        for (size_t i = 0; i < count; i++)
+            conv(v + i * size, items[i]);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    if (!v)
+        return sl_client_set_error(-ENOMEM, "out of memory");
+    *out = v;
+    *n = count;
+    return 0;
+}
+
 /* A unary call whose answer carries nothing the caller needs. */
 static int unary_discard(sl_client *c, const char *method, const ProtobufCMessage *req,
                          const ProtobufCMessageDescriptor *rd)
@@ -54,6 +73,11 @@ static void from_dataset(sl_dataset *out, const Sluice__V1__Dataset *d)
     cpy(out->lengths_sha256, sizeof(out->lengths_sha256), d->lengths_sha256);
     out->created_ms = d->created_ms;
     out->jobs = d->jobs;
+}
+
+static void conv_dataset(void *dst, const void *src)
+{
+    from_dataset(dst, src);
 }
 
 static int dataset_reply(int err, Sluice__V1__Dataset *resp, sl_dataset *out)
@@ -137,16 +161,8 @@ int sl_dataset_list(sl_client *c, sl_dataset **out, size_t *n)
     *n = 0;
     if (err)
         return err;
-    *out = calloc(resp->n_datasets + 1, sizeof(**out));
-    if (!*out) {
-        protobuf_c_message_free_unpacked(&resp->base, NULL);
-        return sl_client_set_error(-ENOMEM, "out of memory");
-    }
-    for (size_t i = 0; i < resp->n_datasets; i++)
-        from_dataset(&(*out)[i], resp->datasets[i]);
-    *n = resp->n_datasets;
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
-    return 0;
+    return copy_list((void **)out, n, sizeof(**out), (void *const *)resp->datasets,
+                     resp->n_datasets, conv_dataset, &resp->base);
 }
 
 int sl_dataset_delete(sl_client *c, const char *name)
@@ -198,6 +214,11 @@ static void from_job(sl_job *out, const Sluice__V1__Job *j)
     out->created_ms = j->created_ms;
     out->dp_size = j->dp_size;
     out->resized_in_epoch = j->resized_in_epoch;
+}
+
+static void conv_job(void *dst, const void *src)
+{
+    from_job(dst, src);
 }
 
 static int job_reply(int err, Sluice__V1__Job *resp, sl_job *out)
@@ -287,16 +308,8 @@ int sl_job_list(sl_client *c, const char *dataset, sl_job **out, size_t *n)
                 (ProtobufCMessage **)&resp);
     if (err)
         return err;
-    *out = calloc(resp->n_jobs + 1, sizeof(**out));
-    if (!*out) {
-        protobuf_c_message_free_unpacked(&resp->base, NULL);
-        return sl_client_set_error(-ENOMEM, "out of memory");
-    }
-    for (size_t i = 0; i < resp->n_jobs; i++)
-        from_job(&(*out)[i], resp->jobs[i]);
-    *n = resp->n_jobs;
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
-    return 0;
+    return copy_list((void **)out, n, sizeof(**out), (void *const *)resp->jobs, resp->n_jobs,
+                     conv_job, &resp->base);
 }
 
 int sl_job_delete(sl_client *c, const char *name)
