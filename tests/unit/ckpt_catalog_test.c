@@ -10,15 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 typedef struct seen {
     int n;
@@ -250,10 +242,5 @@ int main(void)
     snprintf(path, sizeof(path), "rm -rf %s", dir);
     if (system(path) != 0)
         fprintf(stderr, "ckpt_catalog_test: cannot remove %s\n", dir);
-    if (failures) {
-        fprintf(stderr, "ckpt_catalog_test: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("ckpt_catalog_test: ok\n");
-    return 0;
+    return check_done("ckpt_catalog_test");
 }

@@ -12,15 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 /* err is `want` and msg is `text` exactly. */
 #define CHECK_MSG(err, want, msg, text)                                                            \
@@ -352,10 +344,5 @@ int main(void)
     test_tensors();
     test_overlap_property();
     test_header();
-    if (failures) {
-        fprintf(stderr, "ckpt_validate_test: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("ckpt_validate_test: ok\n");
-    return 0;
+    return check_done("ckpt_validate_test");
 }

@@ -9,15 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 typedef struct seen {
     int n;
@@ -163,10 +155,5 @@ int main(void)
     snprintf(path, sizeof(path), "rm -rf %s", dir);
     if (system(path) != 0)
         failures++;
-    if (failures) {
-        fprintf(stderr, "feed_catalog_test: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("feed_catalog_test: ok\n");
-    return 0;
+    return check_done("feed_catalog_test");
 }

@@ -13,15 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static char dir[] = "/tmp/feed-state-test-XXXXXX";
 static uv_loop_t loop;
@@ -167,10 +159,5 @@ int main(void)
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "feed_state_test: could not remove %s\n", dir);
-    if (failures) {
-        fprintf(stderr, "feed_state_test: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("feed_state_test: ok\n");
-    return 0;
+    return check_done("feed_state_test");
 }

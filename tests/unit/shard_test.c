@@ -7,15 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static void test_header(void)
 {
@@ -138,10 +130,5 @@ int main(void)
     test_names();
     test_sha256();
     test_hash_fd();
-    if (failures) {
-        fprintf(stderr, "shard_test: %d failures\n", failures);
-        return 1;
-    }
-    printf("shard_test: ok\n");
-    return 0;
+    return check_done("shard_test");
 }

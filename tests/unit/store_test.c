@@ -17,15 +17,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static char root[] = "/tmp/store-test-XXXXXX";
 
@@ -407,10 +399,5 @@ int main(void)
     snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
     if (system(cmd) != 0)
         fprintf(stderr, "store_test: cannot remove %s\n", root);
-    if (failures) {
-        fprintf(stderr, "store_test: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("store_test: ok\n");
-    return 0;
+    return check_done("store_test");
 }

@@ -18,15 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 /* ---- realloc failure injection ---- */
 
@@ -478,10 +470,5 @@ int main(void)
     test_lengths_u32();
     test_lengths_read();
     test_array_grow();
-    if (failures) {
-        fprintf(stderr, "util_test: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("util_test: ok\n");
-    return 0;
+    return check_done("util_test");
 }
