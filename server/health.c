@@ -130,6 +130,7 @@ static void on_shutdown(void *arg)
 
 int sl_health_new(sl_health **out, const char *const *names, size_t n)
 {
+    static const sl_rpc_budget budget = {SL_HEALTH_MAX_CALLS, SL_HEALTH_MAX_WATCHES};
     sl_health *h = calloc(1, sizeof(*h));
 
     *out = NULL;
@@ -169,8 +170,10 @@ int sl_health_new(sl_health **out, const char *const *names, size_t n)
         .n_methods = 2,
         .arg = h,
         .on_shutdown = on_shutdown,
-        /* Probes must get an answer while the daemon is at its call limit. */
-        .reserved_calls = 64,
+        /* Anyone may call it, token or not: a budget of its own, so neither probes nor Watch
+         * streams touch --max-calls and the per-peer limit, and Watch streams cannot take all
+         * of it (Check calls are answered at once: 192 of them in flight are plenty). */
+        .budget = &budget,
     };
     *out = h;
     return 0;

@@ -11,6 +11,12 @@
 
 typedef struct sl_health sl_health;
 
+/* Health calls open at once (Check and Watch, with or without a token), counted apart from
+ * --max-calls; of them, at most SL_HEALTH_MAX_WATCHES Watch streams. More are refused
+ * RESOURCE_EXHAUSTED. */
+#define SL_HEALTH_MAX_CALLS   256
+#define SL_HEALTH_MAX_WATCHES 64
+
 typedef enum sl_health_status {
     SL_HEALTH_UNKNOWN = 0,
     SL_HEALTH_SERVING = 1,

@@ -285,6 +285,14 @@ int sl_rpc_decode(ProtobufCMessage **out, const ProtobufCMessageDescriptor *desc
         snprintf(why, why_len, "not a valid %s message", desc->name);
     if (!bb)
         return SL_EPROTO;
+    /* The server accepts identity encoding only and has the core leave messages as they came:
+     * a compressed message reaching here is refused before the reader would inflate it, which
+     * it does in full whatever the message limit (a 512 KiB gzip body inflates to 512 MiB). */
+    if (bb->type == GRPC_BB_RAW && bb->data.raw.compression != GRPC_COMPRESS_NONE) {
+        if (why && why_len)
+            snprintf(why, why_len, "compressed (only identity encoding is accepted)");
+        return SL_EPROTO;
+    }
     msg = unpack_one_bytes_field(desc, bb);
     if (msg) {
         *out = msg;

@@ -1,13 +1,19 @@
 /* The RPC server: gRPC C core completion queue -> threads -> queue -> libuv loop -> handlers.
  *
  * Every completion carries a tag that names what finished: a request slot (a new call arrived),
- * or one of a call's three operation kinds (send, receive, close). Completion-queue threads only
- * forward (tag, ok) pairs to the loop; all state below is touched on the loop thread only, so the
- * reference counts need no atomics.
+ * or one of a call's three operation kinds (send, receive, close). A new call is admitted on the
+ * completion-queue thread that received it (see "admission" below): the slot is armed again at
+ * once, and calls that can be answered without a handler never reach the loop. Past admission,
+ * completion-queue threads only forward (tag, ok) pairs to the loop, which owns the call from
+ * then on; the exceptions are send chains (see chain_next) and the reference count, atomic for
+ * them.
  *
  * A call's state lives until (a) its RECV_CLOSE_ON_SERVER operation completed, (b) no send or
  * receive batch is outstanding and (c) no handler holds a reference. The close operation is how a
- * client's cancellation is learned, so it is started as soon as the call arrives.
+ * client's cancellation is learned, so it is started as soon as the call is handed to the loop.
+ * A client- or bidi-streaming call is handed over only once its first message (or its end)
+ * arrived: until then a receive is its only operation, and if that fails (the client reset the
+ * stream) the call is freed on the completion-queue thread.
  */
 #include "server.h"
 
@@ -17,7 +23,9 @@
 #include "../log.h"
 
 #include <errno.h>
+#include <grpc/compression.h>
 #include <grpc/support/alloc.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdarg.h>
@@ -26,7 +34,31 @@
 #include <string.h>
 #include <time.h>
 
-enum tag_kind { TAG_SLOT, TAG_SEND, TAG_RECV, TAG_CLOSE, TAG_WRITABLE, TAG_SHUTDOWN };
+enum tag_kind {
+    TAG_SLOT,
+    TAG_SEND,
+    TAG_RECV,
+    TAG_CLOSE,
+    TAG_WRITABLE,
+    TAG_START, /* an admitted call for the loop (queued by a completion-queue thread) */
+    TAG_KICK,  /* a completion-queue thread freed the last call: check for shutdown */
+    TAG_SHUTDOWN
+};
+
+/* Where a call is: waiting for its first message on the completion-queue threads (client- and
+ * bidi-streaming calls only), or handed to the loop. */
+enum stage { STAGE_PREFETCH, STAGE_LOOP };
+
+/* Default bound of calls that arrived and that the loop has not started. */
+#define MAX_PENDING 8192
+
+/* A connection that resets this many calls within a second is cut (HTTP/2 rapid reset): no
+ * client has a reason to, and gRPC 1.51 has no limit of its own. */
+#define RESET_FLOOD 500
+
+/* The address of a connection cut for a flood is refused this long: a new connection from it is
+ * closed at its first call. */
+#define BAN_MS 10000
 
 /* A call may queue this many messages; the handler is told it may send more (on_writable) when
  * the queue has drained to half. */
@@ -55,7 +87,6 @@ typedef struct slot {
     grpc_call *call;
     gpr_timespec deadline;
     grpc_metadata_array md;
-    grpc_byte_buffer *payload;
     grpc_call_details details;
 } slot;
 
@@ -66,7 +97,7 @@ typedef struct event {
 
 struct sl_rpc_call {
     sl_rpc_server *srv;
-    const reg *reg; /* NULL for an unknown method */
+    const reg *reg;
     grpc_call *call;
     grpc_metadata_array md;
     char *path;
@@ -78,7 +109,7 @@ struct sl_rpc_call {
     unsigned send_busy : 1, recv_busy : 1, finished : 1, done : 1, status_pending : 1, sent_md : 1,
         has_details : 1;
     int close_cancelled;
-    tag tag_send, tag_recv, tag_close, tag_writable;
+    tag tag_send, tag_recv, tag_close, tag_writable, tag_start;
 
     /* The send queue. Queued messages are started by whichever thread sees the previous send
      * complete: a completion-queue thread keeps the chain going without a trip through the loop,
@@ -99,8 +130,26 @@ struct sl_rpc_call {
     sl_rpc_bytes *cur_bytes;   /* its bytes_field, unless the handler took them */
     uint64_t bytes_in, bytes_out;
 
+    /* Admission (completion-queue threads until the loop starts the call). `stage` moves from
+     * STAGE_PREFETCH to STAGE_LOOP once, on the thread that admitted the call or received its
+     * first message; `peer_key` is its count under its peer address (srv->peers_mu), `pending`
+     * says it counts as waiting for the loop (until the loop starts it), `budget_idx` that it
+     * does so as a call of that service with a budget of its own (-1: not). A prefetching call is
+     * on the server's prefetch list (srv->pf_mu, with pf_cancelled) for the idle sweep. */
+    atomic_int stage;
+    sl_rpc_key *peer_key;
+    int pending;
+    int budget_idx;
+    grpc_byte_buffer *payload; /* the request of a unary or server-streaming call */
+    grpc_byte_buffer *first;   /* the first message of a streaming call, read before the loop */
+    int has_first;             /* loop: `first` (NULL: the client closed at once) not yet read */
+    uint64_t arrived_us;
+    int pf_cancelled;
+    struct sl_rpc_call *pf_prev, *pf_next;
+
     /* Limits (loop thread, except `progress`). The call is on the server's list of calls from
-     * arrival until freed; `admitted` says it counts against max_calls, `key` is its claim. */
+     * the loop's start until freed; `admitted` says it counts against max_calls (1) or its
+     * service's budget (2), `key` is its claim. */
     struct sl_rpc_call *prev, *next;
     int admitted;
     sl_rpc_key *key;
@@ -139,23 +188,42 @@ struct sl_rpc_server {
 
     atomic_size_t live_calls;
     atomic_size_t live_streams;
+    atomic_int stopping; /* shutdown started: slots are not armed again */
     int shutting_down;
     int shutdown_seen;
     int cq_shut;
     int torn_down;
     int handles_open;
     uv_timer_t grace;
-    tag shutdown_tag;
+    tag shutdown_tag, kick_tag;
     void (*done)(void *);
     void *done_arg;
 
-    /* Limits, loop thread: every call with state, admitted calls (all, and per service), the
-     * per-key counts of sl_rpc_call_claim, and the idle sweep. */
+    /* Limits, loop thread: every call the loop started, admitted calls (all, and per service:
+     * calls and streams), the per-key counts of sl_rpc_call_claim, and the idle sweep. */
     sl_rpc_call *calls;
     size_t admitted;
-    size_t *svc_admitted;
+    size_t *svc_calls, *svc_streams;
     sl_rpc_keys keys;
     uv_timer_t idle_timer;
+    uv_timer_t guard_timer;
+
+    /* Admission, any thread: calls per peer address, calls waiting for their first message,
+     * calls not yet started by the loop (the server's count, and one per service with a budget
+     * of its own), and what was answered before the loop (sl_rpc_server_counters). */
+    pthread_mutex_t peers_mu;
+    sl_rpc_keys peers;
+    pthread_mutex_t pf_mu;
+    sl_rpc_call *prefetch;
+    atomic_size_t pending;
+    atomic_size_t *svc_pending;
+    atomic_uint_least64_t n_reset, n_no_request, n_unknown, n_peer_limit, n_busy, n_idle, n_cut,
+        n_banned;
+    sl_rpc_resets resets, cuts;
+    sl_rpc_bans bans;
+    unsigned filter_gen; /* loop: the bans the listener's filter was built from */
+    unsigned long long filter_next_ms;
+    int filter_n;
 };
 
 static uint64_t now_us(void)
@@ -203,6 +271,9 @@ static int drop_ref_unless_last(sl_rpc_call *c)
     return 0;
 }
 
+static void on_slot(slot *s, int ok);
+static int on_prefetched(sl_rpc_call *c, int ok);
+
 static void *cq_thread(void *arg)
 {
     sl_rpc_server *srv = arg;
@@ -213,6 +284,12 @@ static void *cq_thread(void *arg)
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
         if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        if (((tag *)ev.tag)->kind == TAG_SLOT) {
+            on_slot(((tag *)ev.tag)->ptr, ev.success);
+            continue;
+        }
+        if (((tag *)ev.tag)->kind == TAG_RECV && on_prefetched(((tag *)ev.tag)->ptr, ev.success))
             continue;
         if (ev.success && ((tag *)ev.tag)->kind == TAG_SEND) {
             sl_rpc_call *c = ((tag *)ev.tag)->ptr;
@@ -232,36 +309,70 @@ static void *cq_thread(void *arg)
     return NULL;
 }
 
-/* ---- call lifecycle (loop thread) ---- */
+/* ---- call lifecycle ---- */
 
 static void maybe_finish_shutdown(sl_rpc_server *srv);
 static void drain_queue(sl_rpc_call *c);
 
-static void call_free(sl_rpc_call *c)
+/* Free what every call has, whichever thread frees it, and count it gone. The last call freed
+ * during shutdown lets the loop finish it (directly, or through a kick from another thread). */
+static void call_release(sl_rpc_call *c, int on_loop)
 {
     sl_rpc_server *srv = c->srv;
+    int streaming = c->reg->m->kind != SL_RPC_UNARY;
 
-    if (c->data_free)
-        c->data_free(c->data);
+    if (c->pending)
+        atomic_fetch_sub(&srv->pending, 1);
+    if (c->budget_idx >= 0)
+        atomic_fetch_sub(&srv->svc_pending[c->budget_idx], 1);
+    if (c->peer_key) {
+        pthread_mutex_lock(&srv->peers_mu);
+        sl_rpc_keys_release(&srv->peers, c->peer_key);
+        pthread_mutex_unlock(&srv->peers_mu);
+    }
     if (c->call)
         grpc_call_unref(c->call);
     grpc_metadata_array_destroy(&c->md);
+    if (c->payload)
+        grpc_byte_buffer_destroy(c->payload);
+    if (c->first)
+        grpc_byte_buffer_destroy(c->first);
+    if (c->recv_buf)
+        grpc_byte_buffer_destroy(c->recv_buf);
+    pthread_mutex_destroy(&c->mu);
+    free(c->path);
+    free(c->peer);
+    free(c);
+    if (streaming)
+        atomic_fetch_sub(&srv->live_streams, 1);
+    if (atomic_fetch_sub(&srv->live_calls, 1) == 1 && atomic_load(&srv->stopping)) {
+        if (on_loop)
+            maybe_finish_shutdown(srv);
+        else
+            push_event(srv, &srv->kick_tag, 1);
+    }
+}
+
+/* Free a call the loop owns. Loop thread. */
+static void call_free(sl_rpc_call *c)
+{
+    sl_rpc_server *srv = c->srv;
+    size_t i = c->reg->svc_idx;
+
+    if (c->data_free)
+        c->data_free(c->data);
     pthread_mutex_lock(&c->mu);
     if (c->send_buf)
         grpc_byte_buffer_destroy(c->send_buf);
     drain_queue(c);
     pthread_mutex_unlock(&c->mu);
-    pthread_mutex_destroy(&c->mu);
-    if (c->recv_buf)
-        grpc_byte_buffer_destroy(c->recv_buf);
     if (c->has_details)
         grpc_slice_unref(c->status_details);
-    if (c->reg && c->reg->m->kind != SL_RPC_UNARY)
-        atomic_fetch_sub(&srv->live_streams, 1);
-    if (c->admitted) {
+    if (c->admitted == 1) {
         srv->admitted--;
-        if (c->reg->m->kind == SL_RPC_UNARY)
-            srv->svc_admitted[c->reg->svc_idx]--;
+    } else if (c->admitted == 2) {
+        srv->svc_calls[i]--;
+        srv->svc_streams[i] -= c->reg->m->kind != SL_RPC_UNARY;
     }
     sl_rpc_keys_release(&srv->keys, c->key);
     if (c->prev)
@@ -270,11 +381,7 @@ static void call_free(sl_rpc_call *c)
         srv->calls = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    free(c->path);
-    free(c->peer);
-    free(c);
-    atomic_fetch_sub(&srv->live_calls, 1);
-    maybe_finish_shutdown(srv);
+    call_release(c, 1);
 }
 
 void sl_rpc_call_ref(sl_rpc_call *call)
@@ -521,9 +628,21 @@ int sl_rpc_call_read(sl_rpc_call *call)
 
     if (call->done)
         return SL_ECANCELLED;
-    if (call->finished || call->recv_busy || !call->reg ||
+    if (call->finished || call->recv_busy ||
         (call->reg->m->kind != SL_RPC_CLIENT_STREAM && call->reg->m->kind != SL_RPC_BIDI_STREAM))
         return SL_ESTATE;
+    if (call->has_first) {
+        /* The first message was read before the loop saw the call: deliver it as a completed
+         * read, through the queue, so on_message never runs inside this call. */
+        call->has_first = 0;
+        call->recv_buf = call->first;
+        call->first = NULL;
+        call->recv_busy = 1;
+        atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
+        atomic_fetch_add(&call->refs, 1);
+        push_event(call->srv, &call->tag_recv, 1);
+        return 0;
+    }
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &call->recv_buf;
@@ -722,61 +841,332 @@ static void on_close_done(sl_rpc_call *c)
 
 static void arm_slot(slot *s);
 
-static sl_rpc_call *call_from_slot(slot *s)
-{
-    sl_rpc_server *srv = s->srv;
-    sl_rpc_call *c = calloc(1, sizeof(*c));
-    char *peer;
-    grpc_op op;
+/* ---- admission (completion-queue threads) ---- */
 
-    if (!c) {
-        grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory",
-                                     NULL);
-        grpc_call_unref(s->call);
-        grpc_metadata_array_destroy(&s->md);
+/* Answer a call the server keeps no state for, and let it go. */
+static void refuse(grpc_call *call, grpc_status_code code, const char *msg)
+{
+    grpc_call_cancel_with_status(call, code, msg, NULL);
+    grpc_call_unref(call);
+}
+
+/* Answer an admitted call before any operation was started on it, and free it. */
+static void refuse_call(sl_rpc_call *c, grpc_status_code code, const char *msg)
+{
+    grpc_call_cancel_with_status(c->call, code, msg, NULL);
+    call_release(c, 0);
+}
+
+/* State for a new call of a registered method; takes `call` and `md`. Returns NULL if memory ran
+ * out (the call is then answered and released). */
+static sl_rpc_call *call_new(sl_rpc_server *srv, const reg *r, grpc_call *call,
+                             grpc_metadata_array *md, const char *peer)
+{
+    sl_rpc_call *c = calloc(1, sizeof(*c));
+
+    if (c)
+        c->path = strdup(r->path);
+    if (!c || !c->path) {
+        free(c);
+        grpc_metadata_array_destroy(md);
+        refuse(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
     c->srv = srv;
-    c->reg = s->reg;
-    c->call = s->call;
-    c->md = s->md;
-    c->start_us = now_us();
+    c->reg = r;
+    c->call = call;
+    c->md = *md;
+    c->start_us = c->arrived_us = now_us();
     c->tag_send = (tag){TAG_SEND, c};
     c->tag_recv = (tag){TAG_RECV, c};
     c->tag_close = (tag){TAG_CLOSE, c};
     c->tag_writable = (tag){TAG_WRITABLE, c};
+    c->tag_start = (tag){TAG_START, c};
+    c->budget_idx = -1;
     pthread_mutex_init(&c->mu, NULL);
-    if (s->reg) {
-        c->path = strdup(s->reg->path);
-    } else {
-        size_t n = GRPC_SLICE_LENGTH(s->details.method);
-        c->path = malloc(n + 1);
-        if (c->path)
-            sl_rpc_slice_copy(c->path, n + 1, s->details.method);
-    }
-    peer = grpc_call_get_peer(c->call);
+    atomic_init(&c->refs, 1); /* the close operation's, once the loop has the call */
+    atomic_init(&c->stage, STAGE_PREFETCH);
     c->peer = peer ? strdup(peer) : NULL;
-    gpr_free(peer);
     atomic_fetch_add(&srv->live_calls, 1);
-    if (c->reg && c->reg->m->kind != SL_RPC_UNARY)
+    if (r->m->kind != SL_RPC_UNARY)
         atomic_fetch_add(&srv->live_streams, 1);
-    c->idle_since_us = c->start_us;
-    c->next = srv->calls;
-    if (srv->calls)
-        srv->calls->prev = c;
-    srv->calls = c;
+    return c;
+}
 
+/* Count the call as waiting for the loop (apart for a service with a budget of its own) and
+ * under its peer. At a limit the call is answered RESOURCE_EXHAUSTED and freed. Returns 1 if
+ * admitted. */
+static int admit_early(sl_rpc_call *c)
+{
+    sl_rpc_server *srv = c->srv;
+    const sl_rpc_service *svc = c->reg->svc;
+    size_t i = c->reg->svc_idx;
+    char key[SL_RPC_PEER_KEY_MAX], msg[256];
+    int err;
+
+    if (svc->budget) {
+        /* Counted apart, so that calls of other services waiting for the loop cannot keep
+         * these out; the budget itself applies once the loop has the call (admit). */
+        if (atomic_fetch_add(&srv->svc_pending[i], 1) < (size_t)srv->opts.max_pending) {
+            c->budget_idx = (int)i;
+            return 1;
+        }
+        atomic_fetch_sub(&srv->svc_pending[i], 1);
+        atomic_fetch_add(&srv->n_busy, 1);
+        snprintf(msg, sizeof(msg), "server busy: %d calls to %s waiting to start",
+                 srv->opts.max_pending, svc->name);
+        refuse_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+        return 0;
+    }
+    if (atomic_fetch_add(&srv->pending, 1) >= (size_t)srv->opts.max_pending) {
+        atomic_fetch_sub(&srv->pending, 1);
+        atomic_fetch_add(&srv->n_busy, 1);
+        snprintf(msg, sizeof(msg), "server busy: %d calls waiting to start", srv->opts.max_pending);
+        sl_log_limited(SL_LOG_WARN, 1000, "rpc_limit",
+                       "limit=max_pending value=%d method=%s peer=%s", srv->opts.max_pending,
+                       c->path, sl_rpc_call_peer(c));
+        refuse_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+        return 0;
+    }
+    c->pending = 1;
+    if (srv->opts.max_peer_calls <= 0)
+        return 1;
+    sl_rpc_peer_key(key, sizeof(key), sl_rpc_call_peer(c));
+    pthread_mutex_lock(&srv->peers_mu);
+    err = sl_rpc_keys_acquire(&srv->peers, &c->peer_key, key, (size_t)srv->opts.max_peer_calls);
+    pthread_mutex_unlock(&srv->peers_mu);
+    if (err == 0)
+        return 1;
+    if (err == SL_ELIMIT) {
+        atomic_fetch_add(&srv->n_peer_limit, 1);
+        snprintf(msg, sizeof(msg), "too many concurrent calls from %s (limit %d)", key,
+                 srv->opts.max_peer_calls);
+        sl_log_limited(SL_LOG_WARN, 1000, "rpc_limit",
+                       "limit=max_peer_calls value=%d method=%s peer=%s", srv->opts.max_peer_calls,
+                       c->path, sl_rpc_call_peer(c));
+    } else {
+        snprintf(msg, sizeof(msg), "out of memory");
+    }
+    refuse_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+    return 0;
+}
+
+/* Hand an admitted call to the loop, then start its close operation: the close's completion is
+ * queued after the start, and its reference (the call's first) keeps the call alive meanwhile. */
+static void to_loop(sl_rpc_call *c)
+{
+    grpc_op op;
+
+    atomic_store_explicit(&c->stage, STAGE_LOOP, memory_order_release);
+    push_event(c->srv, &c->tag_start, 1);
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     op.data.recv_close_on_server.cancelled = &c->close_cancelled;
-    atomic_init(&c->refs, 1);
     if (grpc_call_start_batch(c->call, &op, 1, &c->tag_close, NULL) != GRPC_CALL_OK) {
-        atomic_store(&c->refs, 0);
-        call_free(c);
-        return NULL;
+        /* Not seen in practice; without a close the call would never be freed. */
+        sl_log_error("rpc_start_batch_failed", "method=%s op=close", c->path);
+        grpc_call_cancel(c->call, NULL);
+        c->close_cancelled = 1;
+        push_event(c->srv, &c->tag_close, 0);
     }
-    return c;
 }
+
+static void prefetch_unlink(sl_rpc_call *c)
+{
+    sl_rpc_server *srv = c->srv;
+
+    if (c->pf_prev)
+        c->pf_prev->pf_next = c->pf_next;
+    else
+        srv->prefetch = c->pf_next;
+    if (c->pf_next)
+        c->pf_next->pf_prev = c->pf_prev;
+}
+
+/* Read the first message of a client- or bidi-streaming call before the loop hears of it. */
+static void prefetch(sl_rpc_call *c)
+{
+    sl_rpc_server *srv = c->srv;
+    grpc_op op;
+
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->recv_buf;
+    /* Listed before the batch starts: its completion may be handled on another thread at once. */
+    pthread_mutex_lock(&srv->pf_mu);
+    c->pf_next = srv->prefetch;
+    if (srv->prefetch)
+        srv->prefetch->pf_prev = c;
+    srv->prefetch = c;
+    pthread_mutex_unlock(&srv->pf_mu);
+    if (grpc_call_start_batch(c->call, &op, 1, &c->tag_recv, NULL) != GRPC_CALL_OK) {
+        sl_log_error("rpc_start_batch_failed", "method=%s op=recv", c->path);
+        pthread_mutex_lock(&srv->pf_mu);
+        prefetch_unlink(c);
+        pthread_mutex_unlock(&srv->pf_mu);
+        refuse_call(c, GRPC_STATUS_INTERNAL, "cannot read the request");
+    }
+}
+
+/* Close the connection of `peer`, which flooded the server (`why`), and refuse its address for
+ * BAN_MS. Any thread. */
+static void cut_connection(sl_rpc_server *srv, const char *peer, const char *why)
+{
+    char key[SL_RPC_PEER_KEY_MAX];
+    int n;
+
+    sl_rpc_peer_key(key, sizeof(key), peer);
+    if (sl_rpc_bans_check(&srv->bans, key, now_us() / 1000))
+        return; /* already cut, with every connection from its address */
+    sl_rpc_bans_add(&srv->bans, key, now_us() / 1000 + BAN_MS);
+    n = sl_rpc_conn_shutdown_key(key, srv->port);
+    atomic_fetch_add(&srv->n_cut, 1);
+    sl_log_limited(SL_LOG_WARN, 1000, "rpc_flood",
+                   "peer=%s reason=\"%s\" action=close_connections closed=%d blocked=%s "
+                   "blocked_s=%d",
+                   peer, why, n, key, BAN_MS / 1000);
+}
+
+/* Count a call of `peer` that did nothing but cost: reset before its request, ended without
+ * one, or to an unknown method. RESET_FLOOD of them within a second cut the connection. */
+static void junk(sl_rpc_server *srv, const char *peer)
+{
+    if (peer && sl_rpc_resets_add(&srv->resets, peer, now_us() / 1000, RESET_FLOOD))
+        cut_connection(srv, peer,
+                       "500 calls reset, without a request or to unknown methods "
+                       "within a second");
+}
+
+/* 1 if the call comes from a blocked address: it is then dropped, and its connection closed
+ * (once a second at most). Completion-queue thread. */
+static int blocked(sl_rpc_server *srv, grpc_call *call, const char *peer)
+{
+    char key[SL_RPC_PEER_KEY_MAX];
+    uint64_t now_ms = now_us() / 1000;
+
+    if (!peer)
+        return 0;
+    sl_rpc_peer_key(key, sizeof(key), peer);
+    if (!sl_rpc_bans_check(&srv->bans, key, now_ms))
+        return 0;
+    atomic_fetch_add(&srv->n_banned, 1);
+    if (sl_rpc_resets_add(&srv->cuts, peer, now_ms, 1))
+        sl_rpc_conn_shutdown(peer, srv->port);
+    /* No status: the connection is going away, and an answer would only cost more work. */
+    grpc_call_unref(call);
+    return 1;
+}
+
+/* The first read of a prefetching call completed: hand the call to the loop with the message (or
+ * with the client's end of stream), or free it here if the read failed (the client reset the
+ * stream, or the idle sweep ended it). Returns 0 if the call is not prefetching (a read the loop
+ * asked for). Completion-queue thread. */
+static int on_prefetched(sl_rpc_call *c, int ok)
+{
+    sl_rpc_server *srv = c->srv;
+    int idle;
+
+    if (atomic_load_explicit(&c->stage, memory_order_acquire) != STAGE_PREFETCH)
+        return 0;
+    pthread_mutex_lock(&srv->pf_mu);
+    prefetch_unlink(c);
+    idle = c->pf_cancelled;
+    pthread_mutex_unlock(&srv->pf_mu);
+    /* A read on a call the client reset before the read started succeeds with no message, as a
+     * graceful end of stream would: the core tells the two apart. */
+    if (ok && !c->recv_buf && grpc_call_failed_before_recv_message(c->call))
+        ok = 0;
+    if (!ok) {
+        atomic_fetch_add(idle ? &srv->n_idle : &srv->n_reset, 1);
+        if (!idle)
+            junk(srv, c->peer);
+        call_release(c, 0);
+        return 1;
+    }
+    if (c->reg->m->kind == SL_RPC_UNARY || c->reg->m->kind == SL_RPC_SERVER_STREAM) {
+        if (!c->recv_buf) {
+            /* The client half-closed without sending its request. */
+            char msg[SL_RPC_TEXT_MAX + 64];
+            atomic_fetch_add(&srv->n_no_request, 1);
+            junk(srv, c->peer);
+            snprintf(msg, sizeof(msg), "request message missing for %s", c->path);
+            refuse_call(c, GRPC_STATUS_INVALID_ARGUMENT, msg);
+            return 1;
+        }
+        c->payload = c->recv_buf;
+    } else {
+        c->first = c->recv_buf;
+        c->has_first = 1;
+    }
+    c->recv_buf = NULL;
+    to_loop(c);
+    return 1;
+}
+
+/* A request slot completed: a new call arrived (or, when !ok, the server is shutting down). The
+ * slot is armed again before anything else, then the call is admitted or answered here. */
+static void on_slot(slot *s, int ok)
+{
+    sl_rpc_server *srv = s->srv;
+    const reg *r = s->reg;
+    grpc_metadata_array md = s->md;
+    grpc_call *call = s->call;
+    char path[SL_RPC_TEXT_MAX], msg[SL_RPC_TEXT_MAX + 64];
+    sl_rpc_call *c;
+    char *peer;
+
+    s->call = NULL;
+    grpc_metadata_array_init(&s->md);
+    if (!r) {
+        sl_rpc_text_clean(path, sizeof(path), (const char *)GRPC_SLICE_START_PTR(s->details.method),
+                          GRPC_SLICE_LENGTH(s->details.method));
+        grpc_call_details_destroy(&s->details);
+        grpc_call_details_init(&s->details);
+    }
+    if (ok && !atomic_load(&srv->stopping))
+        arm_slot(s);
+    if (!ok) {
+        /* Pending requests complete unsuccessfully when the server shuts down. */
+        grpc_metadata_array_destroy(&md);
+        if (!atomic_load(&srv->stopping))
+            sl_log_warn("rpc_slot_failed", NULL);
+        return;
+    }
+    peer = grpc_call_get_peer(call);
+    if (blocked(srv, call, peer)) {
+        grpc_metadata_array_destroy(&md);
+    } else if (!r) {
+        /* The path is the client's: cleaned, it names the method in the status and the log,
+         * never in metrics. */
+        atomic_fetch_add(&srv->n_unknown, 1);
+        grpc_metadata_array_destroy(&md);
+        snprintf(msg, sizeof(msg), "unknown method %s", path);
+        sl_log_limited(SL_LOG_INFO, 1000, "rpc_unknown_method", "method=\"%s\"", path);
+        refuse(call, GRPC_STATUS_UNIMPLEMENTED, msg);
+        junk(srv, peer);
+    } else if ((c = call_new(srv, r, call, &md, peer)) != NULL && admit_early(c)) {
+        prefetch(c);
+    }
+    gpr_free(peer);
+}
+
+static void arm_slot(slot *s)
+{
+    sl_rpc_server *srv = s->srv;
+    grpc_call_error e;
+
+    if (s->reg) {
+        e = grpc_server_request_registered_call(srv->server, s->reg->handle, &s->call, &s->deadline,
+                                                &s->md, NULL, srv->cq, srv->cq, &s->tag);
+    } else {
+        e = grpc_server_request_call(srv->server, &s->call, &s->details, &s->md, srv->cq, srv->cq,
+                                     &s->tag);
+    }
+    if (e != GRPC_CALL_OK)
+        sl_log_error("rpc_request_call_failed", "error=%d", (int)e);
+}
+
+/* ---- the loop's side of a call's start ---- */
 
 /* Ask the server's authorize callback; on refusal the call is finished. Returns 1 if allowed. */
 static int authorized(sl_rpc_call *c)
@@ -798,26 +1188,47 @@ static int authorized(sl_rpc_call *c)
     return 0;
 }
 
-/* Count the call against max_calls, or its service's reserve when the cap is reached. Returns 1
- * if admitted. */
+/* Count the call against max_calls, or against its service's budget (sl_rpc_budget). On refusal
+ * the call is finished. Returns 1 if admitted. */
 static int admit(sl_rpc_call *c)
 {
     sl_rpc_server *srv = c->srv;
-    size_t *svc = &srv->svc_admitted[c->reg->svc_idx];
+    const sl_rpc_service *svc = c->reg->svc;
+    size_t i = c->reg->svc_idx;
     int max = srv->opts.max_calls;
 
-    int unary = c->reg->m->kind == SL_RPC_UNARY;
-
-    /* The reserve is for unary calls only (health Check): long-lived streams such as Watch
-     * cannot use it up. */
-    if (max > 0 && srv->admitted >= (size_t)max &&
-        (!unary || *svc >= (size_t)c->reg->svc->reserved_calls))
+    if (svc->budget) {
+        int stream = c->reg->m->kind != SL_RPC_UNARY;
+        if (srv->svc_calls[i] < (size_t)svc->budget->calls &&
+            (!stream || srv->svc_streams[i] < (size_t)svc->budget->streams)) {
+            srv->svc_calls[i]++;
+            srv->svc_streams[i] += stream;
+            c->admitted = 2;
+            return 1;
+        }
+        c->end = SL_RPC_END_BUDGET;
+        sl_log_limited(SL_LOG_WARN, 1000, "rpc_limit", "limit=budget value=%d/%d method=%s peer=%s",
+                       svc->budget->calls, svc->budget->streams, c->path, sl_rpc_call_peer(c));
+        if (srv->svc_calls[i] >= (size_t)svc->budget->calls)
+            sl_rpc_call_finish(c, SL_RPC_RESOURCE_EXHAUSTED,
+                               "too many concurrent calls to %s (limit %d)", svc->name,
+                               svc->budget->calls);
+        else
+            sl_rpc_call_finish(c, SL_RPC_RESOURCE_EXHAUSTED,
+                               "too many concurrent streams of %s (limit %d)", svc->name,
+                               svc->budget->streams);
         return 0;
-    srv->admitted++;
-    if (unary)
-        (*svc)++;
-    c->admitted = 1;
-    return 1;
+    }
+    if (max <= 0 || srv->admitted < (size_t)max) {
+        srv->admitted++;
+        c->admitted = 1;
+        return 1;
+    }
+    c->end = SL_RPC_END_MAX_CALLS;
+    sl_log_limited(SL_LOG_WARN, 1000, "rpc_limit", "limit=max_calls value=%d method=%s peer=%s",
+                   max, c->path, sl_rpc_call_peer(c));
+    sl_rpc_call_finish(c, SL_RPC_RESOURCE_EXHAUSTED, "too many concurrent calls (limit %d)", max);
+    return 0;
 }
 
 int sl_rpc_call_claim(sl_rpc_call *call, const char *key, const char *what)
@@ -859,12 +1270,32 @@ static void end_idle(sl_rpc_call *c)
     grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
 }
 
+/* End every prefetching call (waiting for its first message) that arrived before `before_us`
+ * (every one: UINT64_MAX) with `code` and `msg`. Its read then fails and the call is freed on a
+ * completion-queue thread. */
+static void cancel_prefetching(sl_rpc_server *srv, uint64_t before_us, grpc_status_code code,
+                               const char *msg)
+{
+    pthread_mutex_lock(&srv->pf_mu);
+    for (sl_rpc_call *c = srv->prefetch; c; c = c->pf_next) {
+        if (c->pf_cancelled || c->arrived_us >= before_us)
+            continue;
+        c->pf_cancelled = 1;
+        sl_log_limited(SL_LOG_INFO, 1000, "rpc_idle_timeout", "method=%s peer=%s reason=\"%s\"",
+                       c->path, sl_rpc_call_peer(c), msg);
+        grpc_call_cancel_with_status(c->call, code, msg, NULL);
+    }
+    pthread_mutex_unlock(&srv->pf_mu);
+}
+
 /* The idle sweep: a call that waits for its client (a read or a send outstanding) and made no
- * progress since the sweep that first saw it waiting is ended once the timeout has passed. */
+ * progress since the sweep that first saw it waiting is ended once the timeout has passed; so is
+ * a streaming call whose first message has not come within the timeout. */
 static void on_idle_sweep(uv_timer_t *t)
 {
     sl_rpc_server *srv = t->data;
     uint64_t now = now_us(), limit = srv->opts.idle_timeout_ms * 1000u;
+    char msg[96];
 
     for (sl_rpc_call *c = srv->calls; c; c = c->next) {
         unsigned p = atomic_load_explicit(&c->progress, memory_order_relaxed);
@@ -877,41 +1308,27 @@ static void on_idle_sweep(uv_timer_t *t)
             end_idle(c);
         }
     }
+    if (now > limit) {
+        snprintf(msg, sizeof(msg), "no message for %g s",
+                 (double)srv->opts.idle_timeout_ms / 1000.0);
+        cancel_prefetching(srv, now - limit, GRPC_STATUS_DEADLINE_EXCEEDED, msg);
+    }
 }
 
 static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
 {
-    const sl_rpc_method *m;
+    const sl_rpc_method *m = c->reg->m;
     ProtobufCMessage *req;
     char why[256];
     int err;
 
-    if (!c->path) {
-        sl_rpc_call_finish(c, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
-    if (!c->reg) {
-        sl_rpc_call_finish(c, SL_RPC_UNIMPLEMENTED, "unknown method %s", c->path);
-        return;
-    }
-    m = c->reg->m;
-    if (!admit(c)) {
-        c->end = SL_RPC_END_MAX_CALLS;
-        sl_log_limited(SL_LOG_WARN, 1000, "rpc_limit", "limit=max_calls value=%d method=%s peer=%s",
-                       c->srv->opts.max_calls, c->path, sl_rpc_call_peer(c));
-        sl_rpc_call_finish(c, SL_RPC_RESOURCE_EXHAUSTED, "too many concurrent calls (limit %d)",
-                           c->srv->opts.max_calls);
-        return;
-    }
+    /* Authorization first: a call without a valid token never counts against max_calls. */
     if (c->srv->opts.authorize && !authorized(c))
+        return;
+    if (!admit(c))
         return;
     if (m->kind == SL_RPC_CLIENT_STREAM || m->kind == SL_RPC_BIDI_STREAM) {
         m->on_start(c, NULL, c->reg->svc->arg);
-        return;
-    }
-    if (!payload) {
-        /* The client half-closed without a request, or cancelled before sending one. */
-        sl_rpc_call_finish(c, SL_RPC_INVALID_ARGUMENT, "request message missing for %s", c->path);
         return;
     }
     c->bytes_in += grpc_byte_buffer_length(payload);
@@ -926,56 +1343,31 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
     c->cur_msg = NULL;
 }
 
-static void on_slot(slot *s, int ok)
+/* An admitted call reached the loop: from now on the loop owns it. */
+static void on_start(sl_rpc_call *c)
 {
-    sl_rpc_server *srv = s->srv;
-    grpc_byte_buffer *payload = s->payload;
-    sl_rpc_call *c;
+    sl_rpc_server *srv = c->srv;
+    grpc_byte_buffer *payload = c->payload;
 
-    s->payload = NULL;
-    if (!ok) {
-        /* Pending requests complete unsuccessfully when the server shuts down. */
-        if (payload)
-            grpc_byte_buffer_destroy(payload);
-        if (!srv->shutting_down)
-            sl_log_warn("rpc_slot_failed", NULL);
-        return;
+    c->payload = NULL;
+    if (c->pending) {
+        atomic_fetch_sub(&srv->pending, 1);
+        c->pending = 0;
     }
-    c = call_from_slot(s);
-    if (!s->reg) {
-        grpc_call_details_destroy(&s->details);
-        grpc_call_details_init(&s->details);
+    if (c->budget_idx >= 0) {
+        atomic_fetch_sub(&srv->svc_pending[c->budget_idx], 1);
+        c->budget_idx = -1;
     }
-    grpc_metadata_array_init(&s->md);
-    s->call = NULL;
-    if (!srv->shutting_down)
-        arm_slot(s);
-    if (c) {
-        sl_rpc_call_ref(c);
-        dispatch(c, payload);
-        sl_rpc_call_unref(c);
-    }
+    c->idle_since_us = now_us();
+    c->next = srv->calls;
+    if (srv->calls)
+        srv->calls->prev = c;
+    srv->calls = c;
+    sl_rpc_call_ref(c);
+    dispatch(c, payload);
+    sl_rpc_call_unref(c);
     if (payload)
         grpc_byte_buffer_destroy(payload);
-}
-
-static void arm_slot(slot *s)
-{
-    sl_rpc_server *srv = s->srv;
-    grpc_call_error e;
-
-    if (s->reg) {
-        int with_payload =
-            s->reg->m->kind == SL_RPC_UNARY || s->reg->m->kind == SL_RPC_SERVER_STREAM;
-        e = grpc_server_request_registered_call(srv->server, s->reg->handle, &s->call, &s->deadline,
-                                                &s->md, with_payload ? &s->payload : NULL, srv->cq,
-                                                srv->cq, &s->tag);
-    } else {
-        e = grpc_server_request_call(srv->server, &s->call, &s->details, &s->md, srv->cq, srv->cq,
-                                     &s->tag);
-    }
-    if (e != GRPC_CALL_OK)
-        sl_log_error("rpc_request_call_failed", "error=%d", (int)e);
 }
 
 /* ---- shutdown ---- */
@@ -1001,6 +1393,7 @@ static void teardown(sl_rpc_server *srv)
     uv_close((uv_handle_t *)&srv->async, on_handle_closed);
     uv_close((uv_handle_t *)&srv->grace, on_handle_closed);
     uv_close((uv_handle_t *)&srv->idle_timer, on_handle_closed);
+    uv_close((uv_handle_t *)&srv->guard_timer, on_handle_closed);
 }
 
 static void maybe_finish_shutdown(sl_rpc_server *srv)
@@ -1025,13 +1418,117 @@ void sl_rpc_server_shutdown(sl_rpc_server *srv, uint64_t grace_ms, void (*done)(
     if (srv->shutting_down)
         return;
     srv->shutting_down = 1;
+    atomic_store(&srv->stopping, 1);
+    {
+        sl_rpc_server_counters n;
+        sl_rpc_server_get_counters(srv, &n);
+        sl_log_info("rpc_answered_early",
+                    "reset=%llu no_request=%llu unknown=%llu peer_limit=%llu busy=%llu "
+                    "idle=%llu cut=%llu blocked=%llu",
+                    (unsigned long long)n.reset, (unsigned long long)n.no_request,
+                    (unsigned long long)n.unknown, (unsigned long long)n.peer_limit,
+                    (unsigned long long)n.busy, (unsigned long long)n.idle,
+                    (unsigned long long)n.cut, (unsigned long long)n.blocked);
+    }
     srv->done = done;
     srv->done_arg = arg;
     for (size_t i = 0; i < srv->n_services; i++)
         if (srv->services[i]->on_shutdown)
             srv->services[i]->on_shutdown(srv->services[i]->arg);
     grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
+    /* Calls still waiting for their first message have not started: nothing to finish. */
+    cancel_prefetching(srv, UINT64_MAX, GRPC_STATUS_UNAVAILABLE, "server shutting down");
     uv_timer_start(&srv->grace, on_grace_expired, grace_ms, 0);
+}
+
+/* ---- the flood guard (loop thread) ---- */
+
+/* Every GUARD_TICK_MS the loop looks for connections with BACKLOG_CALLS calls that arrived
+ * BACKLOG_MS ago or earlier and still wait for their first message. */
+#define GUARD_TICK_MS 100
+#define BACKLOG_CALLS 256
+#define BACKLOG_MS    50
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Cut the connections with BACKLOG_CALLS or more calls that arrived BACKLOG_MS ago or earlier
+ * and still wait for their first message. A client sends a call's request right behind its
+ * headers, so such a backlog means the core cannot deliver what the connection sends: a reset
+ * flood it is still parsing. Returns how many connections were cut. */
+static int cut_backlogged_peers(sl_rpc_server *srv, uint64_t now_us_)
+{
+    char(*cut)[SL_RPC_PEER_KEY_MAX] = NULL;
+    const char **peers = NULL;
+    size_t n = 0, n_cut = 0, cap = 0;
+
+    pthread_mutex_lock(&srv->pf_mu);
+    for (sl_rpc_call *c = srv->prefetch; c; c = c->pf_next) {
+        if (!c->peer || now_us_ - c->arrived_us < (uint64_t)BACKLOG_MS * 1000u)
+            continue;
+        if (n == cap) {
+            const char **p = realloc(peers, (cap = cap ? cap * 2 : 256) * sizeof(*p));
+            if (!p)
+                break;
+            peers = p;
+        }
+        peers[n++] = c->peer;
+    }
+    if (n >= BACKLOG_CALLS) {
+        qsort(peers, n, sizeof(*peers), cmp_str);
+        cut = malloc((n / BACKLOG_CALLS) * sizeof(*cut));
+        for (size_t i = 0, j; cut && i < n; i = j) {
+            for (j = i; j < n && strcmp(peers[i], peers[j]) == 0; j++) {
+            }
+            if (j - i >= BACKLOG_CALLS)
+                snprintf(cut[n_cut++], sizeof(cut[0]), "%s", peers[i]);
+        }
+    }
+    pthread_mutex_unlock(&srv->pf_mu);
+    for (size_t i = 0; i < n_cut; i++)
+        cut_connection(srv, cut[i], "calls waiting for their first message");
+    free(cut);
+    free(peers);
+    return (int)n_cut;
+}
+
+/* Keep the listener's kernel filter in step with the blocked addresses: rebuilt when one is
+ * added or the first of them expires. */
+static void refresh_filter(sl_rpc_server *srv, uint64_t now_ms)
+{
+    char keys[SL_RPC_BAN_SLOTS][SL_RPC_PEER_KEY_MAX];
+    unsigned long long next;
+    unsigned gen;
+    int n;
+
+    if (srv->filter_gen == sl_rpc_bans_gen(&srv->bans) && now_ms < srv->filter_next_ms)
+        return;
+    n = sl_rpc_bans_active(&srv->bans, keys, now_ms, &gen, &next);
+    if (n == 0 && srv->filter_n == 0) {
+        srv->filter_gen = gen;
+        srv->filter_next_ms = next;
+        return;
+    }
+    if (sl_rpc_listener_filter(srv->port, keys, n) <= 0)
+        sl_log_limited(SL_LOG_WARN, 60000, "rpc_filter_failed", "blocked=%d", n);
+    else
+        sl_log_info("rpc_blocked_addresses", "count=%d", n);
+    srv->filter_gen = gen;
+    srv->filter_next_ms = next;
+    srv->filter_n = n;
+}
+
+static void on_guard(uv_timer_t *t)
+{
+    sl_rpc_server *srv = t->data;
+    uint64_t now = now_us();
+
+    if (srv->cq_shut)
+        return;
+    cut_backlogged_peers(srv, now);
+    refresh_filter(srv, now / 1000u);
 }
 
 /* ---- the loop side of the hand-off ---- */
@@ -1066,8 +1563,13 @@ static void on_async(uv_async_t *a)
                 continue;
             }
             switch (t->kind) {
-            case TAG_SLOT:
-                on_slot(t->ptr, ok);
+            case TAG_SLOT: /* handled on the completion-queue threads */
+                break;
+            case TAG_START:
+                on_start(t->ptr);
+                break;
+            case TAG_KICK:
+                maybe_finish_shutdown(srv);
                 break;
             case TAG_SEND:
                 on_send_done(t->ptr, ok);
@@ -1095,12 +1597,49 @@ static void on_async(uv_async_t *a)
 
 /* ---- construction ---- */
 
+static void set_arg(grpc_arg *a, const char *key, int value)
+{
+    a->type = GRPC_ARG_INTEGER;
+    a->key = (char *)key;
+    a->value.integer = value;
+}
+
+static int ms_arg(uint64_t ms)
+{
+    return ms == 0 || ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+/* The server's channel arguments (at most 8). Returns how many. */
+static size_t server_args(grpc_arg *args, const sl_rpc_server_opts *o)
+{
+    size_t n = 0;
+
+    set_arg(&args[n++], GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, o->max_recv_bytes);
+    set_arg(&args[n++], GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+            o->max_send_bytes ? o->max_send_bytes : -1);
+    set_arg(&args[n++], GRPC_ARG_ENABLE_PER_MESSAGE_COMPRESSION, 0);
+    /* Identity encoding only: the core answers a message compressed with anything else
+     * UNIMPLEMENTED before inflating it, and with decompression off it never inflates one
+     * either (gRPC 1.51 inflates in full before applying the message limit: a 512 KiB gzip body
+     * became 512 MiB). A compressed message that slipped through anyway reaches sl_rpc_decode
+     * still compressed, which refuses it. */
+    set_arg(&args[n++], GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET,
+            1 << GRPC_COMPRESS_NONE);
+    set_arg(&args[n++], GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
+    set_arg(&args[n++], GRPC_ARG_MAX_CONNECTION_IDLE_MS, ms_arg(o->max_connection_idle_ms));
+    set_arg(&args[n++], GRPC_ARG_MAX_CONNECTION_AGE_MS, ms_arg(o->max_connection_age_ms));
+    /* A connection that has not finished its HTTP/2 (and TLS) handshake holds an fd: 20 s instead
+     * of the core's 120 s. */
+    set_arg(&args[n++], GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 20000);
+    return n;
+}
+
 int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_opts *opts,
                       const sl_rpc_service *const *services, size_t n_services)
 {
     sl_rpc_server *srv = NULL;
     grpc_server_credentials *creds;
-    grpc_arg args[3];
+    grpc_arg args[8];
     grpc_channel_args chargs;
     size_t n_generic = 4, k = 0;
     int err = 0, per;
@@ -1108,7 +1647,8 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
     *out = NULL;
     if (!opts || !opts->listen || !*opts->listen || opts->max_recv_bytes < 0 ||
         opts->max_send_bytes < 0 || opts->cq_threads < 0 || opts->slots_per_method < 0 ||
-        opts->max_calls < 0 || opts->max_key_calls < 0)
+        opts->max_calls < 0 || opts->max_key_calls < 0 || opts->max_peer_calls < 0 ||
+        opts->max_pending < 0)
         return SL_EINVAL;
     srv = calloc(1, sizeof(*srv));
     if (!srv)
@@ -1118,10 +1658,14 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
     srv->opts = *opts;
     srv->opts.listen = NULL;
     srv->opts.tls = NULL; /* only used here; the caller's struct need not outlive the call */
+    if (srv->opts.cq_threads == 0)
+        srv->opts.cq_threads = 4;
     if (srv->opts.cq_threads < 2)
         srv->opts.cq_threads = 2;
     if (srv->opts.max_recv_bytes == 0)
         srv->opts.max_recv_bytes = 4 << 20;
+    if (srv->opts.max_pending == 0)
+        srv->opts.max_pending = MAX_PENDING;
     per = srv->opts.slots_per_method ? srv->opts.slots_per_method : 16;
     srv->services = calloc(n_services ? n_services : 1, sizeof(*srv->services));
     if (!srv->services) {
@@ -1132,7 +1676,13 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
     memcpy(srv->services, services, n_services * sizeof(*services));
     srv->n_services = n_services;
     srv->shutdown_tag = (tag){TAG_SHUTDOWN, srv};
+    srv->kick_tag = (tag){TAG_KICK, srv};
     pthread_mutex_init(&srv->mu, NULL);
+    pthread_mutex_init(&srv->peers_mu, NULL);
+    pthread_mutex_init(&srv->pf_mu, NULL);
+    sl_rpc_resets_init(&srv->resets);
+    sl_rpc_resets_init(&srv->cuts);
+    sl_rpc_bans_init(&srv->bans);
 
     for (size_t i = 0; i < n_services; i++)
         srv->n_regs += services[i]->n_methods;
@@ -1140,22 +1690,16 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
     srv->n_slots = srv->n_regs * (size_t)per + n_generic;
     srv->slots = calloc(srv->n_slots, sizeof(*srv->slots));
     srv->threads = calloc((size_t)srv->opts.cq_threads, sizeof(*srv->threads));
-    srv->svc_admitted = calloc(n_services ? n_services : 1, sizeof(*srv->svc_admitted));
-    if (!srv->regs || !srv->slots || !srv->threads || !srv->svc_admitted) {
+    srv->svc_calls = calloc(n_services ? n_services : 1, sizeof(*srv->svc_calls));
+    srv->svc_streams = calloc(n_services ? n_services : 1, sizeof(*srv->svc_streams));
+    srv->svc_pending = calloc(n_services ? n_services : 1, sizeof(*srv->svc_pending));
+    if (!srv->regs || !srv->slots || !srv->threads || !srv->svc_calls || !srv->svc_streams ||
+        !srv->svc_pending) {
         err = -ENOMEM;
         goto out;
     }
 
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = srv->opts.max_recv_bytes;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = srv->opts.max_send_bytes ? srv->opts.max_send_bytes : -1;
-    args[2].type = GRPC_ARG_INTEGER;
-    args[2].key = GRPC_ARG_ENABLE_PER_MESSAGE_COMPRESSION;
-    args[2].value.integer = 0;
-    chargs.num_args = 3;
+    chargs.num_args = server_args(args, &srv->opts);
     chargs.args = args;
     srv->server = grpc_server_create(&chargs, NULL);
     srv->cq = grpc_completion_queue_create_for_next(NULL);
@@ -1166,7 +1710,6 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
             const sl_rpc_method *m = &services[i]->methods[j];
             reg *r = &srv->regs[k++];
             size_t len = strlen(services[i]->name) + strlen(m->name) + 3;
-            int payload = m->kind == SL_RPC_UNARY || m->kind == SL_RPC_SERVER_STREAM;
             r->svc = services[i];
             r->svc_idx = i;
             r->m = m;
@@ -1184,9 +1727,11 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
                 err = SL_EINVAL;
                 goto out;
             }
-            r->handle = grpc_server_register_method(
-                srv->server, r->path, NULL,
-                payload ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER : GRPC_SRM_PAYLOAD_NONE, 0);
+            /* The request is read by the server itself (prefetch), for every kind: the core's
+             * own read of it (GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER) stopped publishing new
+             * calls altogether under a reset flood, while they piled up in its memory. */
+            r->handle =
+                grpc_server_register_method(srv->server, r->path, NULL, GRPC_SRM_PAYLOAD_NONE, 0);
             if (!r->handle) {
                 sl_log_error("rpc_register_failed", "method=%s", r->path);
                 err = SL_EINVAL;
@@ -1215,7 +1760,10 @@ int sl_rpc_server_new(sl_rpc_server **out, uv_loop_t *loop, const sl_rpc_server_
     srv->grace.data = srv;
     uv_timer_init(loop, &srv->idle_timer);
     srv->idle_timer.data = srv;
-    srv->handles_open = 3;
+    uv_timer_init(loop, &srv->guard_timer);
+    srv->guard_timer.data = srv;
+    srv->handles_open = 4;
+    uv_timer_start(&srv->guard_timer, on_guard, GUARD_TICK_MS, GUARD_TICK_MS);
     if (srv->opts.idle_timeout_ms > 0) {
         /* A few sweeps per timeout, at most one a second: ends come at most a quarter late. */
         uint64_t every = srv->opts.idle_timeout_ms / 4;
@@ -1284,6 +1832,21 @@ size_t sl_rpc_server_live_streams(const sl_rpc_server *srv)
     return atomic_load(&((sl_rpc_server *)srv)->live_streams);
 }
 
+void sl_rpc_server_get_counters(const sl_rpc_server *srv, sl_rpc_server_counters *out)
+{
+    sl_rpc_server *s = (sl_rpc_server *)srv;
+
+    out->reset = atomic_load(&s->n_reset);
+    out->no_request = atomic_load(&s->n_no_request);
+    out->unknown = atomic_load(&s->n_unknown);
+    out->peer_limit = atomic_load(&s->n_peer_limit);
+    out->busy = atomic_load(&s->n_busy);
+    out->idle = atomic_load(&s->n_idle);
+    out->cut = atomic_load(&s->n_cut);
+    out->blocked = atomic_load(&s->n_banned);
+    out->pending = atomic_load(&s->pending);
+}
+
 void sl_rpc_server_free(sl_rpc_server *srv)
 {
     if (!srv)
@@ -1301,11 +1864,19 @@ void sl_rpc_server_free(sl_rpc_server *srv)
     free(srv->services);
     free(srv->slots);
     free(srv->threads);
-    free(srv->svc_admitted);
+    free(srv->svc_calls);
+    free(srv->svc_streams);
+    free(srv->svc_pending);
     sl_rpc_keys_clear(&srv->keys);
+    sl_rpc_keys_clear(&srv->peers);
     free(srv->q);
     free(srv->work);
     pthread_mutex_destroy(&srv->mu);
+    pthread_mutex_destroy(&srv->peers_mu);
+    pthread_mutex_destroy(&srv->pf_mu);
+    sl_rpc_resets_destroy(&srv->resets);
+    sl_rpc_resets_destroy(&srv->cuts);
+    sl_rpc_bans_destroy(&srv->bans);
     free(srv);
     grpc_shutdown_blocking();
 }

@@ -5,6 +5,12 @@
  * Two or more completion-queue threads block in the C core and hand every completion to the loop
  * (a queue plus uv_async_send), so all call state is owned by the loop thread.
  *
+ * A new call is admitted on the completion-queue thread that received it, before the loop hears
+ * of it: calls to unknown methods, calls without their request message, calls over the per-peer
+ * limit or beyond the bound of calls waiting for the loop are answered there and never reach it;
+ * a client- or bidi-streaming call reaches the loop only once its first message (or its end)
+ * arrived, so a call the client resets at once (HTTP/2 rapid reset) costs the loop nothing.
+ *
  * Per call, a handler queues at most a window of messages and produces more on on_writable; it
  * asks for each incoming message with sl_rpc_call_read(). That is the flow control: a slow client
  * slows the handler, memory stays flat. Send completions are chained on the completion-queue
@@ -28,6 +34,16 @@ typedef enum sl_rpc_kind {
     SL_RPC_CLIENT_STREAM = 2,
     SL_RPC_BIDI_STREAM = 3,
 } sl_rpc_kind;
+
+/* A service's own call budget: its calls count neither against the server's max_calls nor
+ * against the per-peer limit (nor, while they wait for the loop, against max_pending: they have a
+ * count of their own with the same bound), but against `calls` calls of the service open at
+ * once, of which at most `streams` may be streaming calls. One more is answered
+ * RESOURCE_EXHAUSTED "too many concurrent calls to <service> (limit N)" (or "streams of"). */
+typedef struct sl_rpc_budget {
+    int calls;
+    int streams;
+} sl_rpc_budget;
 
 /* One method of a service. All callbacks run on the loop thread; `svc_arg` is the service's arg. */
 typedef struct sl_rpc_method {
@@ -72,10 +88,9 @@ typedef struct sl_rpc_service {
     /* Called on the loop thread when graceful shutdown starts, so the service can end its
      * long-lived streams (they would otherwise be cancelled when the grace period ends). */
     void (*on_shutdown)(void *arg);
-    /* Unary calls of this service admitted even when the server's max_calls is reached, as long
-     * as the service has fewer than this many unary calls open (so health checks stay
-     * answerable; its streams, such as Watch, get no reserve). 0: none. */
-    int reserved_calls;
+    /* A call budget of its own (for services anyone may call, such as health checks), or NULL:
+     * the service shares max_calls and max_peer_calls with the others. See sl_rpc_budget. */
+    const struct sl_rpc_budget *budget;
 } sl_rpc_service;
 
 /* Decide whether a call may proceed, before its handler sees it (loop thread). `token` is the
@@ -90,6 +105,7 @@ typedef enum sl_rpc_end {
     SL_RPC_END_MAX_CALLS = 1, /* refused: max_calls calls were open */
     SL_RPC_END_MAX_KEY = 2,   /* refused by sl_rpc_call_claim: max_key_calls under its key */
     SL_RPC_END_IDLE = 3,      /* no progress for idle_timeout_ms */
+    SL_RPC_END_BUDGET = 4,    /* refused: its service's budget_calls or budget_streams were open */
 } sl_rpc_end;
 
 /* What a finished call did, for logs and metrics. */
@@ -109,7 +125,7 @@ typedef void (*sl_rpc_call_observer)(const sl_rpc_call_stats *stats, void *arg);
 
 typedef struct sl_rpc_server_opts {
     const char *listen;            /* "host:port"; port 0 picks a free port */
-    int cq_threads;                /* completion-queue threads; 0 means 2, minimum 2 */
+    int cq_threads;                /* completion-queue threads; 0 means 4, minimum 2 */
     int max_recv_bytes;            /* largest accepted message; 0 means 4 MiB */
     int max_send_bytes;            /* largest sent message; 0 means unlimited */
     int slots_per_method;          /* calls kept armed per method; 0 means 16 */
@@ -118,10 +134,21 @@ typedef struct sl_rpc_server_opts {
     void *authorize_arg;
     sl_rpc_call_observer observer; /* optional */
     void *observer_arg;
-    /* Calls open at once (all kinds, counted from arrival until their state is freed); one more
-     * is answered RESOURCE_EXHAUSTED "too many concurrent calls (limit N)" before its handler or
-     * the authorize callback sees it. 0: unlimited. Services' reserved_calls come on top. */
+    /* Calls open at once (all kinds, counted from the authorize callback's yes until their state
+     * is freed); one more is answered RESOURCE_EXHAUSTED "too many concurrent calls (limit N)"
+     * before its handler sees it. Calls refused by the authorize callback never count. 0:
+     * unlimited. Services with a budget of their own do not count. */
     int max_calls;
+    /* Calls open at once from one peer address (the port is ignored; IPv6 addresses by their
+     * /64), counted from arrival until freed, services with a budget of their own excepted. One
+     * more is answered RESOURCE_EXHAUSTED "too many concurrent calls from <peer> (limit N)" on
+     * the completion-queue thread. 0: unlimited. */
+    int max_peer_calls;
+    /* Calls that arrived but that the loop has not started yet (a streaming call waiting for its
+     * first message, or a call queued for the loop); one more is answered RESOURCE_EXHAUSTED
+     * "server busy: N calls waiting to start" on the completion-queue thread. This bounds the
+     * queue between those threads and the loop. 0 means 8192. */
+    int max_pending;
     /* Calls open at once under one key of sl_rpc_call_claim. 0: unlimited. */
     int max_key_calls;
     /* A call that waits for the client this long is ended with DEADLINE_EXCEEDED: a read is
@@ -129,6 +156,12 @@ typedef struct sl_rpc_server_opts {
      * client stopped reading). Handlers see on_cancel. Checked a few times per period, at most
      * once a second. 0: never. */
     uint64_t idle_timeout_ms;
+    /* A connection without calls for this long is closed (HTTP/2 GOAWAY; clients reconnect when
+     * they next call). 0: never. */
+    uint64_t max_connection_idle_ms;
+    /* A connection is closed after this long whatever it does: GOAWAY, then its calls may
+     * finish (no grace limit). 0: never. */
+    uint64_t max_connection_age_ms;
 } sl_rpc_server_opts;
 
 /* Create a server bound to opts->listen serving `services` (the array is copied; the services
@@ -151,6 +184,24 @@ void sl_rpc_server_shutdown(sl_rpc_server *srv, uint64_t grace_ms, void (*done)(
 
 /* Free a server whose shutdown completed (or that never started a call). Accepts NULL. */
 void sl_rpc_server_free(sl_rpc_server *srv);
+
+/* Calls the server answered or dropped on its completion-queue threads, before the loop and any
+ * handler saw them (so the call observer never does), since the server started; and the calls
+ * waiting for the loop now. */
+typedef struct sl_rpc_server_counters {
+    uint64_t reset;      /* ended by the client before their first message arrived */
+    uint64_t no_request; /* unary or server-streaming calls that ended without their request */
+    uint64_t unknown;    /* to methods nobody registered: UNIMPLEMENTED */
+    uint64_t peer_limit; /* refused by max_peer_calls */
+    uint64_t busy;       /* refused by max_pending */
+    uint64_t idle;       /* calls ended by idle_timeout_ms before their first message */
+    uint64_t cut;        /* connections closed for resetting 1000 calls within a second */
+    uint64_t blocked;    /* calls dropped because their address was blocked after a flood */
+    uint64_t pending;    /* now: calls that arrived and that the loop has not started */
+} sl_rpc_server_counters;
+
+/* Fill *out. Thread-safe. */
+void sl_rpc_server_get_counters(const sl_rpc_server *srv, sl_rpc_server_counters *out);
 
 /* Number of calls whose state is still allocated (tests use it to check that cancelled calls
  * are freed), and of those, the streaming ones. Thread-safe. */

@@ -1,11 +1,13 @@
 /* Tests of common/rpc: a real server (tests/rpc/testsvc.c) on 127.0.0.1 and the real client, in
  * one process, over real gRPC. Each test prints its name; any failed check fails the program. */
 #include "err.h"
+#include "keys.h"
 #include "rpc/client.h"
 #include "sluice/test/test.pb-c.h"
 #include "testsvc.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1209,6 +1211,317 @@ static void test_idle_timeout(void)
     stop_limited(srv, saved);
 }
 
+/* ---- admission on the completion-queue threads (a server of its own: testsvc does not set
+ * these limits) ---- */
+
+typedef struct adm_srv {
+    uv_loop_t loop;
+    uv_async_t stop;
+    sl_rpc_server *srv;
+    pthread_t thread;
+    atomic_int starts;   /* Sum calls that reached their handler */
+    atomic_int block_ms; /* Echo holds the loop this long */
+    sl_rpc_method methods[2];
+    sl_rpc_service svc;
+    char target[64];
+} adm_srv;
+
+static void adm_echo(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    const Sluice__Test__EchoRequest *req = (const void *)msg;
+    Sluice__Test__EchoResponse resp = SLUICE__TEST__ECHO_RESPONSE__INIT;
+    adm_srv *a = arg;
+
+    if (req->delay_ms)
+        usleep((useconds_t)atomic_load(&a->block_ms) * 1000u); /* the whole loop waits */
+    resp.text = req->text;
+    sl_rpc_call_reply(call, &resp.base);
+}
+
+static void adm_sum_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    adm_srv *a = arg;
+
+    atomic_fetch_add(&a->starts, 1);
+    sl_rpc_call_read(call);
+}
+
+static void adm_sum_message(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
+{
+    Sluice__Test__SumResponse resp = SLUICE__TEST__SUM_RESPONSE__INIT;
+
+    if (msg) {
+        sl_rpc_call_read(call);
+        return;
+    }
+    sl_rpc_call_reply(call, &resp.base);
+}
+
+static void adm_stopped(void *arg)
+{
+    adm_srv *a = arg;
+
+    uv_close((uv_handle_t *)&a->stop, NULL);
+}
+
+static void adm_on_stop(uv_async_t *h)
+{
+    adm_srv *a = h->data;
+
+    sl_rpc_server_shutdown(a->srv, 1000, adm_stopped, a);
+}
+
+static void *adm_main(void *arg)
+{
+    adm_srv *a = arg;
+
+    uv_run(&a->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+static adm_srv *adm_start(int max_peer_calls, int max_pending)
+{
+    adm_srv *a = calloc(1, sizeof(*a));
+    const sl_rpc_service *svcs[1];
+    sl_rpc_server_opts o;
+    int err;
+
+    uv_loop_init(&a->loop);
+    uv_async_init(&a->loop, &a->stop, adm_on_stop);
+    a->stop.data = a;
+    a->methods[0] = (sl_rpc_method){.name = "Echo",
+                                    .kind = SL_RPC_UNARY,
+                                    .request = &sluice__test__echo_request__descriptor,
+                                    .response = &sluice__test__echo_response__descriptor,
+                                    .on_start = adm_echo};
+    a->methods[1] = (sl_rpc_method){.name = "Sum",
+                                    .kind = SL_RPC_CLIENT_STREAM,
+                                    .request = &sluice__test__num__descriptor,
+                                    .response = &sluice__test__sum_response__descriptor,
+                                    .on_start = adm_sum_start,
+                                    .on_message = adm_sum_message};
+    a->svc = (sl_rpc_service){
+        .name = "sluice.test.Test", .methods = a->methods, .n_methods = 2, .arg = a};
+    svcs[0] = &a->svc;
+    memset(&o, 0, sizeof(o));
+    o.listen = "127.0.0.1:0";
+    o.max_peer_calls = max_peer_calls;
+    o.max_pending = max_pending;
+    err = sl_rpc_server_new(&a->srv, &a->loop, &o, svcs, 1);
+    CHECK(err == 0, "server_new: %d", err);
+    snprintf(a->target, sizeof(a->target), "127.0.0.1:%d", sl_rpc_server_port(a->srv));
+    pthread_create(&a->thread, NULL, adm_main, a);
+    return a;
+}
+
+static void adm_stop(adm_srv *a)
+{
+    uv_async_send(&a->stop);
+    pthread_join(a->thread, NULL);
+    CHECK(sl_rpc_server_live_calls(a->srv) == 0, "%zu calls left",
+          sl_rpc_server_live_calls(a->srv));
+    sl_rpc_server_free(a->srv);
+    uv_loop_close(&a->loop);
+    free(a);
+}
+
+static sl_rpc_client *adm_client(adm_srv *a)
+{
+    sl_rpc_client_opts o = {0};
+    sl_rpc_client *c = NULL;
+
+    o.own_connection = 1;
+    CHECK(sl_rpc_client_new(&c, a->target, &o) == 0, "client_new");
+    return c;
+}
+
+static int adm_echo_call(sl_rpc_client *c, int block, sl_rpc_status *st)
+{
+    Sluice__Test__EchoRequest req = SLUICE__TEST__ECHO_REQUEST__INIT;
+    Sluice__Test__EchoResponse *resp = NULL;
+    int err;
+
+    req.text = "x";
+    req.delay_ms = (uint32_t)block;
+    err = sl_rpc_client_unary(c, "/sluice.test.Test/Echo", &req.base,
+                              &sluice__test__echo_response__descriptor, (ProtobufCMessage **)&resp,
+                              20000, st);
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return err;
+}
+
+/* Wait until the server holds `n` calls (or 20 s pass). */
+static void adm_wait_live(adm_srv *a, size_t n)
+{
+    double end = now_s() + 20.0;
+
+    while (sl_rpc_server_live_calls(a->srv) != n && now_s() < end)
+        usleep(5000);
+    CHECK(sl_rpc_server_live_calls(a->srv) == n, "live %zu, want %zu",
+          sl_rpc_server_live_calls(a->srv), n);
+}
+
+/* max_peer_calls: two Sum streams that sent a message (so the loop holds them) fill 127.0.0.1's
+ * share; a third call is refused before the loop, and served once one of them ends. */
+static void test_peer_limit(void)
+{
+    Sluice__Test__Num num = SLUICE__TEST__NUM__INIT;
+    adm_srv *a = adm_start(2, 0);
+    sl_rpc_client *c = adm_client(a);
+    sl_rpc_stream *s[2];
+    sl_rpc_server_counters n;
+    sl_rpc_status st;
+    int err;
+
+    for (int i = 0; i < 2; i++) {
+        CHECK(sl_rpc_stream_open(&s[i], c, "/sluice.test.Test/Sum", 30000) == 0, "open");
+        CHECK(sl_rpc_stream_write(s[i], &num.base, 0) == 0, "write");
+    }
+    adm_wait_live(a, 2);
+    err = adm_echo_call(c, 0, &st);
+    CHECK(err == SL_ELIMIT && st.code == SL_RPC_RESOURCE_EXHAUSTED &&
+              strstr(st.message, "too many concurrent calls from ipv4:127.0.0.1 (limit 2)"),
+          "err %d code %d '%s'", err, st.code, st.message);
+    sl_rpc_stream_cancel(s[0]);
+    sl_rpc_stream_free(s[0]);
+    adm_wait_live(a, 1);
+    CHECK(adm_echo_call(c, 0, &st) == 0, "after a stream ended: '%s'", st.message);
+    sl_rpc_stream_cancel(s[1]);
+    sl_rpc_stream_free(s[1]);
+    sl_rpc_server_get_counters(a->srv, &n);
+    CHECK(n.peer_limit == 1, "peer_limit %llu", (unsigned long long)n.peer_limit);
+    sl_rpc_client_free(c);
+    adm_stop(a);
+}
+
+typedef struct adm_job {
+    adm_srv *a;
+    int block, err;
+    sl_rpc_status st;
+} adm_job;
+
+static void *adm_echo_thread(void *arg)
+{
+    adm_job *j = arg;
+    sl_rpc_client *c = adm_client(j->a);
+
+    j->err = adm_echo_call(c, j->block, &j->st);
+    sl_rpc_client_free(c);
+    return NULL;
+}
+
+/* max_pending bounds the queue between the completion-queue threads and the loop: while a
+ * handler holds the loop, at most 2 calls wait for it and the others are refused at once. */
+static void test_pending_bound(void)
+{
+    enum { N = 8 };
+    adm_srv *a = adm_start(0, 2);
+    adm_job blocker = {a, 1, 0, {0}}, jobs[N];
+    pthread_t bt, t[N];
+    sl_rpc_server_counters n;
+    int busy = 0, ok = 0;
+    double t0;
+
+    atomic_store(&a->block_ms, 1500);
+    pthread_create(&bt, NULL, adm_echo_thread, &blocker);
+    adm_wait_live(a, 1);
+    usleep(100 * 1000); /* the handler is sleeping on the loop now */
+    t0 = now_s();
+    for (int i = 0; i < N; i++) {
+        jobs[i] = (adm_job){a, 0, 0, {0}};
+        pthread_create(&t[i], NULL, adm_echo_thread, &jobs[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        if (jobs[i].err == 0)
+            ok++;
+        else if (jobs[i].st.code == SL_RPC_RESOURCE_EXHAUSTED &&
+                 strstr(jobs[i].st.message, "server busy: 2 calls waiting to start"))
+            busy++;
+        else
+            CHECK(0, "call %d: err %d code %d '%s'", i, jobs[i].err, jobs[i].st.code,
+                  jobs[i].st.message);
+    }
+    pthread_join(bt, NULL);
+    CHECK(blocker.err == 0, "blocker: %d '%s'", blocker.err, blocker.st.message);
+    CHECK(ok <= 2 && busy >= N - 2, "ok %d busy %d", ok, busy);
+    printf("  %d served, %d refused while the loop was held (%.2f s)\n", ok, busy, now_s() - t0);
+    sl_rpc_server_get_counters(a->srv, &n);
+    CHECK(n.busy == (uint64_t)busy && n.pending == 0, "busy %llu pending %llu",
+          (unsigned long long)n.busy, (unsigned long long)n.pending);
+    adm_stop(a);
+}
+
+/* A client-streaming call ended before its first message (as in an HTTP/2 rapid reset) never
+ * reaches its handler; one that half-closes without a message does. */
+static void test_reset_before_request(void)
+{
+    adm_srv *a = adm_start(0, 0);
+    sl_rpc_client *c = adm_client(a);
+    Sluice__Test__SumResponse *resp = NULL;
+    sl_rpc_server_counters n;
+    sl_rpc_stream *s;
+    sl_rpc_status st;
+    int err;
+    double end;
+
+    for (int i = 0; i < 200; i++) {
+        CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Sum", 30000) == 0, "open");
+        sl_rpc_stream_cancel(s);
+        sl_rpc_stream_free(s);
+    }
+    /* The core may end some before publishing them; most come through and are dropped. */
+    end = now_s() + 5.0;
+    do {
+        usleep(5000);
+        sl_rpc_server_get_counters(a->srv, &n);
+    } while ((n.reset < 200 || sl_rpc_server_live_calls(a->srv) != 0) && now_s() < end);
+    CHECK(atomic_load(&a->starts) == 0, "%d reset calls reached the handler",
+          atomic_load(&a->starts));
+    CHECK(sl_rpc_server_live_calls(a->srv) == 0, "live %zu", sl_rpc_server_live_calls(a->srv));
+    printf("  200 reset: %llu dropped before the loop\n", (unsigned long long)n.reset);
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Sum", 30000) == 0, "open");
+    CHECK(sl_rpc_stream_close_send(s) == 0, "close_send");
+    err =
+        sl_rpc_stream_read(s, &sluice__test__sum_response__descriptor, (ProtobufCMessage **)&resp);
+    CHECK(err == 1 && resp && resp->sum == 0, "empty stream: %d", err);
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    CHECK(sl_rpc_stream_finish(s, &st) == 0, "finish: '%s'", st.message);
+    sl_rpc_stream_free(s);
+    CHECK(atomic_load(&a->starts) == 1, "starts %d", atomic_load(&a->starts));
+    sl_rpc_client_free(c);
+    adm_stop(a);
+}
+
+/* The pure helpers behind the per-peer limit and the texts a client controls. */
+static void test_peer_keys(void)
+{
+    static const struct {
+        const char *peer, *key;
+    } cases[] = {
+        {"ipv4:10.0.0.7:5555", "ipv4:10.0.0.7"},
+        {"ipv6:[2001:db8:1:2:3::4]:5555", "ipv6:[2001:db8:1:2::]/64"},
+        {"ipv6:%5B2001:db8:1:2:3::4%5D:5555", "ipv6:[2001:db8:1:2::]/64"},
+        {"ipv6:[::ffff:127.0.0.1]:80", "ipv4:127.0.0.1"},
+        {"ipv6:[fe80::1%eth0]:80", "ipv6:[fe80::]/64"},
+        {"unix:/run/s.sock", "unix:/run/s.sock"},
+        {"ipv4:", "ipv4:"},
+    };
+    char buf[SL_RPC_PEER_KEY_MAX], text[16];
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        sl_rpc_peer_key(buf, sizeof(buf), cases[i].peer);
+        CHECK(strcmp(buf, cases[i].key) == 0, "%s -> %s, want %s", cases[i].peer, buf,
+              cases[i].key);
+    }
+    sl_rpc_text_clean(text, sizeof(text), "/a\"b\\c\nd\x80", 9);
+    CHECK(strcmp(text, "/a?b?c?d?") == 0, "clean '%s'", text);
+    sl_rpc_text_clean(text, sizeof(text), "/0123456789abcdefghij", 21);
+    CHECK(strcmp(text, "/0123456789a...") == 0, "cut '%s'", text);
+}
+
 int main(void)
 {
     static const struct {
@@ -1238,6 +1551,10 @@ int main(void)
         {"max_calls", test_max_calls},
         {"max_key_calls", test_max_key_calls},
         {"idle_timeout", test_idle_timeout},
+        {"peer_limit", test_peer_limit},
+        {"pending_bound", test_pending_bound},
+        {"reset_before_request", test_reset_before_request},
+        {"peer_keys", test_peer_keys},
     };
     sl_testsrv *srv = NULL;
     size_t left;
