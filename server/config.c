@@ -44,7 +44,7 @@ static const setting settings[] = {
     {"max-message-bytes", "SLUICE_MAX_MESSAGE_BYTES", K_INT, offsetof(sl_config, max_message_bytes),
      0, 1024, 1LL << 30, 0, "N largest accepted gRPC message (default 8388608)"},
     {"rpc-threads", "SLUICE_RPC_THREADS", K_INT, offsetof(sl_config, rpc_threads), 0, 2, 64, 0,
-     "N       completion-queue threads, at least 2 (default 2)"},
+     "N       completion-queue threads, at least 2 (default 4)"},
     {"max-shard-bytes", "SLUICE_MAX_SHARD_BYTES", K_BYTES, offsetof(sl_config, max_shard_bytes), 0,
      0, INT64_MAX, 0, "N   largest checkpoint shard accepted (default 1099511627776)"},
     {"upload-timeout", "SLUICE_UPLOAD_TIMEOUT", K_SECONDS, offsetof(sl_config, upload_timeout_ms),
@@ -73,6 +73,24 @@ static const setting settings[] = {
      86400, 0,
      "S   end a stream that waits S seconds for its client (an upload that\n"
      "                     sends nothing, a reader that stopped reading); 0 = never (default 300)"},
+    {"max-peer-calls", "SLUICE_MAX_PEER_CALLS", K_INT, offsetof(sl_config, max_peer_calls), 0, 0,
+     1000000, 0,
+     "N  calls open at once from one client address (IPv6: per /64), health\n"
+     "                     checks apart; 0 = unlimited, e.g. behind a proxy (default 4096)"},
+    {"max-connection-idle", "SLUICE_MAX_CONNECTION_IDLE", K_SECONDS,
+     offsetof(sl_config, max_connection_idle_ms), 0, 0, 86400 * 30, 0,
+     "S close a connection without calls for S seconds; clients reconnect\n"
+     "                     when they next call; 0 = never (default 300)"},
+    {"max-connection-age", "SLUICE_MAX_CONNECTION_AGE", K_SECONDS,
+     offsetof(sl_config, max_connection_age_ms), 0, 0, 86400 * 365, 0,
+     "S  ask clients to reconnect after S seconds (calls in flight finish);\n"
+     "                     0 = never (default 0)"},
+    {"self-check-interval", "SLUICE_SELF_CHECK_INTERVAL", K_SECONDS,
+     offsetof(sl_config, self_check_ms), 0, 0, 3600, 0,
+     "S check every S seconds that the listener still accepts connections\n"
+     "                     (the daemon connects to itself); after 3 failures in a row health\n"
+     "                     turns NOT_SERVING and the systemd watchdog is no longer fed;\n"
+     "                     0 = off (default 10)"},
 };
 
 #define N_SETTINGS (sizeof(settings) / sizeof(settings[0]))
@@ -299,13 +317,16 @@ static void set_defaults(sl_config *cfg)
     cfg->log_format = SL_LOG_LOGFMT;
     cfg->grace_ms = 10000;
     cfg->max_message_bytes = 8 << 20;
-    cfg->rpc_threads = 2;
+    cfg->rpc_threads = 4;
     cfg->max_shard_bytes = 1ULL << 40;
     cfg->upload_timeout_ms = 3600 * 1000;
     cfg->upload_memory = 1ULL << 30;
     cfg->max_calls = 16384;
     cfg->max_job_streams = 8192;
     cfg->idle_timeout_ms = 300 * 1000;
+    cfg->max_peer_calls = 4096;
+    cfg->max_connection_idle_ms = 300 * 1000;
+    cfg->self_check_ms = 10 * 1000;
 }
 
 int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)

@@ -18,7 +18,7 @@ typedef struct sl_config {
     sl_log_format log_format;     /* log-format, logfmt */
     uint64_t grace_ms;            /* grace-period (seconds), 10 s */
     int max_message_bytes;        /* max-message-bytes, 8 MiB */
-    int rpc_threads;              /* rpc-threads, 2 */
+    int rpc_threads;              /* rpc-threads, 4 */
     uint64_t max_shard_bytes;     /* max-shard-bytes, 1 TiB */
     uint64_t upload_timeout_ms;   /* upload-timeout (seconds), 1 h */
     uint64_t upload_memory;       /* upload-memory: chunks held by all uploads, 1 GiB */
@@ -30,7 +30,11 @@ typedef struct sl_config {
     int max_calls;                /* max-calls: concurrent calls, 4096, 0 = unlimited */
     int max_job_streams;          /* max-job-streams: concurrent streams per job, 1024, 0 = off */
     uint64_t idle_timeout_ms;     /* idle-timeout (seconds): stalled stream ended, 300 s, 0 = off */
-    int check_config;             /* --check-config */
+    int max_peer_calls;           /* max-peer-calls: concurrent calls per client address, 4096 */
+    uint64_t max_connection_idle_ms; /* max-connection-idle (seconds): 300 s, 0 = never */
+    uint64_t max_connection_age_ms;  /* max-connection-age (seconds): 0 = never */
+    uint64_t self_check_ms;          /* self-check-interval (seconds): 10 s, 0 = off */
+    int check_config;                /* --check-config */
 } sl_config;
 
 /* Outcome of parsing beyond success. */

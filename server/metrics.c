@@ -15,17 +15,21 @@
 #include <string.h>
 
 #define MAX_FAMILIES 64
-#define MAX_SERIES   2048
+#define MAX_SERIES   4096
 #define MAX_METHODS  128
-#define N_BUCKETS    14
+/* Series one family may hold: whatever a family is fed, the others keep room. */
+#define MAX_FAMILY_SERIES 1024
+#define N_BUCKETS         14
+#define MAX_METHOD_LEN    128
 
 static const double bucket_le[N_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                             0.1,    0.25,  0.5,    1,     2.5,  5,     10};
 
 typedef struct family {
     char name[96];
-    char help[200];
+    char help[320];
     sl_metric_type type;
+    int n_series;
 } family;
 
 typedef struct series {
@@ -35,7 +39,7 @@ typedef struct series {
 } series;
 
 typedef struct histogram {
-    char method[128];
+    char method[MAX_METHOD_LEN];
     uint64_t buckets[N_BUCKETS];
     uint64_t count;
     double sum;
@@ -49,6 +53,7 @@ struct sl_metrics {
     int n_ser;
     histogram *hist;
     int n_hist;
+    uint64_t dropped; /* series refused: registry or family full, labels too long */
     sl_metrics_collect_fn collect;
     void *collect_arg;
     struct MHD_Daemon *httpd;
@@ -127,8 +132,12 @@ static series *get_series(sl_metrics *m, const char *name, const char *labels)
     for (int i = 0; i < m->n_ser; i++)
         if (m->ser[i].family == f && strcmp(m->ser[i].labels, labels) == 0)
             return &m->ser[i];
-    if (m->n_ser == MAX_SERIES || strlen(labels) >= sizeof(m->ser[0].labels))
+    if (m->n_ser == MAX_SERIES || m->fam[f].n_series == MAX_FAMILY_SERIES ||
+        strlen(labels) >= sizeof(m->ser[0].labels)) {
+        m->dropped++;
         return NULL;
+    }
+    m->fam[f].n_series++;
     m->ser[m->n_ser].family = f;
     strcpy(m->ser[m->n_ser].labels, labels);
     m->ser[m->n_ser].value = 0;
@@ -155,24 +164,65 @@ void sl_metrics_set(sl_metrics *m, const char *name, const char *labels, double 
     pthread_mutex_unlock(&m->mu);
 }
 
+void sl_metrics_label_escape(char *dst, size_t len, const char *value)
+{
+    size_t k = 0;
+
+    if (len == 0)
+        return;
+    for (const char *p = value; *p; p++) {
+        const char *esc = *p == '\\' ? "\\\\" : *p == '"' ? "\\\"" : *p == '\n' ? "\\n" : NULL;
+        size_t n = esc ? 2 : 1;
+        if (k + n >= len)
+            break;
+        if (esc)
+            memcpy(dst + k, esc, 2);
+        else
+            dst[k] = *p;
+        k += n;
+    }
+    dst[k] = '\0';
+}
+
+/* 1 if s has the shape of a registered method's path, "/package.Service/Method", and fits. */
+static int method_path(const char *s)
+{
+    size_t n = strlen(s), slashes = 0;
+
+    if (n < 3 || n >= MAX_METHOD_LEN || s[0] != '/')
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '/')
+            slashes++;
+        else if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                   c == '_' || c == '.'))
+            return 0;
+    }
+    return slashes == 2;
+}
+
 void sl_metrics_observe_rpc(sl_metrics *m, const char *method, sl_rpc_code code,
                             uint64_t duration_us)
 {
-    char labels[256];
+    char labels[256], value[MAX_METHOD_LEN];
     double secs = (double)duration_us / 1e6;
     histogram *h = NULL;
 
-    /* Method paths come from registered tables or, for unknown methods, from the client: those
-     * are folded into one label value so a scanner cannot grow the registry. */
-    snprintf(labels, sizeof(labels), "method=\"%s\",code=\"%s\"",
-             code == SL_RPC_UNIMPLEMENTED ? "unknown" : method, sl_rpc_code_name(code));
+    /* Only the paths of registered methods become label values: a path the client chose (an
+     * unknown method, whatever its status) is "unknown", so no client can add series or inject
+     * text into the exposition. The value is escaped all the same. */
+    if (!method || code == SL_RPC_UNIMPLEMENTED || !method_path(method))
+        method = "unknown";
+    sl_metrics_label_escape(value, sizeof(value), method);
+    snprintf(labels, sizeof(labels), "method=\"%s\",code=\"%s\"", value, sl_rpc_code_name(code));
     pthread_mutex_lock(&m->mu);
     {
         series *s = get_series(m, "sluice_rpc_requests_total", labels);
         if (s)
             s->value += 1;
     }
-    if (code != SL_RPC_UNIMPLEMENTED) {
+    if (strcmp(method, "unknown") != 0) {
         for (int i = 0; i < m->n_hist && !h; i++)
             if (strcmp(m->hist[i].method, method) == 0)
                 h = &m->hist[i];
@@ -249,6 +299,12 @@ char *sl_metrics_render(sl_metrics *m)
         err |= sl_buf_printf(&b, "sluice_rpc_duration_seconds_count{method=\"%s\"} %llu\n",
                              h->method, (unsigned long long)h->count);
     }
+    err |= sl_buf_printf(&b,
+                         "# HELP sluice_metrics_series_dropped_total Series not recorded because "
+                         "the registry (%d) or their family (%d) was full.\n"
+                         "# TYPE sluice_metrics_series_dropped_total counter\n"
+                         "sluice_metrics_series_dropped_total %llu\n",
+                         MAX_SERIES, MAX_FAMILY_SERIES, (unsigned long long)m->dropped);
     pthread_mutex_unlock(&m->mu);
     if (err) {
         sl_buf_free(&b);

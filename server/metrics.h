@@ -8,6 +8,7 @@
 
 #include "rpc/rpc.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct sl_metrics sl_metrics;
@@ -39,12 +40,19 @@ int sl_metrics_parse_addr(const char *addr);
 int sl_metrics_declare(sl_metrics *m, const char *name, sl_metric_type type, const char *help);
 
 /* Add to a counter / set a gauge. `labels` is the inside of the braces ("state=\"COMPLETE\""), or
- * NULL. Unknown families and a full registry are ignored (metrics never fail a request). */
+ * NULL; a value that did not come from the daemon itself goes through sl_metrics_label_escape.
+ * Unknown families and a full registry (4096 series, 1024 per family) are ignored (metrics never
+ * fail a request) and counted in sluice_metrics_series_dropped_total. */
 void sl_metrics_add(sl_metrics *m, const char *name, const char *labels, double v);
 void sl_metrics_set(sl_metrics *m, const char *name, const char *labels, double v);
 
+/* Escape a label value for the exposition format (\\, \" and \n), cut to fit len. */
+void sl_metrics_label_escape(char *dst, size_t len, const char *value);
+
 /* Record a finished RPC: sluice_rpc_requests_total{method,code} and
- * sluice_rpc_duration_seconds{method}. */
+ * sluice_rpc_duration_seconds{method}. `method` is a registered method's path; NULL, a path that
+ * is not of the form "/package.Service/Method" and any UNIMPLEMENTED call are counted as method
+ * "unknown" (without a histogram), so clients cannot add series. */
 void sl_metrics_observe_rpc(sl_metrics *m, const char *method, sl_rpc_code code,
                             uint64_t duration_us);
 

@@ -6,10 +6,12 @@
 #include "log.h"
 
 #include <dirent.h>
-#include <systemd/sd-daemon.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 static int authorize(const char *method, unsigned access, const char *token, char *msg, size_t len,
@@ -34,9 +36,13 @@ static void observe_call(const sl_rpc_call_stats *st, void *arg)
         sl_metrics_add(ops->metrics, "sluice_rpc_refused_total", "limit=\"max_calls\"", 1);
     else if (st->end == SL_RPC_END_MAX_KEY)
         sl_metrics_add(ops->metrics, "sluice_rpc_refused_total", "limit=\"max_job_streams\"", 1);
+    else if (st->end == SL_RPC_END_BUDGET)
+        sl_metrics_add(ops->metrics, "sluice_rpc_refused_total", "limit=\"health\"", 1);
     else if (st->end == SL_RPC_END_IDLE)
-        sl_metrics_add(ops->metrics, "sluice_rpc_idle_timeouts_total", NULL, 1);
-    if (st->code != SL_RPC_UNIMPLEMENTED) {
+        atomic_fetch_add(&ops->idle_timeouts, 1);
+    /* Every observed call is of a registered method (the RPC layer answers unknown ones itself),
+     * so method labels come from the service tables, never from a client. */
+    {
         snprintf(labels, sizeof(labels), "method=\"%s\"", st->method);
         if (st->bytes_in)
             sl_metrics_add(ops->metrics, "sluice_rpc_received_bytes_total", labels,
@@ -58,6 +64,28 @@ static void observe_call(const sl_rpc_call_stats *st, void *arg)
                        (unsigned long long)st->duration_us);
 }
 
+/* What the RPC layer counts itself: calls it answered before the loop (so the call observer never
+ * saw them), and its gauges. */
+static void collect_rpc(sl_metrics *m, sl_ops *ops)
+{
+    sl_rpc_server *rpc = ops->d->rpc;
+    sl_rpc_server_counters n;
+
+    sl_rpc_server_get_counters(rpc, &n);
+    sl_metrics_set(m, "sluice_rpc_idle_timeouts_total", NULL,
+                   (double)(atomic_load(&ops->idle_timeouts) + n.idle));
+    sl_metrics_set(m, "sluice_rpc_active_streams", NULL, (double)sl_rpc_server_live_streams(rpc));
+    sl_metrics_set(m, "sluice_rpc_pending_calls", NULL, (double)n.pending);
+    sl_metrics_set(m, "sluice_rpc_requests_total", "method=\"unknown\",code=\"UNIMPLEMENTED\"",
+                   (double)n.unknown);
+    sl_metrics_set(m, "sluice_rpc_dropped_total", "reason=\"reset\"", (double)n.reset);
+    sl_metrics_set(m, "sluice_rpc_dropped_total", "reason=\"no_request\"", (double)n.no_request);
+    sl_metrics_set(m, "sluice_rpc_dropped_total", "reason=\"blocked_address\"", (double)n.blocked);
+    sl_metrics_set(m, "sluice_rpc_refused_total", "limit=\"max_peer_calls\"", (double)n.peer_limit);
+    sl_metrics_set(m, "sluice_rpc_refused_total", "limit=\"max_pending\"", (double)n.busy);
+    sl_metrics_set(m, "sluice_rpc_flood_connections_closed_total", NULL, (double)n.cut);
+}
+
 /* Scrape-time gauges about the process; /proc is read on the HTTP thread. */
 static void collect(sl_metrics *m, void *arg)
 {
@@ -75,8 +103,7 @@ static void collect(sl_metrics *m, void *arg)
     if (ops->d->cat)
         sl_metrics_set(m, "sluice_catalog_errors_total", NULL, (double)sl_cat_errors(ops->d->cat));
     if (ops->d->rpc)
-        sl_metrics_set(m, "sluice_rpc_active_streams", NULL,
-                       (double)sl_rpc_server_live_streams(ops->d->rpc));
+        collect_rpc(m, ops);
     sl_metrics_set(m, "sluice_process_resident_memory_bytes", NULL,
                    (double)resident * (double)sysconf(_SC_PAGESIZE));
     dir = opendir("/proc/self/fd");
@@ -89,6 +116,27 @@ static void collect(sl_metrics *m, void *arg)
         /* The directory stream itself is one of them. */
         sl_metrics_set(m, "sluice_process_open_fds", NULL, (double)(fds ? fds - 1 : 0));
     }
+}
+
+/* Every connection costs an fd, and gRPC 1.51 never accepts again once accept4 failed with EMFILE:
+ * use all the fds the hard limit allows (the soft limit is often 1024). */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    rlim_t was;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+        return;
+    was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    /* An unlimited hard limit is refused above the kernel's nr_open (1 Mi by default). */
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        rl.rlim_cur = 1 << 20;
+        if (rl.rlim_cur <= was || setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            return;
+    }
+    sl_log_info("fd_limit_raised", "from=%llu to=%llu", (unsigned long long)was,
+                (unsigned long long)rl.rlim_cur);
 }
 
 static int load_tokens(sl_ops *ops, const char *path, sl_auth **out)
@@ -194,7 +242,23 @@ static const struct {
     {"sluice_process_open_fds", SL_METRIC_GAUGE, "Open file descriptors of sluiced."},
     {"sluice_rpc_active_streams", SL_METRIC_GAUGE, "Streaming calls in progress."},
     {"sluice_rpc_refused_total", SL_METRIC_COUNTER,
-     "Calls refused with RESOURCE_EXHAUSTED by a limit (max_calls, max_job_streams)."},
+     "Calls refused with RESOURCE_EXHAUSTED by a limit (max_calls, max_job_streams, "
+     "max_peer_calls, max_pending, health)."},
+    {"sluice_rpc_dropped_total", SL_METRIC_COUNTER,
+     "Calls the RPC layer ended before any handler saw them, by reason: reset (the client reset "
+     "it before its request), no_request (ended without one), blocked_address (from an address "
+     "blocked after a flood)."},
+    {"sluice_rpc_flood_connections_closed_total", SL_METRIC_COUNTER,
+     "Connections closed for a flood (500 calls reset, without a request or to unknown methods "
+     "within a second, or 256 calls waiting for their request); their address is then blocked "
+     "for 10 s."},
+    {"sluice_rpc_pending_calls", SL_METRIC_GAUGE,
+     "Calls that arrived and that the event loop has not started yet."},
+    {"sluice_self_check_failures_total", SL_METRIC_COUNTER,
+     "Listener self-checks (a connection to the daemon's own address) that got no answer."},
+    {"sluice_listener_accepting", SL_METRIC_GAUGE,
+     "1 while the listener self-check passes, 0 once it failed 3 times in a row (health is then "
+     "NOT_SERVING and the systemd watchdog is not fed)."},
     {"sluice_rpc_idle_timeouts_total", SL_METRIC_COUNTER,
      "Streams ended because their client sent or read nothing for the idle timeout."},
     {"sluice_rpc_received_bytes_total", SL_METRIC_COUNTER,
@@ -221,6 +285,7 @@ int sl_ops_init(sl_ops *ops, sl_daemon *d, int argc, char **argv)
     ops->argv = argv;
     sl_log_set_level(cfg->log_level);
     sl_log_set_format(cfg->log_format);
+    raise_nofile();
     if (cfg->tls_cert[0]) {
         ops->tls.cert_file = cfg->tls_cert;
         ops->tls.key_file = cfg->tls_key;
@@ -238,6 +303,11 @@ int sl_ops_init(sl_ops *ops, sl_daemon *d, int argc, char **argv)
 
 void sl_ops_rpc_opts(sl_ops *ops, sl_rpc_server_opts *opts)
 {
+    const sl_config *cfg = &ops->d->cfg;
+
+    opts->max_peer_calls = cfg->max_peer_calls;
+    opts->max_connection_idle_ms = cfg->max_connection_idle_ms;
+    opts->max_connection_age_ms = cfg->max_connection_age_ms;
     opts->tls = ops->tls.cert_file ? &ops->tls : NULL;
     opts->authorize = authorize;
     opts->authorize_arg = ops;
@@ -294,8 +364,177 @@ int sl_ops_start(sl_ops *ops)
 
 static void on_watchdog(uv_timer_t *t)
 {
-    /* Runs on the loop: a ping proves the loop is not stuck. */
-    sd_notify(0, "WATCHDOG=1");
+    sl_ops *ops = t->data;
+
+    /* Runs on the loop: a ping proves the loop is not stuck. None while the listener is broken:
+     * a daemon nobody can connect to is of no use, and a restart mends it. */
+    if (!ops->listener_broken)
+        sd_notify(0, "WATCHDOG=1");
+}
+
+/* ---- the listener self-check ---- */
+
+/* The address a client on this host reaches the daemon at: the bound one, a wildcard host
+ * replaced by loopback; a host name is resolved once, here. Returns 0, or -1 (no check). */
+static int check_target(sl_ops *ops)
+{
+    const char *listen = ops->d->listen, *colon = strrchr(listen, ':');
+    char host[256];
+    size_t n;
+    int port;
+    uv_getaddrinfo_t gai;
+
+    if (!colon || strncmp(listen, "unix:", 5) == 0 || (port = atoi(colon + 1)) <= 0 ||
+        (size_t)(colon - listen) >= sizeof(host))
+        return -1;
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - listen), listen);
+    n = strlen(host);
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']') {
+        memmove(host, host + 1, n - 2);
+        host[n - 2] = '\0';
+    }
+    if (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "") == 0 || strcmp(host, "localhost") == 0)
+        snprintf(host, sizeof(host), "127.0.0.1");
+    else if (strcmp(host, "::") == 0)
+        snprintf(host, sizeof(host), "::1");
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ops->check_addr) == 0 ||
+        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ops->check_addr) == 0)
+        return 0;
+    /* Without a callback uv_getaddrinfo runs synchronously: once, at start. */
+    if (uv_getaddrinfo(&ops->d->loop, &gai, NULL, host, NULL, NULL) != 0)
+        return -1;
+    memcpy(&ops->check_addr, gai.addrinfo->ai_addr, gai.addrinfo->ai_addrlen);
+    if (ops->check_addr.ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)&ops->check_addr)->sin6_port = htons((uint16_t)port);
+    else
+        ((struct sockaddr_in *)&ops->check_addr)->sin_port = htons((uint16_t)port);
+    uv_freeaddrinfo(gai.addrinfo);
+    return 0;
+}
+
+static void check_set_broken(sl_ops *ops, int broken)
+{
+    if (broken == ops->listener_broken)
+        return;
+    ops->listener_broken = broken;
+    sl_metrics_set(ops->metrics, "sluice_listener_accepting", NULL, broken ? 0 : 1);
+    if (broken) {
+        sl_log_error("listener_broken",
+                     "failures=%d hint=\"new connections get no answer (gRPC stops accepting "
+                     "once it ran out of file descriptors): health is NOT_SERVING and the "
+                     "watchdog is no longer fed, so that the supervisor restarts the daemon\"",
+                     ops->check_fails);
+        sl_health_set_all(ops->d->health, SL_HEALTH_NOT_SERVING);
+        /* Ask systemd to act now rather than at the next missed ping. */
+        if (ops->watchdog_open)
+            sd_notify(0, "WATCHDOG=trigger\nSTATUS=listener broken: not accepting connections");
+    } else {
+        sl_log_info("listener_recovered", NULL);
+        if (!ops->d->stopping)
+            sl_health_set_all(ops->d->health, SL_HEALTH_SERVING);
+    }
+}
+
+/* Both handles of a check closed: count its outcome. */
+static void check_closed(uv_handle_t *h)
+{
+    sl_ops *ops = h->data;
+
+    if (--ops->check_busy > 0 || ops->d->stopping)
+        return;
+    if (ops->check_ok) {
+        sl_log_debug("self_check_ok", NULL);
+        ops->check_fails = 0;
+        check_set_broken(ops, 0);
+        return;
+    }
+    ops->check_fails++;
+    sl_metrics_add(ops->metrics, "sluice_self_check_failures_total", NULL, 1);
+    sl_log_warn("self_check_failed", "addr=%s failures_in_a_row=%d", ops->d->listen,
+                ops->check_fails);
+    if (ops->check_fails >= SL_SELF_CHECK_FAILS && !ops->d->stopping)
+        check_set_broken(ops, 1);
+}
+
+static void check_end(sl_ops *ops, int ok)
+{
+    if (uv_is_closing((uv_handle_t *)&ops->check_conn))
+        return;
+    ops->check_ok = ok;
+    uv_close((uv_handle_t *)&ops->check_conn, check_closed);
+    uv_close((uv_handle_t *)&ops->check_deadline, check_closed);
+}
+
+static void check_alloc(uv_handle_t *h, size_t size, uv_buf_t *buf)
+{
+    sl_ops *ops = h->data;
+
+    buf->base = ops->check_buf;
+    buf->len = sizeof(ops->check_buf);
+}
+
+/* Any answer means that the daemon accepted the connection: gRPC's SETTINGS frame in plaintext;
+ * with TLS, the connection closed on a preface the handshake did not expect. */
+static void check_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    if (n != 0)
+        check_end(s->data, 1);
+}
+
+static void check_written(uv_write_t *w, int status)
+{
+}
+
+static void check_connected(uv_connect_t *req, int status)
+{
+    /* The HTTP/2 client preface and an empty SETTINGS frame. */
+    static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0\0";
+    sl_ops *ops = req->data;
+    uv_buf_t buf = uv_buf_init((char *)preface, sizeof(preface) - 1);
+
+    if (status == UV_ECANCELED)
+        return;
+    if (status != 0 ||
+        uv_write(&ops->check_write, (uv_stream_t *)&ops->check_conn, &buf, 1, check_written) != 0 ||
+        uv_read_start((uv_stream_t *)&ops->check_conn, check_alloc, check_read) != 0)
+        check_end(ops, 0);
+}
+
+static void check_timeout(uv_timer_t *t)
+{
+    check_end(t->data, 0);
+}
+
+static void on_check(uv_timer_t *t)
+{
+    sl_ops *ops = t->data;
+    uint64_t limit = ops->d->cfg.self_check_ms < 5000 ? ops->d->cfg.self_check_ms : 5000;
+
+    if (ops->check_busy || ops->d->stopping)
+        return;
+    ops->check_ok = 0;
+    ops->check_busy = 2;
+    uv_tcp_init(&ops->d->loop, &ops->check_conn);
+    uv_timer_init(&ops->d->loop, &ops->check_deadline);
+    ops->check_conn.data = ops->check_deadline.data = ops->check_req.data = ops;
+    uv_timer_start(&ops->check_deadline, check_timeout, limit, 0);
+    /* Out of fds counts as a failure: the listener has then most likely run out of them too. */
+    if (uv_tcp_connect(&ops->check_req, &ops->check_conn, (struct sockaddr *)&ops->check_addr,
+                       check_connected) != 0)
+        check_end(ops, 0);
+}
+
+static void check_start(sl_ops *ops)
+{
+    uint64_t every = ops->d->cfg.self_check_ms;
+
+    sl_metrics_set(ops->metrics, "sluice_listener_accepting", NULL, 1);
+    if (every == 0 || check_target(ops) != 0)
+        return;
+    uv_timer_init(&ops->d->loop, &ops->check_timer);
+    ops->check_timer.data = ops;
+    uv_timer_start(&ops->check_timer, on_check, every, every);
+    ops->check_timer_open = 1;
 }
 
 void sl_ops_ready(sl_ops *ops, const char *status)
@@ -306,10 +545,12 @@ void sl_ops_ready(sl_ops *ops, const char *status)
     if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0) {
         uint64_t every_ms = usec / 2000 ? usec / 2000 : 1;
         uv_timer_init(&ops->d->loop, &ops->watchdog);
+        ops->watchdog.data = ops;
         uv_timer_start(&ops->watchdog, on_watchdog, every_ms, every_ms);
         ops->watchdog_open = 1;
         sl_log_info("watchdog", "interval_ms=%llu", (unsigned long long)every_ms);
     }
+    check_start(ops);
 }
 
 void sl_ops_stopping(sl_ops *ops)
@@ -327,6 +568,12 @@ void sl_ops_stop(sl_ops *ops)
         uv_close((uv_handle_t *)&ops->watchdog, NULL);
         ops->watchdog_open = 0;
     }
+    if (ops->check_timer_open) {
+        uv_close((uv_handle_t *)&ops->check_timer, NULL);
+        ops->check_timer_open = 0;
+    }
+    if (ops->check_busy)
+        check_end(ops, ops->check_ok);
     if (ops->sighup_open) {
         uv_close((uv_handle_t *)&ops->sighup, NULL);
         ops->sighup_open = 0;

@@ -8,6 +8,7 @@
 #include "metrics.h"
 #include "rpc/server.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <uv.h>
 
@@ -25,12 +26,35 @@ typedef struct sl_ops {
     int watchdog_open;
     uv_timer_t refresh; /* catalog-derived gauges (checkpoints by state) */
     int refresh_open;
+    /* The listener self-check: every cfg.self_check_ms the daemon connects to its own address
+     * and expects an answer (gRPC 1.51 stops accepting for good after accept4 fails with
+     * EMFILE, while everything else keeps working). After SELF_CHECK_FAILS failures in a row
+     * the listener counts as broken: health turns NOT_SERVING and the watchdog is no longer
+     * fed, so the supervisor restarts the daemon. */
+    uv_timer_t check_timer;
+    int check_timer_open;
+    uv_tcp_t check_conn;
+    uv_timer_t check_deadline;
+    uv_connect_t check_req;
+    uv_write_t check_write;
+    int check_busy;  /* a check's handles are open */
+    int check_ok;    /* the current check got an answer */
+    int check_fails; /* failures in a row */
+    int listener_broken;
+    struct sockaddr_storage check_addr; /* where the daemon listens, as a client reaches it */
+    char check_buf[256];
     int argc;
     char **argv;
+    /* Idle timeouts the call observer saw (loop thread writes, the HTTP thread reads); those of
+     * calls ended before their first message come from the RPC layer's counters. */
+    atomic_uint_least64_t idle_timeouts;
 } sl_ops;
 
-/* Apply the log settings, load the token file and create the metrics registry. Returns 0 or an
- * error after logging what was wrong. */
+/* Failures in a row after which the listener counts as broken. */
+#define SL_SELF_CHECK_FAILS 3
+
+/* Apply the log settings, raise the soft limit of open files to the hard one, load the token
+ * file and create the metrics registry. Returns 0 or an error after logging what was wrong. */
 int sl_ops_init(sl_ops *ops, struct sl_daemon *d, int argc, char **argv);
 
 /* --check-config: load the token file, read the TLS files, check the metrics address, then
@@ -44,13 +68,15 @@ void sl_ops_rpc_opts(sl_ops *ops, sl_rpc_server_opts *opts);
 /* Start the metrics endpoint (if configured) and the SIGHUP handler. */
 int sl_ops_start(sl_ops *ops);
 
-/* Tell systemd (if it supervises us) that the daemon serves, with a status line. */
+/* Tell systemd (if it supervises us) that the daemon serves, with a status line; start the
+ * watchdog pings (when WatchdogSec is set) and the listener self-check (d->listen must hold the
+ * bound address). */
 void sl_ops_ready(sl_ops *ops, const char *status);
 
 /* Tell systemd the daemon is stopping. */
 void sl_ops_stopping(sl_ops *ops);
 
-/* Close the SIGHUP handler and the watchdog timer (when the daemon stops). */
+/* Close the SIGHUP handler, the watchdog timer and the self-check (when the daemon stops). */
 void sl_ops_stop(sl_ops *ops);
 
 /* Free everything (after the loop has run its last callbacks). */
