@@ -2,7 +2,8 @@
 # Install the Debian bookworm packages sluice needs. Usage: deps.sh [--test]
 # --test adds what the test suite needs (PyTorch for the peer comparisons, numpy; PyYAML and
 # systemd-analyze for the deployment checks; clang and its libFuzzer runtime for tests/fuzz/run.sh;
-# valgrind for the memcheck run).
+# valgrind for the memcheck run; python3-h2 (with python3-hpack) for the raw HTTP/2 attacks of
+# test_attacks.py).
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config
@@ -11,7 +12,7 @@ pkgs=(build-essential cmake pkg-config
       python3 python3-grpcio python3-protobuf)
 if [[ "${1:-}" == "--test" ]]; then
   pkgs+=(clang-format openssl prometheus python3-torch python3-numpy python3-yaml systemd
-         clang-14 libclang-rt-14-dev valgrind)
+         clang-14 libclang-rt-14-dev valgrind python3-h2)
 fi
 
 missing=()
