@@ -132,8 +132,11 @@ static void raise_nofile(void)
     /* An unlimited hard limit is refused above the kernel's nr_open (1 Mi by default). */
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
         rl.rlim_cur = 1 << 20;
-        if (rl.rlim_cur <= was || setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        if (rl.rlim_cur <= was || setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+            sl_log_warn("fd_limit_not_raised", "soft=%llu error=\"%s\"", (unsigned long long)was,
+                        strerror(errno));
             return;
+        }
     }
     sl_log_info("fd_limit_raised", "from=%llu to=%llu", (unsigned long long)was,
                 (unsigned long long)rl.rlim_cur);
