@@ -516,6 +516,10 @@ class PeerLimitTest(Base):
             h = H2(self.d.addr)
             h.call(UPLOAD, open_stream=True)
             held.append(h)
+        deadline = time.monotonic() + 30
+        while self.counter(self.metrics(), "sluice_rpc_pending_calls") < 4:
+            self.assertLess(time.monotonic(), deadline, "the held calls did not arrive")
+            time.sleep(0.05)
         with self.assertRaises(grpc.RpcError) as e:
             self.get_info(ch)
         self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
