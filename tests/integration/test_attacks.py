@@ -585,6 +585,23 @@ class MetricsInjectionTest(Base):
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
 
+class IdleConnectionTest(Base):
+    """--max-connection-idle: a connection that makes no call is closed (it used to stay open for
+    good, an fd held by anyone who connects)."""
+    ARGS = ["--max-connection-idle", "0.5"]
+
+    def test_idle_connection_is_closed(self):
+        h = H2(self.d.addr)
+        sid = h.call("/sluice.v1.Admin/GetInfo", b"")
+        self.assertEqual(h.status(sid)[0], 0)
+        deadline = time.monotonic() + 15
+        with h.cv:
+            while not h.closed and time.monotonic() < deadline:
+                h.cv.wait(0.2)
+        self.assertTrue(h.closed, "the idle connection is still open")
+        h.close()
+
+
 class FdFloodTest(unittest.TestCase):
     """Connections up to the fd limit: gRPC 1.51 logs "Failed accept4: Too many open files" and
     never accepts again, even once every connection closed. The daemon raises its soft fd limit
@@ -669,6 +686,11 @@ class FdFloodTest(unittest.TestCase):
             self.assertEqual(pings_after, [], "the watchdog was still fed")
             self.assertTrue(any(m.startswith("WATCHDOG=trigger") for _, m in msgs), msgs[-5:])
             ch.close()
+            port = re.search(r"event=metrics_listening .*port=(\d+)", log).group(1)
+            with urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=10) as r:
+                text = r.read().decode()
+            self.assertIn("sluice_listener_accepting 0", text)
+            self.assertRegex(text, r"\nsluice_self_check_failures_total ([3-9]|[1-9]\d+)\n")
         finally:
             for s in flood:
                 s.close()
