@@ -11,7 +11,7 @@
  * A call's state lives until (a) its RECV_CLOSE_ON_SERVER operation completed, (b) no send or
  * receive batch is outstanding and (c) no handler holds a reference. The close operation is how a
  * client's cancellation is learned, so it is started as soon as the call is handed to the loop.
- * A client- or bidi-streaming call is handed over only once its first message (or its end)
+ * A call is handed over only once its request (a streaming call's first message, or its end)
  * arrived: until then a receive is its only operation, and if that fails (the client reset the
  * stream) the call is freed on the completion-queue thread.
  */
@@ -45,19 +45,20 @@ enum tag_kind {
     TAG_SHUTDOWN
 };
 
-/* Where a call is: waiting for its first message on the completion-queue threads (client- and
- * bidi-streaming calls only), or handed to the loop. */
+/* Where a call is: waiting for its request (or first message) on the completion-queue threads,
+ * or handed to the loop. */
 enum stage { STAGE_PREFETCH, STAGE_LOOP };
 
 /* Default bound of calls that arrived and that the loop has not started. */
 #define MAX_PENDING 8192
 
-/* A connection that resets this many calls within a second is cut (HTTP/2 rapid reset): no
- * client has a reason to, and gRPC 1.51 has no limit of its own. */
+/* A connection that, within a second, resets this many calls before their request, ends them
+ * without one or calls unknown methods is cut (HTTP/2 rapid reset and its kin): no client has a
+ * reason to, and gRPC 1.51 has no limit of its own. */
 #define RESET_FLOOD 500
 
-/* The address of a connection cut for a flood is refused this long: a new connection from it is
- * closed at its first call. */
+/* The address of a connection cut for a flood is refused this long: a kernel filter on the
+ * listening socket drops its packets, and a call from it that was parsed already is dropped. */
 #define BAN_MS 10000
 
 /* A call may queue this many messages; the handler is told it may send more (on_writable) when
@@ -134,11 +135,11 @@ struct sl_rpc_call {
     uint64_t bytes_in, bytes_out;
 
     /* Admission (completion-queue threads until the loop starts the call). `stage` moves from
-     * STAGE_PREFETCH to STAGE_LOOP once, on the thread that admitted the call or received its
-     * first message; `peer_key` is its count under its peer address (srv->peers_mu), `pending`
-     * says it counts as waiting for the loop (until the loop starts it), `budget_idx` that it
-     * does so as a call of that service with a budget of its own (-1: not). A prefetching call is
-     * on the server's prefetch list (srv->pf_mu, with pf_cancelled) for the idle sweep. */
+     * STAGE_PREFETCH to STAGE_LOOP once, on the thread that received the request; `peer_key` is its
+     * count under its peer address (srv->peers_mu), `pending` says it counts as waiting for the
+     * loop (until the loop starts it), `budget_idx` that it does so as a call of that service with
+     * a budget of its own (-1: not). A prefetching call is on the server's prefetch list
+     * (srv->pf_mu, with pf_cancelled) for the idle sweep. */
     atomic_int stage;
     sl_rpc_key *peer_key;
     int pending;
