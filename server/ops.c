@@ -253,7 +253,7 @@ static const struct {
      "blocked after a flood)."},
     {"sluice_rpc_flood_connections_closed_total", SL_METRIC_COUNTER,
      "Connections closed for a flood (500 calls reset, without a request or to unknown methods "
-     "within a second, or 256 calls waiting for their request); their address is then blocked "
+     "within a second, or 1024 calls waiting for their request); their address is then blocked "
      "for 10 s."},
     {"sluice_rpc_pending_calls", SL_METRIC_GAUGE,
      "Calls that arrived and that the event loop has not started yet."},

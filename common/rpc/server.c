@@ -1460,8 +1460,8 @@ void sl_rpc_server_shutdown(sl_rpc_server *srv, uint64_t grace_ms, void (*done)(
 /* Every GUARD_TICK_MS the loop looks for connections with BACKLOG_CALLS calls that arrived
  * BACKLOG_MS ago or earlier and still wait for their first message. */
 #define GUARD_TICK_MS 100
-#define BACKLOG_CALLS 256
-#define BACKLOG_MS    50
+#define BACKLOG_CALLS 1024
+#define BACKLOG_MS    200
 
 static int cmp_str(const void *a, const void *b)
 {
