@@ -85,15 +85,23 @@ static long live_calls(sl_rpc_client *c)
     return n;
 }
 
-/* Poll until the server holds no call state other than the poll itself, or `secs` pass. */
-static long wait_idle(sl_rpc_client *c, double secs)
+/* Poll until the server holds `want` calls other than the poll itself, or `secs` pass; returns
+ * the last count seen. The caller checks that value, never a new poll: the previous poll's call
+ * may still be being freed when the next one arrives, so a fresh count can read one high. */
+static long wait_live(sl_rpc_client *c, long want, double secs)
 {
     double end = now_s() + secs;
     long n;
 
-    while ((n = live_calls(c)) != 0 && now_s() < end)
+    while ((n = live_calls(c)) != want && now_s() < end)
         usleep(10000);
     return n;
+}
+
+/* Poll until the server holds no call state other than the poll itself, or `secs` pass. */
+static long wait_idle(sl_rpc_client *c, double secs)
+{
+    return wait_live(c, 0, secs);
 }
 
 static void test_unary(void)
@@ -255,7 +263,7 @@ static void test_cancel_mid_stream(void)
         got++;
     }
     CHECK(got == 500, "got %d", got);
-    CHECK(live_calls(c) == 1, "stream not live on the server");
+    CHECK(wait_live(c, 1, 30.0) == 1, "stream not live on the server");
     t0 = now_s();
     sl_rpc_stream_cancel(s);
     sl_rpc_stream_free(s);
@@ -1120,7 +1128,6 @@ static void test_max_key_calls(void)
     sl_testsrv *srv;
     sl_rpc_client *c;
     sl_rpc_status st;
-    double end;
     int err;
 
     lim.max_key_calls = 2;
@@ -1138,10 +1145,7 @@ static void test_max_key_calls(void)
     }
     /* Wait until the server holds all three (a quick "k" call sent meanwhile could take a
      * slow one's place), then a third "k" is refused. */
-    end = now_s() + 60.0;
-    while (live_calls(c) != 3 && now_s() < end)
-        usleep(10000);
-    CHECK(live_calls(c) == 3, "slow calls not all live");
+    CHECK(wait_live(c, 3, 60.0) == 3, "slow calls not all live");
     err = echo(c, "k", 0, 0, 10000, &st, NULL, 0);
     CHECK(err == SL_ELIMIT && st.code == SL_RPC_RESOURCE_EXHAUSTED, "err %d code %d '%s'", err,
           st.code, st.message);
