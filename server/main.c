@@ -92,6 +92,7 @@ static int open_ckpt(sl_daemon *d)
         .upload_memory = d->cfg.upload_memory,
         .lock_fd = d->lock_fd,
         .metrics = d->ops.metrics,
+        .feed = d->feed,
     };
 
     return sl_ckpt_svc_new(&d->ckpt, &d->loop, d->cat, d->data_dir, &o);
@@ -173,9 +174,9 @@ int main(int argc, char **argv)
     snprintf(cat_path, sizeof(cat_path), "%s/catalog.db", d.data_dir);
     if (sl_cat_open(&d.cat, cat_path) != 0)
         goto out;
-    if (open_ckpt(&d) != 0)
-        goto out;
     if (sl_feed_new(&d.feed, &d.loop, d.cat, d.data_dir) != 0)
+        goto out;
+    if (open_ckpt(&d) != 0) /* after the feed: checkpoints carry its data positions */
         goto out;
     sl_feed_set_metrics(d.feed, d.ops.metrics);
     if (sl_health_new(&d.health, health_names, 3 + SL_FEED_N_SERVICES) != 0)

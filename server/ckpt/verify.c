@@ -310,7 +310,7 @@ static int verify_plan(verify *v)
     v->jobs[n].verdict = SLUICE__V1__VERDICT__VERDICT_UNSPECIFIED;
     err = sl_cat_shard_list(v->svc->cat, v->ck.id, 0, verify_collect, v);
     if (!err && v->ck.state == SL_CKPT_COMPLETE) {
-        err = ckpt_render_metadata(v->svc, &v->ck, v->ck.committed_ms, &v->meta);
+        err = ckpt_render_metadata(v->svc, &v->ck, v->ck.committed_ms, NULL, &v->meta);
         if (!err)
             v->jobs[n].queued = 1;
     }
