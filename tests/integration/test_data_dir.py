@@ -10,7 +10,7 @@ path, logs data_dir_replaced and stops sweeping.
 
 Symbolic links planted in the data dir are never followed (issue 13; server/store/path.c): a
 linked job directory, a link at a `.part`, `.metadata.json.tmp` or lengths temp file's name, a
-linked shard.
+linked shard. A data dir writable by other users is refused unless --allow-shared-data-dir.
 """
 import hashlib
 import os
@@ -251,6 +251,41 @@ class StoreLinksTest(unittest.TestCase):
         self.assertFalse(os.path.islink(planted[2]))
         with open(planted[2], "rb") as f:
             self.assertEqual(hashlib.sha256(f.read()).hexdigest(), sha)
+
+
+class SharedDataDirTest(unittest.TestCase):
+    """A data dir other users can write (o+w) is refused at start, naming the path, its mode and
+    the flag that allows it; a group-writable one is accepted (Kubernetes' fsGroup)."""
+
+    def test_world_writable_refused_unless_allowed(self):
+        tmp = tempfile.TemporaryDirectory(prefix="sluice-test-")
+        self.addCleanup(tmp.cleanup)
+        data_dir = os.path.join(tmp.name, "data")
+        os.mkdir(data_dir)
+        os.chmod(data_dir, 0o777)
+        d = Daemon(data_dir=data_dir)
+        self.addCleanup(d.cleanup)
+        with self.assertRaises(RuntimeError) as e:
+            d.start()
+        self.assertIn("data_dir_shared", str(e.exception))
+        self.assertIn("path=" + data_dir + " mode=0777", str(e.exception))
+        self.assertIn("--allow-shared-data-dir", str(e.exception))
+        self.assertFalse(os.path.exists(os.path.join(data_dir, "catalog.db")))
+
+        for how in (["--allow-shared-data-dir"], {"SLUICE_ALLOW_SHARED_DATA_DIR": "true"}):
+            d = Daemon(data_dir=data_dir, args=how if isinstance(how, list) else (),
+                       env=how if isinstance(how, dict) else None)
+            self.addCleanup(d.cleanup)
+            d.start()
+            self.assertIn("data_dir_shared", d.log())
+            self.assertEqual(d.stop(), 0, d.log())
+
+        os.chmod(data_dir, 0o770)
+        d = Daemon(data_dir=data_dir)
+        self.addCleanup(d.cleanup)
+        d.start()
+        self.assertEqual(d.stop(), 0, d.log())
+        self.assertEqual(d.sanitizer_reports(), [], d.log())
 
 
 if __name__ == "__main__":
