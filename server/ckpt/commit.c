@@ -259,7 +259,8 @@ static int check_shard(const sl_cat_shard *sh, void *arg)
     cc->next = sh->rank + 1;
     if (!cc->bad[0] &&
         sl_store_path(path, sizeof(path), cc->dir, SL_STORE_SHARD, cc->ck->name, sh->rank) == 0 &&
-        (stat(path, &st) != 0 || (uint64_t)st.st_size != sh->file_size))
+        (sl_store_stat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
+         (uint64_t)st.st_size != sh->file_size))
         snprintf(cc->bad, sizeof(cc->bad), "shard file of rank %d is missing or has the wrong size",
                  sh->rank);
     if (!sh->has_pos) {
@@ -316,9 +317,10 @@ static void commit_after(uv_work_t *w, int status)
     commit_unmark(s, &j->mark);
     if (err) {
         sl_log_error("ckpt_commit_failed", "job=%s name=%s error=\"%s\"", j->ck.job, j->ck.name,
-                     sl_strerror(err));
+                     sl_store_strerror(err));
         if (j->call)
-            sl_rpc_call_fail(j->call, err, "cannot write %s: %s", j->file, sl_strerror(err));
+            sl_rpc_call_fail(j->call, err, "cannot write %s in %s: %s", j->file, j->dir,
+                             sl_store_strerror(err));
         goto out;
     }
     /* COMPLETE and the feed state it was taken at, in one statement. */

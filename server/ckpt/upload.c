@@ -133,7 +133,7 @@ static void up_release(upload *up, up_state from)
         up->fd = -1;
     }
     if (from == UP_FAILING && up->part[0])
-        unlink(up->part);
+        sl_store_unlink(up->part);
     if (from != UP_HEADER)
         up_unregister(up);
     if (up->answer_err)
@@ -368,7 +368,7 @@ static void up_after_write(uv_work_t *w, int status)
         if (up->err) {
             up_fail(up, io_err_status(up->err), "%s", up->errmsg);
         } else if (up->state == UP_ABORTING) {
-            unlink(up->final);
+            sl_store_unlink(up->final);
             up_fail(up, SL_ESTATE, "checkpoint %s/%s was aborted", up->job, up->name);
         } else {
             up_record(up);
