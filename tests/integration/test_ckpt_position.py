@@ -98,8 +98,8 @@ class PositionTest(unittest.TestCase):
         self.assertEqual(fs.samples, N)
         latest = self.ck.Latest(pb.LatestRequest(job="run"), timeout=10)
         self.assertEqual(list(latest.feed_state.positions), [100, 120])
-        meta = json.load(open(os.path.join(self.d.data_dir, "checkpoints", "run",
-                                           "s1.metadata.json")))
+        with open(os.path.join(self.d.data_dir, "checkpoints", "run", "s1.metadata.json")) as f:
+            meta = json.load(f)
         self.assertEqual(meta["feed_job"], "run")
         self.assertEqual(meta["feed_state"]["positions"], [100, 120])
         v = self.ck.Verify(pb.VerifyRequest(job="run", name="s1", mode=pb.QUICK), timeout=10)
@@ -275,6 +275,46 @@ class PositionTest(unittest.TestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
         self.assertIn("other settings", e.exception.details())
         self.assertEqual(self.feed.get_epoch("run").ranks[0].position, 7)  # nothing changed
+
+    def batch_job(self, lengths):
+        self.feed.create_dataset("tok", N)
+        self.feed.upload_lengths("tok", lengths)
+        self.feed.create_job("run", "tok", world_size=2, shuffle="feistel", seed=5, batching={
+            "strategy": "dynamic", "max_batch_size": 8, "max_seq_len": 64, "max_tokens": 256})
+
+    def steps(self, rank, epoch=None, step=None):
+        out = []
+        for chunk in self.feed.stream_batches("run", rank, epoch=epoch, step=step):
+            out += [(b.step, tuple(b.indices)) for b in chunk.batches]
+        return out
+
+    def test_batch_job_restores_in_batches_and_checks_lengths(self):
+        self.batch_job([1 + (i * 7) % 60 for i in range(N)])
+        full = self.steps(1, epoch=0, step=0)
+        self.save("b", [(0, 3), (0, 3)])
+        c = self.wait_complete("b")
+        self.assertEqual((c.feed_state.unit, list(c.feed_state.positions)), ("batches", [3, 3]))
+        self.feed.report_progress("run", 1, 0, 9)
+        self.restore("b")
+        self.assertEqual(self.steps(1), full[3:])
+        # Other lengths under the same name: the checkpoint's batches no longer exist.
+        self.feed.delete_job("run")
+        self.feed.upload_lengths("tok", [1 + (i * 11) % 60 for i in range(N)])
+        self.feed.create_job("run", "tok", world_size=2, shuffle="feistel", seed=5, batching={
+            "strategy": "dynamic", "max_batch_size": 8, "max_seq_len": 64, "max_tokens": 256})
+        with self.assertRaises(grpc.RpcError) as e:
+            self.restore("b")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("lengths of dataset 'tok' changed", e.exception.details())
+        # A batch job restored mid-epoch into another world: refused, nothing changed.
+        self.feed.delete_job("run")
+        self.feed.delete_dataset("tok")
+        self.batch_job([1 + (i * 7) % 60 for i in range(N)])
+        with self.assertRaises(grpc.RpcError) as e:
+            self.restore("b", world_size=3)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("streams batches", e.exception.details())
+        self.assertEqual(self.feed.get_job("run").world_size, 2)
 
     def test_cli_restore(self):
         self.job()
