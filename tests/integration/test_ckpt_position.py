@@ -160,6 +160,14 @@ class PositionTest(unittest.TestCase):
         c = self.ck.Get(pb.CheckpointRef(job="run", name="a"), timeout=10)
         self.assertEqual(c.state, pb.WRITING)
         self.assertIn("ckpt_auto_commit_refused", self.d.log())
+        for bad in ({"world_size": 65537}, {"name": "../x"}):
+            with self.assertRaises(grpc.RpcError) as e:
+                self.restore(**dict({"name": "a"}, **bad))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.ck.Begin(pb.BeginRequest(job="run", name="z", world_size=1, feed_job="run",
+                                          no_feed=True), timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         # A WRITING checkpoint cannot be restored.
         with self.assertRaises(grpc.RpcError) as e:
             self.restore("a")
