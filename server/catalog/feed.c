@@ -220,7 +220,7 @@ int sl_cat_job_delete(sl_cat *cat, const char *name)
 static int update_and_clear(sl_cat *cat, sqlite3_stmt *st, const char *name, const char *op)
 {
     sqlite3_stmt *del = NULL;
-    int err = exec_sql(cat, "BEGIN IMMEDIATE", "begin");
+    int err = sl_cat_tx_begin(cat);
 
     if (err)
         return err;
@@ -282,7 +282,7 @@ int sl_cat_job_resize(sl_cat *cat, const char *name, const void *spec, size_t sp
 
 int sl_cat_feed_begin(sl_cat *cat)
 {
-    return exec_sql(cat, "BEGIN IMMEDIATE", "begin");
+    return sl_cat_tx_begin(cat);
 }
 
 int sl_cat_feed_end(sl_cat *cat, int err)
