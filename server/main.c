@@ -83,6 +83,34 @@ static int write_port_file(const char *path, int port)
     return 0;
 }
 
+/* A WAL without its catalog: catalog.db was removed while the daemon was down, or while it ran
+ * and was killed before it noticed (once it notices, it empties its WAL). SQLite deletes a WAL it
+ * finds next to the new empty catalog it makes; this one holds the lost catalog's last
+ * transactions, so it goes to the quarantine instead, for an operator. */
+static void quarantine_stale_wal(sl_daemon *d, const char *cat_path)
+{
+    char wal[PATH_MAX + 32];
+    struct stat st;
+
+    snprintf(wal, sizeof(wal), "%s-wal", cat_path);
+    if (lstat(cat_path, &st) != 0 && errno == ENOENT && lstat(wal, &st) == 0 &&
+        S_ISREG(st.st_mode) && st.st_size > 0)
+        sl_quar_move(d->quar, d->data_dir, "catalog.db-wal", "WAL of a catalog that is gone");
+}
+
+/* The catalog; a stale WAL is moved away first. */
+static int open_catalog(sl_daemon *d)
+{
+    char path[PATH_MAX + 16];
+    int err;
+
+    snprintf(path, sizeof(path), "%s/catalog.db", d->data_dir);
+    if ((err = sl_quar_new(&d->quar, d->data_dir)) != 0)
+        return err;
+    quarantine_stale_wal(d, path);
+    return sl_cat_open(&d->cat, path);
+}
+
 /* The Checkpoints service with the configured limits; its sweeps watch the data dir's LOCK. */
 static int open_ckpt(sl_daemon *d)
 {
@@ -92,6 +120,7 @@ static int open_ckpt(sl_daemon *d)
         .upload_memory = d->cfg.upload_memory,
         .lock_fd = d->lock_fd,
         .metrics = d->ops.metrics,
+        .quarantine = d->quar,
     };
 
     return sl_ckpt_svc_new(&d->ckpt, &d->loop, d->cat, d->data_dir, &o);
@@ -144,7 +173,6 @@ int main(int argc, char **argv)
     const sl_rpc_service *services[3 + SL_FEED_N_SERVICES];
     sl_rpc_server_opts opts;
     sl_daemon d;
-    char cat_path[PATH_MAX + 16];
     int err, rc = 1;
 
     memset(&d, 0, sizeof(d));
@@ -170,13 +198,14 @@ int main(int argc, char **argv)
     d.start_ms = uv_now(&d.loop);
     if (open_data_dir(&d) != 0)
         goto out;
-    snprintf(cat_path, sizeof(cat_path), "%s/catalog.db", d.data_dir);
-    if (sl_cat_open(&d.cat, cat_path) != 0)
+    if (open_catalog(&d) != 0)
         goto out;
     if (open_ckpt(&d) != 0)
         goto out;
-    if (sl_feed_new(&d.feed, &d.loop, d.cat, d.data_dir) != 0)
+    if (sl_feed_new(&d.feed, &d.loop, d.cat, d.data_dir, d.quar) != 0)
         goto out;
+    /* The startup's sweeps (checkpoints, lengths, a stale WAL) are one quarantine batch. */
+    sl_quar_end(d.quar);
     sl_feed_set_metrics(d.feed, d.ops.metrics);
     if (sl_health_new(&d.health, health_names, 3 + SL_FEED_N_SERVICES) != 0)
         goto out;
@@ -251,6 +280,7 @@ out:
     sl_feed_free(d.feed);
     sl_health_free(d.health);
     sl_cat_close(d.cat);
+    sl_quar_free(d.quar);
     if (d.lock_fd >= 0)
         close(d.lock_fd);
     sl_ops_stop(&d.ops);
