@@ -98,7 +98,8 @@ static void quarantine_stale_wal(sl_daemon *d, const char *cat_path)
         sl_quar_move(d->quar, d->data_dir, "catalog.db-wal", "WAL of a catalog that is gone");
 }
 
-/* The catalog; a stale WAL is moved away first. */
+/* The catalog: a stale WAL is moved away first; a file removed or replaced while the daemon
+ * runs turns health NOT_SERVING (server/ops.c). */
 static int open_catalog(sl_daemon *d)
 {
     char path[PATH_MAX + 16];
@@ -108,7 +109,10 @@ static int open_catalog(sl_daemon *d)
     if ((err = sl_quar_new(&d->quar, d->data_dir)) != 0)
         return err;
     quarantine_stale_wal(d, path);
-    return sl_cat_open(&d->cat, path);
+    if ((err = sl_cat_open(&d->cat, path)) != 0)
+        return err;
+    sl_ops_watch_catalog(&d->ops);
+    return 0;
 }
 
 /* The Checkpoints service with the configured limits; its sweeps watch the data dir's LOCK. */
@@ -262,7 +266,7 @@ int main(int argc, char **argv)
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
     uv_signal_start(&d.sigint, on_signal, SIGINT);
 
-    sl_health_set_all(d.health, SL_HEALTH_SERVING);
+    sl_health_set_all(d.health, sl_ops_healthy(&d.ops) ? SL_HEALTH_SERVING : SL_HEALTH_NOT_SERVING);
     sl_log_info("listening", "addr=%s port=%d data_dir=%s version=%s schema_version=%d", d.listen,
                 sl_rpc_server_port(d.rpc), d.data_dir, SLUICE_VERSION,
                 sl_cat_schema_version(d.cat));
