@@ -116,6 +116,13 @@ static void collect(sl_metrics *m, void *arg)
     }
     if (ops->d->cat)
         sl_metrics_set(m, "sluice_catalog_errors_total", NULL, (double)sl_cat_errors(ops->d->cat));
+    if (ops->d->quar) {
+        sl_quar_counts q;
+        sl_quar_get_counts(ops->d->quar, &q);
+        sl_metrics_set(m, "sluice_quarantined_files_total", NULL, (double)q.moved);
+        sl_metrics_set(m, "sluice_quarantine_files", NULL, (double)q.files);
+        sl_metrics_set(m, "sluice_quarantine_bytes", NULL, (double)q.bytes);
+    }
     if (ops->d->rpc)
         collect_rpc(m, ops);
     sl_metrics_set(m, "sluice_process_resident_memory_bytes", NULL,
@@ -292,6 +299,12 @@ static const struct {
     {"sluice_catalog_lost", SL_METRIC_GAUGE,
      "1 once the catalog file was found removed or replaced while the daemon ran (writes are "
      "then refused and health is NOT_SERVING until a restart), else 0."},
+    {"sluice_quarantined_files_total", SL_METRIC_COUNTER,
+     "Files the catalog did not know, moved to <data dir>/quarantine instead of being removed."},
+    {"sluice_quarantine_files", SL_METRIC_GAUGE,
+     "Files in <data dir>/quarantine (as of the last walk of it, at start or Admin.GetInfo, plus "
+     "the files moved since)."},
+    {"sluice_quarantine_bytes", SL_METRIC_GAUGE, "Bytes of the files in <data dir>/quarantine."},
 };
 
 int sl_ops_init(sl_ops *ops, sl_daemon *d, int argc, char **argv)
