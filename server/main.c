@@ -284,13 +284,14 @@ out:
     sl_feed_free(d.feed);
     sl_health_free(d.health);
     sl_cat_close(d.cat);
-    sl_quar_free(d.quar);
     if (d.lock_fd >= 0)
         close(d.lock_fd);
     sl_ops_stop(&d.ops);
     sl_memtrim_stop(&d.memtrim);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     sl_ops_free(&d.ops);
+    /* After the metrics endpoint stopped: its thread reads the quarantine's counters. */
+    sl_quar_free(d.quar);
     if (uv_loop_close(&d.loop) != 0)
         sl_log_warn("loop_close_busy", NULL);
     return rc;
