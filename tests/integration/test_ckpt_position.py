@@ -14,6 +14,7 @@ import grpc
 from sluice.client import Client
 from sluice.v1 import checkpoint_pb2 as pb
 from sluice.v1 import checkpoint_pb2_grpc as pbg
+from sluice.v1 import feed_pb2
 from sltest import Daemon, cli
 
 N = 1000  # samples
@@ -333,6 +334,45 @@ class PositionTest(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("epoch 0", out.stdout)
         self.assertEqual(self.feed.get_epoch("run").ranks[0].position, 40)
+
+
+    # ---- review of issue 14 ----
+
+    def test_restore_refused_by_its_resize_changes_nothing(self):
+        # A job with a mesh restored into another world without a mesh, or with one that does
+        # not fit: refused before anything is rewound.
+        self.job(world=4, mesh={"dp": 2, "tp": 2, "cp": 1, "pp": 1})
+        self.save("s", [(0, 100), (0, 90), (0, 200), (0, 210)])
+        c = self.wait_complete("s")
+        self.assertEqual(list(c.feed_state.positions), [90, 200])  # the lowest of each dp rank
+        self.feed.report_progress("run", 0, 0, 300)
+        for kw, code, text in (
+                ({}, grpc.StatusCode.INVALID_ARGUMENT, "give the new mesh"),
+                ({"mesh": feed_pb2.Mesh(dp=2, tp=2, cp=1, pp=1)},
+                 grpc.StatusCode.INVALID_ARGUMENT, "does not match world size 6")):
+            with self.assertRaises(grpc.RpcError) as e:
+                self.restore("s", world_size=6, **kw)
+            self.assertEqual(e.exception.code(), code)
+            self.assertIn(text, e.exception.details())
+            self.assertEqual([p.position for p in self.feed.get_epoch("run").ranks], [300, 0])
+            self.assertEqual(self.feed.get_job("run").world_size, 4)
+        r = self.restore("s", world_size=6, mesh=feed_pb2.Mesh(dp=3, tp=2, cp=1, pp=1))
+        self.assertEqual((r.epoch, r.world_size), (0, 6))
+
+    def test_restore_at_the_end_of_an_epoch_into_another_world(self):
+        # Every share consumed: the next epoch begins, and the new world starts it whole
+        # (no elastic remainder of the finished epoch).
+        self.job(world=2)
+        self.save("s", [(0, N // 2), (0, N // 2)])
+        self.wait_complete("s")
+        r = self.restore("s", world_size=3)
+        self.assertEqual((r.epoch, r.world_size), (1, 3))
+        j = self.feed.get_job("run")
+        self.assertEqual((j.epoch, j.world_size, j.resized_in_epoch), (1, 3, False))
+        rest = []
+        for rank in range(3):
+            rest += self.indices(rank)
+        self.assertEqual(set(rest), set(range(N)))  # padded to equal shares
 
 
 if __name__ == "__main__":
