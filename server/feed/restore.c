@@ -325,6 +325,14 @@ int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_
             goto out;
         }
     }
+    /* A batch job's share sizes, hence whether the restored state ends its epoch, are known
+     * once its plan is built: build it now, so the epoch advances without waiting for a
+     * stream to ask for it (the plan_ready hook). */
+    if (j->spec->batching && !j->spec->manual_advance && !j->plan) {
+        char why[256];
+        if (feed_plan_request(j, why, sizeof(why)) != 0)
+            sl_log_warn("job_restore_plan_failed", "job=%s error=\"%s\"", j->name, why);
+    }
     *epoch_out = j->epoch;
     *world_out = j->spec->world_size;
 out:

@@ -375,5 +375,19 @@ class PositionTest(unittest.TestCase):
         self.assertEqual(set(rest), set(range(N)))  # padded to equal shares
 
 
+    def test_batch_job_restored_at_the_end_of_its_epoch_advances(self):
+        self.batch_job([1 + (i * 7) % 60 for i in range(N)])
+        n = len(self.steps(0, epoch=0, step=0))
+        self.save("b", [(0, n), (0, n)])
+        self.wait_complete("b")
+        self.feed.report_progress("run", 0, 0, 2)
+        self.restore("b")
+        # Nobody streams or asks for the epoch: the plan is built all the same, and the state
+        # that ends epoch 0 begins epoch 1.
+        deadline = time.monotonic() + 10
+        while self.feed.get_job("run").epoch != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(self.feed.get_job("run").epoch, 1)
+
 if __name__ == "__main__":
     unittest.main()
