@@ -374,7 +374,6 @@ class PositionTest(unittest.TestCase):
             rest += self.indices(rank)
         self.assertEqual(set(rest), set(range(N)))  # padded to equal shares
 
-
     def test_batch_job_restored_at_the_end_of_its_epoch_advances(self):
         self.batch_job([1 + (i * 7) % 60 for i in range(N)])
         n = len(self.steps(0, epoch=0, step=0))
@@ -388,6 +387,30 @@ class PositionTest(unittest.TestCase):
         while self.feed.get_job("run").epoch != 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         self.assertEqual(self.feed.get_job("run").epoch, 1)
+
+    def test_auto_commit_after_a_reupload_that_failed(self):
+        self.job()
+        self.save("s", [(0, 10)], world=2)
+        go = threading.Event()
+
+        def slow():
+            hdr = next(shard("run", "s", 0, 2, (0, 10), data=b"y" * 4096))
+            hdr.header.data_size = 1 << 20
+            hdr.header.tensors[0].shape[:] = [1 << 20]
+            hdr.header.tensors[0].size = 1 << 20
+            yield hdr
+            yield pb.UploadShardRequest(chunk=b"y" * 4096)
+            go.wait(10)
+        fut = self.ck.UploadShard.future(slow(), timeout=10)
+        time.sleep(0.3)  # rank 0's re-upload is running
+        self.ck.UploadShard(shard("run", "s", 1, 2, (0, 20)), timeout=10)
+        time.sleep(0.2)
+        self.assertEqual(self.ck.Get(pb.CheckpointRef(job="run", name="s")).state, pb.WRITING)
+        fut.cancel()  # the re-upload ends without replacing rank 0's shard
+        go.set()
+        c = self.wait_complete("s")
+        self.assertEqual(list(c.feed_state.positions), [10, 20])
+
 
 if __name__ == "__main__":
     unittest.main()
