@@ -67,8 +67,9 @@ static const setting settings[] = {
      "                     health checks have a reserve; 0 = unlimited (default 16384)"},
     {"max-job-streams", "SLUICE_MAX_JOB_STREAMS", K_INT, offsetof(sl_config, max_job_streams), 0, 0,
      1000000, 0,
-     "N index/batch streams, shard uploads and downloads open at once per\n"
-     "                     job; 0 = unlimited (default 8192)"},
+     "N streams open at once per job and kind (index/batch streams, shard\n"
+     "                     uploads, shard downloads: each kind its own N); 0 = unlimited\n"
+     "                     (default 8192)"},
     {"idle-timeout", "SLUICE_IDLE_TIMEOUT", K_SECONDS, offsetof(sl_config, idle_timeout_ms), 0, 0,
      86400, 0,
      "S   end a stream that waits S seconds for its client (an upload that\n"

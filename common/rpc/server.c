@@ -1245,21 +1245,32 @@ static int admit(sl_rpc_call *c)
     return 0;
 }
 
-int sl_rpc_call_claim(sl_rpc_call *call, const char *key, const char *what)
+int sl_rpc_call_claim(sl_rpc_call *call, const char *kind, const char *key, const char *what)
 {
     sl_rpc_server *srv = call->srv;
+    size_t len = strlen(kind) + strlen(key) + 2;
+    char *name;
     int err;
 
     if (call->key || call->finished || call->done)
         return SL_ESTATE;
-    err = sl_rpc_keys_acquire(&srv->keys, &call->key, key, (size_t)srv->opts.max_key_calls);
+    /* One count per kind: "upload:j" and "feed:j" never meet (a kind has no ':'). */
+    name = malloc(len);
+    if (!name) {
+        sl_rpc_call_finish(call, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return -ENOMEM;
+    }
+    snprintf(name, len, "%s:%s", kind, key);
+    err = sl_rpc_keys_acquire(&srv->keys, &call->key, name, (size_t)srv->opts.max_key_calls);
+    free(name);
     if (err == SL_ELIMIT) {
         call->end = SL_RPC_END_MAX_KEY;
         sl_log_limited(SL_LOG_WARN, 1000, "rpc_limit",
-                       "limit=max_key_calls value=%d %s=%s method=%s peer=%s",
-                       srv->opts.max_key_calls, what, key, call->path, sl_rpc_call_peer(call));
+                       "limit=max_key_calls value=%d kind=%s %s=%s method=%s peer=%s",
+                       srv->opts.max_key_calls, kind, what, key, call->path,
+                       sl_rpc_call_peer(call));
         sl_rpc_call_finish(call, SL_RPC_RESOURCE_EXHAUSTED,
-                           "too many concurrent streams for %s '%s' (limit %d)", what, key,
+                           "too many concurrent %s streams for %s '%s' (limit %d)", kind, what, key,
                            srv->opts.max_key_calls);
     } else if (err) {
         sl_rpc_call_finish(call, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");

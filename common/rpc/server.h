@@ -210,11 +210,13 @@ size_t sl_rpc_server_live_streams(const sl_rpc_server *srv);
 
 /* ---- The call API for handlers. Loop thread only. ---- */
 
-/* Count the call under `key` (e.g. a job name) until it ends, unless max_key_calls calls already
- * are: then the call is finished with RESOURCE_EXHAUSTED "too many concurrent streams for <what>
- * '<key>' (limit N)" and SL_ELIMIT returned; the handler just returns. Returns 0, SL_ELIMIT,
- * SL_ESTATE if the call already claimed a key or was finished, -ENOMEM (the call is finished). */
-int sl_rpc_call_claim(sl_rpc_call *call, const char *key, const char *what);
+/* Count the call under (`kind`, `key`) (e.g. "upload" and a job name) until it ends, unless
+ * max_key_calls calls of that kind already are: then the call is finished with
+ * RESOURCE_EXHAUSTED "too many concurrent <kind> streams for <what> '<key>' (limit N)" and
+ * SL_ELIMIT returned; the handler just returns. Each kind has its own count, so calls of one kind
+ * cannot use up another's. `kind` is a word without ':'. Returns 0, SL_ELIMIT, SL_ESTATE if the
+ * call already claimed a key or was finished, -ENOMEM (the call is finished). */
+int sl_rpc_call_claim(sl_rpc_call *call, const char *kind, const char *key, const char *what);
 
 /* Take ownership of the message being delivered (only inside on_start or on_message), e.g. to
  * hand a large upload chunk to a worker without copying it. Returns it, or NULL outside those

@@ -481,7 +481,7 @@ static void up_header(upload *up, const Sluice__V1__ShardHeader *h)
     int err;
 
     if (!ckpt_names_ok(call, h->job, h->checkpoint) ||
-        sl_rpc_call_claim(call, h->job, "job") != 0 ||
+        sl_rpc_call_claim(call, "upload", h->job, "job") != 0 ||
         ckpt_find(s, call, &ck, h->job, h->checkpoint))
         goto refuse;
     snprintf(up->job, sizeof(up->job), "%s", h->job);

@@ -362,7 +362,7 @@ static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32
         sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", job);
         return;
     }
-    if (sl_rpc_call_claim(call, job, "job") != 0)
+    if (sl_rpc_call_claim(call, "feed", job, "job") != 0)
         return;
     if (batches && !j->spec->batching) {
         sl_rpc_call_fail(call, SL_ESTATE, "job '%s' has no batching config", job);

@@ -69,7 +69,7 @@ static void echo_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
     Sluice__Test__EchoResponse resp = SLUICE__TEST__ECHO_RESPONSE__INIT;
     sl_testsrv *s = arg;
 
-    if (s->claim_keys && sl_rpc_call_claim(call, req->text, "text") != 0)
+    if (s->claim_keys && sl_rpc_call_claim(call, "echo", req->text, "text") != 0)
         return;
     if (req->fail_code) {
         sl_rpc_call_finish(call, (sl_rpc_code)req->fail_code, "failing as asked: '%s'", req->text);

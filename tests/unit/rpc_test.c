@@ -1145,7 +1145,7 @@ static void test_max_key_calls(void)
     err = echo(c, "k", 0, 0, 10000, &st, NULL, 0);
     CHECK(err == SL_ELIMIT && st.code == SL_RPC_RESOURCE_EXHAUSTED, "err %d code %d '%s'", err,
           st.code, st.message);
-    CHECK(strstr(st.message, "too many concurrent streams for text 'k' (limit 2)") != NULL,
+    CHECK(strstr(st.message, "too many concurrent echo streams for text 'k' (limit 2)") != NULL,
           "message '%s'", st.message);
     /* Another key is not affected. */
     err = echo(c, "other", 0, 0, 10000, &st, NULL, 0);

@@ -1,0 +1,7 @@
+# Budgets of issue 13, item 6 (docs/hardening.md "Hardening II"), each attack played against the
+# real daemon (tests/integration/test_budgets.py lists them). Under a minute; the checkpoint
+# tests write a few hundred MiB under their temporary data dirs.
+add_test(NAME budgets_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_budgets
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(budgets_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 400)

@@ -1,0 +1,102 @@
+"""Budgets of issue 13, item 6 (docs/hardening.md, "Hardening II"): the real daemon on 127.0.0.1
+and real grpcio clients play the attacks that found them.
+
+- readers parked on the next epoch up to the job's feed budget leave its uploads alone;
+"""
+import hashlib
+import os
+import threading
+import time
+import unittest
+
+import grpc
+
+from sluice.v1 import checkpoint_pb2 as ck
+from sluice.v1 import feed_pb2 as fd
+from test_limits import Base, wait_for
+
+C = grpc.StatusCode
+KiB = 1 << 10
+MiB = 1 << 20
+HEADER = 88
+STREAM_BUDGET = 256 * KiB  # server/feed/stream.c STREAM_BYTES
+RESERVE_WINDOW = 64 * MiB  # server/ckpt/internal.h UP_RESERVE
+# Filesystems allocate in blocks and extents; what the checks below allow beyond the figures.
+SLACK = 4 * MiB
+
+
+def vm_rss(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def header(job, name, rank, size, offset=0, sha=""):
+    return ck.UploadShardRequest(header=ck.ShardHeader(
+        job=job, checkpoint=name, rank=rank, data_size=size, offset=offset, sha256=sha,
+        tensors=[ck.TensorInfo(name="t", dtype="uint8", shape=[size], offset=0, size=size)]))
+
+
+def data_of(n, seed=b"budget"):
+    block = hashlib.sha256(seed).digest() * (MiB // 32)
+    return (block * (n // MiB + 1))[:n]
+
+
+def finished_within(f, secs):
+    """True if the call f ended (with any status) within secs."""
+    try:
+        f.exception(timeout=secs)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+
+
+def chunks(data, step=MiB):
+    for i in range(0, len(data), step):
+        yield ck.UploadShardRequest(chunk=data[i:i + step])
+
+
+class ParkedReadersTest(Base):
+    """Readers parked on epoch current+1 fill the job's feed budget; its uploads still go."""
+    LIMIT = 128
+    ARGS = ["--max-job-streams", str(LIMIT), "--metrics-listen", "127.0.0.1:0"]
+
+    def test_parked_readers_do_not_refuse_uploads(self):
+        self.dataset_and_job("j", 1000, world=self.LIMIT)
+        chs = [self.channel() for _ in range(4)]
+        parked = [self.server_stream("/sluice.v1.Feed/StreamIndices", fd.StreamIndicesRequest(
+            job="j", rank=r, epoch=1, epoch_set=True), ch=chs[r % 4]) for r in range(self.LIMIT)]
+        # Every parked reader is held by the daemon (streams of other kinds: none yet).
+        wait_for(lambda: self.counter(self.metrics(), "sluice_rpc_active_streams") >= self.LIMIT,
+                 "%d parked readers" % self.LIMIT)
+        # One more reader of the job is refused: its feed budget is used up.
+        refusal = self.assert_refused(lambda: next(self.server_stream(
+            "/sluice.v1.Feed/StreamIndices",
+            fd.StreamIndicesRequest(job="j", rank=0, epoch=1, epoch_set=True))),
+            "for job 'j' (limit %d)" % self.LIMIT).details()
+        # The trainer's upload of the same job is not refused, and nor is a download.
+        self.unary("/sluice.v1.Checkpoints/Begin",
+                   ck.BeginRequest(job="j", name="c", step=1, world_size=1))
+        data = data_of(3 * MiB)
+        got = ck.UploadShardResponse.FromString(self.client_stream_future(
+            "/sluice.v1.Checkpoints/UploadShard",
+            iter([header("j", "c", 0, len(data))] + list(chunks(data)))).result(timeout=60))
+        self.assertEqual(got.sha256, hashlib.sha256(data).hexdigest())
+        self.unary("/sluice.v1.Checkpoints/Commit", ck.CheckpointRef(job="j", name="c"))
+        back = b"".join(ck.DownloadShardResponse.FromString(m).data for m in self.server_stream(
+            "/sluice.v1.Checkpoints/DownloadShard", ck.DownloadShardRequest(job="j", name="c",
+                                                                            rank=0)))
+        self.assertEqual(back, data)
+        # The refusal names the kind whose budget is used up.
+        self.assertIn("too many concurrent feed streams for job 'j' (limit %d)" % self.LIMIT,
+                      refusal)
+        for s in parked:
+            s.cancel()
+        self.assertGreaterEqual(self.counter(
+            self.metrics(), 'sluice_rpc_refused_total{limit="max_job_streams"}'), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
