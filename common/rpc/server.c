@@ -122,7 +122,10 @@ struct sl_rpc_call {
     pthread_mutex_t mu;
     grpc_byte_buffer *send_buf; /* the message in flight */
     grpc_byte_buffer *sq[SEND_WINDOW];
+    size_t sq_size[SEND_WINDOW]; /* their sizes: the core empties a buffer it sends */
     size_t sq_head, sq_len;
+    size_t send_size; /* of send_buf */
+    size_t sq_bytes;  /* of the queued messages and the one in flight */
     int writable_posted;
     int status_sent; /* the batch in flight carries the final status */
     grpc_byte_buffer *recv_buf;
@@ -130,6 +133,7 @@ struct sl_rpc_call {
     grpc_slice status_details;
     void *data;
     void (*data_free)(void *);
+    size_t send_last;          /* loop: size of the last message sl_rpc_call_send queued */
     ProtobufCMessage *cur_msg; /* the message being delivered, unless the handler took it */
     sl_rpc_bytes *cur_bytes;   /* its bytes_field, unless the handler took them */
     uint64_t bytes_in, bytes_out;
@@ -317,6 +321,7 @@ static void *cq_thread(void *arg)
 
 static void maybe_finish_shutdown(sl_rpc_server *srv);
 static void drain_queue(sl_rpc_call *c);
+static void send_buf_free(sl_rpc_call *c);
 
 /* Free what every call has, whichever thread frees it, and count it gone. The last call freed
  * during shutdown lets the loop finish it (directly, or through a kick from another thread). */
@@ -366,8 +371,7 @@ static void call_free(sl_rpc_call *c)
     if (c->data_free)
         c->data_free(c->data);
     pthread_mutex_lock(&c->mu);
-    if (c->send_buf)
-        grpc_byte_buffer_destroy(c->send_buf);
+    send_buf_free(c);
     drain_queue(c);
     pthread_mutex_unlock(&c->mu);
     if (c->has_details)
@@ -400,9 +404,10 @@ void sl_rpc_call_unref(sl_rpc_call *call)
 }
 
 /* Start a batch on the call's send path: initial metadata if not yet sent, then the message
- * (may be NULL), then the status (if with_status). Takes ownership of bb. Loop thread, with c->mu
- * held; the batch's completion owns the reference it takes. */
-static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int with_status)
+ * (may be NULL; `len` bytes, already counted in sq_bytes), then the status (if with_status).
+ * Takes ownership of bb. Loop thread, with c->mu held; the batch's completion owns the reference
+ * it takes. */
+static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, size_t len, int with_status)
 {
     grpc_op ops[3];
     size_t n = 0;
@@ -428,6 +433,7 @@ static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int with_status)
         n++;
     }
     c->send_buf = bb;
+    c->send_size = len;
     c->send_busy = 1;
     c->status_sent = with_status;
     atomic_fetch_add(&c->refs, 1);
@@ -435,15 +441,23 @@ static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int with_status)
     if (e != GRPC_CALL_OK) {
         sl_log_warn("rpc_start_batch_failed", "method=%s error=%d", c->path, (int)e);
         c->send_busy = 0;
-        c->send_buf = NULL;
         c->status_sent = 0;
-        if (bb)
-            grpc_byte_buffer_destroy(bb);
+        send_buf_free(c);
         atomic_fetch_sub(&c->refs, 1);
         return SL_ERPC;
     }
     c->sent_md = 1;
     return 0;
+}
+
+/* The message in flight is gone (sent or dropped): it no longer counts. With c->mu held. */
+static void send_buf_free(sl_rpc_call *c)
+{
+    if (c->send_buf)
+        grpc_byte_buffer_destroy(c->send_buf);
+    c->send_buf = NULL;
+    c->sq_bytes -= c->send_size;
+    c->send_size = 0;
 }
 
 /* Continue a send chain with the next queued message. Any thread, with c->mu held. The write
@@ -454,13 +468,11 @@ static int chain_next(sl_rpc_call *c)
     grpc_byte_buffer *bb;
     grpc_op op;
 
-    if (c->send_buf) {
-        grpc_byte_buffer_destroy(c->send_buf);
-        c->send_buf = NULL;
-    }
+    send_buf_free(c);
     if (c->sq_len == 0)
         return 0;
     bb = c->sq[c->sq_head];
+    c->send_size = c->sq_size[c->sq_head];
     c->sq_head = (c->sq_head + 1) % SEND_WINDOW;
     c->sq_len--;
     memset(&op, 0, sizeof(op));
@@ -476,8 +488,7 @@ static int chain_next(sl_rpc_call *c)
         push_event(c->srv, &c->tag_writable, 1);
     }
     if (grpc_call_start_batch(c->call, &op, 1, &c->tag_send, NULL) != GRPC_CALL_OK) {
-        c->send_buf = NULL;
-        grpc_byte_buffer_destroy(bb);
+        send_buf_free(c);
         return 0;
     }
     return 1;
@@ -487,6 +498,7 @@ static int chain_next(sl_rpc_call *c)
 static void drain_queue(sl_rpc_call *c)
 {
     while (c->sq_len > 0) {
+        c->sq_bytes -= c->sq_size[c->sq_head];
         grpc_byte_buffer_destroy(c->sq[c->sq_head]);
         c->sq_head = (c->sq_head + 1) % SEND_WINDOW;
         c->sq_len--;
@@ -518,7 +530,7 @@ static int call_finish_msg(sl_rpc_call *c, sl_rpc_code code, const char *msg)
         return 0;
     }
     pthread_mutex_lock(&c->mu);
-    err = start_send(c, NULL, 1);
+    err = start_send(c, NULL, 0, 1);
     pthread_mutex_unlock(&c->mu);
     return err;
 }
@@ -568,19 +580,35 @@ static grpc_byte_buffer *pack_limited(sl_rpc_call *c, const ProtobufCMessage *ms
 int sl_rpc_call_send_room(const sl_rpc_call *call)
 {
     sl_rpc_call *c = (sl_rpc_call *)call;
-    size_t used;
+    size_t budget = c->reg->m->send_budget;
+    size_t used, bytes;
 
     if (c->done || c->finished)
         return 0;
     pthread_mutex_lock(&c->mu);
     used = c->sq_len;
+    bytes = c->sq_bytes;
     pthread_mutex_unlock(&c->mu);
+    if (budget && bytes > 0 && bytes + c->send_last > budget)
+        return 0;
     return (int)(SEND_WINDOW - used);
+}
+
+size_t sl_rpc_call_send_bytes(const sl_rpc_call *call)
+{
+    sl_rpc_call *c = (sl_rpc_call *)call;
+    size_t bytes;
+
+    pthread_mutex_lock(&c->mu);
+    bytes = c->sq_bytes;
+    pthread_mutex_unlock(&c->mu);
+    return bytes;
 }
 
 int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg)
 {
     grpc_byte_buffer *bb;
+    size_t len;
     int err;
 
     if (call->done)
@@ -590,23 +618,30 @@ int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg)
     bb = pack_limited(call, msg, &err);
     if (!bb)
         return err;
+    len = grpc_byte_buffer_length(bb);
     pthread_mutex_lock(&call->mu);
     if (!call->send_busy) {
-        err = start_send(call, bb, 0);
+        call->sq_bytes += len;
+        err = start_send(call, bb, len, 0);
     } else if (call->sq_len == SEND_WINDOW) {
         grpc_byte_buffer_destroy(bb);
         err = SL_ELIMIT;
     } else {
+        call->sq_bytes += len;
         call->sq[(call->sq_head + call->sq_len) % SEND_WINDOW] = bb;
+        call->sq_size[(call->sq_head + call->sq_len) % SEND_WINDOW] = len;
         call->sq_len++;
     }
     pthread_mutex_unlock(&call->mu);
+    if (!err)
+        call->send_last = len;
     return err;
 }
 
 int sl_rpc_call_reply(sl_rpc_call *call, const ProtobufCMessage *msg)
 {
     grpc_byte_buffer *bb;
+    size_t len;
     int err;
 
     if (call->done)
@@ -620,7 +655,9 @@ int sl_rpc_call_reply(sl_rpc_call *call, const ProtobufCMessage *msg)
                                                 : "out of memory");
     set_status(call, SL_RPC_OK, NULL);
     pthread_mutex_lock(&call->mu);
-    err = start_send(call, bb, 1);
+    len = grpc_byte_buffer_length(bb);
+    call->sq_bytes += len;
+    err = start_send(call, bb, len, 1);
     pthread_mutex_unlock(&call->mu);
     return err;
 }
@@ -736,10 +773,7 @@ static void on_send_done(sl_rpc_call *c, int ok)
         more = chain_next(c);
     } else {
         more = 0;
-        if (c->send_buf) {
-            grpc_byte_buffer_destroy(c->send_buf);
-            c->send_buf = NULL;
-        }
+        send_buf_free(c);
         drain_queue(c);
     }
     pthread_mutex_unlock(&c->mu);
@@ -750,7 +784,7 @@ static void on_send_done(sl_rpc_call *c, int ok)
         c->status_pending = 0;
         if (ok && !c->done) {
             pthread_mutex_lock(&c->mu);
-            start_send(c, NULL, 1);
+            start_send(c, NULL, 0, 1);
             pthread_mutex_unlock(&c->mu);
         }
     } else if (ok && !c->finished && !c->done && c->reg && c->reg->m->on_writable) {

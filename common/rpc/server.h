@@ -78,6 +78,13 @@ typedef struct sl_rpc_method {
      * (so a client that retries at once does not find its old call's state still in place).
      * Without it the layer answers at once with the status of `err`. */
     void (*on_bad_message)(sl_rpc_call *call, int err, const char *why, void *svc_arg);
+    /* Optional, server-streaming and bidi methods: a budget in bytes for the call's response
+     * messages that are queued or in flight (not yet taken by the transport), so that a client
+     * that stops reading holds that much of the server's memory and no more.
+     * sl_rpc_call_send_room() answers 0 while one more message, estimated as large as the last
+     * one sent, would take them over the budget; an empty queue always takes a message, so a
+     * handler keeps its messages well under the budget. 0: counted in messages only. */
+    size_t send_budget;
 } sl_rpc_method;
 
 typedef struct sl_rpc_service {
@@ -244,11 +251,15 @@ int sl_rpc_call_read(sl_rpc_call *call);
  * on_writable follows when the queue has drained to half (or emptied). Returns 0, SL_ESTATE if
  * the call was finished, SL_ECANCELLED if it ended, SL_ELIMIT if the queue is full or the message
  * exceeds the send limit. Queued messages hold memory: handlers sending large messages keep only
- * a few queued. */
+ * a few queued, or declare a send_budget. */
 int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg);
 
-/* How many more messages sl_rpc_call_send accepts now (0 once the call ended). */
+/* How many more messages sl_rpc_call_send accepts now: 0 once the call ended, or while the
+ * method's send_budget is used up. */
 int sl_rpc_call_send_room(const sl_rpc_call *call);
+
+/* Bytes of the call's response messages queued or in flight now. */
+size_t sl_rpc_call_send_bytes(const sl_rpc_call *call);
 
 /* Send the response and status OK in one step (unary and client-streaming methods). */
 int sl_rpc_call_reply(sl_rpc_call *call, const ProtobufCMessage *msg);

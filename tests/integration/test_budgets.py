@@ -1,6 +1,7 @@
 """Budgets of issue 13, item 6 (docs/hardening.md, "Hardening II"): the real daemon on 127.0.0.1
 and real grpcio clients play the attacks that found them.
 
+- never-read index streams with max_chunk 65536 hold the daemon at its per-stream byte budget;
 - readers parked on the next epoch up to the job's feed budget leave its uploads alone;
 """
 import hashlib
@@ -56,6 +57,44 @@ def finished_within(f, secs):
 def chunks(data, step=MiB):
     for i in range(0, len(data), step):
         yield ck.UploadShardRequest(chunk=data[i:i + step])
+
+
+class StreamMemoryTest(Base):
+    """400 never-read StreamIndices with max_chunk 65536 held 1.3 MB each before the budget."""
+    ARGS = []
+    STREAMS = 400
+
+    def test_never_read_streams_stay_under_the_byte_budget(self):
+        # 2^30 samples: indices take 5 bytes each on the wire, 320 KiB per 65536 of them.
+        self.dataset_and_job("big", 1 << 30, world=self.STREAMS)
+        # Without BDP probing the client grants each stream its initial 64 KiB window and no
+        # more, as an attacker would; with it, grpcio takes in megabytes per stream itself.
+        chs = [grpc.insecure_channel(self.d.addr, options=[("grpc.http2.bdp_probe", 0)])
+               for _ in range(8)]
+        self.channels += chs
+        # Warm up with a few streams, so allocator arenas and gRPC's buffers are in place.
+        warm = [self.stalled_indices("big", r, ch=chs[r % 8], max_chunk=65536)
+                for r in range(16)]
+        time.sleep(1.0)
+        base = vm_rss(self.d.proc.pid)
+        held = [self.stalled_indices("big", r, ch=chs[r % 8], max_chunk=65536)
+                for r in range(16, self.STREAMS)]
+        # The daemon fills each stream up to its budget: wait until RSS stops growing.
+        last, stable = vm_rss(self.d.proc.pid), 0
+        while stable < 10:
+            time.sleep(0.1)
+            now = vm_rss(self.d.proc.pid)
+            stable = stable + 1 if now <= last + 256 * KiB else 0
+            last = max(last, now)
+        per = (last - base) / len(held)
+        print("\n%d never-read streams (max_chunk 65536): VmRSS %.1f -> %.1f MiB, %.0f KiB per "
+              "stream" % (len(held), base / MiB, last / MiB, per / KiB))
+        self.assertLess(per, STREAM_BUDGET, "daemon RSS per never-read stream")
+        # Every stream still serves its reader.
+        for s in (warm + held)[:8]:
+            self.assertEqual(fd.IndexChunk.FromString(next(s)).epoch, 0)
+        for s in warm + held:
+            s.cancel()
 
 
 class ParkedReadersTest(Base):

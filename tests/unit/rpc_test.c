@@ -707,13 +707,13 @@ static void test_bytes_field_checked(void)
     static const sl_rpc_method bad[][1] = {
         {{"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
           &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL,
-          SLUICE__TEST__PIECE__KIND_LABEL, NULL}}, /* a string */
+          SLUICE__TEST__PIECE__KIND_LABEL, NULL, 0}}, /* a string */
         {{"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
-          &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL, 9,
-          NULL}}, /* none */
+          &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL, 9, NULL,
+          0}}, /* none */
         {{"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
-          &sluice__test__echo_response__descriptor, 0, NULL, NULL, NULL, NULL, 2,
-          NULL}}, /* unary */
+          &sluice__test__echo_response__descriptor, 0, NULL, NULL, NULL, NULL, 2, NULL,
+          0}}, /* unary */
     };
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -1211,6 +1211,42 @@ static void test_idle_timeout(void)
     stop_limited(srv, saved);
 }
 
+/* send_budget: a reader that stops reading holds at most the budget in queued messages. */
+static void test_send_budget(void)
+{
+    sl_rpc_server_opts lim = {0};
+    ProtobufCMessage *msg;
+    char saved[64];
+    sl_testsrv *srv;
+    sl_rpc_client *c;
+    sl_rpc_stream *s;
+    int n = 0;
+
+    if (!(srv = start_limited(&lim, saved, sizeof(saved))))
+        return;
+    c = new_client();
+    /* 16 KiB messages: without the budget the window of 64 queued messages takes 1 MiB. */
+    s = open_count(c, 16384);
+    usleep(1000 * 1000);
+    CHECK(sl_testsrv_max_send_bytes(srv) <= SL_TESTSRV_COUNT_BUDGET,
+          "stalled reader: %zu bytes queued, budget %u", sl_testsrv_max_send_bytes(srv),
+          SL_TESTSRV_COUNT_BUDGET);
+    /* The stream still flows once the client reads. */
+    while (n < 500 && sl_rpc_stream_read(s, &sluice__test__count_response__descriptor, &msg) == 1) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        n++;
+    }
+    CHECK(n == 500, "read %d messages", n);
+    CHECK(sl_testsrv_max_send_bytes(srv) <= SL_TESTSRV_COUNT_BUDGET, "%zu bytes queued",
+          sl_testsrv_max_send_bytes(srv));
+    printf("  at most %zu bytes queued\n", sl_testsrv_max_send_bytes(srv));
+    sl_rpc_stream_cancel(s);
+    sl_rpc_stream_free(s);
+    CHECK(wait_idle(c, 30.0) == 0, "call state left");
+    sl_rpc_client_free(c);
+    stop_limited(srv, saved);
+}
+
 /* ---- admission on the completion-queue threads (a server of its own: testsvc does not set
  * these limits) ---- */
 
@@ -1551,6 +1587,7 @@ int main(void)
         {"max_calls", test_max_calls},
         {"max_key_calls", test_max_key_calls},
         {"idle_timeout", test_idle_timeout},
+        {"send_budget", test_send_budget},
         {"peer_limit", test_peer_limit},
         {"pending_bound", test_pending_bound},
         {"reset_before_request", test_reset_before_request},
