@@ -112,6 +112,9 @@ struct sl_rpc_call {
     atomic_int refs;
     unsigned send_busy : 1, recv_busy : 1, finished : 1, done : 1, status_pending : 1, sent_md : 1,
         has_details : 1;
+    /* Methods with handler_progress: the last message delivered has not been called progress
+     * (sl_rpc_call_progress), so reading the next one does not restart the idle clock. */
+    unsigned msg_stale : 1;
     int close_cancelled;
     tag tag_send, tag_recv, tag_close, tag_writable, tag_start;
 
@@ -679,7 +682,8 @@ int sl_rpc_call_read(sl_rpc_call *call)
         call->recv_buf = call->first;
         call->first = NULL;
         call->recv_busy = 1;
-        atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
+        if (!call->msg_stale)
+            atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
         atomic_fetch_add(&call->refs, 1);
         push_event(call->srv, &call->tag_recv, 1);
         return 0;
@@ -688,7 +692,8 @@ int sl_rpc_call_read(sl_rpc_call *call)
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &call->recv_buf;
     call->recv_busy = 1;
-    atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
+    if (!call->msg_stale)
+        atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
     atomic_fetch_add(&call->refs, 1);
     e = grpc_call_start_batch(call->call, &op, 1, &call->tag_recv, NULL);
     if (e != GRPC_CALL_OK) {
@@ -811,7 +816,10 @@ static void on_recv_done(sl_rpc_call *c, int ok)
 
     c->recv_buf = NULL;
     c->recv_busy = 0;
-    atomic_fetch_add_explicit(&c->progress, 1, memory_order_relaxed);
+    if (m->handler_progress)
+        c->msg_stale = 1;
+    else
+        atomic_fetch_add_explicit(&c->progress, 1, memory_order_relaxed);
     if (!ok || c->finished || c->done) {
         if (bb)
             grpc_byte_buffer_destroy(bb);
@@ -1312,6 +1320,12 @@ int sl_rpc_call_claim(sl_rpc_call *call, const char *kind, const char *key, cons
     return err;
 }
 
+void sl_rpc_call_progress(sl_rpc_call *call)
+{
+    call->msg_stale = 0;
+    atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
+}
+
 /* End a call that waited for its client longer than the idle timeout. The core sends the status
  * and completes the call's operations; the handler learns it through on_cancel. */
 static void end_idle(sl_rpc_call *c)
@@ -1320,7 +1334,10 @@ static void end_idle(sl_rpc_call *c)
     char msg[160];
 
     c->end = SL_RPC_END_IDLE;
-    if (c->recv_busy)
+    if (c->recv_busy && c->msg_stale)
+        snprintf(msg, sizeof(msg), "no progress for %g s: messages without data do not count",
+                 secs);
+    else if (c->recv_busy)
         snprintf(msg, sizeof(msg), "no message for %g s", secs);
     else
         snprintf(msg, sizeof(msg), "no send progress for %g s: the client stopped reading", secs);

@@ -85,6 +85,11 @@ typedef struct sl_rpc_method {
      * one sent, would take them over the budget; an empty queue always takes a message, so a
      * handler keeps its messages well under the budget. 0: counted in messages only. */
     size_t send_budget;
+    /* Optional, client-streaming and bidi methods: 1 if a message arriving is not progress by
+     * itself for the idle timeout: the handler calls sl_rpc_call_progress() for the messages
+     * that moved the call forward (an upload's data), so a client that sends empty messages is
+     * ended as idle all the same. 0: every message is progress. */
+    int handler_progress;
 } sl_rpc_method;
 
 typedef struct sl_rpc_service {
@@ -224,6 +229,10 @@ size_t sl_rpc_server_live_streams(const sl_rpc_server *srv);
  * cannot use up another's. `kind` is a word without ':'. Returns 0, SL_ELIMIT, SL_ESTATE if the
  * call already claimed a key or was finished, -ENOMEM (the call is finished). */
 int sl_rpc_call_claim(sl_rpc_call *call, const char *kind, const char *key, const char *what);
+
+/* The call made progress for the idle timeout (methods with handler_progress: a message that
+ * moved it forward). */
+void sl_rpc_call_progress(sl_rpc_call *call);
 
 /* Take ownership of the message being delivered (only inside on_start or on_message), e.g. to
  * hand a large upload chunk to a worker without copying it. Returns it, or NULL outside those

@@ -35,6 +35,9 @@ static const sl_rpc_method ckpt_methods[] = {
         .on_bad_message = ckpt_upload_bad_message,
         /* Chunks arrive as the received buffers: hashed and written without a copy. */
         .bytes_field = SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK,
+        /* Only the header and data bytes are progress: empty chunks do not hold a rank's upload
+         * open past the idle timeout. */
+        .handler_progress = 1,
     },
     {
         .name = "UploadStatus",

@@ -503,6 +503,7 @@ static void up_header(upload *up, const Sluice__V1__ShardHeader *h)
     up->tensor_count = (uint32_t)h->n_tensors;
     if (h->sha256 && *h->sha256)
         snprintf(up->client_sha, sizeof(up->client_sha), "%s", h->sha256);
+    sl_rpc_call_progress(call);
     up_to(up, UP_OPENING);
     return;
 refuse:
@@ -578,6 +579,7 @@ static void up_receive(upload *up, const Sluice__V1__UploadShardRequest *m)
             up_fail(up, SL_EINVAL, "chunk of %zu bytes arrived without its data", m->chunk.len);
             return;
         }
+        sl_rpc_call_progress(up->call);
         c->len = m->chunk.len;
         c->off = up->received;
         up->svc->mem_held += m->chunk.len;

@@ -3,6 +3,7 @@ and real grpcio clients play the attacks that found them.
 
 - never-read index streams with max_chunk 65536 hold the daemon at its per-stream byte budget;
 - readers parked on the next epoch up to the job's feed budget leave its uploads alone;
+- empty upload chunks do not keep an upload alive past the idle timeout.
 """
 import hashlib
 import os
@@ -135,6 +136,52 @@ class ParkedReadersTest(Base):
             s.cancel()
         self.assertGreaterEqual(self.counter(
             self.metrics(), 'sluice_rpc_refused_total{limit="max_job_streams"}'), 1)
+
+
+class EmptyChunkTest(Base):
+    """Empty chunks reset the idle timer, so a rank could be held 'in progress' forever."""
+    ARGS = ["--idle-timeout", "1"]
+
+    def drip(self, first, empty, stop):
+        for m in first:
+            yield m
+        while not stop.wait(0.2):
+            yield empty
+
+    def test_empty_chunks_do_not_keep_an_upload_alive(self):
+        self.unary("/sluice.v1.Checkpoints/Begin",
+                   ck.BeginRequest(job="j", name="c", step=1, world_size=1))
+        stop = threading.Event()
+        t0 = time.monotonic()
+        try:
+            f = self.client_stream_future("/sluice.v1.Checkpoints/UploadShard", self.drip(
+                [header("j", "c", 0, 2 * MiB), ck.UploadShardRequest(chunk=b"x" * 1000)],
+                ck.UploadShardRequest(chunk=b""), stop))
+            done = finished_within(f, 8)
+            took = time.monotonic() - t0
+            self.assertTrue(done, "an upload sending empty chunks still open after 8 s "
+                            "(--idle-timeout 1)")
+        finally:
+            stop.set()
+        self.assertEqual(f.code(), C.DEADLINE_EXCEEDED, f.details())
+        self.assertIn("no progress for 1 s", f.details())
+        print("\nempty chunks every 0.2 s: ended after %.1f s" % took)
+        self.assertLess(took, 4.0)
+
+    def test_empty_lengths_do_not_keep_an_upload_alive(self):
+        self.unary("/sluice.v1.Datasets/Create", fd.CreateDatasetRequest(name="ds", samples=1000))
+        stop = threading.Event()
+        try:
+            f = self.client_stream_future("/sluice.v1.Datasets/UploadLengths", self.drip(
+                [fd.UploadLengthsRequest(name="ds", lengths=[3] * 100)],
+                fd.UploadLengthsRequest(name="ds"), stop))
+            done = finished_within(f, 8)
+            self.assertTrue(done, "a lengths upload sending empty messages still open after 8 s "
+                            "(--idle-timeout 1)")
+        finally:
+            stop.set()
+        self.assertEqual(f.code(), C.DEADLINE_EXCEEDED, f.details())
+        self.assertIn("no progress for 1 s", f.details())
 
 
 if __name__ == "__main__":

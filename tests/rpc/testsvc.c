@@ -289,6 +289,8 @@ static void digest_message(sl_rpc_call *call, const ProtobufCMessage *msg, void 
             sl_rpc_call_take_bytes(call))
             d->mismatches++;
         if (d->bytes) {
+            /* Data is progress (with handler_progress, labels and empty data are not). */
+            sl_rpc_call_progress(call);
             d->messages++;
             sl_rpc_call_ref(call);
             uv_queue_work(&s->loop, &d->work, digest_work, digest_after);
@@ -312,18 +314,20 @@ static void stats_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
 /* Access levels of the test service: 0 writer, 1 public, 2 reader. */
 static const sl_rpc_method methods[] = {
     {"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
-     &sluice__test__echo_response__descriptor, 2, echo_start, NULL, NULL, echo_cancel, 0, NULL, 0},
+     &sluice__test__echo_response__descriptor, 2, echo_start, NULL, NULL, echo_cancel, 0, NULL, 0,
+     0},
     {"Count", SL_RPC_SERVER_STREAM, &sluice__test__count_request__descriptor,
-     &sluice__test__count_response__descriptor, 0, count_start, NULL, count_pump, NULL, 0, NULL, 0},
+     &sluice__test__count_response__descriptor, 0, count_start, NULL, count_pump, NULL, 0, NULL, 0,
+     0},
     {"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__num__descriptor,
-     &sluice__test__sum_response__descriptor, 0, sum_start, sum_message, NULL, NULL, 0, NULL, 0},
+     &sluice__test__sum_response__descriptor, 0, sum_start, sum_message, NULL, NULL, 0, NULL, 0, 0},
     {"Chat", SL_RPC_BIDI_STREAM, &sluice__test__num__descriptor, &sluice__test__num__descriptor, 0,
-     chat_start, chat_message, chat_writable, NULL, 0, chat_bad_message, 0},
+     chat_start, chat_message, chat_writable, NULL, 0, chat_bad_message, 0, 0},
     {"Stats", SL_RPC_UNARY, &sluice__test__stats_request__descriptor,
-     &sluice__test__stats_response__descriptor, 1, stats_start, NULL, NULL, NULL, 0, NULL, 0},
+     &sluice__test__stats_response__descriptor, 1, stats_start, NULL, NULL, NULL, 0, NULL, 0, 0},
     {"Digest", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
      &sluice__test__digest_response__descriptor, 0, digest_start, digest_message, NULL, NULL,
-     SLUICE__TEST__PIECE__KIND_DATA, NULL, 0},
+     SLUICE__TEST__PIECE__KIND_DATA, NULL, 0, 0},
 };
 
 static int authorize(const char *method, unsigned access, const char *token, char *msg, size_t len,
@@ -394,6 +398,7 @@ static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, in
         opts.idle_timeout_ms = limits->idle_timeout_ms;
         s->claim_keys = limits->max_key_calls > 0;
         s->methods[1].send_budget = SL_TESTSRV_COUNT_BUDGET;
+        s->methods[5].handler_progress = 1;
     }
     err = sl_rpc_server_new(&s->srv, &s->loop, &opts, svcs, 1);
     if (err) {

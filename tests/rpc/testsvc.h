@@ -19,7 +19,8 @@ int sl_testsrv_start_auth(sl_testsrv **out);
 
 /* As sl_testsrv_start, with the max_calls, max_key_calls and idle_timeout_ms of `limits`; with
  * max_key_calls set, Echo claims its text as the key (sl_rpc_call_claim). Count has a
- * send_budget of SL_TESTSRV_COUNT_BUDGET bytes there. */
+ * send_budget of SL_TESTSRV_COUNT_BUDGET bytes there, and Digest handler_progress (a piece
+ * with data is progress, a label or empty data is not). */
 #define SL_TESTSRV_COUNT_BUDGET (64u << 10)
 int sl_testsrv_start_limits(sl_testsrv **out, const sl_rpc_server_opts *limits);
 
