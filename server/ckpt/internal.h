@@ -34,6 +34,11 @@ _Static_assert(UP_RING >= UP_INFLIGHT, "the chunk ring must hold every chunk in 
 #define SWEEP_PERIOD_MS 60000
 #define CKPT_MSG_MAX    512 /* room for any message of validate.h */
 
+/* Disk space is reserved (fallocate) this far ahead of an upload's written bytes, in steps as
+ * the data arrives, never the whole announced size at once; a stopped upload gives back what
+ * it reserved beyond its written bytes. */
+#define UP_RESERVE (64u << 20)
+
 typedef struct upload upload;
 
 /* A checkpoint with a commit in progress: uploads, aborts and other commits wait for it. */
@@ -81,7 +86,8 @@ typedef enum up_state {
     UP_ABORTING,   /* the checkpoint was aborted during FINALIZING: the new shard file is removed
                     * when the lane returns, and the call fails */
     UP_STOPPING,   /* ended, the partial file kept for a resume; lane jobs still running return
-                    * first */
+                    * first, then the write lane gives back the space reserved beyond the written
+                    * bytes */
     UP_FAILING,    /* failed, the partial file removed; lane jobs still running return first, and
                     * only then is the failure answered, so that a client retrying at once does
                     * not find its own upload still in progress */
@@ -118,6 +124,10 @@ struct upload {
     uint64_t written;         /* data bytes written by the write lane (its thread) */
     uint64_t acked;           /* `written` as of the last write job, for the loop thread */
     uint64_t flushed;         /* data bytes whose writeback was started (sync_file_range) */
+    uint64_t reserved;        /* data bytes reserved on disk (write lane): `written` and at most
+                               * UP_RESERVE more */
+    int no_reserve;           /* the file system cannot reserve (no fallocate) */
+    int released;             /* STOPPING: the reservation beyond `written` was given back */
     uint64_t t_header, t_eof; /* loop time (ms) of the header and of the end of the stream */
     uint64_t resume_from;
     char client_sha[SL_SHARD_HEX_LEN + 1];
@@ -197,6 +207,11 @@ void ckpt_up_open_work(uv_work_t *w);
 void ckpt_up_write_work(uv_work_t *w);
 void ckpt_up_hash_work(uv_work_t *w);
 void ckpt_up_final_work(uv_work_t *w);
+/* Give back the space reserved beyond the written bytes (the file keeps them for a resume).
+ * Blocking: the write lane of a STOPPING upload (ckpt_up_release_work), or the loop when the
+ * call is freed without one. */
+void ckpt_up_release(upload *up);
+void ckpt_up_release_work(uv_work_t *w);
 
 /* ---- query.c ---- */
 

@@ -3,6 +3,8 @@ and real grpcio clients play the attacks that found them.
 
 - never-read index streams with max_chunk 65536 hold the daemon at its per-stream byte budget;
 - readers parked on the next epoch up to the job's feed budget leave its uploads alone;
+- an upload header announcing a huge size reserves a window of disk, not the whole size, and the
+  reservation goes when the upload is cancelled or idle (the partial file stays resumable);
 - empty upload chunks do not keep an upload alive past the idle timeout.
 """
 import hashlib
@@ -136,6 +138,86 @@ class ParkedReadersTest(Base):
             s.cancel()
         self.assertGreaterEqual(self.counter(
             self.metrics(), 'sluice_rpc_refused_total{limit="max_job_streams"}'), 1)
+
+
+class ReserveTest(Base):
+    """A header announcing the free space minus 64 KiB, then nothing, reserved the disk for the
+    upload timeout (1 h); other jobs' uploads and Begin failed with no space."""
+    ARGS = ["--idle-timeout", "1"]
+
+    def blocked(self, first, release):
+        for m in first:
+            yield m
+        release.wait(120)
+
+    def part(self, job, name, rank):
+        return os.path.join(self.d.data_dir, "checkpoints", job,
+                            ".%s_shard_%d.shard.part" % (name, rank))
+
+    def allocated(self, path):
+        return os.stat(path).st_blocks * 512
+
+    def status(self, job, name, rank):
+        return ck.UploadStatusResponse.FromString(self.unary(
+            "/sluice.v1.Checkpoints/UploadStatus",
+            ck.UploadStatusRequest(job=job, checkpoint=name, rank=rank)))
+
+    def test_huge_announcement_reserves_a_window_released_on_cancel(self):
+        self.unary("/sluice.v1.Checkpoints/Begin",
+                   ck.BeginRequest(job="j", name="c", step=1, world_size=1))
+        huge = 2 << 30
+        release = threading.Event()
+        part = self.part("j", "c", 0)
+        try:
+            f = self.client_stream_future("/sluice.v1.Checkpoints/UploadShard", self.blocked(
+                [header("j", "c", 0, huge)], release))
+            wait_for(lambda: os.path.exists(part) and self.status("j", "c", 0).in_progress,
+                     "the partial file")
+            time.sleep(0.2)
+            held = self.allocated(part)
+            print("\nheader announcing %d GiB: %.1f MiB reserved" % (huge >> 30, held / MiB))
+            self.assertLessEqual(held, RESERVE_WINDOW + SLACK, "space reserved ahead")
+            f.cancel()
+        finally:
+            release.set()
+        wait_for(lambda: not self.status("j", "c", 0).in_progress, "the upload to stop")
+        wait_for(lambda: self.allocated(part) <= SLACK, "the reservation to be released")
+        print("cancelled: %.1f MiB allocated" % (self.allocated(part) / MiB))
+
+    def test_reservation_grows_is_released_when_idle_and_resumes(self):
+        self.unary("/sluice.v1.Checkpoints/Begin",
+                   ck.BeginRequest(job="j", name="c", step=1, world_size=1))
+        data = data_of(160 * MiB)
+        half = 80 * MiB
+        release = threading.Event()
+        part = self.part("j", "c", 0)
+        try:
+            f = self.client_stream_future("/sluice.v1.Checkpoints/UploadShard", self.blocked(
+                [header("j", "c", 0, len(data))] + list(chunks(data[:half], 4 * MiB)), release))
+            wait_for(lambda: os.path.exists(part) and os.stat(part).st_size >= HEADER + half,
+                     "the first 80 MiB written")
+            held = self.allocated(part)
+            print("\n80 of 160 MiB written: %.1f MiB allocated" % (held / MiB))
+            self.assertLessEqual(held, half + RESERVE_WINDOW + SLACK, "space reserved ahead")
+            self.assertGreaterEqual(held, half)
+            # The idle timeout ends the upload; what is beyond the written bytes is released.
+            with self.assertRaises(grpc.RpcError) as e:
+                f.result(timeout=60)
+            self.assertEqual(e.exception.code(), C.DEADLINE_EXCEEDED, e.exception.details())
+        finally:
+            release.set()
+        wait_for(lambda: not self.status("j", "c", 0).in_progress, "the upload to stop")
+        wait_for(lambda: self.allocated(part) <= half + SLACK, "the reservation to be released")
+        print("ended as idle: %.1f MiB allocated" % (self.allocated(part) / MiB))
+        st = self.status("j", "c", 0)
+        self.assertEqual(st.held_bytes, half)
+        got = ck.UploadShardResponse.FromString(self.client_stream_future(
+            "/sluice.v1.Checkpoints/UploadShard", iter(
+                [header("j", "c", 0, len(data), offset=half,
+                        sha=hashlib.sha256(data).hexdigest())] +
+                list(chunks(data[half:], 4 * MiB)))).result(timeout=120))
+        self.assertEqual(got.data_size, len(data))
+        self.unary("/sluice.v1.Checkpoints/Commit", ck.CheckpointRef(job="j", name="c"))
 
 
 class EmptyChunkTest(Base):
