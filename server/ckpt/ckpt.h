@@ -29,7 +29,10 @@ typedef struct sl_ckpt_opts {
      * still this file the sweeps run; once it is not (the data dir was removed or replaced under
      * the daemon), they stop for good, since the files there are no longer this catalog's. */
     int lock_fd;
-    struct sl_metrics *metrics; /* sluice_verify_verdicts_total; NULL: not counted */
+    /* Deep-verify shard hash jobs on the worker pool at once, all Verify calls together, so
+     * that uploads always find workers; more wait their turn. 0 means 2. */
+    int max_deep_verifies;
+    struct sl_metrics *metrics; /* sluice_verify_*; NULL: not counted */
 } sl_ckpt_opts;
 
 /* Create the service: makes <data_dir>/checkpoints, removes temp files left by a previous run

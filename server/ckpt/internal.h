@@ -38,8 +38,12 @@ _Static_assert(UP_RING >= UP_INFLIGHT, "the chunk ring must hold every chunk in 
  * the data arrives, never the whole announced size at once; a stopped upload gives back what
  * it reserved beyond its written bytes. */
 #define UP_RESERVE (64u << 20)
+/* Deep Verify calls in progress at once (hashing or waiting for a hash slot); one more is
+ * refused with RESOURCE_EXHAUSTED. */
+#define DEEP_CALLS_MAX 64
 
 typedef struct upload upload;
+typedef struct verify verify;
 
 /* A checkpoint with a commit in progress: uploads, aborts and other commits wait for it. */
 typedef struct ckpt_mark {
@@ -58,6 +62,12 @@ struct sl_ckpt_svc {
     uint64_t mem_held; /* bytes of upload chunks in memory, all uploads */
     int mem_blocked;   /* an upload did not ask for its next chunk because of the budget */
     ckpt_mark *committing;
+    /* Deep verifies (verify.c): shard hash jobs on the worker pool now (at most
+     * opts.max_deep_verifies), the calls in progress, and those waiting for a slot, served in
+     * turn one shard at a time. */
+    int deep_running;
+    int deep_calls;
+    verify *deep_head, *deep_tail;
     uv_timer_t sweep;
     int dir_lost; /* the data dir was replaced under the daemon: sweeps stopped */
 };
@@ -231,6 +241,7 @@ void ckpt_set_retention(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
 /* ---- verify.c, download.c ---- */
 
 void ckpt_verify(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_verify_cancel(sl_rpc_call *call, void *arg); /* on_cancel: the hashing stops */
 void ckpt_download(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
 void ckpt_download_pump(sl_rpc_call *call, void *arg); /* on_writable */
 

@@ -3,6 +3,7 @@ and real grpcio clients play the attacks that found them.
 
 - never-read index streams with max_chunk 65536 hold the daemon at its per-stream byte budget;
 - readers parked on the next epoch up to the job's feed budget leave its uploads alone;
+- deep verifies cancelled at once stop hashing, and a trainer's upload + commit stays fast;
 - an upload header announcing a huge size reserves a window of disk, not the whole size, and the
   reservation goes when the upload is cancelled or idle (the partial file stays resumable);
 - empty upload chunks do not keep an upload alive past the idle timeout.
@@ -138,6 +139,63 @@ class ParkedReadersTest(Base):
             s.cancel()
         self.assertGreaterEqual(self.counter(
             self.metrics(), 'sluice_rpc_refused_total{limit="max_job_streams"}'), 1)
+
+
+class DeepVerifyTest(Base):
+    """300 deep Verify calls cancelled after 50 ms kept hashing on the shared worker pool and
+    stretched a trainer's upload + commit from 0.00 s to 25 s."""
+    ARGS = ["--metrics-listen", "127.0.0.1:0"]
+    RANKS = 4
+    SHARD = 32 * MiB
+    CALLS = 300
+
+    def upload_commit(self, job, name, data):
+        t0 = time.monotonic()
+        self.unary("/sluice.v1.Checkpoints/Begin",
+                   ck.BeginRequest(job=job, name=name, step=1, world_size=1))
+        self.client_stream_future("/sluice.v1.Checkpoints/UploadShard", iter(
+            [header(job, name, 0, len(data))] + list(chunks(data)))).result(timeout=120)
+        self.unary("/sluice.v1.Checkpoints/Commit", ck.CheckpointRef(job=job, name=name),
+                   timeout=120)
+        return time.monotonic() - t0
+
+    def test_cancelled_deep_verifies_stop(self):
+        self.unary("/sluice.v1.Checkpoints/Begin",
+                   ck.BeginRequest(job="big", name="c", step=1, world_size=self.RANKS))
+        for r in range(self.RANKS):
+            d = data_of(self.SHARD, b"rank-%d" % r)
+            self.client_stream_future("/sluice.v1.Checkpoints/UploadShard", iter(
+                [header("big", "c", r, len(d))] + list(chunks(d, 4 * MiB)))).result(timeout=120)
+        self.unary("/sluice.v1.Checkpoints/Commit", ck.CheckpointRef(job="big", name="c"))
+        small = data_of(MiB, b"trainer")
+        quiet = self.upload_commit("t", "c0", small)
+        # The attack: deep verifies of 4 x 32 MiB, each cancelled by its 50 ms deadline.
+        verify = self.ch.unary_unary("/sluice.v1.Checkpoints/Verify",
+                                     request_serializer=ck.VerifyRequest.SerializeToString,
+                                     response_deserializer=ck.VerifyResponse.FromString)
+        req = ck.VerifyRequest(job="big", name="c", mode=ck.DEEP)
+        calls = [verify.future(req, timeout=0.05) for _ in range(self.CALLS)]
+        codes = {}
+        for f in calls:
+            try:
+                f.result()
+                codes["OK"] = codes.get("OK", 0) + 1
+            except grpc.RpcError as e:
+                codes[e.code().name] = codes.get(e.code().name, 0) + 1
+        loaded = self.upload_commit("t", "c1", small)
+        print("\ndeep verifies %s; upload + commit of 1 MiB: %.2f s quiet, %.2f s after %d "
+              "cancelled deep verifies" % (codes, quiet, loaded, self.CALLS))
+        self.assertLess(loaded, 3.0, "upload + commit while cancelled deep verifies hash")
+        # The hashing workers stop soon after.
+        text = self.metrics()
+        self.assertIn("sluice_verify_hash_jobs ", text)
+        wait_for(lambda: self.counter(self.metrics(), "sluice_verify_hash_jobs") == 0,
+                 "deep-verify hash jobs back to 0", timeout=5)
+        # A deep verify left alone still works.
+        v = ck.VerifyResponse.FromString(self.unary(
+            "/sluice.v1.Checkpoints/Verify", ck.VerifyRequest(job="big", name="c",
+                                                              mode=ck.DEEP), timeout=120))
+        self.assertTrue(v.ok, str(v))
 
 
 class ReserveTest(Base):
