@@ -21,6 +21,10 @@ from sluice.v1 import feed_pb2 as fd
 from test_limits import Base, wait_for
 
 C = grpc.StatusCode
+# In an ASan build freed memory stays in the allocator's quarantine and every allocation carries
+# redzones: RSS there measures the sanitizer, not the budget (rpc_test send_budget checks the
+# budget's logic in that build).
+SANITIZED = os.environ.get("SLUICE_SANITIZE", "") != ""
 KiB = 1 << 10
 MiB = 1 << 20
 HEADER = 88
@@ -93,7 +97,8 @@ class StreamMemoryTest(Base):
         per = (last - base) / len(held)
         print("\n%d never-read streams (max_chunk 65536): VmRSS %.1f -> %.1f MiB, %.0f KiB per "
               "stream" % (len(held), base / MiB, last / MiB, per / KiB))
-        self.assertLess(per, STREAM_BUDGET, "daemon RSS per never-read stream")
+        if not SANITIZED:
+            self.assertLess(per, STREAM_BUDGET, "daemon RSS per never-read stream")
         # Every stream still serves its reader.
         for s in (warm + held)[:8]:
             self.assertEqual(fd.IndexChunk.FromString(next(s)).epoch, 0)
