@@ -67,8 +67,13 @@ static const setting settings[] = {
      "                     health checks have a reserve; 0 = unlimited (default 16384)"},
     {"max-job-streams", "SLUICE_MAX_JOB_STREAMS", K_INT, offsetof(sl_config, max_job_streams), 0, 0,
      1000000, 0,
-     "N index/batch streams, shard uploads and downloads open at once per\n"
-     "                     job; 0 = unlimited (default 8192)"},
+     "N streams open at once per job and kind (index/batch streams, shard\n"
+     "                     uploads, shard downloads: each kind its own N); 0 = unlimited\n"
+     "                     (default 8192)"},
+    {"max-deep-verifies", "SLUICE_MAX_DEEP_VERIFIES", K_INT, offsetof(sl_config, max_deep_verifies),
+     0, 1, 64, 0,
+     "N shards hashed at once by deep verifications, all calls together, so\n"
+     "                     uploads keep workers (libuv's pool has 4); more wait (default 2)"},
     {"idle-timeout", "SLUICE_IDLE_TIMEOUT", K_SECONDS, offsetof(sl_config, idle_timeout_ms), 0, 0,
      86400, 0,
      "S   end a stream that waits S seconds for its client (an upload that\n"
@@ -340,6 +345,7 @@ static void set_defaults(sl_config *cfg)
     cfg->upload_memory = 1ULL << 30;
     cfg->max_calls = 16384;
     cfg->max_job_streams = 8192;
+    cfg->max_deep_verifies = 2;
     cfg->idle_timeout_ms = 300 * 1000;
     cfg->max_peer_calls = 4096;
     cfg->max_connection_idle_ms = 300 * 1000;

@@ -28,7 +28,8 @@ typedef struct sl_config {
     char tls_client_ca[PATH_MAX]; /* tls-client-ca, "" = no client certificates (no mTLS) */
     char token_file[PATH_MAX];    /* token-file, "" = no authentication */
     int max_calls;                /* max-calls: concurrent calls, 4096, 0 = unlimited */
-    int max_job_streams;          /* max-job-streams: concurrent streams per job, 1024, 0 = off */
+    int max_job_streams;          /* max-job-streams: concurrent streams per job and kind, 8192 */
+    int max_deep_verifies;        /* max-deep-verifies: deep-verify hash jobs at once, 2 */
     uint64_t idle_timeout_ms;     /* idle-timeout (seconds): stalled stream ended, 300 s, 0 = off */
     int max_peer_calls;           /* max-peer-calls: concurrent calls per client address, 4096 */
     uint64_t max_connection_idle_ms; /* max-connection-idle (seconds): 300 s, 0 = never */

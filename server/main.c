@@ -169,6 +169,7 @@ static int open_ckpt(sl_daemon *d)
         .upload_timeout_ms = d->cfg.upload_timeout_ms,
         .upload_memory = d->cfg.upload_memory,
         .lock_fd = d->lock_fd,
+        .max_deep_verifies = d->cfg.max_deep_verifies,
         .metrics = d->ops.metrics,
         .feed = d->feed,
         .quarantine = d->quar,

@@ -267,7 +267,7 @@ static const struct {
     {"sluice_rpc_active_streams", SL_METRIC_GAUGE, "Streaming calls in progress."},
     {"sluice_rpc_refused_total", SL_METRIC_COUNTER,
      "Calls refused with RESOURCE_EXHAUSTED by a limit (max_calls, max_job_streams, "
-     "max_peer_calls, max_pending, health)."},
+     "max_peer_calls, max_pending, health, deep_verifies)."},
     {"sluice_rpc_dropped_total", SL_METRIC_COUNTER,
      "Calls the RPC layer ended before any handler saw them, by reason: reset (the client reset "
      "it before its request), no_request (ended without one), blocked_address (from an address "
@@ -295,6 +295,8 @@ static const struct {
      "Checkpoints in the catalog by state (refreshed every 5 s)."},
     {"sluice_verify_verdicts_total", SL_METRIC_COUNTER,
      "Checkpoint verification verdicts per shard and metadata file, by mode."},
+    {"sluice_verify_hash_jobs", SL_METRIC_GAUGE,
+     "Shards being hashed by deep verifications on the worker pool (at most max-deep-verifies)."},
     {"sluice_catalog_errors_total", SL_METRIC_COUNTER, "Catalog (SQLite) statements that failed."},
     {"sluice_catalog_lost", SL_METRIC_GAUGE,
      "1 once the catalog file was found removed or replaced while the daemon ran (writes are "

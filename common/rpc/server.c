@@ -112,6 +112,9 @@ struct sl_rpc_call {
     atomic_int refs;
     unsigned send_busy : 1, recv_busy : 1, finished : 1, done : 1, status_pending : 1, sent_md : 1,
         has_details : 1;
+    /* Methods with handler_progress: the last message delivered has not been called progress
+     * (sl_rpc_call_progress), so reading the next one does not restart the idle clock. */
+    unsigned msg_stale : 1;
     int close_cancelled;
     tag tag_send, tag_recv, tag_close, tag_writable, tag_start;
 
@@ -122,7 +125,10 @@ struct sl_rpc_call {
     pthread_mutex_t mu;
     grpc_byte_buffer *send_buf; /* the message in flight */
     grpc_byte_buffer *sq[SEND_WINDOW];
+    size_t sq_size[SEND_WINDOW]; /* their sizes: the core empties a buffer it sends */
     size_t sq_head, sq_len;
+    size_t send_size; /* of send_buf */
+    size_t sq_bytes;  /* of the queued messages and the one in flight */
     int writable_posted;
     int status_sent; /* the batch in flight carries the final status */
     grpc_byte_buffer *recv_buf;
@@ -130,6 +136,7 @@ struct sl_rpc_call {
     grpc_slice status_details;
     void *data;
     void (*data_free)(void *);
+    size_t send_last;          /* loop: size of the last message sl_rpc_call_send queued */
     ProtobufCMessage *cur_msg; /* the message being delivered, unless the handler took it */
     sl_rpc_bytes *cur_bytes;   /* its bytes_field, unless the handler took them */
     uint64_t bytes_in, bytes_out;
@@ -317,6 +324,7 @@ static void *cq_thread(void *arg)
 
 static void maybe_finish_shutdown(sl_rpc_server *srv);
 static void drain_queue(sl_rpc_call *c);
+static void send_buf_free(sl_rpc_call *c);
 
 /* Free what every call has, whichever thread frees it, and count it gone. The last call freed
  * during shutdown lets the loop finish it (directly, or through a kick from another thread). */
@@ -366,8 +374,7 @@ static void call_free(sl_rpc_call *c)
     if (c->data_free)
         c->data_free(c->data);
     pthread_mutex_lock(&c->mu);
-    if (c->send_buf)
-        grpc_byte_buffer_destroy(c->send_buf);
+    send_buf_free(c);
     drain_queue(c);
     pthread_mutex_unlock(&c->mu);
     if (c->has_details)
@@ -400,9 +407,10 @@ void sl_rpc_call_unref(sl_rpc_call *call)
 }
 
 /* Start a batch on the call's send path: initial metadata if not yet sent, then the message
- * (may be NULL), then the status (if with_status). Takes ownership of bb. Loop thread, with c->mu
- * held; the batch's completion owns the reference it takes. */
-static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int with_status)
+ * (may be NULL; `len` bytes, already counted in sq_bytes), then the status (if with_status).
+ * Takes ownership of bb. Loop thread, with c->mu held; the batch's completion owns the reference
+ * it takes. */
+static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, size_t len, int with_status)
 {
     grpc_op ops[3];
     size_t n = 0;
@@ -428,6 +436,7 @@ static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int with_status)
         n++;
     }
     c->send_buf = bb;
+    c->send_size = len;
     c->send_busy = 1;
     c->status_sent = with_status;
     atomic_fetch_add(&c->refs, 1);
@@ -435,15 +444,23 @@ static int start_send(sl_rpc_call *c, grpc_byte_buffer *bb, int with_status)
     if (e != GRPC_CALL_OK) {
         sl_log_warn("rpc_start_batch_failed", "method=%s error=%d", c->path, (int)e);
         c->send_busy = 0;
-        c->send_buf = NULL;
         c->status_sent = 0;
-        if (bb)
-            grpc_byte_buffer_destroy(bb);
+        send_buf_free(c);
         atomic_fetch_sub(&c->refs, 1);
         return SL_ERPC;
     }
     c->sent_md = 1;
     return 0;
+}
+
+/* The message in flight is gone (sent or dropped): it no longer counts. With c->mu held. */
+static void send_buf_free(sl_rpc_call *c)
+{
+    if (c->send_buf)
+        grpc_byte_buffer_destroy(c->send_buf);
+    c->send_buf = NULL;
+    c->sq_bytes -= c->send_size;
+    c->send_size = 0;
 }
 
 /* Continue a send chain with the next queued message. Any thread, with c->mu held. The write
@@ -454,13 +471,11 @@ static int chain_next(sl_rpc_call *c)
     grpc_byte_buffer *bb;
     grpc_op op;
 
-    if (c->send_buf) {
-        grpc_byte_buffer_destroy(c->send_buf);
-        c->send_buf = NULL;
-    }
+    send_buf_free(c);
     if (c->sq_len == 0)
         return 0;
     bb = c->sq[c->sq_head];
+    c->send_size = c->sq_size[c->sq_head];
     c->sq_head = (c->sq_head + 1) % SEND_WINDOW;
     c->sq_len--;
     memset(&op, 0, sizeof(op));
@@ -476,8 +491,7 @@ static int chain_next(sl_rpc_call *c)
         push_event(c->srv, &c->tag_writable, 1);
     }
     if (grpc_call_start_batch(c->call, &op, 1, &c->tag_send, NULL) != GRPC_CALL_OK) {
-        c->send_buf = NULL;
-        grpc_byte_buffer_destroy(bb);
+        send_buf_free(c);
         return 0;
     }
     return 1;
@@ -487,6 +501,7 @@ static int chain_next(sl_rpc_call *c)
 static void drain_queue(sl_rpc_call *c)
 {
     while (c->sq_len > 0) {
+        c->sq_bytes -= c->sq_size[c->sq_head];
         grpc_byte_buffer_destroy(c->sq[c->sq_head]);
         c->sq_head = (c->sq_head + 1) % SEND_WINDOW;
         c->sq_len--;
@@ -518,7 +533,7 @@ static int call_finish_msg(sl_rpc_call *c, sl_rpc_code code, const char *msg)
         return 0;
     }
     pthread_mutex_lock(&c->mu);
-    err = start_send(c, NULL, 1);
+    err = start_send(c, NULL, 0, 1);
     pthread_mutex_unlock(&c->mu);
     return err;
 }
@@ -568,19 +583,35 @@ static grpc_byte_buffer *pack_limited(sl_rpc_call *c, const ProtobufCMessage *ms
 int sl_rpc_call_send_room(const sl_rpc_call *call)
 {
     sl_rpc_call *c = (sl_rpc_call *)call;
-    size_t used;
+    size_t budget = c->reg->m->send_budget;
+    size_t used, bytes;
 
     if (c->done || c->finished)
         return 0;
     pthread_mutex_lock(&c->mu);
     used = c->sq_len;
+    bytes = c->sq_bytes;
     pthread_mutex_unlock(&c->mu);
+    if (budget && bytes > 0 && bytes + c->send_last > budget)
+        return 0;
     return (int)(SEND_WINDOW - used);
+}
+
+size_t sl_rpc_call_send_bytes(const sl_rpc_call *call)
+{
+    sl_rpc_call *c = (sl_rpc_call *)call;
+    size_t bytes;
+
+    pthread_mutex_lock(&c->mu);
+    bytes = c->sq_bytes;
+    pthread_mutex_unlock(&c->mu);
+    return bytes;
 }
 
 int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg)
 {
     grpc_byte_buffer *bb;
+    size_t len;
     int err;
 
     if (call->done)
@@ -590,23 +621,30 @@ int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg)
     bb = pack_limited(call, msg, &err);
     if (!bb)
         return err;
+    len = grpc_byte_buffer_length(bb);
     pthread_mutex_lock(&call->mu);
     if (!call->send_busy) {
-        err = start_send(call, bb, 0);
+        call->sq_bytes += len;
+        err = start_send(call, bb, len, 0);
     } else if (call->sq_len == SEND_WINDOW) {
         grpc_byte_buffer_destroy(bb);
         err = SL_ELIMIT;
     } else {
+        call->sq_bytes += len;
         call->sq[(call->sq_head + call->sq_len) % SEND_WINDOW] = bb;
+        call->sq_size[(call->sq_head + call->sq_len) % SEND_WINDOW] = len;
         call->sq_len++;
     }
     pthread_mutex_unlock(&call->mu);
+    if (!err)
+        call->send_last = len;
     return err;
 }
 
 int sl_rpc_call_reply(sl_rpc_call *call, const ProtobufCMessage *msg)
 {
     grpc_byte_buffer *bb;
+    size_t len;
     int err;
 
     if (call->done)
@@ -620,7 +658,9 @@ int sl_rpc_call_reply(sl_rpc_call *call, const ProtobufCMessage *msg)
                                                 : "out of memory");
     set_status(call, SL_RPC_OK, NULL);
     pthread_mutex_lock(&call->mu);
-    err = start_send(call, bb, 1);
+    len = grpc_byte_buffer_length(bb);
+    call->sq_bytes += len;
+    err = start_send(call, bb, len, 1);
     pthread_mutex_unlock(&call->mu);
     return err;
 }
@@ -642,7 +682,8 @@ int sl_rpc_call_read(sl_rpc_call *call)
         call->recv_buf = call->first;
         call->first = NULL;
         call->recv_busy = 1;
-        atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
+        if (!call->msg_stale)
+            atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
         atomic_fetch_add(&call->refs, 1);
         push_event(call->srv, &call->tag_recv, 1);
         return 0;
@@ -651,7 +692,8 @@ int sl_rpc_call_read(sl_rpc_call *call)
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &call->recv_buf;
     call->recv_busy = 1;
-    atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
+    if (!call->msg_stale)
+        atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
     atomic_fetch_add(&call->refs, 1);
     e = grpc_call_start_batch(call->call, &op, 1, &call->tag_recv, NULL);
     if (e != GRPC_CALL_OK) {
@@ -736,10 +778,7 @@ static void on_send_done(sl_rpc_call *c, int ok)
         more = chain_next(c);
     } else {
         more = 0;
-        if (c->send_buf) {
-            grpc_byte_buffer_destroy(c->send_buf);
-            c->send_buf = NULL;
-        }
+        send_buf_free(c);
         drain_queue(c);
     }
     pthread_mutex_unlock(&c->mu);
@@ -750,7 +789,7 @@ static void on_send_done(sl_rpc_call *c, int ok)
         c->status_pending = 0;
         if (ok && !c->done) {
             pthread_mutex_lock(&c->mu);
-            start_send(c, NULL, 1);
+            start_send(c, NULL, 0, 1);
             pthread_mutex_unlock(&c->mu);
         }
     } else if (ok && !c->finished && !c->done && c->reg && c->reg->m->on_writable) {
@@ -777,7 +816,10 @@ static void on_recv_done(sl_rpc_call *c, int ok)
 
     c->recv_buf = NULL;
     c->recv_busy = 0;
-    atomic_fetch_add_explicit(&c->progress, 1, memory_order_relaxed);
+    if (m->handler_progress)
+        c->msg_stale = 1;
+    else
+        atomic_fetch_add_explicit(&c->progress, 1, memory_order_relaxed);
     if (!ok || c->finished || c->done) {
         if (bb)
             grpc_byte_buffer_destroy(bb);
@@ -1246,26 +1288,43 @@ static int admit(sl_rpc_call *c)
     return 0;
 }
 
-int sl_rpc_call_claim(sl_rpc_call *call, const char *key, const char *what)
+int sl_rpc_call_claim(sl_rpc_call *call, const char *kind, const char *key, const char *what)
 {
     sl_rpc_server *srv = call->srv;
+    size_t len = strlen(kind) + strlen(key) + 2;
+    char *name;
     int err;
 
     if (call->key || call->finished || call->done)
         return SL_ESTATE;
-    err = sl_rpc_keys_acquire(&srv->keys, &call->key, key, (size_t)srv->opts.max_key_calls);
+    /* One count per kind: "upload:j" and "feed:j" never meet (a kind has no ':'). */
+    name = malloc(len);
+    if (!name) {
+        sl_rpc_call_finish(call, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return -ENOMEM;
+    }
+    snprintf(name, len, "%s:%s", kind, key);
+    err = sl_rpc_keys_acquire(&srv->keys, &call->key, name, (size_t)srv->opts.max_key_calls);
+    free(name);
     if (err == SL_ELIMIT) {
         call->end = SL_RPC_END_MAX_KEY;
         sl_log_limited(SL_LOG_WARN, 1000, "rpc_limit",
-                       "limit=max_key_calls value=%d %s=%s method=%s peer=%s",
-                       srv->opts.max_key_calls, what, key, call->path, sl_rpc_call_peer(call));
+                       "limit=max_key_calls value=%d kind=%s %s=%s method=%s peer=%s",
+                       srv->opts.max_key_calls, kind, what, key, call->path,
+                       sl_rpc_call_peer(call));
         sl_rpc_call_finish(call, SL_RPC_RESOURCE_EXHAUSTED,
-                           "too many concurrent streams for %s '%s' (limit %d)", what, key,
+                           "too many concurrent %s streams for %s '%s' (limit %d)", kind, what, key,
                            srv->opts.max_key_calls);
     } else if (err) {
         sl_rpc_call_finish(call, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
     }
     return err;
+}
+
+void sl_rpc_call_progress(sl_rpc_call *call)
+{
+    call->msg_stale = 0;
+    atomic_fetch_add_explicit(&call->progress, 1, memory_order_relaxed);
 }
 
 /* End a call that waited for its client longer than the idle timeout. The core sends the status
@@ -1276,7 +1335,10 @@ static void end_idle(sl_rpc_call *c)
     char msg[160];
 
     c->end = SL_RPC_END_IDLE;
-    if (c->recv_busy)
+    if (c->recv_busy && c->msg_stale)
+        snprintf(msg, sizeof(msg), "no progress for %g s: messages without data do not count",
+                 secs);
+    else if (c->recv_busy)
         snprintf(msg, sizeof(msg), "no message for %g s", secs);
     else
         snprintf(msg, sizeof(msg), "no send progress for %g s: the client stopped reading", secs);

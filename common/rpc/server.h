@@ -78,6 +78,18 @@ typedef struct sl_rpc_method {
      * (so a client that retries at once does not find its old call's state still in place).
      * Without it the layer answers at once with the status of `err`. */
     void (*on_bad_message)(sl_rpc_call *call, int err, const char *why, void *svc_arg);
+    /* Optional, server-streaming and bidi methods: a budget in bytes for the call's response
+     * messages that are queued or in flight (not yet taken by the transport), so that a client
+     * that stops reading holds that much of the server's memory and no more.
+     * sl_rpc_call_send_room() answers 0 while one more message, estimated as large as the last
+     * one sent, would take them over the budget; an empty queue always takes a message, so a
+     * handler keeps its messages well under the budget. 0: counted in messages only. */
+    size_t send_budget;
+    /* Optional, client-streaming and bidi methods: 1 if a message arriving is not progress by
+     * itself for the idle timeout: the handler calls sl_rpc_call_progress() for the messages
+     * that moved the call forward (an upload's data), so a client that sends empty messages is
+     * ended as idle all the same. 0: every message is progress. */
+    int handler_progress;
 } sl_rpc_method;
 
 typedef struct sl_rpc_service {
@@ -211,11 +223,17 @@ size_t sl_rpc_server_live_streams(const sl_rpc_server *srv);
 
 /* ---- The call API for handlers. Loop thread only. ---- */
 
-/* Count the call under `key` (e.g. a job name) until it ends, unless max_key_calls calls already
- * are: then the call is finished with RESOURCE_EXHAUSTED "too many concurrent streams for <what>
- * '<key>' (limit N)" and SL_ELIMIT returned; the handler just returns. Returns 0, SL_ELIMIT,
- * SL_ESTATE if the call already claimed a key or was finished, -ENOMEM (the call is finished). */
-int sl_rpc_call_claim(sl_rpc_call *call, const char *key, const char *what);
+/* Count the call under (`kind`, `key`) (e.g. "upload" and a job name) until it ends, unless
+ * max_key_calls calls of that kind already are: then the call is finished with
+ * RESOURCE_EXHAUSTED "too many concurrent <kind> streams for <what> '<key>' (limit N)" and
+ * SL_ELIMIT returned; the handler just returns. Each kind has its own count, so calls of one kind
+ * cannot use up another's. `kind` is a word without ':'. Returns 0, SL_ELIMIT, SL_ESTATE if the
+ * call already claimed a key or was finished, -ENOMEM (the call is finished). */
+int sl_rpc_call_claim(sl_rpc_call *call, const char *kind, const char *key, const char *what);
+
+/* The call made progress for the idle timeout (methods with handler_progress: a message that
+ * moved it forward). */
+void sl_rpc_call_progress(sl_rpc_call *call);
 
 /* Take ownership of the message being delivered (only inside on_start or on_message), e.g. to
  * hand a large upload chunk to a worker without copying it. Returns it, or NULL outside those
@@ -243,11 +261,15 @@ int sl_rpc_call_read(sl_rpc_call *call);
  * on_writable follows when the queue has drained to half (or emptied). Returns 0, SL_ESTATE if
  * the call was finished, SL_ECANCELLED if it ended, SL_ELIMIT if the queue is full or the message
  * exceeds the send limit. Queued messages hold memory: handlers sending large messages keep only
- * a few queued. */
+ * a few queued, or declare a send_budget. */
 int sl_rpc_call_send(sl_rpc_call *call, const ProtobufCMessage *msg);
 
-/* How many more messages sl_rpc_call_send accepts now (0 once the call ended). */
+/* How many more messages sl_rpc_call_send accepts now: 0 once the call ended, or while the
+ * method's send_budget is used up. */
 int sl_rpc_call_send_room(const sl_rpc_call *call);
+
+/* Bytes of the call's response messages queued or in flight now. */
+size_t sl_rpc_call_send_bytes(const sl_rpc_call *call);
 
 /* Send the response and status OK in one step (unary and client-streaming methods). */
 int sl_rpc_call_reply(sl_rpc_call *call, const ProtobufCMessage *msg);

@@ -178,6 +178,12 @@ void sl_sha256_free(sl_sha256 *h)
 
 int sl_shard_hash_fd(sl_sha256 *h, int fd, uint64_t offset, uint64_t len)
 {
+    return sl_shard_hash_fd_until(h, fd, offset, len, NULL);
+}
+
+int sl_shard_hash_fd_until(sl_sha256 *h, int fd, uint64_t offset, uint64_t len,
+                           const atomic_int *stop)
+{
     uint8_t *buf = malloc(HASH_BUF);
     int err = 0;
 
@@ -185,7 +191,12 @@ int sl_shard_hash_fd(sl_sha256 *h, int fd, uint64_t offset, uint64_t len)
         return -ENOMEM;
     while (len > 0) {
         size_t want = len < HASH_BUF ? (size_t)len : HASH_BUF;
-        ssize_t n = pread(fd, buf, want, (off_t)offset);
+        ssize_t n;
+        if (stop && atomic_load_explicit(stop, memory_order_relaxed)) {
+            err = SL_ECANCELLED;
+            goto out;
+        }
+        n = pread(fd, buf, want, (off_t)offset);
         if (n < 0) {
             if (errno == EINTR)
                 continue;

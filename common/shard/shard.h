@@ -18,6 +18,7 @@
 
 #include "util/name.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -76,5 +77,11 @@ void sl_sha256_free(sl_sha256 *h);
  * memory) into an existing hasher, which is not reset first. Returns 0, -errno, or SL_ECORRUPT
  * if the file ends before offset + len. Blocking: worker threads. */
 int sl_shard_hash_fd(sl_sha256 *h, int fd, uint64_t offset, uint64_t len);
+
+/* sl_shard_hash_fd that gives up once *stop is non-zero (another thread sets it, e.g. when the
+ * caller's request was cancelled): it is checked before each 1 MiB block, so the work stops
+ * within one block. Returns what sl_shard_hash_fd does, or SL_ECANCELLED. `stop` may be NULL. */
+int sl_shard_hash_fd_until(sl_sha256 *h, int fd, uint64_t offset, uint64_t len,
+                           const atomic_int *stop);
 
 #endif

@@ -5,6 +5,7 @@
 #include "auth.h"
 #include "err.h"
 #include "log.h"
+#include "metrics.h"
 #include "store/store.h"
 
 #include <errno.h>
@@ -35,6 +36,9 @@ static const sl_rpc_method ckpt_methods[] = {
         .on_bad_message = ckpt_upload_bad_message,
         /* Chunks arrive as the received buffers: hashed and written without a copy. */
         .bytes_field = SLUICE__V1__UPLOAD_SHARD_REQUEST__KIND_CHUNK,
+        /* Only the header and data bytes are progress: empty chunks do not hold a rank's upload
+         * open past the idle timeout. */
+        .handler_progress = 1,
     },
     {
         .name = "UploadStatus",
@@ -91,6 +95,7 @@ static const sl_rpc_method ckpt_methods[] = {
         .request = &sluice__v1__verify_request__descriptor,
         .response = &sluice__v1__verify_response__descriptor,
         .on_start = ckpt_verify,
+        .on_cancel = ckpt_verify_cancel,
     },
     {
         .name = "DownloadShard",
@@ -161,6 +166,10 @@ int sl_ckpt_svc_new(sl_ckpt_svc **out, uv_loop_t *loop, sl_cat *cat, const char 
     s->loop = loop;
     s->cat = cat;
     s->opts = *opts;
+    if (s->opts.max_deep_verifies < 1)
+        s->opts.max_deep_verifies = 2;
+    if (s->opts.metrics)
+        sl_metrics_set(s->opts.metrics, "sluice_verify_hash_jobs", NULL, 0);
     n = snprintf(s->root, sizeof(s->root), "%s/checkpoints", data_dir);
     if (n < 0 || (size_t)n >= sizeof(s->root)) {
         free(s);

@@ -30,7 +30,10 @@ typedef struct sl_ckpt_opts {
      * still this file the sweeps run; once it is not (the data dir was removed or replaced under
      * the daemon), they stop for good, since the files there are no longer this catalog's. */
     int lock_fd;
-    struct sl_metrics *metrics; /* sluice_verify_verdicts_total; NULL: not counted */
+    /* Deep-verify shard hash jobs on the worker pool at once, all Verify calls together, so
+     * that uploads always find workers; more wait their turn. 0 means 2. */
+    int max_deep_verifies;
+    struct sl_metrics *metrics; /* sluice_verify_*; NULL: not counted */
     /* The feeding service whose data positions checkpoints carry (Begin's feed_job, Commit's
      * feed state, Restore); NULL: checkpoints cannot be bound to feed jobs. */
     struct sl_feed *feed;

@@ -155,7 +155,7 @@ static int dl_find(sl_ckpt_svc *s, sl_rpc_call *call, const Sluice__V1__Download
     int err;
 
     if (!ckpt_names_ok(call, req->job, req->name) ||
-        sl_rpc_call_claim(call, req->job, "job") != 0 ||
+        sl_rpc_call_claim(call, "download", req->job, "job") != 0 ||
         ckpt_find(s, call, ck, req->job, req->name))
         return SL_EINVAL;
     err = sl_ckpt_check_rank(req->rank, ck->world_size, why, sizeof(why));

@@ -34,7 +34,16 @@ _Static_assert(UP_RING >= UP_INFLIGHT, "the chunk ring must hold every chunk in 
 #define SWEEP_PERIOD_MS 60000
 #define CKPT_MSG_MAX    512 /* room for any message of validate.h */
 
+/* Disk space is reserved (fallocate) this far ahead of an upload's written bytes, in steps as
+ * the data arrives, never the whole announced size at once; a stopped upload gives back what
+ * it reserved beyond its written bytes. */
+#define UP_RESERVE (64u << 20)
+/* Deep Verify calls in progress at once (hashing or waiting for a hash slot); one more is
+ * refused with RESOURCE_EXHAUSTED. */
+#define DEEP_CALLS_MAX 64
+
 typedef struct upload upload;
+typedef struct verify verify;
 
 /* A checkpoint with a commit in progress: uploads, aborts and other commits wait for it. */
 typedef struct ckpt_mark {
@@ -53,6 +62,12 @@ struct sl_ckpt_svc {
     uint64_t mem_held; /* bytes of upload chunks in memory, all uploads */
     int mem_blocked;   /* an upload did not ask for its next chunk because of the budget */
     ckpt_mark *committing;
+    /* Deep verifies (verify.c): shard hash jobs on the worker pool now (at most
+     * opts.max_deep_verifies), the calls in progress, and those waiting for a slot, served in
+     * turn one shard at a time. */
+    int deep_running;
+    int deep_calls;
+    verify *deep_head, *deep_tail;
     uv_timer_t sweep;
     int dir_lost; /* the data dir was replaced under the daemon: sweeps stopped */
 };
@@ -81,7 +96,8 @@ typedef enum up_state {
     UP_ABORTING,   /* the checkpoint was aborted during FINALIZING: the new shard file is removed
                     * when the lane returns, and the call fails */
     UP_STOPPING,   /* ended, the partial file kept for a resume; lane jobs still running return
-                    * first */
+                    * first, then the write lane gives back the space reserved beyond the written
+                    * bytes */
     UP_FAILING,    /* failed, the partial file removed; lane jobs still running return first, and
                     * only then is the failure answered, so that a client retrying at once does
                     * not find its own upload still in progress */
@@ -118,6 +134,10 @@ struct upload {
     uint64_t written;         /* data bytes written by the write lane (its thread) */
     uint64_t acked;           /* `written` as of the last write job, for the loop thread */
     uint64_t flushed;         /* data bytes whose writeback was started (sync_file_range) */
+    uint64_t reserved;        /* data bytes reserved on disk (write lane): `written` and at most
+                               * UP_RESERVE more */
+    int no_reserve;           /* the file system cannot reserve (no fallocate) */
+    int released;             /* STOPPING: the reservation beyond `written` was given back */
     uint64_t t_header, t_eof; /* loop time (ms) of the header and of the end of the stream */
     uint64_t resume_from;
     char client_sha[SL_SHARD_HEX_LEN + 1];
@@ -206,6 +226,11 @@ void ckpt_up_open_work(uv_work_t *w);
 void ckpt_up_write_work(uv_work_t *w);
 void ckpt_up_hash_work(uv_work_t *w);
 void ckpt_up_final_work(uv_work_t *w);
+/* Give back the space reserved beyond the written bytes (the file keeps them for a resume).
+ * Blocking: the write lane of a STOPPING upload (ckpt_up_release_work), or the loop when the
+ * call is freed without one. */
+void ckpt_up_release(upload *up);
+void ckpt_up_release_work(uv_work_t *w);
 
 /* ---- query.c ---- */
 
@@ -230,6 +255,7 @@ void ckpt_auto_commit(sl_ckpt_svc *s, const char *job, const char *name);
 /* ---- verify.c, download.c ---- */
 
 void ckpt_verify(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_verify_cancel(sl_rpc_call *call, void *arg); /* on_cancel: the hashing stops */
 void ckpt_download(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
 void ckpt_download_pump(sl_rpc_call *call, void *arg); /* on_writable */
 

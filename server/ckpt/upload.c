@@ -3,13 +3,15 @@
  *
  * HEADER: the header is validated, the checkpoint must be WRITING, with no other upload of the
  * rank and enough free space -> OPENING: a worker opens ".<name>_shard_<rank>.shard.part"
- * (placeholder header, space reserved with fallocate; on resume it re-hashes the kept prefix) ->
+ * (placeholder header, space reserved UP_RESERVE ahead with fallocate, in steps as the data comes;
+ * on resume it re-hashes the kept prefix) ->
  * RECEIVING: each chunk is handed to the lanes without a copy, written and hashed in order, at
  * most UP_INFLIGHT chunks in memory -> DRAINING: at the end of the stream, size and client
  * checksum are checked on the loop and the rank's old row is forgotten -> FINALIZING: a worker
  * writes the real checksum into the header, fsyncs, renames without replacing, fsyncs the
  * directory -> catalog row -> DONE and the receipt. Nothing reaches the catalog before its bytes
- * are durable.
+ * are durable. An upload that stops (STOPPING) keeps its written bytes for a resume and gives back
+ * the space reserved beyond them.
  */
 #include "internal.h"
 
@@ -128,6 +130,10 @@ static void up_unregister(upload *up)
 static void up_release(upload *up, up_state from)
 {
     up_free_chunks(up, 1);
+    /* A STOPPING upload whose call was freed before its write lane could give the reservation
+     * back (up_data_free) does it here. */
+    if (from == UP_STOPPING && !up->released && up->fd >= 0 && up->reserved > up->written)
+        ckpt_up_release(up);
     if (up->fd >= 0) {
         close(up->fd);
         up->fd = -1;
@@ -161,6 +167,20 @@ static void up_write_lane(upload *up, uv_work_cb fn)
     up->err = 0;
     up->errmsg[0] = '\0';
     up_lane(up, &up->work, fn, up_after_write);
+}
+
+/* STOPPING or FAILING: once no lane job runs, a stopped upload first gives back the space it
+ * reserved beyond its written bytes (a write-lane job), then both go on to DONE. */
+static void up_settle(upload *up)
+{
+    if (up->jobs)
+        return;
+    if (up->state == UP_STOPPING && !up->released && up->fd >= 0 && up->reserved > up->written) {
+        up->released = 1;
+        up_write_lane(up, ckpt_up_release_work);
+        return;
+    }
+    up_to(up, UP_DONE);
 }
 
 /* ---- the transition ---- */
@@ -199,8 +219,7 @@ static void up_to(upload *up, up_state to)
                         up->name, up->rank, up->answer_msg);
         /* fall through */
     case UP_STOPPING:
-        if (!up->jobs)
-            up_to(up, UP_DONE);
+        up_settle(up);
         break;
     case UP_DONE:
         up_release(up, from);
@@ -231,8 +250,7 @@ static void up_continue(upload *up)
     sl_ckpt_svc *s = up->svc;
 
     if (up->state == UP_STOPPING || up->state == UP_FAILING) {
-        if (!up->jobs)
-            up_to(up, UP_DONE);
+        up_settle(up);
     } else if (sl_rpc_call_is_done(up->call)) {
         up_stop(up, 0, NULL);
     } else {
@@ -526,7 +544,7 @@ static void up_header(upload *up, const Sluice__V1__ShardHeader *h)
     int err;
 
     if (!ckpt_names_ok(call, h->job, h->checkpoint) ||
-        sl_rpc_call_claim(call, h->job, "job") != 0 ||
+        sl_rpc_call_claim(call, "upload", h->job, "job") != 0 ||
         ckpt_find(s, call, &ck, h->job, h->checkpoint))
         goto refuse;
     snprintf(up->job, sizeof(up->job), "%s", h->job);
@@ -548,6 +566,7 @@ static void up_header(upload *up, const Sluice__V1__ShardHeader *h)
     up->tensor_count = (uint32_t)h->n_tensors;
     if (h->sha256 && *h->sha256)
         snprintf(up->client_sha, sizeof(up->client_sha), "%s", h->sha256);
+    sl_rpc_call_progress(call);
     up_to(up, UP_OPENING);
     return;
 refuse:
@@ -623,6 +642,7 @@ static void up_receive(upload *up, const Sluice__V1__UploadShardRequest *m)
             up_fail(up, SL_EINVAL, "chunk of %zu bytes arrived without its data", m->chunk.len);
             return;
         }
+        sl_rpc_call_progress(up->call);
         c->len = m->chunk.len;
         c->off = up->received;
         up->svc->mem_held += m->chunk.len;

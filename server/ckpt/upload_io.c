@@ -60,6 +60,33 @@ static int part_resume(upload *up)
     return 0;
 }
 
+/* Reserve the data section up to `to` data bytes (at most the shard's size), so a full disk is
+ * found before the data is sent: UP_RESERVE ahead of the writes, never the whole announced size
+ * at once, which would let one header take the disk. File systems without fallocate are checked
+ * by the writes themselves. */
+static int part_reserve(upload *up, uint64_t to)
+{
+    int err;
+
+    if (to > up->data_size)
+        to = up->data_size;
+    if (up->no_reserve || to <= up->reserved)
+        return 0;
+    if (fallocate(up->fd, FALLOC_FL_KEEP_SIZE, (off_t)(SL_SHARD_HEADER_SIZE + up->reserved),
+                  (off_t)(to - up->reserved)) != 0) {
+        if (errno == EOPNOTSUPP || errno == ENOSYS) {
+            up->no_reserve = 1;
+            return 0;
+        }
+        err = -errno;
+        snprintf(up->errmsg, sizeof(up->errmsg), "cannot reserve %" PRIu64 " bytes: %s",
+                 to - up->reserved, sl_strerror(err));
+        return err;
+    }
+    up->reserved = to;
+    return 0;
+}
+
 /* A new upload: an empty file with a placeholder header. */
 static int part_create(upload *up)
 {
@@ -101,16 +128,8 @@ void ckpt_up_open_work(uv_work_t *w)
     err = up->resume_from > 0 ? part_resume(up) : part_create(up);
     if (err)
         goto out;
-    /* Reserve the space now, so a full disk is found before the data is sent. File systems
-     * without fallocate are checked by the writes themselves. */
-    if (up->data_size > up->written &&
-        fallocate(up->fd, FALLOC_FL_KEEP_SIZE, (off_t)(SL_SHARD_HEADER_SIZE + up->written),
-                  (off_t)(up->data_size - up->written)) != 0 &&
-        errno != EOPNOTSUPP && errno != ENOSYS) {
-        err = -errno;
-        snprintf(up->errmsg, sizeof(up->errmsg), "cannot reserve %" PRIu64 " bytes: %s",
-                 up->data_size - up->written, sl_strerror(err));
-    }
+    up->reserved = up->written;
+    err = part_reserve(up, up->written + UP_RESERVE);
 out:
     up->err = err;
 }
@@ -119,8 +138,14 @@ out:
 void ckpt_up_write_work(uv_work_t *w)
 {
     upload *up = w->data;
+    const up_chunk *last = &up->ring[(up->write_end - 1) % UP_RING];
+    uint64_t end = last->off + last->len;
     int err = 0;
 
+    /* Keep the reservation ahead of the data: once the writes come within half a window of its
+     * end, it grows to a whole window beyond them. */
+    if (end + UP_RESERVE / 2 > up->reserved)
+        err = part_reserve(up, end + UP_RESERVE);
     for (uint64_t q = up->seq_write; q < up->write_end && !err; q++) {
         const up_chunk *c = &up->ring[q % UP_RING];
         int n;
@@ -136,7 +161,7 @@ void ckpt_up_write_work(uv_work_t *w)
                         (off_t)(up->written - up->flushed), SYNC_FILE_RANGE_WRITE);
         up->flushed = up->written;
     }
-    if (err)
+    if (err && !up->errmsg[0])
         snprintf(up->errmsg, sizeof(up->errmsg), "cannot write the shard: %s", sl_strerror(err));
     up->err = err;
 }
@@ -154,6 +179,24 @@ void ckpt_up_hash_work(uv_work_t *w)
             err = sl_sha256_update(up->sha, iov[i].iov_base, iov[i].iov_len);
     }
     up->herr = err;
+}
+
+void ckpt_up_release(upload *up)
+{
+    off_t end = (off_t)(SL_SHARD_HEADER_SIZE + up->written);
+
+    /* Cutting the file at its written end frees the blocks reserved beyond it on ext4 and XFS,
+     * even when the size does not change; punching them covers file systems where it does not
+     * (tmpfs). The written bytes stay for a resume. Failures leave the space to the sweep. */
+    if (ftruncate(up->fd, end) == 0)
+        fallocate(up->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, end,
+                  (off_t)(up->reserved - up->written));
+    up->reserved = up->written;
+}
+
+void ckpt_up_release_work(uv_work_t *w)
+{
+    ckpt_up_release(w->data);
 }
 
 /* Worker: make the shard durable under its final name. */

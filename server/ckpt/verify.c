@@ -1,6 +1,12 @@
 /* Verify: every recorded shard checked on the worker pool in parallel (quick: size and header
  * against the catalog; deep: also the data's SHA-256), and for a COMPLETE checkpoint the
- * metadata file compared byte for byte with what the catalog renders. */
+ * metadata file compared byte for byte with what the catalog renders.
+ *
+ * Deep verification is the one that can hold the worker pool (seconds per shard), so its shard
+ * jobs have a budget of their own: at most opts.max_deep_verifies of them on the pool at once,
+ * all calls together, the others waiting in the service's queue (calls served in turn, one shard
+ * at a time), at most DEEP_CALLS_MAX deep calls in progress. A cancelled call leaves the queue
+ * at once and its running jobs stop within one 1 MiB block. */
 #include "internal.h"
 
 #include "err.h"
@@ -12,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,13 +26,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-typedef struct verify verify;
-
 typedef struct vjob {
     uv_work_t work;
     verify *v;
     int32_t rank; /* -1: the metadata file */
     int queued;
+    int deep; /* on the pool as one of the service's deep hash jobs */
     uint64_t data_size, file_size;
     char sha[SL_SHARD_HEX_LEN + 1];
     int verdict;
@@ -38,6 +44,11 @@ struct verify {
     sl_cat_ckpt ck;
     int deep;
     int pending;
+    atomic_int cancelled; /* set on the loop, read by the workers between blocks */
+    int counted;          /* counts in svc->deep_calls */
+    int32_t next;         /* deep: the first shard not yet handed to the pool */
+    int waiting;          /* deep: in the service's queue */
+    verify *qnext;
     vjob *jobs;  /* world_size shards, then the metadata file */
     sl_buf meta; /* the expected metadata.json */
     char dir[PATH_MAX];
@@ -58,7 +69,7 @@ static int vjob_hash(vjob *j, int fd)
     int err = sl_sha256_new(&sha);
 
     if (!err)
-        err = sl_shard_hash_fd(sha, fd, SL_SHARD_HEADER_SIZE, j->data_size);
+        err = sl_shard_hash_fd_until(sha, fd, SL_SHARD_HEADER_SIZE, j->data_size, &j->v->cancelled);
     if (!err)
         err = sl_sha256_final(sha, got);
     sl_sha256_free(sha);
@@ -170,7 +181,10 @@ static void vjob_work(uv_work_t *w)
                   ? sl_store_path(path, sizeof(path), v->dir, SL_STORE_META, v->ck.name, 0)
                   : sl_store_path(path, sizeof(path), v->dir, SL_STORE_SHARD, v->ck.name, j->rank);
 
-    if (err) {
+    if (atomic_load(&v->cancelled)) {
+        j->verdict = SLUICE__V1__VERDICT__IO_ERROR;
+        snprintf(j->detail, sizeof(j->detail), "cancelled");
+    } else if (err) {
         j->verdict = SLUICE__V1__VERDICT__IO_ERROR;
         snprintf(j->detail, sizeof(j->detail), "path too long");
     } else if (j->rank < 0) {
@@ -227,18 +241,123 @@ out:
     free(pv);
 }
 
+/* ---- the deep-verify budget ---- */
+
+static void deep_gauge(sl_ckpt_svc *s)
+{
+    if (s->opts.metrics)
+        sl_metrics_set(s->opts.metrics, "sluice_verify_hash_jobs", NULL, (double)s->deep_running);
+}
+
+static void deep_enqueue(sl_ckpt_svc *s, verify *v)
+{
+    v->qnext = NULL;
+    v->waiting = 1;
+    if (s->deep_tail)
+        s->deep_tail->qnext = v;
+    else
+        s->deep_head = v;
+    s->deep_tail = v;
+}
+
+static void deep_remove(sl_ckpt_svc *s, verify *v)
+{
+    verify *prev = NULL;
+
+    for (verify *q = s->deep_head; q; prev = q, q = q->qnext) {
+        if (q != v)
+            continue;
+        if (prev)
+            prev->qnext = q->qnext;
+        else
+            s->deep_head = q->qnext;
+        if (s->deep_tail == q)
+            s->deep_tail = prev;
+        break;
+    }
+    v->waiting = 0;
+    v->qnext = NULL;
+}
+
+/* The next shard of v to hash from v->next on, or world_size if none is left. */
+static int32_t deep_next(const verify *v)
+{
+    int32_t r = v->next;
+
+    while (r < v->ck.world_size && !v->jobs[r].queued)
+        r++;
+    return r;
+}
+
+static void vjob_after(uv_work_t *w, int status);
+
+/* Hand shards to the pool while the budget allows, one per waiting call in turn. */
+static void deep_dispatch(sl_ckpt_svc *s)
+{
+    while (s->deep_running < s->opts.max_deep_verifies && s->deep_head) {
+        verify *v = s->deep_head;
+        int32_t r = deep_next(v);
+        deep_remove(s, v);
+        if (r >= v->ck.world_size)
+            continue;
+        v->next = r + 1;
+        v->jobs[r].deep = 1;
+        s->deep_running++;
+        uv_queue_work(s->loop, &v->jobs[r].work, vjob_work, vjob_after);
+        if (deep_next(v) < v->ck.world_size)
+            deep_enqueue(s, v);
+    }
+    deep_gauge(s);
+}
+
+/* Every job of v returned (or will never run): answer unless the call ended, and let go. */
+static void verify_done(verify *v)
+{
+    sl_rpc_call *call = v->call;
+
+    if (!sl_rpc_call_is_done(call) && !atomic_load(&v->cancelled))
+        verify_reply(v);
+    if (v->counted)
+        v->svc->deep_calls--;
+    sl_rpc_call_set_data(call, NULL, NULL);
+    verify_free(v);
+    sl_rpc_call_unref(call);
+}
+
 static void vjob_after(uv_work_t *w, int status)
 {
     vjob *j = w->data;
     verify *v = j->v;
-    sl_rpc_call *call = v->call;
+    sl_ckpt_svc *s = v->svc;
+    int deep = j->deep;
 
-    if (--v->pending > 0)
+    (void)status;
+    if (deep)
+        s->deep_running--;
+    if (--v->pending == 0)
+        verify_done(v);
+    if (deep)
+        deep_dispatch(s);
+}
+
+void ckpt_verify_cancel(sl_rpc_call *call, void *arg)
+{
+    verify *v = sl_rpc_call_data(call);
+    int32_t left = 0;
+
+    (void)arg;
+    if (!v)
         return;
-    if (!sl_rpc_call_is_done(call))
-        verify_reply(v);
-    verify_free(v);
-    sl_rpc_call_unref(call);
+    /* Running jobs see the flag before their next block; shards still waiting never run. */
+    atomic_store(&v->cancelled, 1);
+    if (v->waiting)
+        deep_remove(v->svc, v);
+    for (int32_t r = deep_next(v); v->deep && r < v->ck.world_size; r++)
+        left += v->jobs[r].queued;
+    v->next = v->ck.world_size;
+    v->pending -= left;
+    if (v->pending == 0)
+        verify_done(v);
 }
 
 static int verify_collect(const sl_cat_shard *sh, void *arg)
@@ -319,14 +438,30 @@ static int verify_plan(verify *v)
     return err;
 }
 
+/* A deep verify over DEEP_CALLS_MAX in progress is refused; answers the call. Returns 1 if so. */
+static int deep_refused(sl_ckpt_svc *s, sl_rpc_call *call)
+{
+    if (s->deep_calls < DEEP_CALLS_MAX)
+        return 0;
+    sl_log_limited(SL_LOG_WARN, 1000, "ckpt_verify_refused", "limit=%d peer=%s", DEEP_CALLS_MAX,
+                   sl_rpc_call_peer(call));
+    if (s->opts.metrics)
+        sl_metrics_add(s->opts.metrics, "sluice_rpc_refused_total", "limit=\"deep_verifies\"", 1);
+    sl_rpc_call_fail(call, SL_ELIMIT,
+                     "too many deep verifications in progress (limit %d; %d shards hashed at once)",
+                     DEEP_CALLS_MAX, s->opts.max_deep_verifies);
+    return 1;
+}
+
 void ckpt_verify(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
 {
-    verify *v = verify_new(arg, call, (const Sluice__V1__VerifyRequest *)msg);
+    sl_ckpt_svc *s = arg;
+    verify *v = verify_new(s, call, (const Sluice__V1__VerifyRequest *)msg);
     int32_t n;
 
     if (!v)
         return;
-    if (verify_plan(v) != 0) {
+    if ((v->deep && deep_refused(s, call)) || verify_plan(v) != 0) {
         verify_free(v);
         return;
     }
@@ -339,9 +474,17 @@ void ckpt_verify(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
         verify_free(v);
         return;
     }
-    /* One reference for the whole verification, dropped by the last job. */
+    /* One reference for the whole verification, dropped by the last job; the call points to v
+     * so that a cancel finds it. */
     sl_rpc_call_ref(call);
+    sl_rpc_call_set_data(call, v, NULL);
     for (int32_t r = 0; r <= n; r++)
-        if (v->jobs[r].queued)
-            uv_queue_work(v->svc->loop, &v->jobs[r].work, vjob_work, vjob_after);
+        if (v->jobs[r].queued && (!v->deep || r == n))
+            uv_queue_work(s->loop, &v->jobs[r].work, vjob_work, vjob_after);
+    if (v->deep) {
+        v->counted = 1;
+        s->deep_calls++;
+        deep_enqueue(s, v);
+        deep_dispatch(s);
+    }
 }

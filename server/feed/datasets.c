@@ -353,6 +353,7 @@ static void upload_message(sl_rpc_call *call, const ProtobufCMessage *m, void *a
     if (u->fd < 0) {
         if (upload_open(call, u, req->name) != 0)
             return;
+        sl_rpc_call_progress(call);
     } else if (req->name[0] && strcmp(req->name, u->name) != 0) {
         UPLOAD_FAIL(call, u, SL_EINVAL, "dataset changed mid-stream from '%s' to '%.140s'", u->name,
                     req->name);
@@ -381,6 +382,8 @@ static void upload_message(sl_rpc_call *call, const ProtobufCMessage *m, void *a
         return;
     }
     u->got += req->n_lengths;
+    if (req->n_lengths)
+        sl_rpc_call_progress(call);
     sl_rpc_call_read(call);
 }
 
@@ -409,6 +412,8 @@ static const sl_rpc_method methods[] = {
         .on_start = upload_start,
         .on_message = upload_message,
         .on_bad_message = upload_bad_message,
+        /* Messages without lengths are not progress for the idle timeout. */
+        .handler_progress = 1,
     },
     {
         .name = "Get",

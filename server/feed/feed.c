@@ -200,6 +200,7 @@ void sl_feed_free(sl_feed *f)
     feed_reports_close(f);
     while (f->jobs)
         feed_job_remove(f, f->jobs, SL_RPC_UNAVAILABLE, "server shutting down");
+    free(f->scratch);
     free(f);
 }
 

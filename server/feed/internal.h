@@ -152,6 +152,10 @@ struct sl_feed {
     feed_hooks hooks;
     sl_rpc_service svcs[4];
     sl_metrics *metrics; /* NULL: not counted */
+    /* Where streams build their next message (indices, batch structs): one buffer for all, as
+     * a message is packed before the next stream runs; streams hold no buffer of their own. */
+    void *scratch;
+    size_t scratch_cap;
 };
 
 /* ---- spec.c: names and specs (pure) ---- */
@@ -170,6 +174,14 @@ int feed_spec_config(sl_sample_config *cfg, const Sluice__V1__Job *spec, uint64_
 /* The spec's batch config for dp_size ranks (spec->batching must be set). */
 int feed_spec_batch_config(sl_batch_config *bc, const Sluice__V1__Job *spec, uint32_t dp_size,
                            uint64_t seed, uint64_t epoch, char *msg, size_t len);
+
+/* What an IndexChunk packs besides its indices, at most: epoch, start and share_count (a tag and
+ * up to 10 varint bytes each) and the indices' tag and length. */
+#define FEED_CHUNK_OVERHEAD 48
+
+/* Indices per IndexChunk: `max_chunk` (the request's), but no more than pack into `msg_bytes`
+ * when every index takes the varint bytes of the largest one (samples - 1). At least 1. */
+uint32_t feed_index_chunk(uint32_t max_chunk, uint64_t samples, size_t msg_bytes);
 
 /* ---- state.c: jobs in memory ---- */
 

@@ -89,3 +89,16 @@ int feed_spec_batch_config(sl_batch_config *bc, const Sluice__V1__Job *spec, uin
     bc->epoch = epoch;
     return sl_batch_config_check(bc, msg, len);
 }
+
+uint32_t feed_index_chunk(uint32_t max_chunk, uint64_t samples, size_t msg_bytes)
+{
+    unsigned width = 1; /* varint bytes of the largest index, samples - 1 */
+    uint64_t fit;
+
+    for (uint64_t x = samples > 0 ? samples - 1 : 0; x >= 0x80; x >>= 7)
+        width++;
+    fit = msg_bytes > FEED_CHUNK_OVERHEAD ? (msg_bytes - FEED_CHUNK_OVERHEAD) / width : 1;
+    if (fit < 1)
+        fit = 1;
+    return fit < max_chunk ? (uint32_t)fit : max_chunk;
+}

@@ -1,10 +1,13 @@
 /* sluice.v1.Feed: each rank's index stream and batch stream.
  *
- * A stream produces its next chunks only when the RPC layer's send queue has room (on_writable),
- * and keeps at most QUEUE_DEPTH chunks queued, so a slow client slows production and memory per
- * stream stays at a few hundred KiB. Index chunks are computed from (seed, epoch, rank, position)
- * with sl_sample_fill; batch chunks are slices of the epoch's plan, which is computed once per
- * (job, epoch) on the worker pool and shared by every rank.
+ * A stream produces its next chunks only when the RPC layer's send queue has room (on_writable):
+ * at most QUEUE_DEPTH chunks and SEND_BYTES bytes queued or in flight (the methods'
+ * send_budget), each message at most MSG_BYTES, so a slow client slows production and a client
+ * that never reads holds at most STREAM_BYTES of the daemon's memory, call state included. Messages
+ * are built in the service's one scratch buffer, so a stream holds no buffer of its own. Index
+ * chunks are computed from (seed, epoch, rank, position) with sl_sample_fill; batch chunks are
+ * slices of the epoch's plan, which is computed once per (job, epoch) on the worker pool and
+ * shared by every rank.
  */
 #include "internal.h"
 
@@ -21,6 +24,14 @@
 #include <unistd.h>
 
 #define QUEUE_DEPTH 8
+/* What a stream may hold of the daemon's memory: its call's own state in gRPC and here (measured
+ * at a few KiB; STATE_BYTES is what is set aside for it) and its messages queued or in flight
+ * (SEND_BYTES, the methods' send_budget). A message takes at most a quarter of SEND_BYTES, so a
+ * reader keeps several coming while a stalled one holds no more than the budget. */
+#define STREAM_BYTES (256u << 10)
+#define STATE_BYTES  (32u << 10)
+#define SEND_BYTES   (STREAM_BYTES - STATE_BYTES)
+#define MSG_BYTES    (SEND_BYTES / 4)
 /* Chunks produced per wake-up of one stream: the loop serves many streams, and producing a
  * whole queue's worth for one of them delays all the others (measured: p99 gap between chunks
  * with 256 streams). */
@@ -49,9 +60,6 @@ struct fstream {
     fshare *share; /* torch mode: the dp rank's shared share */
     fsrc *src;
     fplan *plan;
-    uint64_t *buf;
-    Sluice__V1__Batch *bmsgs;
-    Sluice__V1__Batch **bptrs;
     fstream *prev, *next;
 };
 
@@ -80,9 +88,6 @@ static void stream_free(void *p)
         sl_sample_free(s->s);
     fsrc_unref(s->src);
     fplan_unref(s->plan);
-    free(s->buf);
-    free(s->bmsgs);
-    free(s->bptrs);
     free(s);
 }
 
@@ -90,6 +95,21 @@ static void end_stream(fstream *s, sl_rpc_code code, const char *why)
 {
     s->state = ST_DONE;
     sl_rpc_call_finish(s->call, code, "%s", why);
+}
+
+/* The service's scratch buffer, at least `len` bytes; NULL if out of memory. */
+static void *scratch(sl_feed *f, size_t len)
+{
+    void *p;
+
+    if (len <= f->scratch_cap)
+        return f->scratch;
+    p = realloc(f->scratch, len);
+    if (!p)
+        return NULL;
+    f->scratch = p;
+    f->scratch_cap = len;
+    return p;
 }
 
 static int queue_room(fstream *s)
@@ -102,18 +122,23 @@ static int queue_room(fstream *s)
 static void pump_indices(fstream *s)
 {
     Sluice__V1__IndexChunk msg = SLUICE__V1__INDEX_CHUNK__INIT;
+    uint64_t *buf = scratch(s->f, sizeof(*buf) * s->chunk);
     int burst = 0;
 
+    if (!buf) {
+        end_stream(s, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
     while (s->state == ST_STREAMING && s->pos < s->end && queue_room(s) > 0 &&
            burst++ < PUMP_BURST) {
         uint64_t n = s->end - s->pos < s->chunk ? s->end - s->pos : s->chunk;
-        if (sl_sample_fill(s->buf, s->s, s->pos, (size_t)n) != 0) {
+        if (sl_sample_fill(buf, s->s, s->pos, (size_t)n) != 0) {
             end_stream(s, SL_RPC_INTERNAL, "sampler failed");
             return;
         }
         msg.epoch = s->epoch;
         msg.start = s->pos;
-        msg.indices = s->buf;
+        msg.indices = buf;
         msg.n_indices = (size_t)n;
         msg.share_count = s->end;
         if (sl_rpc_call_send(s->call, &msg.base) != 0)
@@ -128,29 +153,52 @@ static void pump_indices(fstream *s)
     }
 }
 
+/* Fill bmsgs/bptrs with the batches from s->pos on: at most `max`, and no more once they pack
+ * into MSG_BYTES (at least one). Returns how many, or 0 after ending the stream. */
+static uint64_t fill_batches(fstream *s, Sluice__V1__Batch *bmsgs, Sluice__V1__Batch **bptrs,
+                             uint64_t max)
+{
+    size_t bytes = 0;
+    uint64_t n = 0;
+
+    while (n < max && bytes < MSG_BYTES) {
+        sl_batch b;
+        if (sl_batch_plan_get(s->plan->plan, s->dp, s->pos + n, &b) != 0) {
+            end_stream(s, SL_RPC_INTERNAL, "batch plan lookup failed");
+            return 0;
+        }
+        sluice__v1__batch__init(&bmsgs[n]);
+        bmsgs[n].step = s->pos + n;
+        bmsgs[n].indices = (uint32_t *)b.indices;
+        bmsgs[n].n_indices = b.count;
+        bmsgs[n].max_len = b.max_len;
+        bmsgs[n].tokens = b.tokens;
+        bmsgs[n].padded_tokens = b.padded_tokens;
+        bptrs[n] = &bmsgs[n];
+        /* The batch, its tag and its length prefix. */
+        bytes += protobuf_c_message_get_packed_size(&bmsgs[n].base) + 6;
+        n++;
+    }
+    return n;
+}
+
 static void pump_batches(fstream *s)
 {
     Sluice__V1__BatchChunk msg = SLUICE__V1__BATCH_CHUNK__INIT;
+    Sluice__V1__Batch *bmsgs = scratch(s->f, (sizeof(*bmsgs) + sizeof(bmsgs)) * s->chunk);
+    Sluice__V1__Batch **bptrs = (Sluice__V1__Batch **)(bmsgs + s->chunk);
 
+    if (!bmsgs) {
+        end_stream(s, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
     while (s->state == ST_STREAMING && s->pos < s->end && queue_room(s) > 0) {
-        uint64_t n = s->end - s->pos < s->chunk ? s->end - s->pos : s->chunk;
-        for (uint64_t i = 0; i < n; i++) {
-            sl_batch b;
-            if (sl_batch_plan_get(s->plan->plan, s->dp, s->pos + i, &b) != 0) {
-                end_stream(s, SL_RPC_INTERNAL, "batch plan lookup failed");
-                return;
-            }
-            sluice__v1__batch__init(&s->bmsgs[i]);
-            s->bmsgs[i].step = s->pos + i;
-            s->bmsgs[i].indices = (uint32_t *)b.indices;
-            s->bmsgs[i].n_indices = b.count;
-            s->bmsgs[i].max_len = b.max_len;
-            s->bmsgs[i].tokens = b.tokens;
-            s->bmsgs[i].padded_tokens = b.padded_tokens;
-            s->bptrs[i] = &s->bmsgs[i];
-        }
+        uint64_t n =
+            fill_batches(s, bmsgs, bptrs, s->end - s->pos < s->chunk ? s->end - s->pos : s->chunk);
+        if (n == 0)
+            return;
         msg.epoch = s->epoch;
-        msg.batches = s->bptrs;
+        msg.batches = bptrs;
         msg.n_batches = (size_t)n;
         msg.batches_per_rank = s->end;
         if (sl_rpc_call_send(s->call, &msg.base) != 0)
@@ -167,6 +215,8 @@ static void pump_batches(fstream *s)
 
 static void pump(fstream *s)
 {
+    if (s->state != ST_STREAMING)
+        return;
     if (s->batches)
         pump_batches(s);
     else
@@ -231,33 +281,18 @@ static void start_batches(fstream *s)
         return;
     }
     s->end = sl_batch_plan_batches_per_rank(s->plan->plan);
-    s->bmsgs = calloc(s->chunk, sizeof(*s->bmsgs));
-    s->bptrs = calloc(s->chunk, sizeof(*s->bptrs));
-    if (!s->bmsgs || !s->bptrs) {
-        end_stream(s, SL_RPC_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
     (void)j;
     stream_go(s);
 }
 
-/* The share's sampler exists (or failed): allocate the chunk buffer and start. */
+/* The share's sampler exists (or failed): size the chunks to the message limit and start. */
 static void indices_ready(fstream *s, int err, const char *why)
 {
-    char msg[256];
-
-    snprintf(msg, sizeof(msg), "%s", why);
-    if (!err) {
-        s->buf = malloc(sizeof(*s->buf) * s->chunk);
-        if (!s->buf) {
-            err = -ENOMEM;
-            snprintf(msg, sizeof(msg), "out of memory");
-        }
-    }
     if (err) {
-        end_stream(s, sl_rpc_code_from_err(err), msg);
+        end_stream(s, sl_rpc_code_from_err(err), why);
         return;
     }
+    s->chunk = feed_index_chunk(s->chunk, s->job->samples, MSG_BYTES);
     s->end = sl_sample_count(s->s);
     stream_go(s);
 }
@@ -299,7 +334,7 @@ static void plan_ready(sl_rpc_call *call, sl_feed *f, const char *job)
 static void stream_begin(fstream *s)
 {
     fjob *j = s->job;
-    char msg[256] = ""; /* indices_ready copies it even on success */
+    char msg[256] = ""; /* passed to indices_ready even on success */
     int err;
 
     if ((err = feed_job_dp_rank(j, s->rank, &s->dp, msg, sizeof(msg))) != 0) {
@@ -362,7 +397,7 @@ static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32
         sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", job);
         return;
     }
-    if (sl_rpc_call_claim(call, job, "job") != 0)
+    if (sl_rpc_call_claim(call, "feed", job, "job") != 0)
         return;
     if (batches && !j->spec->batching) {
         sl_rpc_call_fail(call, SL_ESTATE, "job '%s' has no batching config", job);
@@ -500,6 +535,7 @@ static const sl_rpc_method methods[] = {
         .response = &sluice__v1__index_chunk__descriptor,
         .on_start = indices_start,
         .on_writable = on_writable,
+        .send_budget = SEND_BYTES,
     },
     {
         .name = "StreamBatches",
@@ -509,6 +545,7 @@ static const sl_rpc_method methods[] = {
         .response = &sluice__v1__batch_chunk__descriptor,
         .on_start = batches_start,
         .on_writable = on_writable,
+        .send_budget = SEND_BYTES,
     },
 };
 

@@ -178,48 +178,84 @@ class MaxJobStreamsTest(Base):
         self.dataset_and_job("a", 1 << 30)
         self.dataset_and_job("b", 1 << 30)
         held = [self.stalled_indices("a", 0), self.stalled_indices("a", 1)]
-        needle = "too many concurrent streams for job 'a' (limit 2)"
+        needle = "too many concurrent feed streams for job 'a' (limit 2)"
         self.assert_refused(lambda: next(self.server_stream(
             "/sluice.v1.Feed/StreamIndices", fd.StreamIndicesRequest(job="a", rank=2))), needle)
-        # Checkpoint streams of the same job count too: an upload and a download.
+        # Checkpoint streams of the same job have budgets of their own, one per kind: with the
+        # feed budget used up an upload of the job goes through, and so do two downloads.
         self.unary("/sluice.v1.Checkpoints/Begin",
                    ck.BeginRequest(job="a", name="c1", step=1, world_size=1))
-        data = b"x" * 1000
+        data = hashlib.sha256(b"streams").digest() * (3 * MiB // 32)  # 3 MiB: downloads stall
         hdr = ck.UploadShardRequest(header=ck.ShardHeader(
             job="a", checkpoint="c1", rank=0, data_size=len(data),
             tensors=[ck.TensorInfo(name="t", dtype="uint8", shape=[len(data)], offset=0,
                                    size=len(data))]))
-        self.assert_refused(lambda: self.client_stream_future(
-            "/sluice.v1.Checkpoints/UploadShard",
-            iter([hdr, ck.UploadShardRequest(chunk=data)])).result(), needle)
+        self.client_stream_future("/sluice.v1.Checkpoints/UploadShard", iter(
+            [hdr] + [ck.UploadShardRequest(chunk=data[i:i + MiB])
+                     for i in range(0, len(data), MiB)])).result(timeout=60)
+        self.unary("/sluice.v1.Checkpoints/Commit", ck.CheckpointRef(job="a", name="c1"))
+        # Without BDP probing the client grants a stream 64 KiB, so a download it does not read
+        # stays open (with it, grpcio would take in the whole 3 MiB itself).
+        slow = grpc.insecure_channel(self.d.addr, options=[("grpc.http2.bdp_probe", 0)])
+        self.channels.append(slow)
+        downloads = []
+        for _ in range(2):
+            it = self.server_stream("/sluice.v1.Checkpoints/DownloadShard",
+                                    ck.DownloadShardRequest(job="a", name="c1", rank=0), ch=slow)
+            next(it)
+            downloads.append(it)
         self.assert_refused(lambda: next(self.server_stream(
             "/sluice.v1.Checkpoints/DownloadShard",
-            ck.DownloadShardRequest(job="a", name="c1", rank=0))), needle)
+            ck.DownloadShardRequest(job="a", name="c1", rank=0))),
+            "too many concurrent download streams for job 'a' (limit 2)")
+        # Two uploads that sent their header hold the upload budget: a third is refused.
+        self.unary("/sluice.v1.Checkpoints/Begin",
+                   ck.BeginRequest(job="a", name="c2", step=2, world_size=3))
+        release = threading.Event()
+
+        def header_then_wait(rank):
+            yield ck.UploadShardRequest(header=ck.ShardHeader(
+                job="a", checkpoint="c2", rank=rank, data_size=10,
+                tensors=[ck.TensorInfo(name="t", dtype="uint8", shape=[10], offset=0, size=10)]))
+            release.wait(60)
+        uploads = [self.client_stream_future("/sluice.v1.Checkpoints/UploadShard",
+                                             header_then_wait(r)) for r in range(2)]
+
+        def status(rank):
+            return ck.UploadStatusResponse.FromString(self.unary(
+                "/sluice.v1.Checkpoints/UploadStatus",
+                ck.UploadStatusRequest(job="a", checkpoint="c2", rank=rank)))
+        wait_for(lambda: status(0).in_progress and status(1).in_progress, "two uploads running")
+        self.assert_refused(lambda: self.client_stream_future(
+            "/sluice.v1.Checkpoints/UploadShard", header_then_wait(2)).result(),
+            "too many concurrent upload streams for job 'a' (limit 2)")
+        release.set()
+        for f in uploads:
+            f.cancel()
+        for it in downloads:
+            it.cancel()
         # Another job is not affected: two streams of b, then a third is refused naming b.
         other = [self.stalled_indices("b", 0), self.stalled_indices("b", 1)]
         self.assert_refused(lambda: next(self.server_stream(
             "/sluice.v1.Feed/StreamIndices", fd.StreamIndicesRequest(job="b", rank=3))),
-            "too many concurrent streams for job 'b' (limit 2)")
+            "too many concurrent feed streams for job 'b' (limit 2)")
         # Unary calls on the job are not streams: they still work.
         self.unary("/sluice.v1.Epochs/Get", fd.GetEpochRequest(job="a"))
-        # Ending a's streams frees its slots: the upload goes through and is stored.
+        # Ending a's streams frees its slots: a new stream of a is served.
         for s in held:
             s.cancel()
 
-        def uploaded():
+        def served():
             try:
-                self.client_stream_future("/sluice.v1.Checkpoints/UploadShard",
-                                          iter([hdr, ck.UploadShardRequest(chunk=data)])).result()
+                it = self.server_stream("/sluice.v1.Feed/StreamIndices",
+                                        fd.StreamIndicesRequest(job="a", rank=2))
+                self.assertEqual(fd.IndexChunk.FromString(next(it)).epoch, 0)
+                it.cancel()
                 return True
             except grpc.RpcError as e:
                 self.assertEqual(e.code(), C.RESOURCE_EXHAUSTED, e.details())
                 return False
-        wait_for(uploaded, "the upload to be accepted after a's streams ended")
-        st = ck.UploadStatusResponse.FromString(self.unary(
-            "/sluice.v1.Checkpoints/UploadStatus",
-            ck.UploadStatusRequest(job="a", checkpoint="c1", rank=0)))
-        self.assertTrue(st.stored)
-        self.assertEqual(st.sha256, hashlib.sha256(data).hexdigest())
+        wait_for(served, "a stream of a to be served after a's streams ended")
         for s in other:
             s.cancel()
         self.assertGreaterEqual(self.counter(

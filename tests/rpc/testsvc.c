@@ -4,6 +4,7 @@
 #include "sluice/test/test.pb-c.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,9 @@ struct sl_testsrv {
     pthread_t thread;
     uint64_t grace_ms;
     size_t live_at_stop;
-    int claim_keys; /* Echo claims its text as a key (sl_rpc_call_claim) */
+    int claim_keys;               /* Echo claims its text as a key (sl_rpc_call_claim) */
+    atomic_size_t max_send_bytes; /* the most Count had queued or in flight after a send */
+    sl_rpc_method methods[6];
     sl_rpc_service svc;
 };
 
@@ -69,7 +72,7 @@ static void echo_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
     Sluice__Test__EchoResponse resp = SLUICE__TEST__ECHO_RESPONSE__INIT;
     sl_testsrv *s = arg;
 
-    if (s->claim_keys && sl_rpc_call_claim(call, req->text, "text") != 0)
+    if (s->claim_keys && sl_rpc_call_claim(call, "echo", req->text, "text") != 0)
         return;
     if (req->fail_code) {
         sl_rpc_call_finish(call, (sl_rpc_code)req->fail_code, "failing as asked: '%s'", req->text);
@@ -113,6 +116,7 @@ static void count_pump(sl_rpc_call *call, void *arg)
 {
     counter *c = sl_rpc_call_data(call);
     Sluice__Test__CountResponse resp = SLUICE__TEST__COUNT_RESPONSE__INIT;
+    sl_testsrv *s = arg;
 
     resp.payload.data = c->payload;
     resp.payload.len = c->payload_size;
@@ -124,6 +128,8 @@ static void count_pump(sl_rpc_call *call, void *arg)
         resp.value = c->next++;
         if (sl_rpc_call_send(call, &resp.base) != 0)
             return;
+        if (sl_rpc_call_send_bytes(call) > atomic_load(&s->max_send_bytes))
+            atomic_store(&s->max_send_bytes, sl_rpc_call_send_bytes(call));
     }
 }
 
@@ -283,6 +289,8 @@ static void digest_message(sl_rpc_call *call, const ProtobufCMessage *msg, void 
             sl_rpc_call_take_bytes(call))
             d->mismatches++;
         if (d->bytes) {
+            /* Data is progress (with handler_progress, labels and empty data are not). */
+            sl_rpc_call_progress(call);
             d->messages++;
             sl_rpc_call_ref(call);
             uv_queue_work(&s->loop, &d->work, digest_work, digest_after);
@@ -306,18 +314,20 @@ static void stats_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
 /* Access levels of the test service: 0 writer, 1 public, 2 reader. */
 static const sl_rpc_method methods[] = {
     {"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
-     &sluice__test__echo_response__descriptor, 2, echo_start, NULL, NULL, echo_cancel, 0, NULL},
+     &sluice__test__echo_response__descriptor, 2, echo_start, NULL, NULL, echo_cancel, 0, NULL, 0,
+     0},
     {"Count", SL_RPC_SERVER_STREAM, &sluice__test__count_request__descriptor,
-     &sluice__test__count_response__descriptor, 0, count_start, NULL, count_pump, NULL, 0, NULL},
+     &sluice__test__count_response__descriptor, 0, count_start, NULL, count_pump, NULL, 0, NULL, 0,
+     0},
     {"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__num__descriptor,
-     &sluice__test__sum_response__descriptor, 0, sum_start, sum_message, NULL, NULL, 0, NULL},
+     &sluice__test__sum_response__descriptor, 0, sum_start, sum_message, NULL, NULL, 0, NULL, 0, 0},
     {"Chat", SL_RPC_BIDI_STREAM, &sluice__test__num__descriptor, &sluice__test__num__descriptor, 0,
-     chat_start, chat_message, chat_writable, NULL, 0, chat_bad_message},
+     chat_start, chat_message, chat_writable, NULL, 0, chat_bad_message, 0, 0},
     {"Stats", SL_RPC_UNARY, &sluice__test__stats_request__descriptor,
-     &sluice__test__stats_response__descriptor, 1, stats_start, NULL, NULL, NULL, 0, NULL},
+     &sluice__test__stats_response__descriptor, 1, stats_start, NULL, NULL, NULL, 0, NULL, 0, 0},
     {"Digest", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
      &sluice__test__digest_response__descriptor, 0, digest_start, digest_message, NULL, NULL,
-     SLUICE__TEST__PIECE__KIND_DATA, NULL},
+     SLUICE__TEST__PIECE__KIND_DATA, NULL, 0, 0},
 };
 
 static int authorize(const char *method, unsigned access, const char *token, char *msg, size_t len,
@@ -372,8 +382,10 @@ static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, in
     uv_loop_init(&s->loop);
     uv_async_init(&s->loop, &s->stop, on_stop);
     s->stop.data = s;
+    _Static_assert(sizeof(s->methods) == sizeof(methods), "the method table is copied whole");
+    memcpy(s->methods, methods, sizeof(methods));
     s->svc = (sl_rpc_service){
-        "sluice.test.Test", methods, sizeof(methods) / sizeof(methods[0]), s, NULL, 0};
+        "sluice.test.Test", s->methods, sizeof(methods) / sizeof(methods[0]), s, NULL, 0};
     svcs[0] = &s->svc;
     memset(&opts, 0, sizeof(opts));
     opts.listen = "127.0.0.1:0";
@@ -385,6 +397,8 @@ static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, in
         opts.max_key_calls = limits->max_key_calls;
         opts.idle_timeout_ms = limits->idle_timeout_ms;
         s->claim_keys = limits->max_key_calls > 0;
+        s->methods[1].send_budget = SL_TESTSRV_COUNT_BUDGET;
+        s->methods[5].handler_progress = 1;
     }
     err = sl_rpc_server_new(&s->srv, &s->loop, &opts, svcs, 1);
     if (err) {
@@ -412,6 +426,11 @@ int sl_testsrv_start_auth(sl_testsrv **out)
 int sl_testsrv_start_limits(sl_testsrv **out, const sl_rpc_server_opts *limits)
 {
     return start(out, 0, NULL, 0, limits);
+}
+
+size_t sl_testsrv_max_send_bytes(sl_testsrv *s)
+{
+    return atomic_load(&s->max_send_bytes);
 }
 
 int sl_testsrv_port(const sl_testsrv *s)

@@ -18,8 +18,14 @@ int sl_testsrv_start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls
 int sl_testsrv_start_auth(sl_testsrv **out);
 
 /* As sl_testsrv_start, with the max_calls, max_key_calls and idle_timeout_ms of `limits`; with
- * max_key_calls set, Echo claims its text as the key (sl_rpc_call_claim). */
+ * max_key_calls set, Echo claims its text as the key (sl_rpc_call_claim). Count has a
+ * send_budget of SL_TESTSRV_COUNT_BUDGET bytes there, and Digest handler_progress (a piece
+ * with data is progress, a label or empty data is not). */
+#define SL_TESTSRV_COUNT_BUDGET (64u << 10)
 int sl_testsrv_start_limits(sl_testsrv **out, const sl_rpc_server_opts *limits);
+
+/* The most bytes a Count call had queued or in flight right after one of its sends. */
+size_t sl_testsrv_max_send_bytes(sl_testsrv *s);
 
 /* The bound port. */
 int sl_testsrv_port(const sl_testsrv *s);

@@ -138,6 +138,32 @@ out:
     sl_feed_free(f);
 }
 
+/* feed_index_chunk: a message of that many indices, each as wide as the largest, fits. */
+static void test_index_chunk(void)
+{
+    static const uint64_t samples[] = {1,        2,          128,          129,       1u << 21,
+                                       1u << 30, 1ull << 33, (1ull << 62), UINT64_MAX};
+    size_t limit = 64u << 10;
+
+    /* 2^30 samples: 5 bytes per index; 65536 of them (320 KiB) are cut to what fits. */
+    CHECK(feed_index_chunk(65536, 1u << 30, limit) == (limit - FEED_CHUNK_OVERHEAD) / 5);
+    /* Small datasets keep the request's chunk; the default chunk stays whole below 2^35. */
+    CHECK(feed_index_chunk(32768, 100, limit) == 32768);
+    CHECK(feed_index_chunk(8192, 1ull << 35, limit) == 8192);
+    CHECK(feed_index_chunk(7, 1u << 30, 10) == 1);
+    for (size_t i = 0; i < sizeof(samples) / sizeof(samples[0]); i++) {
+        uint64_t top = samples[i] - 1;
+        size_t width = 1, n = feed_index_chunk(65536, samples[i], limit);
+        while (top >= 0x80) {
+            top >>= 7;
+            width++;
+        }
+        CHECK(n >= 1 && n <= 65536);
+        CHECK(n * width + FEED_CHUNK_OVERHEAD <= limit);
+        CHECK(n == 65536 || (n + 1) * width + FEED_CHUNK_OVERHEAD > limit);
+    }
+}
+
 int main(void)
 {
     char path[sizeof(dir) + 32], cmd[sizeof(dir) + 16];
@@ -149,6 +175,7 @@ int main(void)
     }
     snprintf(path, sizeof(path), "%s/catalog.db", dir);
     CHECK(sl_cat_open(&cat, path) == 0);
+    test_index_chunk();
     if (cat) {
         test_empty_shares_need_every_report(cat);
         test_group_position_and_checks(cat);

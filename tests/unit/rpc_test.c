@@ -715,13 +715,13 @@ static void test_bytes_field_checked(void)
     static const sl_rpc_method bad[][1] = {
         {{"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
           &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL,
-          SLUICE__TEST__PIECE__KIND_LABEL, NULL}}, /* a string */
+          SLUICE__TEST__PIECE__KIND_LABEL, NULL, 0, 0}}, /* a string */
         {{"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
-          &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL, 9,
-          NULL}}, /* none */
+          &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL, 9, NULL, 0,
+          0}}, /* none */
         {{"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
-          &sluice__test__echo_response__descriptor, 0, NULL, NULL, NULL, NULL, 2,
-          NULL}}, /* unary */
+          &sluice__test__echo_response__descriptor, 0, NULL, NULL, NULL, NULL, 2, NULL, 0,
+          0}}, /* unary */
     };
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -1149,7 +1149,7 @@ static void test_max_key_calls(void)
     err = echo(c, "k", 0, 0, 10000, &st, NULL, 0);
     CHECK(err == SL_ELIMIT && st.code == SL_RPC_RESOURCE_EXHAUSTED, "err %d code %d '%s'", err,
           st.code, st.message);
-    CHECK(strstr(st.message, "too many concurrent streams for text 'k' (limit 2)") != NULL,
+    CHECK(strstr(st.message, "too many concurrent echo streams for text 'k' (limit 2)") != NULL,
           "message '%s'", st.message);
     /* Another key is not affected. */
     err = echo(c, "other", 0, 0, 10000, &st, NULL, 0);
@@ -1210,6 +1210,95 @@ static void test_idle_timeout(void)
     /* A call that waits for the handler (not the client) is not idle. */
     err = echo(c, "slow", 1000, 0, 30000, &st, out, sizeof(out));
     CHECK(err == 0 && strcmp(out, "slow") == 0, "slow echo: %d '%s'", err, st.message);
+    CHECK(wait_idle(c, 30.0) == 0, "call state left");
+    sl_rpc_client_free(c);
+    stop_limited(srv, saved);
+}
+
+/* A Digest stream that sends `n` pieces 100 ms apart: labels (no progress with handler_progress)
+ * or 1 KiB of data; returns the status. */
+static void drip_digest(sl_rpc_client *c, int data, int n, sl_rpc_status *st)
+{
+    Sluice__Test__Piece p = SLUICE__TEST__PIECE__INIT;
+    uint8_t buf[1024] = {0};
+    ProtobufCMessage *msg = NULL;
+    sl_rpc_stream *s = NULL;
+
+    if (data) {
+        p.kind_case = SLUICE__TEST__PIECE__KIND_DATA;
+        p.data.data = buf;
+        p.data.len = sizeof(buf);
+    } else {
+        p.kind_case = SLUICE__TEST__PIECE__KIND_LABEL;
+        p.label = "tick";
+    }
+    CHECK(sl_rpc_stream_open(&s, c, "/sluice.test.Test/Digest", 30000) == 0, "open digest");
+    for (int i = 0; i < n && sl_rpc_stream_write(s, &p.base, 0) == 0; i++)
+        usleep(100 * 1000);
+    sl_rpc_stream_close_send(s);
+    /* The answer must be read before the status arrives. */
+    if (sl_rpc_stream_read(s, &sluice__test__digest_response__descriptor, &msg) == 1)
+        protobuf_c_message_free_unpacked(msg, NULL);
+    sl_rpc_stream_finish(s, st);
+    sl_rpc_stream_free(s);
+}
+
+/* handler_progress: messages the handler does not call progress do not keep a call alive. */
+static void test_handler_progress(void)
+{
+    sl_rpc_server_opts lim = {0};
+    char saved[64];
+    sl_testsrv *srv;
+    sl_rpc_client *c;
+    sl_rpc_status st;
+
+    lim.idle_timeout_ms = 300;
+    if (!(srv = start_limited(&lim, saved, sizeof(saved))))
+        return;
+    c = new_client();
+    /* Labels every 100 ms for 2 s: ended as idle after the timeout. */
+    drip_digest(c, 0, 20, &st);
+    CHECK(st.code == SL_RPC_DEADLINE_EXCEEDED && strstr(st.message, "no progress for 0.3 s"),
+          "labels: code %d '%s'", st.code, st.message);
+    /* Data every 100 ms for 1 s: progress, answered at the end. */
+    drip_digest(c, 1, 10, &st);
+    CHECK(st.code == SL_RPC_OK, "data: code %d '%s'", st.code, st.message);
+    CHECK(wait_idle(c, 30.0) == 0, "call state left");
+    sl_rpc_client_free(c);
+    stop_limited(srv, saved);
+}
+
+/* send_budget: a reader that stops reading holds at most the budget in queued messages. */
+static void test_send_budget(void)
+{
+    sl_rpc_server_opts lim = {0};
+    ProtobufCMessage *msg;
+    char saved[64];
+    sl_testsrv *srv;
+    sl_rpc_client *c;
+    sl_rpc_stream *s;
+    int n = 0;
+
+    if (!(srv = start_limited(&lim, saved, sizeof(saved))))
+        return;
+    c = new_client();
+    /* 16 KiB messages: without the budget the window of 64 queued messages takes 1 MiB. */
+    s = open_count(c, 16384);
+    usleep(1000 * 1000);
+    CHECK(sl_testsrv_max_send_bytes(srv) <= SL_TESTSRV_COUNT_BUDGET,
+          "stalled reader: %zu bytes queued, budget %u", sl_testsrv_max_send_bytes(srv),
+          SL_TESTSRV_COUNT_BUDGET);
+    /* The stream still flows once the client reads. */
+    while (n < 500 && sl_rpc_stream_read(s, &sluice__test__count_response__descriptor, &msg) == 1) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        n++;
+    }
+    CHECK(n == 500, "read %d messages", n);
+    CHECK(sl_testsrv_max_send_bytes(srv) <= SL_TESTSRV_COUNT_BUDGET, "%zu bytes queued",
+          sl_testsrv_max_send_bytes(srv));
+    printf("  at most %zu bytes queued\n", sl_testsrv_max_send_bytes(srv));
+    sl_rpc_stream_cancel(s);
+    sl_rpc_stream_free(s);
     CHECK(wait_idle(c, 30.0) == 0, "call state left");
     sl_rpc_client_free(c);
     stop_limited(srv, saved);
@@ -1555,6 +1644,8 @@ int main(void)
         {"max_calls", test_max_calls},
         {"max_key_calls", test_max_key_calls},
         {"idle_timeout", test_idle_timeout},
+        {"handler_progress", test_handler_progress},
+        {"send_budget", test_send_budget},
         {"peer_limit", test_peer_limit},
         {"pending_bound", test_pending_bound},
         {"reset_before_request", test_reset_before_request},

@@ -118,6 +118,17 @@ static void test_hash_fd(void)
     /* A range past the end of the file is corrupt, not a short success. */
     CHECK(sl_sha256_reset(h) == 0);
     CHECK(sl_shard_hash_fd(h, fd, n - 10, 11) == SL_ECORRUPT);
+    /* With a stop flag: unset, the same digest; set, it gives up before reading a block. */
+    {
+        atomic_int stop = 0;
+        CHECK(sl_sha256_reset(h) == 0);
+        CHECK(sl_shard_hash_fd_until(h, fd, 7, 1000000, &stop) == 0);
+        CHECK(sl_sha256_final(h, hex) == 0);
+        CHECK(strcmp(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0") == 0);
+        atomic_store(&stop, 1);
+        CHECK(sl_sha256_reset(h) == 0);
+        CHECK(sl_shard_hash_fd_until(h, fd, 0, n, &stop) == SL_ECANCELLED);
+    }
     sl_sha256_free(h);
     close(fd);
 out:
