@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum kind { K_STR, K_INT, K_BYTES, K_SECONDS, K_LEVEL, K_FORMAT } kind;
+typedef enum kind { K_STR, K_INT, K_BYTES, K_SECONDS, K_LEVEL, K_FORMAT, K_BOOL } kind;
 
 /* One setting: flag name (also its config-file key), variable, and where it lands in sl_config. */
 typedef struct setting {
@@ -91,6 +91,13 @@ static const setting settings[] = {
      "                     (the daemon connects to itself); after 3 failures in a row health\n"
      "                     turns NOT_SERVING and the systemd watchdog is no longer fed;\n"
      "                     0 = off (default 10)"},
+    /* A switch: the flag alone means true ("--allow-shared-data-dir=false" also parses). */
+    {"allow-shared-data-dir", "SLUICE_ALLOW_SHARED_DATA_DIR", K_BOOL,
+     offsetof(sl_config, allow_shared_data_dir), 0, 0, 0, 0,
+     "  start even if the data dir is writable by other users (mode o+w):\n"
+     "                     any of them could plant links or replace files in it; without\n"
+     "                     this sluiced refuses such a dir (environment and config file:\n"
+     "                     true or false)"},
 };
 
 #define N_SETTINGS (sizeof(settings) / sizeof(settings[0]))
@@ -198,6 +205,16 @@ static int apply(sl_config *cfg, const setting *s, const char *v, const char *sr
     case K_FORMAT:
         if (sl_log_parse_format((sl_log_format *)p, v) != 0) {
             snprintf(msg, len, "%s: '%.64s' is not one of logfmt, json", src, v);
+            return SL_EINVAL;
+        }
+        return 0;
+    case K_BOOL:
+        if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0 || strcmp(v, "yes") == 0) {
+            *(int *)p = 1;
+        } else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0 || strcmp(v, "no") == 0) {
+            *(int *)p = 0;
+        } else {
+            snprintf(msg, len, "%s: '%.64s' is not one of true, false, yes, no, 1, 0", src, v);
             return SL_EINVAL;
         }
         return 0;
@@ -339,7 +356,9 @@ int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)
 
     set_defaults(cfg);
     for (size_t i = 0; i < N_SETTINGS; i++)
-        opts[k++] = (struct option){settings[i].name, required_argument, NULL, OPT_FIRST + (int)i};
+        opts[k++] = (struct option){
+            settings[i].name, settings[i].kind == K_BOOL ? optional_argument : required_argument,
+            NULL, OPT_FIRST + (int)i};
     opts[k++] = (struct option){"config", required_argument, NULL, OPT_CONFIG};
     opts[k++] = (struct option){"check-config", no_argument, NULL, OPT_CHECK};
     opts[k++] = (struct option){"help", no_argument, NULL, 'h'};
@@ -398,7 +417,7 @@ int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)
         } else if (c >= OPT_FIRST) {
             const setting *s = &settings[c - OPT_FIRST];
             snprintf(src, sizeof(src), "--%s", s->name);
-            if (apply(cfg, s, optarg, src, msg, sizeof(msg)) != 0) {
+            if (apply(cfg, s, optarg ? optarg : "true", src, msg, sizeof(msg)) != 0) {
                 fprintf(err, "sluiced: %s\n", msg);
                 goto usage;
             }
@@ -453,6 +472,9 @@ void sl_config_print(const sl_config *cfg, FILE *f)
         case K_FORMAT:
             fprintf(f, "%s\n", sl_log_format_name(*(const sl_log_format *)p));
             break;
+        case K_BOOL:
+            fprintf(f, "%s\n", *(const int *)p ? "true" : "false");
+            break;
         }
     }
 }
@@ -466,6 +488,7 @@ static int same_value(const setting *s, const sl_config *a, const sl_config *b)
     case K_STR:
         return strcmp(pa, pb) == 0;
     case K_INT:
+    case K_BOOL:
         return *(const int *)pa == *(const int *)pb;
     case K_BYTES:
     case K_SECONDS:

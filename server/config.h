@@ -34,6 +34,7 @@ typedef struct sl_config {
     uint64_t max_connection_idle_ms; /* max-connection-idle (seconds): 300 s, 0 = never */
     uint64_t max_connection_age_ms;  /* max-connection-age (seconds): 0 = never */
     uint64_t self_check_ms;          /* self-check-interval (seconds): 10 s, 0 = off */
+    int allow_shared_data_dir;       /* allow-shared-data-dir: use a data dir others can write */
     int check_config;                /* --check-config */
 } sl_config;
 

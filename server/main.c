@@ -4,6 +4,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "store/store.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +17,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* mkdir -p with mode 0750 for the directories it creates. */
+/* mkdir -p with mode 0750 for the directories it creates. The operator's path may go through
+ * symbolic links (/var/lib/sluice -> /var/lib/private/sluice under systemd's DynamicUser): it
+ * is followed here, once, and made canonical by realpath; below it the store follows none. */
 static int make_dirs(const char *path)
 {
     char buf[PATH_MAX];
@@ -38,7 +41,34 @@ static int make_dirs(const char *path)
     return 0;
 }
 
-/* Create the data dir, resolve it, and take its lock so two daemons never share one. */
+/* A data dir other users can write is refused unless the operator allows it: any of them could
+ * plant a link or a FIFO where a file is about to be made, or replace files. The group may write
+ * (Kubernetes' fsGroup makes a volume g+rwxs; the operator chose that group). */
+static int check_data_dir(const sl_daemon *d)
+{
+    struct stat st;
+
+    if (stat(d->data_dir, &st) != 0) {
+        int err = -errno;
+        sl_log_error("data_dir_failed", "path=%s error=\"%s\"", d->data_dir, sl_strerror(err));
+        return err;
+    }
+    if (!(st.st_mode & S_IWOTH))
+        return 0;
+    if (d->cfg.allow_shared_data_dir) {
+        sl_log_warn("data_dir_shared", "path=%s mode=%04o allowed_by=--allow-shared-data-dir",
+                    d->data_dir, (unsigned)(st.st_mode & 07777));
+        return 0;
+    }
+    sl_log_error("data_dir_shared",
+                 "path=%s mode=%04o error=\"the data dir is writable by other users\" "
+                 "hint=\"chmod o-w %s, or start with --allow-shared-data-dir\"",
+                 d->data_dir, (unsigned)(st.st_mode & 07777), d->data_dir);
+    return SL_EPERM;
+}
+
+/* Create the data dir, resolve it, check who may write it, and take its lock so two daemons
+ * never share one. */
 static int open_data_dir(sl_daemon *d)
 {
     char lock_path[PATH_MAX + 16];
@@ -53,9 +83,17 @@ static int open_data_dir(sl_daemon *d)
         sl_log_error("data_dir_failed", "path=%s error=\"%s\"", d->cfg.data_dir, sl_strerror(err));
         return err;
     }
+    if ((err = check_data_dir(d)) != 0)
+        return err;
     snprintf(lock_path, sizeof(lock_path), "%s/LOCK", d->data_dir);
-    d->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
-    if (d->lock_fd < 0 || flock(d->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    d->lock_fd = sl_store_open(lock_path, O_RDWR | O_CREAT, 0640);
+    if (d->lock_fd < 0) {
+        err = d->lock_fd;
+        d->lock_fd = -1;
+        sl_log_error("data_dir_failed", "path=%s error=\"%s\"", lock_path, sl_store_strerror(err));
+        return err;
+    }
+    if (flock(d->lock_fd, LOCK_EX | LOCK_NB) != 0) {
         err = -errno;
         sl_log_error("data_dir_locked", "path=%s error=\"%s\" hint=\"another sluiced uses it\"",
                      d->data_dir, sl_strerror(err));
@@ -64,23 +102,31 @@ static int open_data_dir(sl_daemon *d)
     return 0;
 }
 
-/* Write the bound port to the port file atomically, so a script never reads half a number. */
+/* Write the bound port to the port file atomically, so a script never reads half a number. The
+ * operator's path may be in a shared directory: the temp file is made anew (O_EXCL, O_NOFOLLOW),
+ * so a link planted at its name is never followed, and the rename replaces a link at the port
+ * file's name instead of writing through it. */
 static int write_port_file(const char *path, int port)
 {
-    char tmp[PATH_MAX + 8];
-    FILE *f;
+    char tmp[PATH_MAX + 8], text[16];
+    int n = snprintf(text, sizeof(text), "%d\n", port), fd, err = 0;
+    ssize_t w;
 
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    f = fopen(tmp, "w");
-    if (!f)
+    if (unlink(tmp) != 0 && errno != ENOENT)
         return -errno;
-    fprintf(f, "%d\n", port);
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        int err = -errno;
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno;
+    if ((w = write(fd, text, (size_t)n)) != n)
+        err = w < 0 ? -errno : -EIO;
+    if (close(fd) != 0 && !err)
+        err = -errno;
+    if (!err && rename(tmp, path) != 0)
+        err = -errno;
+    if (err)
         unlink(tmp);
-        return err;
-    }
-    return 0;
+    return err;
 }
 
 /* The Checkpoints service with the configured limits; its sweeps watch the data dir's LOCK. */
@@ -92,6 +138,7 @@ static int open_ckpt(sl_daemon *d)
         .upload_memory = d->cfg.upload_memory,
         .lock_fd = d->lock_fd,
         .metrics = d->ops.metrics,
+        .feed = d->feed,
     };
 
     return sl_ckpt_svc_new(&d->ckpt, &d->loop, d->cat, d->data_dir, &o);
@@ -173,9 +220,9 @@ int main(int argc, char **argv)
     snprintf(cat_path, sizeof(cat_path), "%s/catalog.db", d.data_dir);
     if (sl_cat_open(&d.cat, cat_path) != 0)
         goto out;
-    if (open_ckpt(&d) != 0)
-        goto out;
     if (sl_feed_new(&d.feed, &d.loop, d.cat, d.data_dir) != 0)
+        goto out;
+    if (open_ckpt(&d) != 0) /* after the feed: checkpoints carry its data positions */
         goto out;
     sl_feed_set_metrics(d.feed, d.ops.metrics);
     if (sl_health_new(&d.health, health_names, 3 + SL_FEED_N_SERVICES) != 0)

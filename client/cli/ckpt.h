@@ -16,8 +16,8 @@ typedef struct ckpt_opts {
     uint64_t step;
     int32_t world, rank;
     int have_rank;
-    const char *meta, *dir, *output, *sha;
-    int jobs, deep, state, resume, no_verify, no_progress;
+    const char *meta, *dir, *output, *sha, *feed_job;
+    int jobs, deep, state, resume, no_verify, no_progress, no_feed, auto_commit;
     size_t chunk;
 } ckpt_opts;
 

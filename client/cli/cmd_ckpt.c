@@ -1,6 +1,6 @@
 /* sluice ckpt: checkpoint shards (begin, upload, commit, abort, verify, ls, latest, show,
- * download, rm, retention, status). The family, its options and the subcommands that only call
- * the daemon; upload and download are in ckpt_xfer.c. */
+ * download, rm, retention, restore, status). The family, its options and the subcommands that only
+ * call the daemon; upload and download are in ckpt_xfer.c. */
 #include "ckpt.h"
 
 #include "err.h"
@@ -33,18 +33,50 @@ static void print_ckpt(const sl_cli *cli, const sl_ckpt *c, int last)
     }
 }
 
+static void print_feed_state(const sl_cli *cli, const sl_ckpt_feed_state *fs, uint64_t epoch_now,
+                             uint32_t world_now, int restored)
+{
+    if (cli->json) {
+        printf("{\"feed_job\":");
+        sl_cli_json_str(stdout, fs->job);
+        printf(",\"epoch\":%" PRIu64 ",\"world_size\":%u,\"unit\":\"%s\",\"samples\":%" PRIu64
+               ",\"elastic\":%s,\"positions\":[",
+               fs->epoch, fs->world_size, fs->unit, fs->samples, fs->elastic ? "true" : "false");
+        for (size_t i = 0; i < fs->n_positions; i++)
+            printf("%s%" PRIu64, i ? "," : "", fs->positions[i]);
+        printf("]");
+        if (restored)
+            printf(",\"job_epoch\":%" PRIu64 ",\"job_world_size\":%u", epoch_now, world_now);
+        printf("}\n");
+        return;
+    }
+    printf("feed job %s: epoch %" PRIu64 ", world %u%s, positions (%s per dp rank):", fs->job,
+           fs->epoch, fs->world_size, fs->elastic ? " (resized mid-epoch)" : "", fs->unit);
+    for (size_t i = 0; i < fs->n_positions && i < 64; i++)
+        printf(" %" PRIu64, fs->positions[i]);
+    printf("%s\n", fs->n_positions > 64 ? " ..." : "");
+    if (restored)
+        printf("restored: job %s is in epoch %" PRIu64 " with world %u\n", fs->job, epoch_now,
+               world_now);
+}
+
 /* ---- subcommands ---- */
 
 static int run_begin(sl_cli *cli, sl_client *c, void *opts, int argc, char **argv)
 {
     const ckpt_opts *o = opts;
+    sl_ckpt_begin_opts bo = SL_CKPT_BEGIN_OPTS_INIT;
     sl_ckpt ck;
 
     if (o->world <= 0) {
         fprintf(stderr, "sluice ckpt begin: --world N is required\n");
         return SL_CLI_USAGE;
     }
-    if (sl_ckpt_begin(c, &ck, argv[0], argc > 1 ? argv[1] : NULL, o->step, o->world, o->meta))
+    bo.feed_job = o->feed_job;
+    bo.no_feed = o->no_feed;
+    bo.auto_commit = o->auto_commit;
+    if (sl_ckpt_begin_ex(c, &ck, argv[0], argc > 1 ? argv[1] : NULL, o->step, o->world, o->meta,
+                         &bo))
         return sl_cli_call_fail(cli, "ckpt begin");
     print_ckpt(cli, &ck, 1);
     return SL_CLI_OK;
@@ -138,14 +170,35 @@ static int run_show(sl_cli *cli, sl_client *c, void *o, int argc, char **argv)
         }
         printf("]}\n");
     } else {
+        sl_ckpt_feed_state fs;
+
         print_ckpt(cli, &ck, 1);
         if (ck.user_metadata[0])
             printf("metadata: %s\n", ck.user_metadata);
+        if (ck.state == SL_CKPT_STATE_COMPLETE &&
+            sl_ckpt_feed_state_get(c, &fs, argv[0], argv[1]) == 0) {
+            print_feed_state(cli, &fs, 0, 0, 0);
+            free(fs.positions);
+        }
         for (size_t i = 0; i < n; i++)
             printf("  rank %-5d %14" PRIu64 " bytes  %s  %s\n", sh[i].rank, sh[i].data_size,
                    sh[i].sha256, sh[i].path);
     }
     free(sh);
+    return SL_CLI_OK;
+}
+
+static int run_restore(sl_cli *cli, sl_client *c, void *opts, int argc, char **argv)
+{
+    const ckpt_opts *o = opts;
+    sl_ckpt_feed_state fs;
+    uint64_t epoch = 0;
+    uint32_t world = 0;
+
+    if (sl_ckpt_restore(c, &fs, &epoch, &world, argv[0], argv[1], (uint32_t)o->world))
+        return sl_cli_call_fail(cli, "ckpt restore");
+    print_feed_state(cli, &fs, epoch, world, 1);
+    free(fs.positions);
     return SL_CLI_OK;
 }
 
@@ -252,6 +305,19 @@ static const sl_cli_opt begin_opts[] = {
     {"step", SL_CLI_U64, "N", "training step (default 0)", AT(step), .max = INT64_MAX},
     {"world", SL_CLI_U64, "N", "number of ranks (required)", AT(world), .max = CKPT_MAX_RANKS},
     {"metadata", SL_CLI_STR, "TEXT", "opaque user metadata (e.g. JSON), at most 8 KiB", AT(meta)},
+    {"feed-job", SL_CLI_STR, "JOB",
+     "carry the data position of this feed job (default: the feed "
+     "job named like JOB, if any)",
+     AT(feed_job)},
+    {"no-feed", SL_CLI_FLAG, NULL, "carry no data position", AT(no_feed)},
+    {"auto-commit", SL_CLI_FLAG, NULL, "the daemon commits once every rank's shard is durable",
+     AT(auto_commit)},
+    SL_CLI_OPTS_END,
+};
+
+static const sl_cli_opt restore_opts[] = {
+    {"world", SL_CLI_U64, "N", "restore into N ranks (default: the checkpoint's world)", AT(world),
+     .max = CKPT_MAX_RANKS},
     SL_CLI_OPTS_END,
 };
 
@@ -325,6 +391,10 @@ static const sl_cli_cmd subs[] = {
     SUB("retention", run_retention, 2, 2, "JOB KEEP", NULL,
         "Keep the last KEEP complete checkpoints of JOB (0 keeps all); applied now and at every\n"
         "commit. The newest complete one and those being written are never deleted.\n"),
+    SUB("restore", run_restore, 2, 2, "JOB NAME", restore_opts,
+        "Rewind the checkpoint's feed job to the data position the checkpoint was taken at\n"
+        "(epoch, world, every dp rank's position); later progress is discarded and open streams\n"
+        "of the job end (ABORTED) and reopen there. --world N resizes into N ranks.\n"),
     SUB("status", run_status, 2, 2, "JOB NAME", status_opts,
         "How much of an interrupted upload of --rank R the daemon holds.\n"),
 };

@@ -105,6 +105,93 @@ int sl_ckpt_begin(sl_client *c, sl_ckpt *out, const char *job, const char *name,
     return ckpt_call(c, SVC "Begin", &req.base, out);
 }
 
+int sl_ckpt_begin_ex(sl_client *c, sl_ckpt *out, const char *job, const char *name, uint64_t step,
+                     int32_t world_size, const char *user_metadata, const sl_ckpt_begin_opts *opts)
+{
+    Sluice__V1__BeginRequest req = SLUICE__V1__BEGIN_REQUEST__INIT;
+    int err =
+        opts ? sl_opts_check(opts->version, SL_CKPT_BEGIN_OPTS_VERSION, "sl_ckpt_begin_opts") : 0;
+
+    if (err)
+        return err;
+    req.job = (char *)job;
+    req.name = (char *)(name ? name : "");
+    req.step = step;
+    req.world_size = world_size;
+    req.user_metadata = (char *)(user_metadata ? user_metadata : "");
+    if (opts) {
+        req.feed_job = (char *)(opts->feed_job ? opts->feed_job : "");
+        req.no_feed = opts->no_feed != 0;
+        req.auto_commit = opts->auto_commit != 0;
+    }
+    return ckpt_call(c, SVC "Begin", &req.base, out);
+}
+
+static int feed_from_pb(sl_ckpt_feed_state *out, const Sluice__V1__FeedState *fs)
+{
+    memset(out, 0, sizeof(*out));
+    copy_str(out->job, sizeof(out->job), fs->job);
+    out->epoch = fs->epoch;
+    out->world_size = fs->world_size;
+    copy_str(out->unit, sizeof(out->unit), fs->unit);
+    out->samples = fs->samples;
+    copy_str(out->lengths_sha256, sizeof(out->lengths_sha256), fs->lengths_sha256);
+    out->elastic = fs->elastic;
+    out->positions = malloc(sizeof(uint64_t) * (fs->n_positions ? fs->n_positions : 1));
+    if (!out->positions)
+        return sl_client_set_error(-ENOMEM, "out of memory");
+    memcpy(out->positions, fs->positions, sizeof(uint64_t) * fs->n_positions);
+    out->n_positions = fs->n_positions;
+    return 0;
+}
+
+int sl_ckpt_feed_state_get(sl_client *c, sl_ckpt_feed_state *out, const char *job, const char *name)
+{
+    Sluice__V1__CheckpointRef req = SLUICE__V1__CHECKPOINT_REF__INIT;
+    Sluice__V1__Checkpoint *resp = NULL;
+    int err;
+
+    req.job = (char *)job;
+    req.name = (char *)name;
+    err = unary(c, SVC "Get", &req.base, &sluice__v1__checkpoint__descriptor,
+                (ProtobufCMessage **)&resp);
+    if (err)
+        return err;
+    if (!resp->feed_state)
+        err = sl_client_set_error(SL_ENOTFOUND, "checkpoint %s/%s carries no data position", job,
+                                  name);
+    else
+        err = feed_from_pb(out, resp->feed_state);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return err;
+}
+
+int sl_ckpt_restore(sl_client *c, sl_ckpt_feed_state *out, uint64_t *epoch, uint32_t *world,
+                    const char *job, const char *name, uint32_t world_size)
+{
+    Sluice__V1__RestoreRequest req = SLUICE__V1__RESTORE_REQUEST__INIT;
+    Sluice__V1__RestoreResponse *resp = NULL;
+    int err;
+
+    req.job = (char *)job;
+    req.name = (char *)name;
+    req.world_size = world_size;
+    err = unary(c, SVC "Restore", &req.base, &sluice__v1__restore_response__descriptor,
+                (ProtobufCMessage **)&resp);
+    if (err)
+        return err;
+    if (epoch)
+        *epoch = resp->epoch;
+    if (world)
+        *world = resp->world_size;
+    if (out && resp->restored)
+        err = feed_from_pb(out, resp->restored);
+    else if (out)
+        memset(out, 0, sizeof(*out));
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return err;
+}
+
 int sl_ckpt_commit(sl_client *c, sl_ckpt *out, const char *job, const char *name)
 {
     return ref_call(c, SVC "Commit", out, job, name);
@@ -405,6 +492,7 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
     static const sl_ckpt_upload_opts defaults = SL_CKPT_UPLOAD_OPTS_INIT;
     Sluice__V1__UploadShardRequest msg = SLUICE__V1__UPLOAD_SHARD_REQUEST__INIT;
     Sluice__V1__ShardHeader hdr = SLUICE__V1__SHARD_HEADER__INIT;
+    Sluice__V1__DataPosition pos = SLUICE__V1__DATA_POSITION__INIT;
     Sluice__V1__TensorInfo *tinfo = NULL, **tptr = NULL, one = SLUICE__V1__TENSOR_INFO__INIT;
     Sluice__V1__UploadShardResponse *resp = NULL;
     sl_rpc_stream *s = NULL;
@@ -481,6 +569,13 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
     hdr.data_size = size;
     hdr.sha256 = (char *)(opts->sha256 ? opts->sha256 : "");
     hdr.offset = off;
+    if (opts->version >= 2 && opts->position) {
+        pos.job = (char *)(opts->position->job ? opts->position->job : "");
+        pos.epoch = opts->position->epoch;
+        pos.position = opts->position->position;
+        pos.world_size = opts->position->world_size;
+        hdr.data_position = &pos;
+    }
     for (int k = 0; k < HASH_BUFS && !opts->no_verify; k++) {
         hs.bufs[k] = malloc(chunk);
         if (!hs.bufs[k]) {

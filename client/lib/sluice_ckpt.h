@@ -67,7 +67,15 @@ typedef struct sl_ckpt_verdict {
 /* Progress of a transfer: bytes done of total. Called from the transferring thread. */
 typedef void (*sl_ckpt_progress_fn)(uint64_t done, uint64_t total, void *arg);
 
-#define SL_CKPT_UPLOAD_OPTS_VERSION 1
+/* Where a rank was in a feed job when the state in its shard was taken (issue 14). */
+typedef struct sl_ckpt_data_position {
+    const char *job; /* the feed job; NULL or "": the checkpoint's */
+    uint64_t epoch;
+    uint64_t position;   /* in the rank's share, in the job's unit (indices or batches) */
+    uint32_t world_size; /* the world the rank ran in */
+} sl_ckpt_data_position;
+
+#define SL_CKPT_UPLOAD_OPTS_VERSION 2
 
 typedef struct sl_ckpt_upload_opts {
     unsigned int version;          /* SL_CKPT_UPLOAD_OPTS_VERSION (0 reads as 1) */
@@ -79,7 +87,37 @@ typedef struct sl_ckpt_upload_opts {
     int no_verify;      /* skip hashing locally and comparing with the receipt */
     sl_ckpt_progress_fn progress;
     void *arg;
+    /* version 2 */
+    const sl_ckpt_data_position *position; /* NULL: none */
 } sl_ckpt_upload_opts;
+
+#define SL_CKPT_BEGIN_OPTS_VERSION 1
+
+typedef struct sl_ckpt_begin_opts {
+    unsigned int version; /* SL_CKPT_BEGIN_OPTS_VERSION */
+    const char *feed_job; /* NULL: the feed job named like the checkpoint's job, if any */
+    int no_feed;          /* carry no data position */
+    int auto_commit;      /* the daemon commits once every rank's shard is durable */
+} sl_ckpt_begin_opts;
+
+#define SL_CKPT_BEGIN_OPTS_INIT                                                                    \
+    {                                                                                              \
+        .version = SL_CKPT_BEGIN_OPTS_VERSION                                                      \
+    }
+
+/* The feed state a COMPLETE checkpoint carries. `positions` is allocated by the library (free()).
+ */
+typedef struct sl_ckpt_feed_state {
+    char job[129];
+    uint64_t epoch;
+    uint32_t world_size;
+    char unit[16]; /* "indices" or "batches" */
+    uint64_t samples;
+    char lengths_sha256[65];
+    int elastic;
+    uint64_t *positions; /* per dp rank */
+    size_t n_positions;
+} sl_ckpt_feed_state;
 
 /* The defaults: one "bytes" tensor, 1 MiB messages, local SHA-256 check, no progress. */
 #define SL_CKPT_UPLOAD_OPTS_INIT                                                                   \
@@ -101,6 +139,26 @@ SL_API const char *sl_ckpt_verdict_name(int verdict);
  * checkpoint; a negative error otherwise. */
 SL_API int sl_ckpt_begin(sl_client *c, sl_ckpt *out, const char *job, const char *name,
                          uint64_t step, int32_t world_size, const char *user_metadata);
+
+/* Checkpoints.Begin with feed options (sl_ckpt_begin is this with opts NULL): the feed job the
+ * checkpoint carries the data position of, none, and auto-commit. Returns as sl_ckpt_begin;
+ * SL_ENOTFOUND for a feed job that does not exist. */
+SL_API int sl_ckpt_begin_ex(sl_client *c, sl_ckpt *out, const char *job, const char *name,
+                            uint64_t step, int32_t world_size, const char *user_metadata,
+                            const sl_ckpt_begin_opts *opts);
+
+/* Checkpoints.Get: the feed state COMPLETE checkpoint (job, name) carries (free out->positions).
+ * Returns 0, SL_ENOTFOUND if it carries none, or another negative error. */
+SL_API int sl_ckpt_feed_state_get(sl_client *c, sl_ckpt_feed_state *out, const char *job,
+                                  const char *name);
+
+/* Checkpoints.Restore: rewind the checkpoint's feed job to its feed state (world_size 0: the
+ * checkpoint's world; else resized into it). Returns 0 with *out (may be NULL; free
+ * out->positions) the restored state and *epoch and *world (may be NULL) the job's epoch and
+ * world now; SL_ESTATE (not COMPLETE, no feed state, the dataset or job changed) or another
+ * negative error. */
+SL_API int sl_ckpt_restore(sl_client *c, sl_ckpt_feed_state *out, uint64_t *epoch, uint32_t *world,
+                           const char *job, const char *name, uint32_t world_size);
 
 /* Checkpoints.Commit: the checkpoint becomes COMPLETE once every rank has a durable shard.
  * Returns 0 and, if `out` is not NULL, the checkpoint; SL_ESTATE (the message names the missing

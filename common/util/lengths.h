@@ -46,13 +46,13 @@ int sl_lengths_decode(uint32_t *out, const uint8_t *raw, size_t n, size_t *bad);
 int sl_lengths_parse(uint32_t **out, size_t *n, FILE *f, sl_lengths_form form, size_t max,
                      const char *name, char *msg, size_t len);
 
-/* Read a stored lengths file that must hold exactly n lengths and hash to `sha256` (lowercase hex,
- * as recorded in the catalog). Returns 0 with *out a new array of n lengths (caller frees with
- * free()). On failure *out is NULL and msg[0..len) says why: -errno if the file cannot be opened
- * or read, -ENOMEM, SL_ECORRUPT if its size, checksum or a length of 0 shows it is not the file
- * the catalog describes (or 4 * n does not fit in memory), SL_EUNAVAILABLE if hashing failed.
- * Blocking: worker threads. In sl_lengths. */
-int sl_lengths_read(uint32_t **out, const char *path, uint64_t n, const char *sha256, char *msg,
-                    size_t len);
+/* Read a stored lengths file, open as `fd` at its start, that must hold exactly n lengths and hash
+ * to `sha256` (lowercase hex, as recorded in the catalog). The caller opens the file (the daemon
+ * through its store, which follows no symbolic link) and closes it. Returns 0 with *out a new
+ * array of n lengths (caller frees with free()). On failure *out is NULL and msg[0..len) says
+ * why: -errno if the file cannot be read (-EBADF for fd -1), -ENOMEM, SL_ECORRUPT if its size,
+ * checksum or a length of 0 shows it is not the file the catalog describes (or 4 * n does not fit
+ * in memory), SL_EUNAVAILABLE if hashing failed. Blocking: worker threads. In sl_lengths. */
+int sl_lengths_read(uint32_t **out, int fd, uint64_t n, const char *sha256, char *msg, size_t len);
 
 #endif

@@ -6,7 +6,7 @@
 #include "shard/shard.h"
 
 #include <errno.h>
-#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -40,14 +40,13 @@ static int hash(char hex[SL_SHARD_HEX_LEN + 1], const uint8_t *buf, size_t n)
     return err;
 }
 
-int sl_lengths_read(uint32_t **out, const char *path, uint64_t n, const char *sha256, char *msg,
-                    size_t len)
+int sl_lengths_read(uint32_t **out, int fd, uint64_t n, const char *sha256, char *msg, size_t len)
 {
     char hex[SL_SHARD_HEX_LEN + 1];
     uint8_t *raw = NULL;
     struct stat st;
     size_t bytes = (size_t)n * 4, bad;
-    int fd = -1, err = 0;
+    int err = 0;
 
     *out = NULL;
     /* 4 * n must not wrap: a count of 2^62 + 5 would otherwise match a 20-byte file. */
@@ -55,10 +54,9 @@ int sl_lengths_read(uint32_t **out, const char *path, uint64_t n, const char *sh
         snprintf(msg, len, "%llu lengths do not fit in memory", (unsigned long long)n);
         return SL_ECORRUPT;
     }
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) != 0) {
+    if (fstat(fd, &st) != 0) {
         err = -errno;
-        snprintf(msg, len, "cannot open the lengths file: %s", sl_strerror(err));
+        snprintf(msg, len, "cannot read the lengths file: %s", sl_strerror(err));
         goto out;
     }
     if ((uint64_t)st.st_size != (uint64_t)bytes) {
@@ -92,8 +90,6 @@ int sl_lengths_read(uint32_t **out, const char *path, uint64_t n, const char *sh
         goto out;
     }
 out:
-    if (fd >= 0)
-        close(fd);
     if (err)
         free(raw);
     else

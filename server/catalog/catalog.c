@@ -10,6 +10,7 @@
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,6 +80,27 @@ static const char *const migrations[] = {
     "  position INTEGER NOT NULL CHECK (position >= 0),\n"
     "  PRIMARY KEY (job, dp_rank)\n"
     ") WITHOUT ROWID;\n",
+    /* 4: checkpoints that carry the data position (issue 14). A checkpoint may be bound to a
+     * feed job; each shard records its rank's position; a COMPLETE one keeps the feed state it
+     * was taken at (a packed sluice.v1.FeedState, the job's spec and elastic state of that
+     * epoch). feed_epochs keeps each job's spec and elastic state of its recent epochs, so a
+     * commit that lands after the job moved on still finds the epoch its shards were taken in. */
+    "ALTER TABLE checkpoints ADD COLUMN feed_job TEXT NOT NULL DEFAULT '';\n"
+    "ALTER TABLE checkpoints ADD COLUMN auto_commit INTEGER NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE checkpoints ADD COLUMN feed_state BLOB;\n"
+    "ALTER TABLE checkpoints ADD COLUMN feed_spec BLOB;\n"
+    "ALTER TABLE checkpoints ADD COLUMN feed_elastic BLOB;\n"
+    "ALTER TABLE checkpoint_shards ADD COLUMN pos_epoch INTEGER;\n"
+    "ALTER TABLE checkpoint_shards ADD COLUMN pos_position INTEGER;\n"
+    "ALTER TABLE checkpoint_shards ADD COLUMN pos_world INTEGER;\n"
+    "CREATE TABLE feed_epochs (\n"
+    "  job        TEXT NOT NULL REFERENCES feed_jobs(name) ON DELETE CASCADE,\n"
+    "  epoch      INTEGER NOT NULL CHECK (epoch >= 0),\n"
+    "  spec       BLOB NOT NULL,\n"
+    "  world_size INTEGER NOT NULL CHECK (world_size > 0),\n"
+    "  elastic    BLOB,\n"
+    "  PRIMARY KEY (job, epoch)\n"
+    ") WITHOUT ROWID;\n",
 };
 
 #define N_MIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
@@ -117,6 +139,22 @@ void sl_cat_copy_col(char *dst, size_t len, sqlite3_stmt *st, int col)
     const unsigned char *s = sqlite3_column_text(st, col);
 
     snprintf(dst, len, "%s", s ? (const char *)s : "");
+}
+
+int sl_cat_copy_blob(sl_cat_blob *b, sqlite3_stmt *st, int col)
+{
+    const void *p = sqlite3_column_blob(st, col);
+    int n = sqlite3_column_bytes(st, col);
+
+    b->p = NULL;
+    b->len = 0;
+    if (!p || n <= 0)
+        return 0;
+    if (!(b->p = malloc((size_t)n)))
+        return -ENOMEM;
+    memcpy(b->p, p, (size_t)n);
+    b->len = (size_t)n;
+    return 0;
 }
 
 unsigned long sl_cat_errors(const sl_cat *cat)

@@ -7,7 +7,9 @@
 #include "err.h"
 #include "log.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *sl_cat_ckpt_state_name(int state)
@@ -27,7 +29,8 @@ const char *sl_cat_ckpt_state_name(int state)
 #define CKPT_COLS                                                                                  \
     "SELECT c.id, c.job, c.name, c.step, c.world_size, c.state, c.user_metadata, c.created_ms, "   \
     "c.committed_ms, (SELECT count(*) FROM checkpoint_shards s WHERE s.checkpoint_id = c.id), "    \
-    "(SELECT coalesce(sum(data_size), 0) FROM checkpoint_shards s WHERE s.checkpoint_id = c.id) "  \
+    "(SELECT coalesce(sum(data_size), 0) FROM checkpoint_shards s WHERE s.checkpoint_id = c.id), " \
+    "c.feed_job, c.auto_commit, c.feed_state IS NOT NULL "                                         \
     "FROM checkpoints c "
 
 static void read_ckpt(sl_cat_ckpt *out, sqlite3_stmt *st)
@@ -44,6 +47,9 @@ static void read_ckpt(sl_cat_ckpt *out, sqlite3_stmt *st)
     out->committed_ms = sqlite3_column_int64(st, 8);
     out->shards = (uint32_t)sqlite3_column_int64(st, 9);
     out->total_bytes = (uint64_t)sqlite3_column_int64(st, 10);
+    sl_cat_copy_col(out->feed_job, sizeof(out->feed_job), st, 11);
+    out->auto_commit = sqlite3_column_int(st, 12);
+    out->has_feed_state = sqlite3_column_int(st, 13);
 }
 
 /* Step a statement expected to yield at most one checkpoint row. */
@@ -200,6 +206,100 @@ int sl_cat_ckpt_set_state(sl_cat *cat, int64_t id, int state, int64_t committed_
     return err;
 }
 
+int sl_cat_ckpt_bind(sl_cat *cat, int64_t id, const char *feed_job, int auto_commit)
+{
+    sqlite3_stmt *st = NULL;
+    int err = sl_cat_prepare(cat, &st,
+                             "UPDATE checkpoints SET feed_job = ?2, auto_commit = ?3, "
+                             "feed_state = NULL, feed_spec = NULL, feed_elastic = NULL "
+                             "WHERE id = ?1",
+                             "ckpt_bind");
+
+    if (err)
+        return err;
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_text(st, 2, feed_job ? feed_job : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, auto_commit != 0);
+    err = exec_stmt(cat, st, "ckpt_bind");
+    if (!err && sqlite3_changes(cat->db) == 0)
+        err = SL_ENOTFOUND;
+    sqlite3_finalize(st);
+    return err;
+}
+
+static void bind_blob_or_null(sqlite3_stmt *st, int i, const sl_cat_blob *b)
+{
+    if (b && b->p && b->len)
+        sqlite3_bind_blob(st, i, b->p, (int)b->len, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, i);
+}
+
+int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const sl_cat_blob *state,
+                         const sl_cat_blob *spec, const sl_cat_blob *elastic)
+{
+    sqlite3_stmt *st = NULL;
+    int err =
+        sl_cat_prepare(cat, &st,
+                       "UPDATE checkpoints SET state = 2, committed_ms = ?2, feed_state = ?3, "
+                       "feed_spec = ?4, feed_elastic = ?5 WHERE id = ?1",
+                       "ckpt_complete");
+
+    if (err)
+        return err;
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int64(st, 2, committed_ms);
+    bind_blob_or_null(st, 3, state);
+    bind_blob_or_null(st, 4, spec);
+    bind_blob_or_null(st, 5, elastic);
+    err = exec_stmt(cat, st, "ckpt_complete");
+    if (!err && sqlite3_changes(cat->db) == 0)
+        err = SL_ENOTFOUND;
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_ckpt_feed_get(sl_cat *cat, int64_t id, sl_cat_blob *state, sl_cat_blob *spec,
+                         sl_cat_blob *elastic)
+{
+    sqlite3_stmt *st = NULL;
+    int rc, err = sl_cat_prepare(cat, &st,
+                                 "SELECT feed_state, feed_spec, feed_elastic FROM checkpoints "
+                                 "WHERE id = ?1 AND feed_state IS NOT NULL",
+                                 "ckpt_feed_get");
+    sl_cat_blob none[2];
+
+    state->p = NULL;
+    state->len = 0;
+    if (!spec)
+        spec = &none[0];
+    if (!elastic)
+        elastic = &none[1];
+    spec->p = elastic->p = NULL;
+    spec->len = elastic->len = 0;
+    if (err)
+        return err;
+    sqlite3_bind_int64(st, 1, id);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        err = sl_cat_copy_blob(state, st, 0);
+        if (!err)
+            err = sl_cat_copy_blob(spec, st, 1);
+        if (!err)
+            err = sl_cat_copy_blob(elastic, st, 2);
+    } else {
+        err = rc == SQLITE_DONE ? SL_ENOTFOUND : sl_cat_fail(cat, "ckpt_feed_get");
+    }
+    sqlite3_finalize(st);
+    if (err || spec == &none[0])
+        sl_cat_blob_free(spec);
+    if (err || elastic == &none[1])
+        sl_cat_blob_free(elastic);
+    if (err)
+        sl_cat_blob_free(state);
+    return err;
+}
+
 int sl_cat_ckpt_delete(sl_cat *cat, int64_t id)
 {
     sqlite3_stmt *st = NULL;
@@ -240,8 +340,9 @@ int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_
     int err =
         sl_cat_prepare(cat, &st,
                        "INSERT OR REPLACE INTO checkpoint_shards(checkpoint_id, rank, data_size, "
-                       "file_size, sha256, tensor_count, tensors, created_ms) "
-                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                       "file_size, sha256, tensor_count, tensors, created_ms, pos_epoch, "
+                       "pos_position, pos_world) "
+                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                        "shard_put");
 
     if (err)
@@ -254,6 +355,11 @@ int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_
     sqlite3_bind_int64(st, 6, s->tensor_count);
     sqlite3_bind_text(st, 7, s->tensors_json ? s->tensors_json : "[]", -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 8, now_ms);
+    if (s->has_pos) {
+        sqlite3_bind_int64(st, 9, (int64_t)s->pos_epoch);
+        sqlite3_bind_int64(st, 10, (int64_t)s->pos_position);
+        sqlite3_bind_int64(st, 11, s->pos_world);
+    }
     err = exec_stmt(cat, st, "shard_put");
     sqlite3_finalize(st);
     return err;
@@ -268,6 +374,12 @@ static void read_shard(sl_cat_shard *out, sqlite3_stmt *st, int with_tensors)
     sl_cat_copy_col(out->sha256, sizeof(out->sha256), st, 3);
     out->tensor_count = (uint32_t)sqlite3_column_int64(st, 4);
     out->tensors_json = with_tensors ? (const char *)sqlite3_column_text(st, 5) : NULL;
+    if (sqlite3_column_count(st) > 6 && sqlite3_column_type(st, 6) != SQLITE_NULL) {
+        out->has_pos = 1;
+        out->pos_epoch = (uint64_t)sqlite3_column_int64(st, 6);
+        out->pos_position = (uint64_t)sqlite3_column_int64(st, 7);
+        out->pos_world = (uint32_t)sqlite3_column_int64(st, 8);
+    }
 }
 
 int sl_cat_shard_get(sl_cat *cat, sl_cat_shard *out, int64_t ckpt_id, int32_t rank)
@@ -313,11 +425,11 @@ int sl_cat_shard_list(sl_cat *cat, int64_t ckpt_id, int with_tensors, sl_cat_sha
     sqlite3_stmt *st = NULL;
     sl_cat_shard s;
     int rc,
-        err =
-            sl_cat_prepare(cat, &st,
-                           "SELECT rank, data_size, file_size, sha256, tensor_count, tensors FROM "
-                           "checkpoint_shards WHERE checkpoint_id = ?1 ORDER BY rank",
-                           "shard_list");
+        err = sl_cat_prepare(cat, &st,
+                             "SELECT rank, data_size, file_size, sha256, tensor_count, tensors, "
+                             "pos_epoch, pos_position, pos_world FROM "
+                             "checkpoint_shards WHERE checkpoint_id = ?1 ORDER BY rank",
+                             "shard_list");
 
     if (err)
         return err;

@@ -10,6 +10,7 @@
 #define SL_CATALOG_CKPT_H
 
 #include "catalog.h"
+#include "feed.h"
 
 #include <stdint.h>
 
@@ -28,8 +29,11 @@ typedef struct sl_cat_ckpt {
     int state;
     char user_metadata[SL_CAT_USER_MD_MAX + 1];
     int64_t created_ms, committed_ms;
-    uint32_t shards;      /* shard rows recorded */
-    uint64_t total_bytes; /* sum of their data sizes */
+    uint32_t shards;                    /* shard rows recorded */
+    uint64_t total_bytes;               /* sum of their data sizes */
+    char feed_job[SL_CAT_NAME_MAX + 1]; /* bound feed job, "" when none */
+    int auto_commit;
+    int has_feed_state; /* COMPLETE with the feed state it was taken at */
 } sl_cat_ckpt;
 
 typedef struct sl_cat_shard {
@@ -38,6 +42,9 @@ typedef struct sl_cat_shard {
     char sha256[65];
     uint32_t tensor_count;
     const char *tensors_json; /* JSON array; borrowed (valid during a callback or a put) */
+    int has_pos;              /* the rank's data position when its state was taken */
+    uint64_t pos_epoch, pos_position;
+    uint32_t pos_world;
 } sl_cat_shard;
 
 /* Name of a state ("WRITING"), "UNKNOWN" otherwise. Static string. */
@@ -65,6 +72,21 @@ int sl_cat_ckpt_list(sl_cat *cat, const char *job, int state, sl_cat_ckpt_fn fn,
 
 /* Set the state (and committed_ms, 0 unless COMPLETE). SL_ENOTFOUND if the id is gone. */
 int sl_cat_ckpt_set_state(sl_cat *cat, int64_t id, int state, int64_t committed_ms);
+
+/* Bind a checkpoint to a feed job ("" : none) and set its auto-commit; forgets a stored feed
+ * state (a reopened checkpoint). */
+int sl_cat_ckpt_bind(sl_cat *cat, int64_t id, const char *feed_job, int auto_commit);
+
+/* Make a checkpoint COMPLETE with the feed state it was taken at (all NULL/empty: none), in one
+ * statement: the feed state is never recorded without the state or the other way round. */
+int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const sl_cat_blob *state,
+                         const sl_cat_blob *spec, const sl_cat_blob *elastic);
+
+/* The stored feed state (packed sluice.v1.FeedState) and the job's spec and elastic state of that
+ * epoch (spec, elastic may be NULL). SL_ENOTFOUND if the checkpoint has none. Free each with
+ * sl_cat_blob_free. */
+int sl_cat_ckpt_feed_get(sl_cat *cat, int64_t id, sl_cat_blob *state, sl_cat_blob *spec,
+                         sl_cat_blob *elastic);
 
 /* Delete a checkpoint and its shard rows. */
 int sl_cat_ckpt_delete(sl_cat *cat, int64_t id);

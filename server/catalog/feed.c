@@ -8,7 +8,9 @@
 #include "err.h"
 #include "log.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Run a prepared write; maps constraint failures to `constraint_err`. */
@@ -216,7 +218,41 @@ int sl_cat_job_delete(sl_cat *cat, const char *name)
     return err;
 }
 
-/* Run `st` (an UPDATE of one job) and clear the job's progress, in one transaction. */
+/* Keep the job's current epoch, spec and elastic state in feed_epochs (replacing the row of
+ * that epoch), and forget epochs more than FEED_EPOCHS_KEPT older. */
+#define FEED_EPOCHS_KEPT 64
+
+static int record_epoch(sl_cat *cat, const char *name, const char *op)
+{
+    sqlite3_stmt *st = NULL;
+    int err = sl_cat_prepare(cat, &st,
+                             "INSERT OR REPLACE INTO feed_epochs(job, epoch, spec, world_size, "
+                             "elastic) SELECT name, epoch, spec, world_size, elastic FROM "
+                             "feed_jobs WHERE name = ?1",
+                             op);
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    err = run(cat, st, op, 0);
+    sqlite3_finalize(st);
+    if (err)
+        return err;
+    err = sl_cat_prepare(cat, &st,
+                         "DELETE FROM feed_epochs WHERE job = ?1 AND epoch + ?2 < "
+                         "(SELECT epoch FROM feed_jobs WHERE name = ?1)",
+                         op);
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, FEED_EPOCHS_KEPT);
+    err = run(cat, st, op, 0);
+    sqlite3_finalize(st);
+    return err;
+}
+
+/* Run `st` (an UPDATE of one job) and clear the job's progress, in one transaction; the epoch
+ * the job leaves and the one it is in after are recorded in feed_epochs. */
 static int update_and_clear(sl_cat *cat, sqlite3_stmt *st, const char *name, const char *op)
 {
     sqlite3_stmt *del = NULL;
@@ -224,7 +260,9 @@ static int update_and_clear(sl_cat *cat, sqlite3_stmt *st, const char *name, con
 
     if (err)
         return err;
-    err = run(cat, st, op, 0);
+    err = record_epoch(cat, name, op);
+    if (!err)
+        err = run(cat, st, op, 0);
     if (!err && sqlite3_changes(cat->db) == 0)
         err = SL_ENOTFOUND;
     if (!err)
@@ -234,6 +272,8 @@ static int update_and_clear(sl_cat *cat, sqlite3_stmt *st, const char *name, con
         err = run(cat, del, op, 0);
     }
     sqlite3_finalize(del);
+    if (!err)
+        err = record_epoch(cat, name, op);
     if (!err)
         err = exec_sql(cat, "COMMIT", "commit");
     if (err)
@@ -339,5 +379,105 @@ int sl_cat_progress_list(sl_cat *cat, const char *job,
     if (!err && rc != SQLITE_DONE)
         err = sl_cat_fail(cat, "progress_list");
     sqlite3_finalize(st);
+    return err;
+}
+
+void sl_cat_blob_free(sl_cat_blob *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = 0;
+}
+
+int sl_cat_epoch_get(sl_cat *cat, const char *job, uint64_t epoch, sl_cat_blob *spec,
+                     uint32_t *world_size, sl_cat_blob *elastic)
+{
+    sqlite3_stmt *st = NULL;
+    int rc, err = sl_cat_prepare(cat, &st,
+                                 "SELECT spec, world_size, elastic FROM feed_jobs "
+                                 "WHERE name = ?1 AND epoch = ?2 UNION ALL "
+                                 "SELECT spec, world_size, elastic FROM feed_epochs "
+                                 "WHERE job = ?1 AND epoch = ?2 LIMIT 1",
+                                 "epoch_get");
+
+    spec->p = elastic->p = NULL;
+    spec->len = elastic->len = 0;
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, (int64_t)epoch);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *world_size = (uint32_t)sqlite3_column_int64(st, 1);
+        err = sl_cat_copy_blob(spec, st, 0);
+        if (!err)
+            err = sl_cat_copy_blob(elastic, st, 2);
+    } else {
+        err = rc == SQLITE_DONE ? SL_ENOTFOUND : sl_cat_fail(cat, "epoch_get");
+    }
+    sqlite3_finalize(st);
+    if (err) {
+        sl_cat_blob_free(spec);
+        sl_cat_blob_free(elastic);
+    }
+    return err;
+}
+
+int sl_cat_job_restore(sl_cat *cat, const char *name, const void *spec, size_t spec_len,
+                       uint32_t world_size, uint64_t epoch, const void *elastic, size_t elastic_len,
+                       const uint64_t *positions, uint32_t n)
+{
+    sqlite3_stmt *st = NULL;
+    int err = exec_sql(cat, "BEGIN IMMEDIATE", "begin");
+
+    if (err)
+        return err;
+    err = sl_cat_prepare(cat, &st,
+                         "UPDATE feed_jobs SET spec = ?2, world_size = ?3, epoch = ?4, "
+                         "elastic = ?5 WHERE name = ?1",
+                         "job_restore");
+    if (!err) {
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        sqlite3_bind_blob(st, 2, spec, (int)spec_len, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, world_size);
+        sqlite3_bind_int64(st, 4, (int64_t)epoch);
+        if (elastic && elastic_len)
+            sqlite3_bind_blob(st, 5, elastic, (int)elastic_len, SQLITE_STATIC);
+        else
+            sqlite3_bind_null(st, 5);
+        err = run(cat, st, "job_restore", 0);
+        if (!err && sqlite3_changes(cat->db) == 0)
+            err = SL_ENOTFOUND;
+        sqlite3_finalize(st);
+        st = NULL;
+    }
+    /* Progress after the restore point is discarded; the restored positions become the ranks'
+     * reported progress of the epoch. Epochs after it are forgotten. */
+    if (!err)
+        err = sl_cat_prepare(cat, &st, "DELETE FROM feed_progress WHERE job = ?1", "job_restore");
+    if (!err) {
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        err = run(cat, st, "job_restore", 0);
+        sqlite3_finalize(st);
+        st = NULL;
+    }
+    if (!err)
+        err = sl_cat_prepare(cat, &st, "DELETE FROM feed_epochs WHERE job = ?1 AND epoch >= ?2",
+                             "job_restore");
+    if (!err) {
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, (int64_t)epoch);
+        err = run(cat, st, "job_restore", 0);
+        sqlite3_finalize(st);
+        st = NULL;
+    }
+    for (uint32_t d = 0; !err && d < n; d++)
+        err = sl_cat_progress_set(cat, name, d, epoch, positions[d]);
+    if (!err)
+        err = record_epoch(cat, name, "job_restore");
+    if (!err)
+        err = exec_sql(cat, "COMMIT", "commit");
+    if (err)
+        rollback(cat);
     return err;
 }

@@ -93,4 +93,24 @@ int sl_cat_progress_list(sl_cat *cat, const char *job,
                          int (*fn)(uint32_t dp_rank, uint64_t epoch, uint64_t position, void *arg),
                          void *arg);
 
+/* A blob read from the catalog (malloc'd; p NULL when the column was NULL or empty). */
+typedef struct sl_cat_blob {
+    void *p;
+    size_t len;
+} sl_cat_blob;
+
+void sl_cat_blob_free(sl_cat_blob *b);
+
+/* The job's spec, world size and elastic state in `epoch`: the job's row while it is in that
+ * epoch, else the record kept in feed_epochs (the last 64 epochs). SL_ENOTFOUND if neither. */
+int sl_cat_epoch_get(sl_cat *cat, const char *job, uint64_t epoch, sl_cat_blob *spec,
+                     uint32_t *world_size, sl_cat_blob *elastic);
+
+/* Put a job back to a checkpoint's feed state in one transaction: its spec, world, epoch and
+ * elastic state; its progress replaced by `positions` (one per dp rank, each reported in
+ * `epoch`); records of later epochs forgotten. SL_ENOTFOUND if the job does not exist. */
+int sl_cat_job_restore(sl_cat *cat, const char *name, const void *spec, size_t spec_len,
+                       uint32_t world_size, uint64_t epoch, const void *elastic, size_t elastic_len,
+                       const uint64_t *positions, uint32_t n);
+
 #endif

@@ -3,6 +3,7 @@
 #define SL_CATALOG_INTERNAL_H
 
 #include "catalog.h"
+#include "feed.h"
 
 #include <sqlite3.h>
 #include <stdatomic.h>
@@ -28,5 +29,8 @@ int sl_cat_prepare(sl_cat *cat, sqlite3_stmt **st, const char *sql, const char *
 
 /* Copy text column `col` (NULL as "") into dst, cut to fit. */
 void sl_cat_copy_col(char *dst, size_t len, sqlite3_stmt *st, int col);
+
+/* Copy a blob column into b (malloc'd; NULL or empty: b->p NULL, len 0). 0 or -ENOMEM. */
+int sl_cat_copy_blob(sl_cat_blob *b, sqlite3_stmt *st, int col);
 
 #endif

@@ -117,6 +117,15 @@ static const sl_rpc_method ckpt_methods[] = {
         .response = &sluice__v1__set_retention_response__descriptor,
         .on_start = ckpt_set_retention,
     },
+    {
+        /* Trainers restart from checkpoints: rewinding their job's data position is theirs. */
+        .name = "Restore",
+        .access = SL_ACCESS_TRAINER,
+        .kind = SL_RPC_UNARY,
+        .request = &sluice__v1__restore_request__descriptor,
+        .response = &sluice__v1__restore_response__descriptor,
+        .on_start = ckpt_restore,
+    },
 };
 
 static void on_sweep(uv_timer_t *t)

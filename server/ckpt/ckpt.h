@@ -30,6 +30,9 @@ typedef struct sl_ckpt_opts {
      * the daemon), they stop for good, since the files there are no longer this catalog's. */
     int lock_fd;
     struct sl_metrics *metrics; /* sluice_verify_verdicts_total; NULL: not counted */
+    /* The feeding service whose data positions checkpoints carry (Begin's feed_job, Commit's
+     * feed state, Restore); NULL: checkpoints cannot be bound to feed jobs. */
+    struct sl_feed *feed;
 } sl_ckpt_opts;
 
 /* Create the service: makes <data_dir>/checkpoints, removes temp files left by a previous run

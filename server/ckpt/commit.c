@@ -8,6 +8,7 @@
 #include "log.h"
 #include "store/layout.h"
 #include "store/store.h"
+#include "feed/feed.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -80,7 +81,7 @@ void ckpt_abort(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
         }
         sl_cat_ckpt_get(s->cat, &ck, req->job, req->name);
     }
-    ckpt_reply(call, &ck);
+    ckpt_reply(s, call, &ck);
 }
 
 static int delete_ckpt(sl_ckpt_svc *s, const sl_cat_ckpt *ck)
@@ -207,17 +208,19 @@ void ckpt_set_retention(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
 typedef struct commit_job {
     uv_work_t work;
     sl_ckpt_svc *svc;
-    sl_rpc_call *call;
+    sl_rpc_call *call; /* NULL: an auto-commit */
     sl_cat_ckpt ck;
     ckpt_mark mark;
     int64_t committed_ms;
     char dir[PATH_MAX];
     char file[NAME_MAX + 1];
     sl_buf json;
+    sl_cat_blob feed_state, feed_spec, feed_elastic; /* empty: none */
     int err;
 } commit_job;
 
-/* What Commit finds about the recorded shards: missing ranks and files that do not match. */
+/* What Commit finds about the recorded shards: missing ranks, files that do not match, and the
+ * ranks' data positions. */
 typedef struct commit_check {
     const sl_cat_ckpt *ck;
     const char *dir;
@@ -225,6 +228,12 @@ typedef struct commit_check {
     sl_buf missing; /* the first 32 missing ranks, for the message */
     int n_missing;
     char bad[256];
+    uint64_t *pos;      /* [world_size] each rank's position */
+    int n_pos;          /* shards that carry one */
+    int32_t no_pos;     /* a rank without one (when some have) */
+    int32_t first;      /* the first rank with a position */
+    uint64_t epoch;     /* its epoch */
+    char disagree[256]; /* the first disagreement about the epoch */
 } commit_check;
 
 static void note_missing(commit_check *cc, int32_t from, int32_t to)
@@ -250,9 +259,24 @@ static int check_shard(const sl_cat_shard *sh, void *arg)
     cc->next = sh->rank + 1;
     if (!cc->bad[0] &&
         sl_store_path(path, sizeof(path), cc->dir, SL_STORE_SHARD, cc->ck->name, sh->rank) == 0 &&
-        (stat(path, &st) != 0 || (uint64_t)st.st_size != sh->file_size))
+        (sl_store_stat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
+         (uint64_t)st.st_size != sh->file_size))
         snprintf(cc->bad, sizeof(cc->bad), "shard file of rank %d is missing or has the wrong size",
                  sh->rank);
+    if (!sh->has_pos) {
+        cc->no_pos = sh->rank;
+        return 0;
+    }
+    cc->pos[sh->rank] = sh->pos_position;
+    if (cc->n_pos++ == 0) {
+        cc->first = sh->rank;
+        cc->epoch = sh->pos_epoch;
+    } else if (sh->pos_epoch != cc->epoch && !cc->disagree[0]) {
+        snprintf(cc->disagree, sizeof(cc->disagree),
+                 "the ranks disagree on the epoch: rank %d was in epoch %" PRIu64
+                 ", rank %d in epoch %" PRIu64,
+                 cc->first, cc->epoch, sh->rank, sh->pos_epoch);
+    }
     return 0;
 }
 
@@ -273,6 +297,17 @@ static void commit_unmark(sl_ckpt_svc *s, ckpt_mark *mark)
     }
 }
 
+static void commit_job_free(commit_job *j)
+{
+    if (j->call)
+        sl_rpc_call_unref(j->call);
+    sl_buf_free(&j->json);
+    sl_cat_blob_free(&j->feed_state);
+    sl_cat_blob_free(&j->feed_spec);
+    sl_cat_blob_free(&j->feed_elastic);
+    free(j);
+}
+
 static void commit_after(uv_work_t *w, int status)
 {
     commit_job *j = w->data;
@@ -282,124 +317,198 @@ static void commit_after(uv_work_t *w, int status)
     commit_unmark(s, &j->mark);
     if (err) {
         sl_log_error("ckpt_commit_failed", "job=%s name=%s error=\"%s\"", j->ck.job, j->ck.name,
-                     sl_strerror(err));
-        sl_rpc_call_fail(j->call, err, "cannot write %s: %s", j->file, sl_strerror(err));
+                     sl_store_strerror(err));
+        if (j->call)
+            sl_rpc_call_fail(j->call, err, "cannot write %s in %s: %s", j->file, j->dir,
+                             sl_store_strerror(err));
         goto out;
     }
-    err = sl_cat_ckpt_set_state(s->cat, j->ck.id, SL_CKPT_COMPLETE, j->committed_ms);
+    /* COMPLETE and the feed state it was taken at, in one statement. */
+    err = sl_cat_ckpt_complete(s->cat, j->ck.id, j->committed_ms, &j->feed_state, &j->feed_spec,
+                               &j->feed_elastic);
     if (!err)
         err = sl_cat_ckpt_get(s->cat, &j->ck, j->ck.job, j->ck.name);
     if (err) {
-        sl_rpc_call_fail(j->call, err, "catalog error: %s", sl_strerror(err));
+        sl_log_error("ckpt_commit_failed", "job=%s name=%s error=\"catalog: %s\"", j->ck.job,
+                     j->ck.name, sl_strerror(err));
+        if (j->call)
+            sl_rpc_call_fail(j->call, err, "catalog error: %s", sl_strerror(err));
         goto out;
     }
-    sl_log_info("ckpt_commit", "job=%s name=%s world_size=%d bytes=%" PRIu64, j->ck.job, j->ck.name,
-                j->ck.world_size, j->ck.total_bytes);
-    ckpt_reply(j->call, &j->ck);
+    sl_log_info("ckpt_commit",
+                "job=%s name=%s world_size=%d bytes=%" PRIu64 " feed_state=%d auto=%d", j->ck.job,
+                j->ck.name, j->ck.world_size, j->ck.total_bytes, j->ck.has_feed_state,
+                j->call == NULL);
+    if (j->call)
+        ckpt_reply(s, j->call, &j->ck);
     err = apply_retention(s, j->ck.job, NULL, NULL);
     if (err)
         sl_log_warn("ckpt_retention_failed", "job=%s error=\"%s\"", j->ck.job, sl_strerror(err));
 out:
-    sl_rpc_call_unref(j->call);
-    sl_buf_free(&j->json);
-    free(j);
+    commit_job_free(j);
 }
 
-/* Whether checkpoint ck may be committed now; answers the call if not (a COMPLETE one is
- * answered as it is: a commit is idempotent). Returns 1 to go on. */
-static int commit_allowed(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck)
+/* Whether checkpoint ck may be committed now. Returns 0 to go on, 1 if it is COMPLETE already (a
+ * commit is idempotent), or an error with msg. */
+static int commit_allowed(sl_ckpt_svc *s, const sl_cat_ckpt *ck, char *msg, size_t len)
 {
     upload *u;
 
-    if (ck->state == SL_CKPT_COMPLETE) {
-        ckpt_reply(call, ck);
-        return 0;
-    }
+    if (ck->state == SL_CKPT_COMPLETE)
+        return 1;
     if (ck->state != SL_CKPT_WRITING) {
-        sl_rpc_call_fail(call, SL_ESTATE, "checkpoint %s/%s is %s", ck->job, ck->name,
-                         sl_cat_ckpt_state_name(ck->state));
-        return 0;
+        snprintf(msg, len, "checkpoint %s/%s is %s", ck->job, ck->name,
+                 sl_cat_ckpt_state_name(ck->state));
+        return SL_ESTATE;
     }
     if (ckpt_is_committing(s, ck->id)) {
-        sl_rpc_call_fail(call, SL_ESTATE, "checkpoint %s/%s is being committed", ck->job, ck->name);
-        return 0;
+        snprintf(msg, len, "checkpoint %s/%s is being committed", ck->job, ck->name);
+        return SL_ESTATE;
     }
     if ((u = ckpt_upload_find(s, ck->id, -1)) != NULL) {
-        sl_rpc_call_fail(call, SL_ESTATE, "an upload of rank %d of %s/%s is in progress", u->rank,
-                         ck->job, ck->name);
-        return 0;
+        snprintf(msg, len, "an upload of rank %d of %s/%s is in progress", u->rank, ck->job,
+                 ck->name);
+        return SL_ESTATE;
     }
-    return 1;
+    return 0;
 }
 
-/* Every rank has a recorded shard whose file has the recorded size; answers the call if not.
- * Returns 1 to go on. */
-static int commit_shards_ok(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck,
-                            const char *dir)
+/* Every rank has a recorded shard whose file has the recorded size, and the ranks' data positions
+ * make a feed state (into j). Returns 0 or an error with msg. */
+static int commit_shards_ok(sl_ckpt_svc *s, commit_job *j, char *msg, size_t len)
 {
+    const sl_cat_ckpt *ck = &j->ck;
     commit_check cc;
-    int err, ok = 0;
+    int err;
 
     memset(&cc, 0, sizeof(cc));
     cc.ck = ck;
-    cc.dir = dir;
+    cc.dir = j->dir;
+    cc.no_pos = -1;
     sl_buf_init(&cc.missing, 1024);
+    if (!(cc.pos = calloc((size_t)ck->world_size, sizeof(*cc.pos)))) {
+        sl_buf_free(&cc.missing);
+        return -ENOMEM;
+    }
     err = sl_cat_shard_list(s->cat, ck->id, 0, check_shard, &cc);
     note_missing(&cc, cc.next, ck->world_size);
-    if (err)
-        sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
-    else if (cc.n_missing)
-        sl_rpc_call_fail(call, SL_ESTATE, "%d of %d ranks have no shard: %s", cc.n_missing,
-                         ck->world_size, sl_buf_str(&cc.missing));
-    else if (cc.bad[0])
-        sl_rpc_call_fail(call, SL_ECORRUPT, "%s", cc.bad);
-    else
-        ok = 1;
+    if (err) {
+        snprintf(msg, len, "catalog error: %s", sl_strerror(err));
+    } else if (cc.n_missing) {
+        snprintf(msg, len, "%d of %d ranks have no shard: %s", cc.n_missing, ck->world_size,
+                 sl_buf_str(&cc.missing));
+        err = SL_ESTATE;
+    } else if (cc.bad[0]) {
+        snprintf(msg, len, "%s", cc.bad);
+        err = SL_ECORRUPT;
+    } else if (cc.n_pos && cc.no_pos >= 0) {
+        snprintf(msg, len,
+                 "rank %d sent no data position but rank %d did: every rank of a checkpoint "
+                 "bound to a feed job sends one, or none does",
+                 cc.no_pos, cc.first);
+        err = SL_ESTATE;
+    } else if (cc.disagree[0]) {
+        snprintf(msg, len, "%s", cc.disagree);
+        err = SL_ESTATE;
+    } else if (cc.n_pos) {
+        if (!s->opts.feed) {
+            snprintf(msg, len, "this daemon has no feeding service");
+            err = SL_ESTATE;
+        } else {
+            err =
+                sl_feed_capture(s->opts.feed, ck->feed_job, cc.epoch, (uint32_t)ck->world_size,
+                                cc.pos, &j->feed_state, &j->feed_spec, &j->feed_elastic, msg, len);
+        }
+    }
+    free(cc.pos);
     sl_buf_free(&cc.missing);
-    return ok;
+    return err;
+}
+
+/* Start committing ck (call NULL: an auto-commit): checks, the feed state, metadata.json rendered
+ * here and written on the worker pool, then COMPLETE. Returns 0 once started, 1 if ck is COMPLETE
+ * already, or an error with msg (nothing started). */
+static int commit_start(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck, char *msg,
+                        size_t len)
+{
+    Sluice__V1__FeedState *fs = NULL;
+    commit_job *j;
+    int err = commit_allowed(s, ck, msg, len);
+
+    if (err)
+        return err;
+    if (!(j = calloc(1, sizeof(*j))))
+        return -ENOMEM;
+    j->svc = s;
+    j->ck = *ck;
+    j->committed_ms = sl_now_ms();
+    sl_buf_init(&j->json, SIZE_MAX);
+    if (ckpt_job_dir(s, j->dir, sizeof(j->dir), ck->job) != 0) {
+        snprintf(msg, len, "path too long");
+        err = SL_ELIMIT;
+        goto fail;
+    }
+    snprintf(j->file, sizeof(j->file), "%s.metadata.json", ck->name);
+    if ((err = commit_shards_ok(s, j, msg, len)) != 0)
+        goto fail;
+    if (j->feed_state.len &&
+        !(fs = sluice__v1__feed_state__unpack(NULL, j->feed_state.len, j->feed_state.p))) {
+        err = -ENOMEM;
+        goto fail;
+    }
+    err = ckpt_render_metadata(s, ck, j->committed_ms, fs, &j->json);
+    if (fs)
+        sluice__v1__feed_state__free_unpacked(fs, NULL);
+    if (err) {
+        snprintf(msg, len, "cannot render the metadata: %s", sl_strerror(err));
+        goto fail;
+    }
+    j->mark.id = ck->id;
+    j->mark.next = s->committing;
+    s->committing = &j->mark;
+    j->work.data = j;
+    if (call) {
+        j->call = call;
+        sl_rpc_call_ref(call);
+    }
+    uv_queue_work(s->loop, &j->work, commit_work, commit_after);
+    return 0;
+fail:
+    commit_job_free(j);
+    return err;
 }
 
 void ckpt_commit(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
 {
     const Sluice__V1__CheckpointRef *req = (const void *)msg;
     sl_ckpt_svc *s = arg;
-    commit_job *j;
     sl_cat_ckpt ck;
-    char dir[PATH_MAX];
+    char why[CKPT_MSG_MAX];
     int err;
 
-    if (!ckpt_names_ok(call, req->job, req->name) || ckpt_find(s, call, &ck, req->job, req->name) ||
-        !commit_allowed(s, call, &ck))
+    if (!ckpt_names_ok(call, req->job, req->name) || ckpt_find(s, call, &ck, req->job, req->name))
         return;
-    if (ckpt_job_dir(s, dir, sizeof(dir), ck.job) != 0) {
-        sl_rpc_call_fail(call, SL_ELIMIT, "path too long");
+    why[0] = 0;
+    err = commit_start(s, call, &ck, why, sizeof(why));
+    if (err == 1)
+        ckpt_reply(s, call, &ck);
+    else if (err)
+        sl_rpc_call_fail(call, err, "%s", why[0] ? why : sl_strerror(err));
+}
+
+void ckpt_auto_commit(sl_ckpt_svc *s, const char *job, const char *name)
+{
+    sl_cat_ckpt ck;
+    char why[CKPT_MSG_MAX];
+    int err;
+
+    if (sl_cat_ckpt_get(s->cat, &ck, job, name) != 0 || !ck.auto_commit ||
+        ck.state != SL_CKPT_WRITING || ck.shards < (uint32_t)ck.world_size ||
+        ckpt_is_committing(s, ck.id) || ckpt_upload_find(s, ck.id, -1))
         return;
-    }
-    if (!commit_shards_ok(s, call, &ck, dir))
-        return;
-    j = calloc(1, sizeof(*j));
-    if (!j) {
-        sl_rpc_call_fail(call, -ENOMEM, "out of memory");
-        return;
-    }
-    j->svc = s;
-    j->call = call;
-    j->ck = ck;
-    j->committed_ms = sl_now_ms();
-    snprintf(j->dir, sizeof(j->dir), "%s", dir);
-    snprintf(j->file, sizeof(j->file), "%s.metadata.json", ck.name);
-    sl_buf_init(&j->json, SIZE_MAX);
-    err = ckpt_render_metadata(s, &ck, j->committed_ms, &j->json);
-    if (err) {
-        sl_rpc_call_fail(call, err, "cannot render the metadata");
-        sl_buf_free(&j->json);
-        free(j);
-        return;
-    }
-    j->mark.id = ck.id;
-    j->mark.next = s->committing;
-    s->committing = &j->mark;
-    j->work.data = j;
-    sl_rpc_call_ref(call);
-    uv_queue_work(s->loop, &j->work, commit_work, commit_after);
+    why[0] = 0;
+    err = commit_start(s, NULL, &ck, why, sizeof(why));
+    if (err && err != 1)
+        sl_log_warn("ckpt_auto_commit_refused", "job=%s name=%s error=\"%s\"", ck.job, ck.name,
+                    why[0] ? why : sl_strerror(err));
 }

@@ -54,11 +54,12 @@ static void dl_work(uv_work_t *w)
     int err = 0;
 
     if (dl->fd < 0) {
-        dl->fd = open(dl->path, O_RDONLY | O_CLOEXEC);
+        dl->fd = sl_store_open(dl->path, O_RDONLY, 0);
         if (dl->fd < 0) {
-            err = -errno;
+            err = dl->fd;
+            dl->fd = -1;
             snprintf(dl->errmsg, sizeof(dl->errmsg), "shard file of rank %d: %s", dl->rank,
-                     sl_strerror(err));
+                     sl_store_strerror(err));
             err = err == -ENOENT ? SL_ECORRUPT : err;
             goto out;
         }

@@ -124,6 +124,9 @@ struct upload {
     char sha_hex[SL_SHARD_HEX_LEN + 1];
     char *tensors_json;
     uint32_t tensor_count;
+    int has_pos; /* the header's data position */
+    uint64_t pos_epoch, pos_position;
+    uint32_t pos_world;
     up_chunk ring[UP_RING];
     uint64_t seq_tail, seq_free, seq_hash, seq_write, hash_end, write_end;
     uv_work_t work, hwork; /* write lane, hash lane */
@@ -170,15 +173,21 @@ int ckpt_job_dir(const sl_ckpt_svc *s, char *buf, size_t len, const char *job);
 void ckpt_pb_fill(Sluice__V1__Checkpoint *m, const sl_cat_ckpt *c);
 void ckpt_pb_clear(Sluice__V1__Checkpoint *m);
 
-/* Answer the call with the checkpoint (or out of memory). */
-void ckpt_reply(sl_rpc_call *call, const sl_cat_ckpt *c);
+/* The checkpoint's stored feed state into *out (NULL when it has none; free with
+ * sluice__v1__feed_state__free_unpacked). Returns 0, the catalog's error or SL_ECORRUPT. */
+int ckpt_feed_state_load(sl_ckpt_svc *s, const sl_cat_ckpt *c, Sluice__V1__FeedState **out);
+
+/* Answer the call with the checkpoint and its feed state (or the error reading it). */
+void ckpt_reply(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *c);
 
 /* ---- metadata.c ---- */
 
 /* Render <name>.metadata.json of checkpoint c from the catalog into b (initialized by the caller,
- * who frees it), as committed at committed_ms (Commit writes it, Verify compares the file byte for
+ * who frees it), with the feed state `fs` (NULL: the stored one, if any), as committed at
+ * committed_ms (Commit writes it, Verify compares the file byte for
  * byte). Returns 0, the catalog's error, or the buffer's (-ENOMEM, SL_ELIMIT). */
-int ckpt_render_metadata(sl_ckpt_svc *s, const sl_cat_ckpt *c, int64_t committed_ms, sl_buf *b);
+int ckpt_render_metadata(sl_ckpt_svc *s, const sl_cat_ckpt *c, int64_t committed_ms,
+                         const Sluice__V1__FeedState *fs, sl_buf *b);
 
 /* ---- upload.c / upload_io.c: UploadShard ---- */
 
@@ -212,6 +221,11 @@ void ckpt_commit(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
 void ckpt_abort(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
 void ckpt_delete(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
 void ckpt_set_retention(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+void ckpt_restore(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
+
+/* A shard of (job, name) was recorded: commit the checkpoint now if it asked for auto-commit
+ * and every rank's shard is durable. A refusal is logged (the checkpoint stays WRITING). */
+void ckpt_auto_commit(sl_ckpt_svc *s, const char *job, const char *name);
 
 /* ---- verify.c, download.c ---- */
 

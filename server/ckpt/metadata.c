@@ -62,9 +62,39 @@ static int meta_head(sl_buf *b, const sl_cat_ckpt *c, int64_t committed_ms)
     return err;
 }
 
-int ckpt_render_metadata(sl_ckpt_svc *s, const sl_cat_ckpt *c, int64_t committed_ms, sl_buf *b)
+/* The feed state a checkpoint carries, as "feed_state": {...} (after the shards). */
+static int meta_feed(sl_buf *b, const sl_cat_ckpt *c, const Sluice__V1__FeedState *fs)
+{
+    int err = sl_buf_addstr(b, ",\n  \"feed_job\": ");
+
+    if (!err)
+        err = sl_json_str(b, c->feed_job, strlen(c->feed_job));
+    if (err || !fs)
+        return err;
+    err =
+        sl_buf_printf(b,
+                      ",\n  \"feed_state\": {\"epoch\":%" PRIu64 ",\"world_size\":%u,"
+                      "\"unit\":\"%s\",\"samples\":%" PRIu64 ",\"lengths_sha256\":\"%s\","
+                      "\"elastic\":%s",
+                      fs->epoch, fs->world_size, fs->unit ? fs->unit : "", fs->samples,
+                      fs->lengths_sha256 ? fs->lengths_sha256 : "", fs->elastic ? "true" : "false");
+    if (!err && fs->mesh)
+        err = sl_buf_printf(b, ",\"mesh\":{\"dp\":%u,\"tp\":%u,\"cp\":%u,\"pp\":%u}", fs->mesh->dp,
+                            fs->mesh->tp, fs->mesh->cp, fs->mesh->pp);
+    if (!err)
+        err = sl_buf_addstr(b, ",\"positions\":[");
+    for (size_t i = 0; !err && i < fs->n_positions; i++)
+        err = sl_buf_printf(b, "%s%" PRIu64, i ? "," : "", fs->positions[i]);
+    if (!err)
+        err = sl_buf_addstr(b, "]}");
+    return err;
+}
+
+int ckpt_render_metadata(sl_ckpt_svc *s, const sl_cat_ckpt *c, int64_t committed_ms,
+                         const Sluice__V1__FeedState *fs, sl_buf *b)
 {
     meta_ctx m = {b, c->name, 0, 0};
+    Sluice__V1__FeedState *stored = NULL;
     int err = meta_head(b, c, committed_ms);
 
     if (!err)
@@ -72,6 +102,14 @@ int ckpt_render_metadata(sl_ckpt_svc *s, const sl_cat_ckpt *c, int64_t committed
     if (m.err)
         err = m.err;
     if (!err)
-        err = sl_buf_addstr(b, "\n  ]\n}\n");
+        err = sl_buf_addstr(b, "\n  ]");
+    if (!err && !fs && c->has_feed_state)
+        err = ckpt_feed_state_load(s, c, &stored);
+    if (!err && c->feed_job[0])
+        err = meta_feed(b, c, fs ? fs : stored);
+    if (!err)
+        err = sl_buf_addstr(b, "\n}\n");
+    if (stored)
+        sluice__v1__feed_state__free_unpacked(stored, NULL);
     return err;
 }

@@ -6,6 +6,7 @@
 #include "err.h"
 #include "log.h"
 #include "store/layout.h"
+#include "feed/feed.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -19,6 +20,7 @@ void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     sl_ckpt_svc *s = arg;
     sl_cat_ckpt ck;
     char name[SL_SHARD_NAME_MAX + 1], why[CKPT_MSG_MAX];
+    const char *feed_job;
     int created, err;
 
     err = sl_ckpt_check_begin(req, name, sizeof(name), why, sizeof(why));
@@ -26,8 +28,21 @@ void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
         sl_rpc_call_fail(call, err, "%s", why);
         return;
     }
+    /* The feed job it carries the data position of: the one named, else the job's namesake. */
+    feed_job = req->feed_job && *req->feed_job ? req->feed_job : NULL;
+    if (feed_job && !(s->opts.feed && sl_feed_job_exists(s->opts.feed, feed_job))) {
+        sl_rpc_call_fail(call, SL_ENOTFOUND, "feed job '%s' not found", feed_job);
+        return;
+    }
+    if (!feed_job && !req->no_feed && s->opts.feed && sl_feed_job_exists(s->opts.feed, req->job))
+        feed_job = req->job;
     err = sl_cat_ckpt_begin(s->cat, &ck, &created, req->job, name, req->step, req->world_size,
                             req->user_metadata, sl_now_ms());
+    if (!err && created) {
+        err = sl_cat_ckpt_bind(s->cat, ck.id, feed_job, req->auto_commit);
+        if (!err)
+            err = sl_cat_ckpt_get(s->cat, &ck, req->job, name);
+    }
     if (err == SL_EEXIST) {
         sl_rpc_call_fail(call, err,
                          "checkpoint %s/%s exists (%s) with world_size %d and step %" PRIu64
@@ -41,8 +56,9 @@ void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
         return;
     }
     if (created)
-        sl_log_info("ckpt_begin", "job=%s name=%s world_size=%d", req->job, name, req->world_size);
-    ckpt_reply(call, &ck);
+        sl_log_info("ckpt_begin", "job=%s name=%s world_size=%d feed_job=%s auto_commit=%d",
+                    req->job, name, req->world_size, ck.feed_job, ck.auto_commit);
+    ckpt_reply(s, call, &ck);
 }
 
 typedef struct shard_list {
@@ -94,8 +110,11 @@ void ckpt_get(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     ckpt_pb_fill(&m, &ck);
     m.shards = l.v;
     m.n_shards = l.n;
+    if (!err)
+        err = ckpt_feed_state_load(s, &ck, &m.feed_state);
     if (err)
-        sl_rpc_call_fail(call, err, "cannot list shards");
+        sl_rpc_call_fail(call, err, "cannot list shards or read the feed state: %s",
+                         sl_strerror(err));
     else
         sl_rpc_call_reply(call, &m.base);
     ckpt_pb_clear(&m);
@@ -167,7 +186,7 @@ void ckpt_latest(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     else if (err)
         sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
     else
-        ckpt_reply(call, &ck);
+        ckpt_reply(s, call, &ck);
 }
 
 void ckpt_upload_status(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)

@@ -47,6 +47,24 @@ void ckpt_pb_fill(Sluice__V1__Checkpoint *m, const sl_cat_ckpt *c)
     m->committed_at_ms = c->committed_ms;
     m->shards_uploaded = c->shards;
     m->total_bytes = c->total_bytes;
+    m->feed_job = strdup(c->feed_job);
+    m->auto_commit = c->auto_commit != 0;
+}
+
+int ckpt_feed_state_load(sl_ckpt_svc *s, const sl_cat_ckpt *c, Sluice__V1__FeedState **out)
+{
+    sl_cat_blob st;
+    int err;
+
+    *out = NULL;
+    if (!c->has_feed_state)
+        return 0;
+    err = sl_cat_ckpt_feed_get(s->cat, c->id, &st, NULL, NULL);
+    if (err)
+        return err;
+    *out = sluice__v1__feed_state__unpack(NULL, st.len, st.p);
+    sl_cat_blob_free(&st);
+    return *out ? 0 : SL_ECORRUPT;
 }
 
 void ckpt_pb_clear(Sluice__V1__Checkpoint *m)
@@ -54,6 +72,9 @@ void ckpt_pb_clear(Sluice__V1__Checkpoint *m)
     free(m->job);
     free(m->name);
     free(m->user_metadata);
+    free(m->feed_job);
+    if (m->feed_state)
+        sluice__v1__feed_state__free_unpacked(m->feed_state, NULL);
     for (size_t i = 0; i < m->n_shards; i++) {
         free(m->shards[i]->sha256);
         free(m->shards[i]->path);
@@ -62,12 +83,17 @@ void ckpt_pb_clear(Sluice__V1__Checkpoint *m)
     free(m->shards);
 }
 
-void ckpt_reply(sl_rpc_call *call, const sl_cat_ckpt *c)
+void ckpt_reply(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *c)
 {
     Sluice__V1__Checkpoint m;
+    int err;
 
     ckpt_pb_fill(&m, c);
-    if (!m.job || !m.name || !m.user_metadata)
+    err = ckpt_feed_state_load(s, c, &m.feed_state);
+    if (err)
+        sl_rpc_call_fail(call, err, "cannot read the feed state of %s/%s: %s", c->job, c->name,
+                         sl_strerror(err));
+    else if (!m.job || !m.name || !m.user_metadata || !m.feed_job)
         sl_rpc_call_fail(call, -ENOMEM, "out of memory");
     else
         sl_rpc_call_reply(call, &m.base);

@@ -105,8 +105,7 @@ void ckpt_sweep(sl_ckpt_svc *s, int startup)
         s->dir_lost = 1;
         return;
     }
-    d = opendir(s->root);
-    if (!d)
+    if (sl_store_opendir(&d, s->root) != 0)
         return;
     while ((e = readdir(d)) != NULL) {
         sweep_ctx c = {s, e->d_name, startup, sl_now_ms()};

@@ -133,7 +133,7 @@ static void up_release(upload *up, up_state from)
         up->fd = -1;
     }
     if (from == UP_FAILING && up->part[0])
-        unlink(up->part);
+        sl_store_unlink(up->part);
     if (from != UP_HEADER)
         up_unregister(up);
     if (up->answer_err)
@@ -318,6 +318,10 @@ static void up_record(upload *up)
     memcpy(sh.sha256, up->sha_hex, sizeof(sh.sha256));
     sh.tensor_count = up->tensor_count;
     sh.tensors_json = up->tensors_json;
+    sh.has_pos = up->has_pos;
+    sh.pos_epoch = up->pos_epoch;
+    sh.pos_position = up->pos_position;
+    sh.pos_world = up->pos_world;
     err = sl_cat_shard_put(s->cat, up->ckpt_id, &sh, sl_now_ms());
     if (err) {
         up_fail(up, err, "catalog error: %s", sl_strerror(err));
@@ -336,6 +340,7 @@ static void up_record(upload *up)
     resp.sha256 = up->sha_hex;
     resp.path = path;
     sl_rpc_call_reply(up->call, &resp.base);
+    ckpt_auto_commit(s, up->job, up->name);
 }
 
 /* The write lane returned from the job the state names. */
@@ -363,7 +368,7 @@ static void up_after_write(uv_work_t *w, int status)
         if (up->err) {
             up_fail(up, io_err_status(up->err), "%s", up->errmsg);
         } else if (up->state == UP_ABORTING) {
-            unlink(up->final);
+            sl_store_unlink(up->final);
             up_fail(up, SL_ESTATE, "checkpoint %s/%s was aborted", up->job, up->name);
         } else {
             up_record(up);
@@ -472,6 +477,41 @@ static int up_place(upload *up, const Sluice__V1__ShardHeader *h, const sl_cat_c
 }
 
 /* HEADER: validate the header and open the partial file, or refuse (DONE). */
+/* The rank's data position, if the header carries one: only into a checkpoint bound to a feed
+ * job, of that job, with a world. Answers the call if not; returns 1 to go on. */
+static int up_position(upload *up, const Sluice__V1__ShardHeader *h, const sl_cat_ckpt *ck)
+{
+    const Sluice__V1__DataPosition *p = h->data_position;
+
+    if (!p)
+        return 1;
+    if (!ck->feed_job[0]) {
+        sl_rpc_call_fail(up->call, SL_EINVAL,
+                         "checkpoint %s/%s is not bound to a feed job: Begin it with feed_job to "
+                         "send data positions",
+                         ck->job, ck->name);
+        return 0;
+    }
+    if (p->job && p->job[0] && strcmp(p->job, ck->feed_job) != 0) {
+        sl_rpc_call_fail(up->call, SL_EINVAL,
+                         "data position of feed job '%.128s', but checkpoint %s/%s is bound to "
+                         "'%s'",
+                         p->job, ck->job, ck->name, ck->feed_job);
+        return 0;
+    }
+    if (p->world_size != (uint32_t)ck->world_size) {
+        sl_rpc_call_fail(up->call, SL_EINVAL,
+                         "data position with world_size %u, but checkpoint %s/%s has world_size %d",
+                         p->world_size, ck->job, ck->name, ck->world_size);
+        return 0;
+    }
+    up->has_pos = 1;
+    up->pos_epoch = p->epoch;
+    up->pos_position = p->position;
+    up->pos_world = p->world_size;
+    return 1;
+}
+
 static void up_header(upload *up, const Sluice__V1__ShardHeader *h)
 {
     sl_ckpt_svc *s = up->svc;
@@ -492,7 +532,7 @@ static void up_header(upload *up, const Sluice__V1__ShardHeader *h)
         sl_rpc_call_fail(call, err, "%s", msg[0] ? msg : "out of memory");
         goto refuse;
     }
-    if (!up_admit(up, h, &ck) || !up_place(up, h, &ck))
+    if (!up_position(up, h, &ck) || !up_admit(up, h, &ck) || !up_place(up, h, &ck))
         goto refuse;
     up->ckpt_id = ck.id;
     up->rank = h->rank;

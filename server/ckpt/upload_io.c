@@ -85,15 +85,17 @@ void ckpt_up_open_work(uv_work_t *w)
     int err = sl_store_mkdirs(up->dir);
 
     if (err) {
-        snprintf(up->errmsg, sizeof(up->errmsg), "cannot create the checkpoint directory: %s",
-                 sl_strerror(err));
+        snprintf(up->errmsg, sizeof(up->errmsg),
+                 "cannot create the checkpoint directory %.200s: %s", up->dir,
+                 sl_store_strerror(err));
         goto out;
     }
-    up->fd = open(up->part, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    up->fd = sl_store_open(up->part, O_RDWR | O_CREAT, 0640);
     if (up->fd < 0) {
-        err = -errno;
-        snprintf(up->errmsg, sizeof(up->errmsg), "cannot open the partial file: %s",
-                 sl_strerror(err));
+        err = up->fd;
+        up->fd = -1;
+        snprintf(up->errmsg, sizeof(up->errmsg), "cannot open the partial file %.200s: %s",
+                 up->part, sl_store_strerror(err));
         goto out;
     }
     err = up->resume_from > 0 ? part_resume(up) : part_create(up);
@@ -179,15 +181,13 @@ void ckpt_up_final_work(uv_work_t *w)
     up->fd = -1;
     /* The checkpoint is WRITING (checked on the loop), so an older shard of this rank, whose row
      * is already gone, may be replaced; the rename itself never replaces anything. */
-    if (!err && unlink(up->final) != 0 && errno != ENOENT) {
-        err = -errno;
+    if (!err && (err = sl_store_unlink(up->final)) != 0)
         step = "remove the old shard";
-    }
     if (!err && (err = sl_store_rename_noreplace(up->part, up->final)) != 0)
         step = "rename";
     if (!err && (err = sl_store_fsync_dir(up->dir)) != 0)
         step = "fsync the directory";
     if (err)
-        snprintf(up->errmsg, sizeof(up->errmsg), "cannot %s: %s", step, sl_strerror(err));
+        snprintf(up->errmsg, sizeof(up->errmsg), "cannot %s: %s", step, sl_store_strerror(err));
     up->err = err;
 }

@@ -83,6 +83,14 @@ int sl_ckpt_check_begin(const Sluice__V1__BeginRequest *req, char *name, size_t 
                  SL_CKPT_MAX_WORLD);
         return SL_EINVAL;
     }
+    if (req->feed_job && *req->feed_job) {
+        if (req->no_feed) {
+            snprintf(msg, len, "feed_job and no_feed are both set");
+            return SL_EINVAL;
+        }
+        if ((err = sl_ckpt_check_names(req->feed_job, NULL, msg, len)) != 0)
+            return err;
+    }
     if (req->user_metadata && strlen(req->user_metadata) > SL_CAT_USER_MD_MAX) {
         snprintf(msg, len, "user_metadata has %zu bytes, at most %d", strlen(req->user_metadata),
                  SL_CAT_USER_MD_MAX);

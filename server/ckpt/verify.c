@@ -108,11 +108,11 @@ static int vjob_header(vjob *j, int fd)
  * need PATH_MAX bytes each. */
 static void vjob_shard(vjob *j, const char *path, int deep)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = sl_store_open(path, O_RDONLY, 0);
 
     if (fd < 0) {
-        j->verdict = errno == ENOENT ? SLUICE__V1__VERDICT__MISSING : SLUICE__V1__VERDICT__IO_ERROR;
-        snprintf(j->detail, sizeof(j->detail), "%s", sl_strerror(-errno));
+        j->verdict = fd == -ENOENT ? SLUICE__V1__VERDICT__MISSING : SLUICE__V1__VERDICT__IO_ERROR;
+        snprintf(j->detail, sizeof(j->detail), "%s", sl_store_strerror(fd));
         return;
     }
     j->verdict = vjob_header(j, fd);
@@ -128,11 +128,11 @@ static void vjob_meta(vjob *j, const char *path, const sl_buf *expect)
     uint8_t buf[65536];
     struct stat st;
     uint64_t pos = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = sl_store_open(path, O_RDONLY, 0);
 
     if (fd < 0) {
-        j->verdict = errno == ENOENT ? SLUICE__V1__VERDICT__MISSING : SLUICE__V1__VERDICT__IO_ERROR;
-        snprintf(j->detail, sizeof(j->detail), "%s", sl_strerror(-errno));
+        j->verdict = fd == -ENOENT ? SLUICE__V1__VERDICT__MISSING : SLUICE__V1__VERDICT__IO_ERROR;
+        snprintf(j->detail, sizeof(j->detail), "%s", sl_store_strerror(fd));
         return;
     }
     if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != expect->len) {
@@ -310,7 +310,7 @@ static int verify_plan(verify *v)
     v->jobs[n].verdict = SLUICE__V1__VERDICT__VERDICT_UNSPECIFIED;
     err = sl_cat_shard_list(v->svc->cat, v->ck.id, 0, verify_collect, v);
     if (!err && v->ck.state == SL_CKPT_COMPLETE) {
-        err = ckpt_render_metadata(v->svc, &v->ck, v->ck.committed_ms, &v->meta);
+        err = ckpt_render_metadata(v->svc, &v->ck, v->ck.committed_ms, NULL, &v->meta);
         if (!err)
             v->jobs[n].queued = 1;
     }

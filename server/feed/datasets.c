@@ -169,9 +169,9 @@ static void delete (sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
         sl_rpc_call_fail(call, err, "dataset '%s': %s", req->name, sl_strerror(err));
         return;
     }
-    if (feed_lengths_path(f, req->name, path, sizeof(path)) == 0 && unlink(path) != 0 &&
-        errno != ENOENT)
-        sl_log_warn("lengths_unlink_failed", "path=%s errno=%d", path, errno);
+    if (feed_lengths_path(f, req->name, path, sizeof(path)) == 0 &&
+        (err = sl_store_unlink(path)) != 0)
+        sl_log_warn("lengths_unlink_failed", "path=%s error=\"%s\"", path, sl_store_strerror(err));
     sl_log_info("dataset_deleted", "name=%s", req->name);
     sl_rpc_call_reply(call, &resp.base);
 }
@@ -195,7 +195,7 @@ static void upload_free(void *p)
 
     if (u->fd >= 0) {
         close(u->fd);
-        unlink(u->tmp);
+        sl_store_unlink(u->tmp);
     }
     sl_sha256_free(u->sha);
     free(u->buf);
@@ -208,7 +208,7 @@ static void upload_discard(upload *u)
 {
     if (u->fd >= 0) {
         close(u->fd);
-        unlink(u->tmp);
+        sl_store_unlink(u->tmp);
         u->fd = -1;
     }
 }
@@ -256,16 +256,17 @@ static int upload_open(sl_rpc_call *call, upload *u, const char *name)
     snprintf(u->name, sizeof(u->name), "%s", name);
     u->samples = d.samples;
     snprintf(dir, sizeof(dir), "%s/datasets", u->f->data_dir);
-    if (mkdir(dir, 0750) != 0 && errno != EEXIST) {
-        err = -errno;
-        return sl_rpc_call_fail(call, err, "cannot create %s: %s", dir, sl_strerror(err)), err;
-    }
+    if ((err = sl_store_mkdirs(dir)) != 0)
+        return sl_rpc_call_fail(call, err, "cannot create %s: %s", dir, sl_store_strerror(err)),
+               err;
     snprintf(u->tmp, sizeof(u->tmp), "%s/.%s.lengths.%llu.tmp", dir, name,
              (unsigned long long)++u->f->upload_seq);
-    u->fd = open(u->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    u->fd = sl_store_create(u->tmp, 0640);
     if (u->fd < 0) {
-        err = -errno;
-        return sl_rpc_call_fail(call, err, "cannot create the lengths file: %s", sl_strerror(err)),
+        err = u->fd;
+        u->fd = -1;
+        return sl_rpc_call_fail(call, err, "cannot create the lengths file %s: %s", u->tmp,
+                                sl_store_strerror(err)),
                err;
     }
     err = sl_sha256_new(&u->sha);
@@ -302,35 +303,34 @@ static void upload_finish(sl_rpc_call *call, upload *u)
     if (!err)
         err = feed_lengths_path(u->f, u->name, path, sizeof(path));
     snprintf(staged, sizeof(staged), "%s/.%s.lengths.%s.new", dir, u->name, hex);
-    if (!err && rename(u->tmp, staged) != 0)
-        err = -errno;
+    if (!err)
+        err = sl_store_rename(u->tmp, staged);
     if (err) {
-        UPLOAD_FAIL(call, u, err, "could not store the lengths file: %s", sl_strerror(err));
+        UPLOAD_FAIL(call, u, err, "could not store the lengths file: %s", sl_store_strerror(err));
         return;
     }
     close(u->fd);
     u->fd = -1;
     if ((err = sl_store_fsync_dir(dir)) != 0) {
-        unlink(staged);
-        sl_rpc_call_fail(call, err, "could not sync %s: %s", dir, sl_strerror(err));
+        sl_store_unlink(staged);
+        sl_rpc_call_fail(call, err, "could not sync %s: %s", dir, sl_store_strerror(err));
         return;
     }
     err = sl_cat_dataset_set_lengths(u->f->cat, u->name, hex);
     if (err) {
         /* The old lengths stay (or the dataset was deleted while its lengths arrived). */
-        unlink(staged);
+        sl_store_unlink(staged);
         sl_rpc_call_fail(call, err, "dataset '%s': could not record the lengths: %s", u->name,
-                         sl_strerror(err));
+                         sl_store_strerror(err));
         return;
     }
-    if (rename(staged, path) != 0 || (err = sl_store_fsync_dir(dir)) != 0) {
+    if ((err = sl_store_rename(staged, path)) != 0 || (err = sl_store_fsync_dir(dir)) != 0) {
         /* Recorded but not in place: planning refuses the old file (its checksum differs) until
          * the next start moves the staged file into place. */
-        err = err ? err : -errno;
         sl_log_error("lengths_rename_failed", "dataset=%s path=%s error=\"%s\"", u->name, staged,
-                     sl_strerror(err));
+                     sl_store_strerror(err));
         sl_rpc_call_fail(call, err, "dataset '%s': lengths recorded but not moved into place: %s",
-                         u->name, sl_strerror(err));
+                         u->name, sl_store_strerror(err));
         return;
     }
     sl_log_info("lengths_stored", "dataset=%s samples=%llu sha256=%s", u->name,

@@ -37,9 +37,9 @@ static int recover_lengths(sl_feed *f, const char *dir)
     char name[SL_CAT_FEED_NAME_MAX + 1], from[4400], to[4400];
     int changed = 0, err = 0;
     struct dirent *e;
-    DIR *d = opendir(dir);
+    DIR *d;
 
-    if (!d)
+    if (sl_store_opendir(&d, dir) != 0)
         return 0;
     while (!err && (e = readdir(d)) != NULL) {
         const char *file = e->d_name, *action = NULL;
@@ -82,13 +82,13 @@ static int recover_lengths(sl_feed *f, const char *dir)
         snprintf(from, sizeof(from), "%s/%s", dir, file);
         if (promote) {
             snprintf(to, sizeof(to), "%s/%s.lengths", dir, name);
-            rc = rename(from, to);
+            rc = sl_store_rename(from, to);
         } else {
-            rc = unlink(from);
+            rc = sl_store_unlink(from);
         }
         if (rc != 0) {
             sl_log_warn("lengths_recover_failed", "file=%s error=\"%s\"", from,
-                        sl_strerror(-errno));
+                        sl_store_strerror(rc));
             continue;
         }
         changed = 1;
@@ -161,9 +161,8 @@ int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_di
     }
     snprintf(f->data_dir, sizeof(f->data_dir), "%s", data_dir);
     snprintf(dir, sizeof(dir), "%s/datasets", f->data_dir);
-    if (mkdir(dir, 0750) != 0 && errno != EEXIST) {
-        err = -errno;
-        sl_log_error("datasets_dir_failed", "path=%s error=\"%s\"", dir, sl_strerror(err));
+    if ((err = sl_store_mkdirs(dir)) != 0) {
+        sl_log_error("datasets_dir_failed", "path=%s error=\"%s\"", dir, sl_store_strerror(err));
         free(f);
         return err;
     }

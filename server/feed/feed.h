@@ -9,6 +9,7 @@
 #define SL_FEED_H
 
 #include "catalog/catalog.h"
+#include "catalog/feed.h"
 #include "rpc/server.h"
 
 #include <uv.h>
@@ -32,5 +33,35 @@ struct sl_metrics;
 void sl_feed_set_metrics(sl_feed *f, struct sl_metrics *m);
 
 #define SL_FEED_N_SERVICES 4
+
+/* ---- checkpoints that carry the data position (server/feed/restore.c) ---- */
+
+/* 1 if the feed job exists. */
+int sl_feed_job_exists(sl_feed *f, const char *name);
+
+/* The feed state of a checkpoint whose `world` ranks were at positions rank_pos[0..world) of
+ * `epoch` of feed job `job`: *state a packed sluice.v1.FeedState (positions per dp rank, the
+ * lowest of each dp rank's replicas; the dataset's sample count and lengths checksum), *spec and
+ * *elastic the job's spec and elastic state of that epoch (from the catalog's epoch records).
+ * Returns 0, or SL_ENOTFOUND (no such job), SL_ESTATE (no record of the epoch, another world),
+ * SL_EINVAL (a position past the dataset) with msg. Free the blobs with sl_cat_blob_free. */
+int sl_feed_capture(sl_feed *f, const char *job, uint64_t epoch, uint32_t world,
+                    const uint64_t *rank_pos, sl_cat_blob *state, sl_cat_blob *spec,
+                    sl_cat_blob *elastic, char *msg, size_t len);
+
+typedef struct sl_feed_restore_req {
+    const sl_cat_blob *state, *spec, *elastic; /* as sl_feed_capture made them */
+    uint32_t world;                            /* 0: the checkpoint's world */
+    const struct Sluice__V1__Mesh *mesh;       /* with world, for jobs with a mesh */
+} sl_feed_restore_req;
+
+/* Put the feed job back to a checkpoint's state: one catalog transaction (epoch, spec, elastic
+ * state, each dp rank's position as its reported progress, later progress discarded), streams of
+ * the job ended with ABORTED, then a resize into req->world if it differs, and the next epoch if
+ * the state ends its epoch. *epoch and *world: the job's epoch and world after. Returns 0, or
+ * SL_ENOTFOUND, SL_ESTATE (the dataset or the job's settings changed, a resize that cannot be
+ * done), SL_ECORRUPT with msg. */
+int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch, uint32_t *world,
+                    char *msg, size_t len);
 
 #endif

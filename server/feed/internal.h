@@ -226,6 +226,13 @@ void feed_job_plan_ready(fjob *j);
 /* Resize to a new world (and mesh). */
 int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char *msg, size_t len);
 
+/* Put the job back to a checkpoint's state in memory (the catalog already has it): `spec`
+ * (owned from now on), `epoch`, its elastic state and each dp rank's position, reported. Ends
+ * every stream of the job with ABORTED. */
+int feed_job_rewind(fjob *j, Sluice__V1__Job *spec, uint64_t epoch, const void *elastic,
+                    size_t elastic_len, const uint64_t *positions, uint32_t n, char *msg,
+                    size_t len);
+
 /* 1 if every dp rank finished the epoch. */
 int feed_job_complete(const fjob *j);
 

@@ -403,7 +403,8 @@ static void on_flush(uv_check_t *h)
             sl_rpc_call_fail(r->call, SL_ENOTFOUND, "job '%s' was deleted", r->job);
         } else if (j->gen != r->gen && j->epoch == r->epoch) {
             sl_rpc_call_fail(r->call, SL_ESTATE,
-                             "job '%s' was resized while the report was queued; report again",
+                             "job '%s' was resized or restored while the report was queued; "
+                             "report again",
                              r->job);
         } else if (j->gen != r->gen) {
             /* The epoch ended (an earlier report of this batch completed it, or Next). */

@@ -8,6 +8,7 @@
 #include "log.h"
 #include "util/lengths.h"
 #include "shard/shard.h"
+#include "store/store.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,7 +33,16 @@ static void plan_work(uv_work_t *w)
     uint64_t *order = NULL;
     uint64_t n = p->scfg.samples;
 
-    p->err = sl_lengths_read(&lengths, p->path, n, p->sha256, p->msg, sizeof(p->msg));
+    int fd = sl_store_open(p->path, O_RDONLY, 0);
+
+    if (fd < 0) {
+        p->err = fd;
+        snprintf(p->msg, sizeof(p->msg), "cannot open the lengths file %.200s: %s", p->path,
+                 sl_store_strerror(fd));
+        goto out;
+    }
+    p->err = sl_lengths_read(&lengths, fd, n, p->sha256, p->msg, sizeof(p->msg));
+    close(fd);
     if (p->err)
         goto out;
     order = malloc(sizeof(*order) * n);

@@ -538,3 +538,42 @@ out:
     free(blob);
     return err;
 }
+
+int feed_job_rewind(fjob *j, Sluice__V1__Job *spec, uint64_t epoch, const void *elastic,
+                    size_t elastic_len, const uint64_t *positions, uint32_t n, char *msg,
+                    size_t len)
+{
+    sl_sample_config cfg;
+    int err = feed_spec_config(&cfg, spec, j->samples, epoch, msg, len);
+
+    if (err) {
+        sluice__v1__job__free_unpacked(spec, NULL);
+        return err;
+    }
+    j->feed->hooks.streams_end(j, 1, SL_RPC_ABORTED,
+                               "job restored to a checkpoint's data position; reopen the stream");
+    drop_epoch_state(j);
+    j->gen++;
+    sluice__v1__job__free_unpacked(j->spec, NULL);
+    j->spec = spec;
+    j->epoch = epoch;
+    j->cfg = cfg;
+    err = setup_counts(j, msg, len);
+    if (!err && elastic && elastic_len) {
+        err = elastic_load(j, elastic, elastic_len, msg, len);
+        if (!err)
+            err = setup_elastic_counts(j, msg, len);
+    }
+    if (err) {
+        sl_log_error("job_restore_failed", "job=%s epoch=%llu error=\"%s\"", j->name,
+                     (unsigned long long)epoch, msg);
+        return err;
+    }
+    for (uint32_t d = 0; d < j->dp_size && d < n; d++) {
+        j->progress[d] = positions[d];
+        j->reported[d] = 1;
+    }
+    sl_log_info("job_restored", "job=%s epoch=%llu world=%u dp=%u elastic=%d", j->name,
+                (unsigned long long)epoch, spec->world_size, j->dp_size, j->src != NULL);
+    return 0;
+}

@@ -116,7 +116,7 @@ static void remove_one(const char *dir, sl_store_kind kind, const char *name, in
     char path[PATH_MAX];
 
     if (sl_store_path(path, sizeof(path), dir, kind, name, rank) == 0)
-        unlink(path);
+        sl_store_unlink(path);
 }
 
 int sl_store_remove_ckpt(const char *dir, const char *name, int32_t world_size)
@@ -135,7 +135,7 @@ int sl_store_part_held(const char *path, int32_t rank, uint64_t *held)
     uint8_t hdr[SL_SHARD_HEADER_SIZE];
     sl_shard_header h;
     struct stat st;
-    int err = SL_ENOTFOUND, fd = open(path, O_RDONLY | O_CLOEXEC);
+    int err = SL_ENOTFOUND, fd = sl_store_open(path, O_RDONLY, 0);
 
     if (fd < 0)
         return SL_ENOTFOUND;

@@ -10,70 +10,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-int sl_store_fsync_dir(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int err = 0;
-
-    if (fd < 0)
-        return -errno;
-    if (fsync(fd) != 0)
-        err = -errno;
-    close(fd);
-    return err;
-}
-
-int sl_store_mkdirs(const char *path)
-{
-    char buf[PATH_MAX];
-    size_t len = strlen(path);
-    int created = 0;
-
-    if (len == 0 || len >= sizeof(buf))
-        return -ENAMETOOLONG;
-    memcpy(buf, path, len + 1);
-    for (char *p = buf + 1;; p++) {
-        if (*p != '/' && *p != '\0')
-            continue;
-        char saved = *p;
-        *p = '\0';
-        if (mkdir(buf, 0750) == 0) {
-            created = 1;
-        } else if (errno != EEXIST) {
-            return -errno;
-        }
-        if (created) {
-            /* The new entry lives in the parent: make it durable there. */
-            char *slash = strrchr(buf, '/');
-            if (slash && slash != buf) {
-                *slash = '\0';
-                int err = sl_store_fsync_dir(buf);
-                *slash = '/';
-                if (err)
-                    return err;
-            }
-        }
-        *p = saved;
-        if (saved == '\0')
-            break;
-    }
-    return 0;
-}
-
-int sl_store_rename_noreplace(const char *from, const char *to)
-{
-    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0)
-        return 0;
-    if (errno != EINVAL && errno != ENOSYS)
-        return -errno;
-    /* No RENAME_NOREPLACE on this file system: link() fails with EEXIST just the same. */
-    if (link(from, to) != 0)
-        return -errno;
-    if (unlink(from) != 0)
-        return -errno;
-    return 0;
-}
-
 int sl_store_pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
 {
     const char *p = buf;
@@ -152,11 +88,7 @@ int sl_store_remove(const char *dir, const char *name)
     char path[PATH_MAX];
     int err = join(path, sizeof(path), dir, name);
 
-    if (err)
-        return err;
-    if (unlink(path) != 0 && errno != ENOENT)
-        return -errno;
-    return 0;
+    return err ? err : sl_store_unlink(path);
 }
 
 int sl_store_write_file(const char *dir, const char *name, const void *buf, size_t len)
@@ -171,56 +103,62 @@ int sl_store_write_file(const char *dir, const char *name, const void *buf, size
         err = join(path, sizeof(path), dir, name);
     if (err)
         return err;
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    fd = sl_store_create(tmp, 0640);
     if (fd < 0)
-        return -errno;
+        return fd;
     err = sl_store_pwrite_all(fd, buf, len, 0);
     if (!err && fsync(fd) != 0)
         err = -errno;
     if (close(fd) != 0 && !err)
         err = -errno;
-    if (!err && unlink(path) != 0 && errno != ENOENT)
-        err = -errno;
+    if (!err)
+        err = sl_store_unlink(path);
     if (!err)
         err = sl_store_rename_noreplace(tmp, path);
     if (!err)
         err = sl_store_fsync_dir(dir);
     if (err)
-        unlink(tmp);
+        sl_store_unlink(tmp);
     return err;
 }
 
 int sl_store_free_bytes(const char *path, uint64_t *out)
 {
     struct statvfs sv;
+    int fd = sl_store_open(path, O_PATH | O_DIRECTORY, 0), err = 0;
 
-    if (statvfs(path, &sv) != 0)
-        return -errno;
-    *out = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
-    return 0;
+    if (fd < 0)
+        return fd;
+    if (fstatvfs(fd, &sv) != 0)
+        err = -errno;
+    else
+        *out = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+    close(fd);
+    return err;
 }
 
 int sl_store_same_file(int fd, const char *path)
 {
     struct stat held, now;
+    int err;
 
     if (fstat(fd, &held) != 0)
         return -errno;
-    if (stat(path, &now) != 0)
-        return errno == ENOENT || errno == ENOTDIR ? 0 : -errno;
+    if ((err = sl_store_stat(path, &now)) != 0)
+        return err == -ENOENT || err == -ENOTDIR || err == -ELOOP ? 0 : err;
     return held.st_dev == now.st_dev && held.st_ino == now.st_ino;
 }
 
 int sl_store_sweep(const char *dir, sl_store_keep_fn keep, void *arg, int *removed)
 {
-    DIR *d = opendir(dir);
+    DIR *d;
     struct dirent *e;
-    int n = 0, err = 0;
+    int n = 0, err = sl_store_opendir(&d, dir);
 
     if (removed)
         *removed = 0;
-    if (!d)
-        return errno == ENOENT ? 0 : -errno;
+    if (err)
+        return err == -ENOENT ? 0 : err;
     while ((e = readdir(d)) != NULL) {
         struct stat st;
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)

@@ -26,3 +26,9 @@ target_link_libraries(ckpt_bench PRIVATE sluice_static Threads::Threads)
 add_test(NAME ckpt_bench_smoke COMMAND ckpt_bench --smoke)
 set_tests_properties(ckpt_bench_smoke PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120
                      LABELS bench)
+
+# Checkpoints that carry the data position (issue 14): feed state with COMPLETE, Restore.
+add_test(NAME ckpt_position_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_ckpt_position
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(ckpt_position_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120)

@@ -8,7 +8,7 @@
  *             u64 in the top bits (counts whose 4 * n wraps a size_t)
  *   bits 2-3  expected hash: the file's true SHA-256; the true one upper-cased; the 64 input
  *             bytes (up to a NUL); the true one with the character at byte 1 changed
- *   bit 4     the file does not exist
+ *   bit 4     the file does not exist (the reader gets fd -1)
  * The reader must accept exactly the files that exist, are 4 * n bytes long, hash to the
  * expected string and hold no length of 0, and then return the lengths little-endian decoded;
  * it must never crash. */
@@ -17,6 +17,7 @@
 #include "util/lengths.h"
 
 #include <ctype.h>
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,7 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t fsize;
     char expect[65], truth[65], msg[256];
     uint32_t *v = NULL;
-    int exists, want, err;
+    int exists, want, err, fd;
 
     if (size < HEAD)
         return 0;
@@ -132,7 +133,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     want = exists && n <= fsize / 4 && n * 4 == fsize && strcmp(expect, truth) == 0 &&
            !has_zero(file, fsize / 4);
     msg[0] = '\0';
-    err = sl_lengths_read(&v, path, n, expect, msg, sizeof(msg));
+    fd = open(path, O_RDONLY | O_CLOEXEC); /* -1 for a missing file: a read error */
+    err = sl_lengths_read(&v, fd, n, expect, msg, sizeof(msg));
+    if (fd >= 0)
+        close(fd);
     if (want != (err == 0)) {
         fprintf(stderr, "read_lengths: n=%llu size=%zu err=%d msg=%s\n", (unsigned long long)n,
                 fsize, err, msg);

@@ -202,12 +202,15 @@ def flags():
         "--max-message-bytes", "4194304", "--rpc-threads", "4", "--max-shard-bytes", "1048576",
         "--upload-timeout", "60", "--upload-memory", "16777216", "--metrics-listen", ":9100",
         "--tls-cert", "/c.pem", "--tls-key", "/k.pem", "--tls-client-ca", "/ca.pem",
-        "--token-file", "/t", "--check-config"))
+        "--token-file", "/t", "--allow-shared-data-dir", "--check-config"))
     put("fuzz_flags", "equals_form", args("--listen=[::1]:7700", "--grace-period=0.001",
                                           "--upload-timeout=1.0015"))
     put("fuzz_flags", "env", args("SLUICE_LISTEN=0.0.0.0:1", "SLUICE_LOG_LEVEL=warn",
                                   "SLUICE_UPLOAD_MEMORY=8388608", "SLUICE_GRACE_PERIOD=86400"))
     put("fuzz_flags", "env_and_flag", args("SLUICE_RPC_THREADS=8", "--rpc-threads", "3"))
+    put("fuzz_flags", "switch_forms", args("SLUICE_ALLOW_SHARED_DATA_DIR=yes",
+                                           "--allow-shared-data-dir=false",
+                                           config="allow_shared_data_dir = 1\n"))
     put("fuzz_flags", "all_layers", args("SLUICE_DATA_DIR=/env", "--listen", "a:1",
                                          config="[sluiced]\ndata-dir = /file\nlisten = b:2\n"))
     put("fuzz_flags", "help", args("-h"))

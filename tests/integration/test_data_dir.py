@@ -1,11 +1,16 @@
-"""A daemon whose data dir is removed under it must not touch what appears at that path later.
+"""What the daemon does with its data dir when others meddle with it.
 
+A daemon whose data dir is removed under it must not touch what appears at that path later.
 Found by the soak benchmark (docs/hardening.md, "Load and soak"): a sluiced left running on a data
 dir that was then removed and made again for a second sluiced kept sweeping the path every 60 s,
 and since its own (deleted) catalog did not know the second daemon's checkpoints, it removed their
 partial uploads; the second daemon's uploads failed at the rename with "No such file or
 directory". The first daemon now sees that the LOCK file it holds is no longer the one at the
 path, logs data_dir_replaced and stops sweeping.
+
+Symbolic links planted in the data dir are never followed (issue 13; server/store/path.c): a
+linked job directory, a link at a `.part`, `.metadata.json.tmp` or lengths temp file's name, a
+linked shard. A data dir writable by other users is refused unless --allow-shared-data-dir.
 """
 import hashlib
 import os
@@ -19,6 +24,8 @@ import grpc
 
 from sluice.v1 import checkpoint_pb2 as pb
 from sluice.v1 import checkpoint_pb2_grpc as pbg
+from sluice.v1 import feed_pb2 as fpb
+from sluice.v1 import feed_pb2_grpc as fpbg
 from sltest import Daemon
 
 MiB = 1 << 20
@@ -126,6 +133,159 @@ class CatalogPermissionsTest(unittest.TestCase):
             self.assertEqual(os.stat(elsewhere).st_mode & 0o777, 0o600)
         finally:
             d.cleanup()
+
+
+class StoreLinksTest(unittest.TestCase):
+    """Links planted inside the data dir (by anyone who can write there) are refused or replaced,
+    never followed: nothing is written outside the data dir and no victim file changes."""
+
+    VICTIM = b"victim's bytes, not to be touched\n" * 100
+
+    def setUp(self):
+        self.d = Daemon().start()
+        self.addCleanup(self.d.cleanup)
+        self.outside = os.path.join(os.path.dirname(self.d.data_dir), "outside")
+        os.mkdir(self.outside)
+        self.victim = os.path.join(self.outside, "victim")
+        with open(self.victim, "wb") as f:
+            f.write(self.VICTIM)
+        self.channel = grpc.insecure_channel(self.d.addr)
+        self.addCleanup(self.channel.close)
+        self.ck = pbg.CheckpointsStub(self.channel)
+        self.job_dir = os.path.join(self.d.data_dir, "checkpoints", "j")
+
+    def tearDown(self):
+        self.channel.close()
+        self.assertEqual(self.d.stop(), 0, self.d.log())
+        self.assertEqual(self.d.sanitizer_reports(), [], self.d.log())
+
+    def assert_victim_intact(self):
+        with open(self.victim, "rb") as f:
+            self.assertEqual(f.read(), self.VICTIM)
+        self.assertEqual(sorted(os.listdir(self.outside)), ["victim"])
+
+    def upload(self, data=b"shard data " * 1000):
+        sha = hashlib.sha256(data).hexdigest()
+        return self.ck.UploadShard(requests(data, len(data), sha), timeout=30)
+
+    def begin(self):
+        self.ck.Begin(pb.BeginRequest(job="j", name="c", world_size=1), timeout=10)
+
+    def test_linked_job_dir(self):
+        self.begin()
+        if os.path.exists(self.job_dir):
+            shutil.rmtree(self.job_dir)
+        os.symlink(self.outside, self.job_dir)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.upload()
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INTERNAL)
+        self.assertIn("symbolic link", e.exception.details())
+        self.assertIn(self.job_dir, e.exception.details())
+        self.assert_victim_intact()
+        # The daemon goes on serving, and the link stays what it was.
+        self.assertTrue(os.path.islink(self.job_dir))
+        st = self.ck.UploadStatus(pb.UploadStatusRequest(job="j", checkpoint="c", rank=0))
+        self.assertEqual(st.held_bytes, 0)
+
+    def test_linked_part(self):
+        self.begin()
+        os.makedirs(self.job_dir, exist_ok=True)
+        part = os.path.join(self.job_dir, ".c_shard_0.shard.part")
+        os.symlink(self.victim, part)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.upload()
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INTERNAL)
+        self.assertIn("cannot open the partial file " + part, e.exception.details())
+        self.assertIn("symbolic link", e.exception.details())
+        self.assert_victim_intact()
+        # The failed upload removed the link itself (its name is the upload's temp file); the
+        # next attempt succeeds.
+        self.assertFalse(os.path.lexists(part))
+        self.assertEqual(self.upload().sha256, hashlib.sha256(b"shard data " * 1000).hexdigest())
+        self.assert_victim_intact()
+
+    def test_linked_metadata_tmp_and_shard(self):
+        self.begin()
+        self.upload()
+        tmp = os.path.join(self.job_dir, ".c.metadata.json.tmp")
+        os.symlink(self.victim, tmp)
+        self.assertEqual(self.ck.Commit(pb.CheckpointRef(job="j", name="c"), timeout=10).state,
+                         pb.COMPLETE)
+        self.assert_victim_intact()
+        self.assertFalse(os.path.lexists(tmp))
+        meta = os.path.join(self.job_dir, "c.metadata.json")
+        self.assertFalse(os.path.islink(meta))
+        self.assertTrue(os.path.isfile(meta))
+        # A shard replaced by a link to a byte-identical copy outside: verification and
+        # download do not read through it.
+        shard = os.path.join(self.job_dir, "c_shard_0.shard")
+        copy = os.path.join(self.outside, "copy")
+        shutil.copyfile(shard, copy)
+        os.unlink(shard)
+        os.symlink(copy, shard)
+        v = self.ck.Verify(pb.VerifyRequest(job="j", name="c", mode=pb.DEEP), timeout=10)
+        self.assertFalse(v.ok)
+        self.assertEqual(v.shards[0].verdict, pb.IO_ERROR)
+        self.assertIn("symbolic link", v.shards[0].detail)
+        with self.assertRaises(grpc.RpcError) as e:
+            list(self.ck.DownloadShard(pb.DownloadShardRequest(job="j", name="c", rank=0),
+                                       timeout=10))
+        self.assertIn("symbolic link", e.exception.details())
+
+    def test_linked_lengths_files(self):
+        ds = fpbg.DatasetsStub(self.channel)
+        ds.Create(fpb.CreateDatasetRequest(name="ds", samples=4), timeout=10)
+        lengths = [3, 1, 4, 1]
+        sha = hashlib.sha256(b"".join(n.to_bytes(4, "little") for n in lengths)).hexdigest()
+        datasets = os.path.join(self.d.data_dir, "datasets")
+        # The first upload's temp file, its staged name and the final name: all links.
+        planted = [os.path.join(datasets, n) for n in
+                   (".ds.lengths.1.tmp", ".ds.lengths.%s.new" % sha, "ds.lengths")]
+        for p in planted:
+            os.symlink(self.victim, p)
+        r = ds.UploadLengths(iter([fpb.UploadLengthsRequest(name="ds", lengths=lengths)]),
+                             timeout=10)
+        self.assertTrue(r.has_lengths)
+        self.assert_victim_intact()
+        self.assertFalse(os.path.lexists(planted[0]) or os.path.lexists(planted[1]))
+        self.assertFalse(os.path.islink(planted[2]))
+        with open(planted[2], "rb") as f:
+            self.assertEqual(hashlib.sha256(f.read()).hexdigest(), sha)
+
+
+class SharedDataDirTest(unittest.TestCase):
+    """A data dir other users can write (o+w) is refused at start, naming the path, its mode and
+    the flag that allows it; a group-writable one is accepted (Kubernetes' fsGroup)."""
+
+    def test_world_writable_refused_unless_allowed(self):
+        tmp = tempfile.TemporaryDirectory(prefix="sluice-test-")
+        self.addCleanup(tmp.cleanup)
+        data_dir = os.path.join(tmp.name, "data")
+        os.mkdir(data_dir)
+        os.chmod(data_dir, 0o777)
+        d = Daemon(data_dir=data_dir)
+        self.addCleanup(d.cleanup)
+        with self.assertRaises(RuntimeError) as e:
+            d.start()
+        self.assertIn("data_dir_shared", str(e.exception))
+        self.assertIn("path=" + data_dir + " mode=0777", str(e.exception))
+        self.assertIn("--allow-shared-data-dir", str(e.exception))
+        self.assertFalse(os.path.exists(os.path.join(data_dir, "catalog.db")))
+
+        for how in (["--allow-shared-data-dir"], {"SLUICE_ALLOW_SHARED_DATA_DIR": "true"}):
+            d = Daemon(data_dir=data_dir, args=how if isinstance(how, list) else (),
+                       env=how if isinstance(how, dict) else None)
+            self.addCleanup(d.cleanup)
+            d.start()
+            self.assertIn("data_dir_shared", d.log())
+            self.assertEqual(d.stop(), 0, d.log())
+
+        os.chmod(data_dir, 0o770)
+        d = Daemon(data_dir=data_dir)
+        self.addCleanup(d.cleanup)
+        d.start()
+        self.assertEqual(d.stop(), 0, d.log())
+        self.assertEqual(d.sanitizer_reports(), [], d.log())
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 /* server/store/: durable writes, rename without replacing, sweeps, the positional I/O helpers,
- * and the checkpoint layout (paths, file classification, removal of a checkpoint's files, what a
- * partial upload holds). Every test works in its own temporary directory. */
+ * the checkpoint layout (paths, file classification, removal of a checkpoint's files, what a
+ * partial upload holds), and paths resolved without following a symbolic link, through openat2
+ * and through the fallback walk (also with openat2 filtered out by seccomp, as some container
+ * runtimes do). Every test works in its own temporary directory. */
 #include "store/layout.h"
 #include "store/store.h"
 
@@ -10,11 +12,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -379,6 +387,186 @@ static void test_part_held(void)
     CHECK(sl_store_part_held(p, 1, &held) == SL_ENOTFOUND);
 }
 
+/* sl_store_open or its fallback walk, as a test picks. */
+typedef int (*open_fn)(const char *path, int flags, mode_t mode);
+
+/* Every way the store opens `p` (a path with a link at one component) fails with -ELOOP, and
+ * `victim` (what the link leads to) keeps its content "data". */
+static void refused(open_fn open_path, const char *p, const char *victim, int last)
+{
+    char buf[256];
+    static const int flags[] = {
+        O_RDONLY, O_RDWR | O_CREAT,    O_WRONLY | O_CREAT | O_TRUNC, O_RDONLY | O_DIRECTORY,
+        O_PATH,   O_PATH | O_DIRECTORY};
+    struct stat st;
+
+    for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+        int fd = open_path(p, flags[i], 0640);
+        if (fd != -ELOOP) {
+            fprintf(stderr, "%s with flags %#x: %d, not -ELOOP\n", p, flags[i], fd);
+            failures++;
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    CHECK(strcmp(content(buf, sizeof(buf), victim), "data") == 0);
+    /* Operations on the name: through a link on the way they fail; a link as the last component
+     * is acted on as itself (create replaces the link with a new file), never its target. */
+    if (!last) {
+        CHECK(sl_store_stat(p, &st) == -ELOOP);
+        CHECK(sl_store_unlink(p) == -ELOOP);
+        CHECK(sl_store_create(p, 0640) == -ELOOP);
+    } else {
+        CHECK(sl_store_stat(p, &st) == 0 && S_ISLNK(st.st_mode));
+        int fd = sl_store_create(p, 0640);
+        CHECK(fd >= 0);
+        if (fd >= 0) {
+            CHECK(write(fd, "new", 3) == 3);
+            close(fd);
+        }
+        CHECK(lstat(p, &st) == 0 && S_ISREG(st.st_mode));
+        CHECK(sl_store_unlink(p) == 0 && !exists(p));
+    }
+    CHECK(strcmp(content(buf, sizeof(buf), victim), "data") == 0);
+}
+
+/* A link at each component of <root>/links/<k>/a/b/f, to the same component of <root>/real. */
+static void test_no_links(open_fn open_path, const char *label)
+{
+    static const char *const comps[] = {"a", "b", "f"};
+    char p[PATH_MAX], to[PATH_MAX], q[PATH_MAX], r[PATH_MAX], victim[PATH_MAX], buf[256];
+    uint64_t free_bytes;
+    DIR *d;
+    int fd;
+
+    fprintf(stderr, "test_no_links: %s\n", label);
+    CHECK(sl_store_mkdirs(at(p, sizeof(p), "real/a/b")) == 0);
+    put(at(victim, sizeof(victim), "real/a/b/f"), "data");
+    /* Without links: opened, created, read back. */
+    fd = open_path(victim, O_RDONLY, 0);
+    CHECK(fd >= 0 && read(fd, buf, 4) == 4 && memcmp(buf, "data", 4) == 0);
+    if (fd >= 0)
+        close(fd);
+    fd = open_path(at(p, sizeof(p), "real/a/b/new"), O_RDWR | O_CREAT, 0640);
+    CHECK(fd >= 0);
+    if (fd >= 0)
+        close(fd);
+    CHECK(unlink(p) == 0);
+    fd = open_path(at(p, sizeof(p), "real/a/"), O_RDONLY | O_DIRECTORY, 0);
+    CHECK(fd >= 0);
+    if (fd >= 0)
+        close(fd);
+    fd = open_path("/", O_PATH | O_DIRECTORY, 0);
+    CHECK(fd >= 0);
+    if (fd >= 0)
+        close(fd);
+
+    /* The link at component k (0: a, 1: b, 2: f), the components before it directories. */
+    for (int k = 0; k < 3; k++) {
+        snprintf(q, sizeof(q), "links/%d", k);
+        CHECK(sl_store_mkdirs(at(p, sizeof(p), q)) == 0);
+        at(to, sizeof(to), "real");
+        for (int i = 0; i <= k; i++) {
+            size_t n = strlen(p), m = strlen(to);
+            snprintf(p + n, sizeof(p) - n, "/%s", comps[i]);
+            snprintf(to + m, sizeof(to) - m, "/%s", comps[i]);
+            if (i < k)
+                CHECK(mkdir(p, 0750) == 0);
+        }
+        CHECK(symlink(to, p) == 0);
+        if (k < 2) {
+            /* A linked directory: not listed, synced, made in, written in, renamed into. */
+            CHECK(sl_store_opendir(&d, p) == -ELOOP && d == NULL);
+            CHECK(sl_store_fsync_dir(p) == -ELOOP);
+            CHECK(sl_store_free_bytes(p, &free_bytes) == -ELOOP);
+            CHECK(sl_store_mkdirs(in(q, p, "sub")) == -ELOOP);
+            CHECK(sl_store_write_file(p, "m.json", "{}", 2) == -ELOOP);
+            CHECK(sl_store_rename_noreplace(victim, in(q, p, "moved")) == -ELOOP);
+            CHECK(sl_store_rename(in(q, p, "f"), at(r, sizeof(r), "real/moved")) == -ELOOP);
+            CHECK(!exists(in(q, to, "sub")) && !exists(in(q, to, "m.json")) &&
+                  !exists(in(q, to, "moved")) && exists(victim));
+        }
+        for (int i = k + 1; i < 3; i++) {
+            size_t n = strlen(p);
+            snprintf(p + n, sizeof(p) - n, "/%s", comps[i]);
+        }
+        refused(open_path, p, victim, k == 2);
+    }
+    /* A dangling link where a file is to be made: nothing is made at its target. */
+    at(p, sizeof(p), "links/dangling");
+    CHECK(symlink(at(q, sizeof(q), "real/made"), p) == 0);
+    CHECK(open_path(p, O_WRONLY | O_CREAT, 0640) == -ELOOP);
+    CHECK(!exists(q));
+    {
+        char cmd[PATH_MAX + 32];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/links %s/real", root, root);
+        CHECK(system(cmd) == 0);
+    }
+}
+
+/* What else may not be opened: a FIFO (without blocking), a file with another hard link for
+ * writing, a file as a directory; O_TRUNC applies to a plain file. */
+static void test_file_kinds(open_fn open_path)
+{
+    char p[PATH_MAX], q[PATH_MAX], buf[256];
+    int fd;
+
+    CHECK(mkfifo(at(p, sizeof(p), "fifo"), 0640) == 0);
+    CHECK(open_path(p, O_RDONLY, 0) == -ENXIO);
+    CHECK(open_path(p, O_RDWR | O_CREAT, 0640) == -ENXIO);
+    CHECK(unlink(p) == 0);
+    put(at(p, sizeof(p), "victim"), "data");
+    CHECK(link(p, at(q, sizeof(q), "hardlink")) == 0);
+    CHECK(open_path(q, O_RDWR | O_CREAT | O_TRUNC, 0640) == -EMLINK);
+    CHECK(strcmp(content(buf, sizeof(buf), p), "data") == 0);
+    fd = open_path(q, O_RDONLY, 0); /* reading is harmless */
+    CHECK(fd >= 0);
+    if (fd >= 0)
+        close(fd);
+    CHECK(unlink(q) == 0);
+    CHECK(open_path(p, O_RDONLY | O_DIRECTORY, 0) == -ENOTDIR);
+    fd = open_path(p, O_WRONLY | O_TRUNC, 0);
+    CHECK(fd >= 0 && (fcntl(fd, F_GETFL) & O_NONBLOCK) == 0);
+    if (fd >= 0)
+        close(fd);
+    CHECK(strcmp(content(buf, sizeof(buf), p), "") == 0);
+    CHECK(open_path(at(q, sizeof(q), "victim/x"), O_RDONLY, 0) == -ENOTDIR);
+    CHECK(open_path(at(q, sizeof(q), "missing/x"), O_RDONLY, 0) == -ENOENT);
+    CHECK(unlink(p) == 0);
+    CHECK(sl_store_strerror(-ELOOP) != NULL && strstr(sl_store_strerror(-ELOOP), "symbolic link"));
+}
+
+/* In a child whose seccomp filter answers openat2 with ENOSYS (as container runtimes' profiles
+ * that predate openat2 do), sl_store_open takes the walk: it still opens files and still refuses
+ * links. */
+static void test_fallback_taken(void)
+{
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat2, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {sizeof(filter) / sizeof(filter[0]), filter};
+    int status = -1;
+    pid_t pid = fork();
+
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        failures = 0; /* the child's own count */
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+            prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+            perror("seccomp");
+            _exit(2);
+        }
+        CHECK(syscall(SYS_openat2, AT_FDCWD, "/", NULL, 0) == -1 && errno == ENOSYS);
+        test_no_links(sl_store_open, "sl_store_open, openat2 filtered: the walk");
+        test_file_kinds(sl_store_open);
+        _exit(failures ? 1 : 0);
+    }
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void)
 {
     char cmd[64];
@@ -396,6 +584,11 @@ int main(void)
     test_classify();
     test_remove_ckpt();
     test_part_held();
+    test_no_links(sl_store_open, "sl_store_open");
+    test_no_links(sl_store_open_walk, "sl_store_open_walk");
+    test_file_kinds(sl_store_open);
+    test_file_kinds(sl_store_open_walk);
+    test_fallback_taken();
     snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
     if (system(cmd) != 0)
         fprintf(stderr, "store_test: cannot remove %s\n", root);

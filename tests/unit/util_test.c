@@ -13,6 +13,7 @@
 #include "util/utf8.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -399,6 +400,17 @@ static void write_stored(const char *path, const uint8_t *raw, size_t len, char 
     sl_sha256_free(h);
 }
 
+/* sl_lengths_read of the file at `path` (fd -1 if it cannot be opened). */
+static int read_stored(uint32_t **v, const char *path, uint64_t n, const char *hex, char *msg,
+                       size_t len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC), err = sl_lengths_read(v, fd, n, hex, msg, len);
+
+    if (fd >= 0)
+        close(fd);
+    return err;
+}
+
 static void test_lengths_read(void)
 {
     static const uint32_t in[] = {3, 1, 4, 1, 5};
@@ -409,27 +421,27 @@ static void test_lengths_read(void)
     snprintf(path, sizeof(path), "/tmp/sl-util-test-%d", (int)getpid());
     CHECK(sl_lengths_encode(raw, in, 5, NULL) == 0);
     write_stored(path, raw, sizeof(raw), hex);
-    CHECK(sl_lengths_read(&v, path, 5, hex, msg, sizeof(msg)) == 0);
+    CHECK(read_stored(&v, path, 5, hex, msg, sizeof(msg)) == 0);
     CHECK(v && memcmp(v, in, sizeof(in)) == 0);
     free(v);
-    CHECK(sl_lengths_read(&v, path, 4, hex, msg, sizeof(msg)) == SL_ECORRUPT && v == NULL);
+    CHECK(read_stored(&v, path, 4, hex, msg, sizeof(msg)) == SL_ECORRUPT && v == NULL);
     CHECK(strcmp(msg, "lengths file has 20 bytes, expected 16") == 0);
-    CHECK(sl_lengths_read(&v, path, (UINT64_C(1) << 62) + 5, hex, msg, sizeof(msg)) == SL_ECORRUPT);
+    CHECK(read_stored(&v, path, (UINT64_C(1) << 62) + 5, hex, msg, sizeof(msg)) == SL_ECORRUPT);
     CHECK(strstr(msg, "do not fit in memory") != NULL);
     hex[0] = hex[0] == '0' ? '1' : '0';
-    CHECK(sl_lengths_read(&v, path, 5, hex, msg, sizeof(msg)) == SL_ECORRUPT && v == NULL);
+    CHECK(read_stored(&v, path, 5, hex, msg, sizeof(msg)) == SL_ECORRUPT && v == NULL);
     CHECK(strstr(msg, "does not match the catalog's") != NULL);
     /* A length of 0 cannot come from an upload: the file is not the uploaded one. */
     raw[8] = 0;
     write_stored(path, raw, sizeof(raw), zhex);
-    CHECK(sl_lengths_read(&v, path, 5, zhex, msg, sizeof(msg)) == SL_ECORRUPT && v == NULL);
+    CHECK(read_stored(&v, path, 5, zhex, msg, sizeof(msg)) == SL_ECORRUPT && v == NULL);
     CHECK(strcmp(msg, "lengths file has length 0 at record 2") == 0);
     write_stored(path, raw, 0, zhex);
-    CHECK(sl_lengths_read(&v, path, 0, zhex, msg, sizeof(msg)) == 0 && v != NULL);
+    CHECK(read_stored(&v, path, 0, zhex, msg, sizeof(msg)) == 0 && v != NULL);
     free(v);
     unlink(path);
-    CHECK(sl_lengths_read(&v, path, 5, zhex, msg, sizeof(msg)) == -ENOENT && v == NULL);
-    CHECK(strstr(msg, "cannot open the lengths file") != NULL);
+    CHECK(read_stored(&v, path, 5, zhex, msg, sizeof(msg)) == -EBADF && v == NULL);
+    CHECK(strstr(msg, "cannot read the lengths file") != NULL);
 }
 
 static void test_array_grow(void)

@@ -1,0 +1,275 @@
+/* Checkpoints that carry the data position: the feed state a checkpoint is committed with (built
+ * from its ranks' positions), and Restore, which puts a job back to it. The checkpoint service
+ * calls these; they read and write the feed's catalog tables and jobs in memory. */
+#include "internal.h"
+
+#include "err.h"
+#include "log.h"
+#include "sluice/v1/checkpoint.pb-c.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int sl_feed_job_exists(sl_feed *f, const char *name)
+{
+    return feed_job_find(f, name) != NULL;
+}
+
+/* A job spec packed without its world and mesh: what must not change between a checkpoint and
+ * its restore (dataset, partition, shuffle, seed, drop_last, batching...). */
+static int pack_settings(const Sluice__V1__Job *spec, uint8_t **out, size_t *out_len)
+{
+    Sluice__V1__Job c = *spec;
+
+    c.world_size = 0;
+    c.mesh = NULL;
+    c.epoch = 0;
+    c.created_ms = 0;
+    c.dp_size = 0;
+    c.resized_in_epoch = 0;
+    c.manual_advance = 0;
+    *out_len = sluice__v1__job__get_packed_size(&c);
+    *out = malloc(*out_len ? *out_len : 1);
+    if (!*out)
+        return -ENOMEM;
+    sluice__v1__job__pack(&c, *out);
+    return 0;
+}
+
+static int same_settings(const Sluice__V1__Job *a, const Sluice__V1__Job *b)
+{
+    uint8_t *pa = NULL, *pb = NULL;
+    size_t la, lb;
+    int same = 0;
+
+    if (pack_settings(a, &pa, &la) == 0 && pack_settings(b, &pb, &lb) == 0)
+        same = la == lb && memcmp(pa, pb, la) == 0;
+    free(pa);
+    free(pb);
+    return same;
+}
+
+int sl_feed_capture(sl_feed *f, const char *job, uint64_t epoch, uint32_t world,
+                    const uint64_t *rank_pos, sl_cat_blob *state, sl_cat_blob *spec_out,
+                    sl_cat_blob *elastic_out, char *msg, size_t len)
+{
+    Sluice__V1__FeedState fs = SLUICE__V1__FEED_STATE__INIT;
+    Sluice__V1__Job *spec = NULL;
+    sl_cat_dataset ds;
+    sl_sample_config cfg;
+    uint64_t *pos = NULL;
+    uint32_t w = 0, dp, dp_size;
+    fjob *j = feed_job_find(f, job);
+    int err;
+
+    state->p = NULL;
+    state->len = 0;
+    spec_out->p = elastic_out->p = NULL;
+    spec_out->len = elastic_out->len = 0;
+    if (!j) {
+        snprintf(msg, len, "feed job '%s' not found", job);
+        return SL_ENOTFOUND;
+    }
+    err = sl_cat_epoch_get(f->cat, job, epoch, spec_out, &w, elastic_out);
+    if (err == SL_ENOTFOUND) {
+        snprintf(msg, len,
+                 "feed job '%s' has no record of epoch %" PRIu64 " (it is in epoch %" PRIu64
+                 "; the last 64 epochs are kept)",
+                 job, epoch, j->epoch);
+        err = SL_ESTATE;
+        goto out;
+    }
+    if (err) {
+        snprintf(msg, len, "catalog error: %s", sl_strerror(err));
+        goto out;
+    }
+    if (w != world) {
+        snprintf(msg, len,
+                 "the ranks ran in a world of %u but feed job '%s' had a world of %u in epoch "
+                 "%" PRIu64,
+                 world, job, w, epoch);
+        err = SL_ESTATE;
+        goto out;
+    }
+    spec = sluice__v1__job__unpack(NULL, spec_out->len, spec_out->p);
+    if (!spec) {
+        snprintf(msg, len, "the spec of feed job '%s' in epoch %" PRIu64 " is corrupt", job, epoch);
+        err = SL_ECORRUPT;
+        goto out;
+    }
+    if ((err = feed_spec_config(&cfg, spec, j->samples, epoch, msg, len)) != 0 ||
+        (err = sl_sample_dp_rank(&dp, &dp_size, &cfg, msg, len)) != 0)
+        goto out;
+    if (!(pos = malloc(sizeof(*pos) * dp_size))) {
+        err = -ENOMEM;
+        goto out;
+    }
+    for (uint32_t d = 0; d < dp_size; d++)
+        pos[d] = UINT64_MAX;
+    /* A dp rank's tp/cp/pp replicas read the same share; the lowest of their positions is kept,
+     * so nothing is skipped if they disagree. */
+    for (uint32_t r = 0; r < world; r++) {
+        cfg.rank = r;
+        if ((err = sl_sample_dp_rank(&dp, &dp_size, &cfg, msg, len)) != 0)
+            goto out;
+        if (rank_pos[r] < pos[dp])
+            pos[dp] = rank_pos[r];
+        if (rank_pos[r] > j->samples) {
+            snprintf(msg, len,
+                     "rank %u's position %" PRIu64 " is past the %" PRIu64
+                     " samples of feed job '%s'",
+                     r, rank_pos[r], j->samples, job);
+            err = SL_EINVAL;
+            goto out;
+        }
+    }
+    err = sl_cat_dataset_get(f->cat, &ds, j->dataset);
+    if (err) {
+        snprintf(msg, len, "dataset '%s' of feed job '%s': %s", j->dataset, job, sl_strerror(err));
+        goto out;
+    }
+    fs.job = (char *)job;
+    fs.epoch = epoch;
+    fs.world_size = world;
+    fs.mesh = feed_mesh_set(spec->mesh) ? spec->mesh : NULL;
+    fs.unit = spec->batching ? "batches" : "indices";
+    fs.n_positions = dp_size;
+    fs.positions = pos;
+    fs.samples = ds.samples;
+    fs.lengths_sha256 = ds.has_lengths ? ds.lengths_sha256 : "";
+    fs.elastic = elastic_out->len > 0;
+    state->len = sluice__v1__feed_state__get_packed_size(&fs);
+    if (!(state->p = malloc(state->len ? state->len : 1))) {
+        err = -ENOMEM;
+        goto out;
+    }
+    sluice__v1__feed_state__pack(&fs, state->p);
+out:
+    if (spec)
+        sluice__v1__job__free_unpacked(spec, NULL);
+    free(pos);
+    if (err) {
+        sl_cat_blob_free(state);
+        sl_cat_blob_free(spec_out);
+        sl_cat_blob_free(elastic_out);
+    }
+    return err;
+}
+
+/* Whether Resize can take the restored job into `world` later: a mid-epoch resize needs the
+ * epoch not resized before (elastic) and an index job (batch jobs resize at epoch boundaries). */
+static int resize_possible(const fjob *j, const Sluice__V1__FeedState *fs, const sl_cat_blob *el,
+                           char *msg, size_t len)
+{
+    int any = 0;
+
+    for (size_t d = 0; d < fs->n_positions; d++)
+        any |= fs->positions[d] > 0;
+    if (!any)
+        return 0;
+    if (el->len) {
+        snprintf(msg, len,
+                 "checkpoint's epoch %" PRIu64 " of job '%s' was already resized mid-epoch; it "
+                 "can be restored only into its own world of %u",
+                 fs->epoch, j->name, fs->world_size);
+        return SL_ESTATE;
+    }
+    if (j->spec->batching) {
+        snprintf(msg, len,
+                 "job '%s' streams batches: a checkpoint taken mid-epoch can be restored only "
+                 "into its own world of %u",
+                 j->name, fs->world_size);
+        return SL_ESTATE;
+    }
+    return 0;
+}
+
+int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_out,
+                    uint32_t *world_out, char *msg, size_t len)
+{
+    Sluice__V1__FeedState *fs = NULL;
+    Sluice__V1__Job *spec = NULL;
+    sl_cat_dataset ds;
+    fjob *j;
+    int err = 0;
+
+    fs = sluice__v1__feed_state__unpack(NULL, req->state->len, req->state->p);
+    if (fs)
+        spec = sluice__v1__job__unpack(NULL, req->spec->len, req->spec->p);
+    if (!fs || !spec || !fs->job) {
+        snprintf(msg, len, "the checkpoint's feed state is corrupt");
+        err = SL_ECORRUPT;
+        goto out;
+    }
+    if (!(j = feed_job_find(f, fs->job))) {
+        snprintf(msg, len, "feed job '%s' not found", fs->job);
+        err = SL_ENOTFOUND;
+        goto out;
+    }
+    if (j->samples != fs->samples) {
+        snprintf(msg, len,
+                 "dataset '%s' of feed job '%s' has %" PRIu64
+                 " samples; the checkpoint was taken with %" PRIu64,
+                 j->dataset, j->name, j->samples, fs->samples);
+        err = SL_ESTATE;
+        goto out;
+    }
+    err = sl_cat_dataset_get(f->cat, &ds, j->dataset);
+    if (err) {
+        snprintf(msg, len, "catalog error: %s", sl_strerror(err));
+        goto out;
+    }
+    if ((fs->lengths_sha256 && fs->lengths_sha256[0]) || j->spec->batching) {
+        const char *now = ds.has_lengths ? ds.lengths_sha256 : "";
+        if (strcmp(now, fs->lengths_sha256 ? fs->lengths_sha256 : "") != 0) {
+            snprintf(msg, len,
+                     "the lengths of dataset '%s' changed since the checkpoint (sha256 %.16s, "
+                     "then %.16s)",
+                     j->dataset, now[0] ? now : "none",
+                     fs->lengths_sha256 && fs->lengths_sha256[0] ? fs->lengths_sha256 : "none");
+            err = SL_ESTATE;
+            goto out;
+        }
+    }
+    if (!same_settings(spec, j->spec)) {
+        snprintf(msg, len,
+                 "feed job '%s' has other settings than when the checkpoint was taken (its "
+                 "dataset, partition, shuffle, seed, drop_last or batching changed)",
+                 j->name);
+        err = SL_ESTATE;
+        goto out;
+    }
+    if (req->world && req->world != fs->world_size &&
+        (err = resize_possible(j, fs, req->elastic, msg, len)) != 0)
+        goto out;
+    err = sl_cat_job_restore(f->cat, j->name, req->spec->p, req->spec->len, spec->world_size,
+                             fs->epoch, req->elastic->p, req->elastic->len, fs->positions,
+                             (uint32_t)fs->n_positions);
+    if (err) {
+        snprintf(msg, len, "catalog error: %s", sl_strerror(err));
+        goto out;
+    }
+    err = feed_job_rewind(j, spec, fs->epoch, req->elastic->p, req->elastic->len, fs->positions,
+                          (uint32_t)fs->n_positions, msg, len);
+    spec = NULL; /* owned by the job now */
+    if (err)
+        goto out;
+    if (req->world && (req->world != j->spec->world_size || feed_mesh_set(req->mesh))) {
+        err = feed_job_resize(j, req->world, req->mesh, msg, len);
+        if (err)
+            goto out;
+    }
+    /* A state at the end of its epoch begins the next one (as the last report would have). */
+    feed_job_plan_ready(j);
+    *epoch_out = j->epoch;
+    *world_out = j->spec->world_size;
+out:
+    if (fs)
+        sluice__v1__feed_state__free_unpacked(fs, NULL);
+    if (spec)
+        sluice__v1__job__free_unpacked(spec, NULL);
+    return err;
+}

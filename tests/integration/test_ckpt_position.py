@@ -1,0 +1,291 @@
+"""Checkpoints that carry the data position (issue 14, docs/checkpoints.md "Data position"): the
+real daemon on 127.0.0.1 (port 0, temporary data dir), Python grpcio stubs and the CLI. Shards
+carry their rank's position; Commit (or the auto-commit) stores the feed state with COMPLETE;
+Restore rewinds the feed job, across epochs, into another world, and after a daemon restart; bad
+input gets a clear status and changes nothing."""
+import json
+import os
+import threading
+import time
+import unittest
+
+import grpc
+
+from sluice.client import Client
+from sluice.v1 import checkpoint_pb2 as pb
+from sluice.v1 import checkpoint_pb2_grpc as pbg
+from sltest import Daemon, cli
+
+N = 1000  # samples
+
+
+def shard(job, name, rank, world, pos=None, data=b"x" * 64):
+    hdr = pb.ShardHeader(job=job, checkpoint=name, rank=rank, data_size=len(data), tensors=[
+        pb.TensorInfo(name="w", dtype="uint8", shape=[len(data)], offset=0, size=len(data))])
+    if pos is not None:
+        epoch, position = pos[:2]
+        hdr.data_position.CopyFrom(pb.DataPosition(
+            epoch=epoch, position=position, world_size=pos[2] if len(pos) > 2 else world))
+    yield pb.UploadShardRequest(header=hdr)
+    yield pb.UploadShardRequest(chunk=data)
+
+
+class PositionTest(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon().start()
+        self.connect()
+
+    def connect(self):
+        self.ch = grpc.insecure_channel(self.d.addr)
+        self.ck = pbg.CheckpointsStub(self.ch)
+        self.feed = Client(self.d.addr)
+
+    def tearDown(self):
+        self.ch.close()
+        self.feed.close()
+        rc = self.d.stop()
+        self.d.cleanup()
+        self.assertEqual(rc, 0)
+
+    def restart(self):
+        self.ch.close()
+        self.feed.close()
+        self.assertEqual(self.d.stop(), 0)
+        self.d.start()
+        self.connect()
+
+    def job(self, name="run", world=2, **kw):
+        self.feed.create_dataset(name + "-ds", N)
+        self.feed.create_job(name, name + "-ds", world_size=world, shuffle="feistel", seed=3, **kw)
+
+    def save(self, name, positions, job="run", auto=True, step=0, world=None, **begin):
+        world = world or len(positions)
+        c = self.ck.Begin(pb.BeginRequest(job=job, name=name, step=step, world_size=world,
+                                          auto_commit=auto, **begin), timeout=10)
+        for r, p in enumerate(positions):
+            self.ck.UploadShard(shard(job, name, r, world, p), timeout=10)
+        return c
+
+    def wait_complete(self, name, job="run"):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            c = self.ck.Get(pb.CheckpointRef(job=job, name=name), timeout=10)
+            if c.state == pb.COMPLETE:
+                return c
+            time.sleep(0.02)
+        self.fail("checkpoint %s not COMPLETE: %s" % (name, c))
+
+    def indices(self, rank, epoch=None, position=None):
+        out = []
+        for chunk in self.feed.stream_indices("run", rank, epoch=epoch, position=position):
+            out += list(chunk.indices)
+        return out
+
+    def restore(self, name, job="run", **kw):
+        return self.ck.Restore(pb.RestoreRequest(job=job, name=name, **kw), timeout=10)
+
+    # ---- the feed state is stored with COMPLETE ----
+
+    def test_auto_commit_stores_feed_state(self):
+        self.job()
+        c = self.save("s1", [(0, 100), (0, 120)])
+        self.assertEqual(c.feed_job, "run")  # bound to the namesake feed job by default
+        self.assertTrue(c.auto_commit)
+        c = self.wait_complete("s1")
+        fs = c.feed_state
+        self.assertEqual((fs.job, fs.epoch, fs.world_size, fs.unit), ("run", 0, 2, "indices"))
+        self.assertEqual(list(fs.positions), [100, 120])
+        self.assertEqual(fs.samples, N)
+        latest = self.ck.Latest(pb.LatestRequest(job="run"), timeout=10)
+        self.assertEqual(list(latest.feed_state.positions), [100, 120])
+        meta = json.load(open(os.path.join(self.d.data_dir, "checkpoints", "run",
+                                           "s1.metadata.json")))
+        self.assertEqual(meta["feed_job"], "run")
+        self.assertEqual(meta["feed_state"]["positions"], [100, 120])
+        v = self.ck.Verify(pb.VerifyRequest(job="run", name="s1", mode=pb.QUICK), timeout=10)
+        self.assertTrue(v.ok, v)
+        out = cli("ckpt", "show", "run", "s1", addr=self.d.addr)
+        self.assertIn("feed", out.stdout + out.stderr)
+
+    def test_unbound_and_no_feed(self):
+        self.job()
+        c = self.ck.Begin(pb.BeginRequest(job="other", name="a", world_size=1), timeout=10)
+        self.assertEqual(c.feed_job, "")
+        c = self.ck.Begin(pb.BeginRequest(job="run", name="b", world_size=1, no_feed=True),
+                          timeout=10)
+        self.assertEqual(c.feed_job, "")
+        with self.assertRaises(grpc.RpcError) as e:
+            self.ck.UploadShard(shard("run", "b", 0, 1, (0, 5)), timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("not bound to a feed job", e.exception.details())
+        with self.assertRaises(grpc.RpcError) as e:
+            self.ck.Begin(pb.BeginRequest(job="x", name="c", world_size=1, feed_job="nope"),
+                          timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIn("'nope'", e.exception.details())
+        # Without positions a bound checkpoint commits as before, with no feed state.
+        self.ck.Begin(pb.BeginRequest(job="run", name="plain", world_size=1), timeout=10)
+        self.ck.UploadShard(shard("run", "plain", 0, 1), timeout=10)
+        c = self.ck.Commit(pb.CheckpointRef(job="run", name="plain"), timeout=10)
+        self.assertEqual(c.state, pb.COMPLETE)
+        self.assertFalse(c.HasField("feed_state"))
+        with self.assertRaises(grpc.RpcError) as e:
+            self.restore("plain")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("carries no data position", e.exception.details())
+
+    def test_bad_saves_are_refused(self):
+        self.job()
+        # Ranks that disagree on the epoch: the commit names them, nothing is COMPLETE.
+        self.save("e", [(0, 10), (1, 0)], auto=False)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.ck.Commit(pb.CheckpointRef(job="run", name="e"), timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("disagree on the epoch: rank 0 was in epoch 0, rank 1 in epoch 1",
+                      e.exception.details())
+        # One rank with a position, one without.
+        self.save("m", [(0, 10), None], auto=False)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.ck.Commit(pb.CheckpointRef(job="run", name="m"), timeout=10)
+        self.assertIn("rank 1 sent no data position", e.exception.details())
+        # A world that is not the checkpoint's.
+        self.ck.Begin(pb.BeginRequest(job="run", name="w", world_size=2), timeout=10)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.ck.UploadShard(shard("run", "w", 0, 2, (0, 1, 3)), timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("world_size 3", e.exception.details())
+        # The auto-commit refuses the same way: the checkpoint stays WRITING.
+        self.save("a", [(0, 10), (1, 0)])
+        time.sleep(0.3)
+        c = self.ck.Get(pb.CheckpointRef(job="run", name="a"), timeout=10)
+        self.assertEqual(c.state, pb.WRITING)
+        self.assertIn("ckpt_auto_commit_refused", self.d.log())
+        # A WRITING checkpoint cannot be restored.
+        with self.assertRaises(grpc.RpcError) as e:
+            self.restore("a")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("is WRITING", e.exception.details())
+
+    # ---- restore ----
+
+    def test_restore_rewinds_progress_and_ends_streams(self):
+        self.job()
+        self.save("s", [(0, 100), (0, 120)])
+        self.wait_complete("s")
+        full0 = self.indices(0, epoch=0, position=0)
+        # Later progress, then a stream left open (it waits for epoch 1).
+        self.feed.report_progress("run", 0, 0, 300)
+        self.feed.report_progress("run", 1, 0, 350)
+        got = {}
+
+        def reader():
+            try:
+                for _ in self.feed.stream_indices("run", 1, epoch=1):
+                    pass
+            except grpc.RpcError as e:
+                got["code"] = e.code()
+        t = threading.Thread(target=reader)
+        t.start()
+        time.sleep(0.3)
+        r = self.restore("s")
+        t.join(10)
+        self.assertFalse(t.is_alive())
+        self.assertEqual(got.get("code"), grpc.StatusCode.ABORTED)
+        self.assertEqual((r.feed_job, r.epoch, r.world_size), ("run", 0, 2))
+        self.assertEqual(list(r.restored.positions), [100, 120])
+        st = self.feed.get_epoch("run")
+        self.assertEqual(st.epoch, 0)
+        self.assertEqual([p.position for p in st.ranks], [100, 120])
+        # Streams resume exactly there: rank 0 reads its share from position 100 on.
+        self.assertEqual(self.indices(0), full0[100:])
+        # A report below the restored position no longer moves it back; one above does.
+        self.feed.report_progress("run", 0, 0, 150)
+        self.assertEqual(self.feed.get_epoch("run").ranks[0].position, 150)
+
+    def test_restore_across_epochs_and_after_restart(self):
+        self.job()
+        self.save("e0", [(0, 200), (0, 200)])
+        self.wait_complete("e0")
+        want = self.indices(1, epoch=0, position=200)
+        for ep in range(3):  # the job moves on to epoch 3
+            for r in range(2):
+                self.feed.report_progress("run", r, ep, N // 2)
+        self.assertEqual(self.feed.get_epoch("run").epoch, 3)
+        self.restart()
+        r = self.restore("e0")
+        self.assertEqual(r.epoch, 0)
+        self.assertEqual(self.indices(1), want)
+        # Progress reported after the restore point is gone (epochs 1..3 are not remembered).
+        st = self.feed.get_epoch("run")
+        self.assertEqual([p.position for p in st.ranks], [200, 200])
+
+    def test_commit_after_the_epoch_moved_on(self):
+        self.job()
+        self.ck.Begin(pb.BeginRequest(job="run", name="late", world_size=2, auto_commit=True),
+                      timeout=10)
+        self.ck.UploadShard(shard("run", "late", 0, 2, (0, 500)), timeout=10)
+        for r in range(2):
+            self.feed.report_progress("run", r, 0, N // 2)
+        self.assertEqual(self.feed.get_epoch("run").epoch, 1)
+        self.ck.UploadShard(shard("run", "late", 1, 2, (0, 500)), timeout=10)
+        c = self.wait_complete("late")
+        self.assertEqual((c.feed_state.epoch, list(c.feed_state.positions)), (0, [500, 500]))
+        r = self.restore("late")
+        # Both shares were done at 500: the restored state ends epoch 0, so epoch 1 begins.
+        self.assertEqual(r.epoch, 1)
+
+    def test_restore_into_another_world_covers_the_rest_once(self):
+        self.job(world=2)
+        self.save("s", [(0, 100), (0, 300)])
+        self.wait_complete("s")
+        consumed = set(self.indices(0, epoch=0, position=0)[:100]) | \
+            set(self.indices(1, epoch=0, position=0)[:300])
+        r = self.restore("s", world_size=3)
+        self.assertEqual(r.world_size, 3)
+        rest = []
+        for rank in range(3):
+            rest += self.indices(rank)
+        self.assertEqual(len(rest), len(set(rest)))
+        self.assertEqual(set(rest) | consumed, set(range(N)))
+        self.assertFalse(set(rest) & consumed)
+
+    def test_restore_refuses_a_changed_dataset_or_job(self):
+        self.job()
+        self.save("s", [(0, 10), (0, 10)])
+        self.wait_complete("s")
+        self.feed.delete_job("run")
+        with self.assertRaises(grpc.RpcError) as e:
+            self.restore("s")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.feed.delete_dataset("run-ds")
+        self.feed.create_dataset("run-ds", N + 1)
+        self.feed.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=3)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.restore("s")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("has 1001 samples; the checkpoint was taken with 1000",
+                      e.exception.details())
+        self.feed.delete_job("run")
+        self.feed.delete_dataset("run-ds")
+        self.feed.create_dataset("run-ds", N)
+        self.feed.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=4)
+        self.feed.report_progress("run", 0, 0, 7)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.restore("s")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("other settings", e.exception.details())
+        self.assertEqual(self.feed.get_epoch("run").ranks[0].position, 7)  # nothing changed
+
+    def test_cli_restore(self):
+        self.job()
+        self.save("s", [(0, 40), (0, 60)])
+        self.wait_complete("s")
+        self.feed.report_progress("run", 0, 0, 90)
+        out = cli("ckpt", "restore", "run", "s", addr=self.d.addr)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("epoch 0", out.stdout)
+        self.assertEqual(self.feed.get_epoch("run").ranks[0].position, 40)
+
+
+if __name__ == "__main__":
+    unittest.main()
