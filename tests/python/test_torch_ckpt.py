@@ -509,6 +509,30 @@ class ManagerTest(ManagerBase):
         for m in mgrs:
             m.close()
 
+    def test_reserve_and_context(self):
+        # reserve() allocates the buffers the saves copy into; a save copies, nothing more.
+        s = self.sampler("res", 10)
+        state = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2, dtype=torch.int64),
+                 "n": 3}
+        with st.CheckpointManager(s, address=self.d.addr, rank=0, world_size=1) as m:
+            m.reserve(state)
+            bufs = [b.data_ptr() for b in m._staged]
+            m.save(1, state)
+            self.assertEqual([b.data_ptr() for b in m._staged], bufs)
+            state["w"].mul_(2)
+            m.save(2, state)
+            self.assertEqual([b.data_ptr() for b in m._staged], bufs)
+        self.assertIsNotNone(m.last_upload)
+        self.complete("res", "step_2")
+        got = self.ck.load_state_dict("res", "step_1", 0)
+        self.assertTrue(torch.equal(got["w"], torch.arange(6.0).reshape(2, 3)))
+        got = self.ck.load_state_dict("res", "step_2", 0)
+        self.assertTrue(torch.equal(got["w"], 2 * torch.arange(6.0).reshape(2, 3)))
+        self.assertEqual(got["n"], 3)
+        with self.assertRaises(ValueError):
+            st.CheckpointManager(s, address=self.d.addr, rank=0, world_size=1,
+                                 reuse_buffers=False).reserve(state)
+
     def test_bad_input(self):
         s = self.sampler("bad", 10)
         m = st.CheckpointManager(s, address=self.d.addr, rank=0, world_size=1)

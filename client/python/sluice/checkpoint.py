@@ -14,6 +14,10 @@ With torch, a whole training state is one call each way, no template needed:
     ck.save_state_dict("myjob", "step_100", rank, state)
     state = ck.load_state_dict("myjob", "step_100", rank)   # same types, keys, bytes
 
+A checkpoint can carry the data position of a feed job: begin(..., feed_job=, auto_commit=True),
+each rank's upload/save_state_dict(..., data_position={"epoch", "position", "world_size"}), and
+restore(job, name) rewinds the feed job to it (sluice.torch.CheckpointManager does all of it).
+
 Such a shard holds a skeleton (the structure and the non-tensor values, as JSON; format below,
 above SKELETON_NAME) followed by the tensors, each described by its flattened key path
 (``optimizer.state.0.exp_avg``) in the catalog and metadata.json. Loading executes nothing from

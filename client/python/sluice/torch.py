@@ -26,6 +26,10 @@ data-parallel rank of the job reported in the epoch, so after torchrun restarts 
 rank has the same number of steps left. A rank that had reported further trains the difference
 again (at most ``report_every`` batches, default 1).
 
+``loader.data_position()`` is where the loop is (epoch, position in the job's unit), as counted
+above; ``CheckpointManager`` (sluice/torch_ckpt.py) saves it with every asynchronous checkpoint
+and rewinds the job to it on restore.
+
 Failures: every call is retried on UNAVAILABLE, CANCELLED (a daemon shutting down) and
 DEADLINE_EXCEEDED with backoff for up to ``retry_seconds`` (also the first call, so a sampler
 built before sluiced is up waits for it). A stream that breaks is reopened at the position

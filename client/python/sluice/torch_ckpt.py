@@ -105,6 +105,7 @@ class CheckpointManager:
         self._error = None
         self._staged, self._staged_key = None, None
         self.last_stall = None      # seconds the last save() took (the training loop's stall)
+        self.last_upload = None     # seconds the last background upload took, until durable
         self.restored_step = None   # the step restore() put back, or None
         self.keep_last = keep_last
         if keep_last is not None:
@@ -195,6 +196,24 @@ class CheckpointManager:
         self._thread.start()
         self.last_stall = time.perf_counter() - t0
 
+    def reserve(self, state_dict):
+        """Allocate (and fault in) the host buffers a save of a state like ``state_dict`` (the
+        same tensor dtypes and shapes) copies into, so that even the first save() in the
+        training loop only copies: fresh memory costs the kernel far more than the copy itself
+        (about 0.6 s/GiB against 0.06 s/GiB on the 2-core development VM). Nothing is saved.
+        Waits for a save in flight first."""
+        if not self.reuse_buffers:
+            raise ValueError("reserve() keeps buffers for the saves: not with reuse_buffers=False")
+        self.wait()
+        _, tensors = encode_state(torch, state_dict)
+        key = [(t.dtype, tuple(t.shape)) for _, t in tensors]
+        if key != self._staged_key:
+            self._staged = self._staged_key = None
+            bufs = [torch.empty(shape, dtype=dtype) for dtype, shape in key]
+            for b in bufs:
+                b.zero_()
+            self._staged, self._staged_key = bufs, key
+
     def _stage(self, tensors):
         """[(path, copy)]: every tensor copied to (contiguous, CPU) host memory, into the
         buffers of the last save when the dtypes and shapes are the same."""
@@ -212,8 +231,10 @@ class CheckpointManager:
         return [(path, b) for b, (path, _) in zip(bufs, tensors)]
 
     def _background(self, step, root, copies, position, user_metadata):
+        t0 = time.perf_counter()
         try:
             self._upload(step, root, copies, position, user_metadata)
+            self.last_upload = time.perf_counter() - t0
         except BaseException as e:     # raised by the next call of the training loop
             self._error = (step, e)
 
