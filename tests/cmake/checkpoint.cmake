@@ -50,3 +50,10 @@ add_test(NAME ckpt_torch_train
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(ckpt_torch_train PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 900
                      LABELS "python;checkpoint")
+
+# The training loop's stall of one save (tests/bench/ckpt_save_bench.py); ctest runs a small
+# smoke round only.
+add_test(NAME ckpt_save_bench_smoke
+         COMMAND ${SL_PYTHON} "${CMAKE_CURRENT_SOURCE_DIR}/bench/ckpt_save_bench.py" --smoke)
+set_tests_properties(ckpt_save_bench_smoke PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120
+                     LABELS bench)
