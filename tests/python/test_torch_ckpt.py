@@ -582,7 +582,7 @@ class ManagerFailureTest(ManagerBase):
         self.complete("fail", "step_1")
         mgrs[0].save(2, {"w": torch.ones(4)})
         mgrs[0].wait()
-        big = {"w": torch.ones(48 << 20, dtype=torch.uint8)}  # 48 MiB: still uploading...
+        big = {"w": torch.ones(96 << 20, dtype=torch.uint8)}  # 96 MiB: still uploading...
         mgrs[1].save(2, big)
         self.d.stop(signal.SIGKILL)                          # ...when the daemon dies
         t0 = time.monotonic()
@@ -616,9 +616,10 @@ class ManagerFailureTest(ManagerBase):
         mgrs = self.managers(samplers, world, retry_seconds=30)
         mgrs[0].save(1, {"w": torch.zeros(4)})
         mgrs[0].wait()
-        mgrs[1].save(1, {"w": torch.ones(64 << 20, dtype=torch.uint8)})
+        mgrs[1].save(1, {"w": torch.ones(256 << 20, dtype=torch.uint8)})
         self.restart_daemon(signal.SIGKILL, down=1.0)
         mgrs[1].wait()
+        self.assertGreater(mgrs[1].retries, 0)
         ck = self.complete("surv", "step_1")
         self.assertEqual(ck.shards_uploaded, world)
         self.assertTrue(self.ck.verify("surv", "step_1", deep=True).ok)

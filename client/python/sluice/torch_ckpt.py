@@ -107,6 +107,7 @@ class CheckpointManager:
         self.last_stall = None      # seconds the last save() took (the training loop's stall)
         self.last_upload = None     # seconds the last background upload took, until durable
         self.restored_step = None   # the step restore() put back, or None
+        self.retries = 0            # calls repeated after a transient failure (daemon restarts)
         self.keep_last = keep_last
         if keep_last is not None:
             if not isinstance(keep_last, int) or keep_last < 0:
@@ -156,6 +157,7 @@ class CheckpointManager:
                 return fn(*args, **kw)
             except grpc.RpcError as e:
                 backoff.wait(e)
+                self.retries += 1
 
     # ---- saving ----
 
@@ -263,6 +265,7 @@ class CheckpointManager:
                                       size=shard.size, resume=resume, data_position=position)
             except grpc.RpcError as e:
                 backoff.wait(e)
+            self.retries += 1
             resume = True
             while True:
                 try:
