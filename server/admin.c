@@ -9,6 +9,8 @@ static void get_info(sl_rpc_call *call, const ProtobufCMessage *req, void *arg)
 {
     sl_daemon *d = arg;
     Sluice__V1__GetInfoResponse resp = SLUICE__V1__GET_INFO_RESPONSE__INIT;
+    const char *problem = sl_cat_problem(d->cat);
+    sl_quar_counts q;
 
     resp.version = (char *)SLUICE_VERSION;
     resp.uptime_ms = uv_now(&d->loop) - d->start_ms;
@@ -16,6 +18,13 @@ static void get_info(sl_rpc_call *call, const ProtobufCMessage *req, void *arg)
     resp.schema_version = (uint32_t)sl_cat_schema_version(d->cat);
     resp.pid = (uint64_t)getpid();
     resp.listen = d->listen;
+    /* An operator may have removed or restored quarantined files since the last walk. */
+    sl_quar_refresh(d->quar);
+    sl_quar_get_counts(d->quar, &q);
+    resp.quarantine_files = q.files;
+    resp.quarantine_bytes = q.bytes;
+    resp.quarantine_dir = (char *)sl_quar_path(d->quar);
+    resp.catalog_problem = (char *)(problem ? problem : "");
     sl_rpc_call_reply(call, &resp.base);
 }
 

@@ -10,6 +10,7 @@
 #include "memtrim.h"
 #include "ops.h"
 #include "rpc/server.h"
+#include "store/quarantine.h"
 
 #include <stdint.h>
 #include <uv.h>
@@ -24,6 +25,7 @@ typedef struct sl_daemon {
     sl_rpc_server *rpc;
     sl_ckpt_svc *ckpt;
     sl_feed *feed;
+    sl_quar *quar; /* <data dir>/quarantine */
     uint64_t start_ms;
     int lock_fd;
     uv_signal_t sigterm, sigint;

@@ -129,6 +129,38 @@ static int write_port_file(const char *path, int port)
     return err;
 }
 
+/* A WAL without its catalog: catalog.db was removed while the daemon was down, or while it ran
+ * and was killed before it noticed (once it notices, it empties its WAL). SQLite deletes a WAL it
+ * finds next to the new empty catalog it makes; this one holds the lost catalog's last
+ * transactions, so it goes to the quarantine instead, for an operator. */
+static void quarantine_stale_wal(sl_daemon *d, const char *cat_path)
+{
+    char wal[PATH_MAX + 32];
+    struct stat st;
+
+    snprintf(wal, sizeof(wal), "%s-wal", cat_path);
+    if (lstat(cat_path, &st) != 0 && errno == ENOENT && lstat(wal, &st) == 0 &&
+        S_ISREG(st.st_mode) && st.st_size > 0)
+        sl_quar_move(d->quar, d->data_dir, "catalog.db-wal", "WAL of a catalog that is gone");
+}
+
+/* The catalog: a stale WAL is moved away first; a file removed or replaced while the daemon
+ * runs turns health NOT_SERVING (server/ops.c). */
+static int open_catalog(sl_daemon *d)
+{
+    char path[PATH_MAX + 16];
+    int err;
+
+    snprintf(path, sizeof(path), "%s/catalog.db", d->data_dir);
+    if ((err = sl_quar_new(&d->quar, d->data_dir)) != 0)
+        return err;
+    quarantine_stale_wal(d, path);
+    if ((err = sl_cat_open(&d->cat, path)) != 0)
+        return err;
+    sl_ops_watch_catalog(&d->ops);
+    return 0;
+}
+
 /* The Checkpoints service with the configured limits; its sweeps watch the data dir's LOCK. */
 static int open_ckpt(sl_daemon *d)
 {
@@ -139,6 +171,7 @@ static int open_ckpt(sl_daemon *d)
         .lock_fd = d->lock_fd,
         .metrics = d->ops.metrics,
         .feed = d->feed,
+        .quarantine = d->quar,
     };
 
     return sl_ckpt_svc_new(&d->ckpt, &d->loop, d->cat, d->data_dir, &o);
@@ -191,7 +224,6 @@ int main(int argc, char **argv)
     const sl_rpc_service *services[3 + SL_FEED_N_SERVICES];
     sl_rpc_server_opts opts;
     sl_daemon d;
-    char cat_path[PATH_MAX + 16];
     int err, rc = 1;
 
     memset(&d, 0, sizeof(d));
@@ -217,13 +249,14 @@ int main(int argc, char **argv)
     d.start_ms = uv_now(&d.loop);
     if (open_data_dir(&d) != 0)
         goto out;
-    snprintf(cat_path, sizeof(cat_path), "%s/catalog.db", d.data_dir);
-    if (sl_cat_open(&d.cat, cat_path) != 0)
+    if (open_catalog(&d) != 0)
         goto out;
-    if (sl_feed_new(&d.feed, &d.loop, d.cat, d.data_dir) != 0)
+    if (sl_feed_new(&d.feed, &d.loop, d.cat, d.data_dir, d.quar) != 0)
         goto out;
     if (open_ckpt(&d) != 0) /* after the feed: checkpoints carry its data positions */
         goto out;
+    /* The startup's sweeps (checkpoints, lengths, a stale WAL) are one quarantine batch. */
+    sl_quar_end(d.quar);
     sl_feed_set_metrics(d.feed, d.ops.metrics);
     if (sl_health_new(&d.health, health_names, 3 + SL_FEED_N_SERVICES) != 0)
         goto out;
@@ -280,7 +313,7 @@ int main(int argc, char **argv)
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
     uv_signal_start(&d.sigint, on_signal, SIGINT);
 
-    sl_health_set_all(d.health, SL_HEALTH_SERVING);
+    sl_health_set_all(d.health, sl_ops_healthy(&d.ops) ? SL_HEALTH_SERVING : SL_HEALTH_NOT_SERVING);
     sl_log_info("listening", "addr=%s port=%d data_dir=%s version=%s schema_version=%d", d.listen,
                 sl_rpc_server_port(d.rpc), d.data_dir, SLUICE_VERSION,
                 sl_cat_schema_version(d.cat));
@@ -304,6 +337,8 @@ out:
     sl_memtrim_stop(&d.memtrim);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     sl_ops_free(&d.ops);
+    /* After the metrics endpoint stopped: its thread reads the quarantine's counters. */
+    sl_quar_free(d.quar);
     if (uv_loop_close(&d.loop) != 0)
         sl_log_warn("loop_close_busy", NULL);
     return rc;

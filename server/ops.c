@@ -4,6 +4,7 @@
 #include "daemon.h"
 #include "err.h"
 #include "log.h"
+#include "store/store.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -11,9 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+/* Every method that needs the trainer or admin role writes (to the catalog, to the store or
+ * both) and every reader method only reads (docs/checkpoints.md and docs/feeding.md list them).
+ * Before such a call the catalog file is checked (sl_cat_check: two stat calls); once it was
+ * removed or replaced, the call is refused before its handler runs, with the problem in the
+ * message. */
 static int authorize(const char *method, unsigned access, const char *token, char *msg, size_t len,
                      void *arg)
 {
@@ -23,6 +30,13 @@ static int authorize(const char *method, unsigned access, const char *token, cha
     if (err)
         sl_log_limited(SL_LOG_WARN, 1000, "rpc_refused", "method=%s reason=%s", method,
                        err == SL_EPERM ? "permission_denied" : "unauthenticated");
+    else if ((access == SL_ACCESS_TRAINER || access == SL_ACCESS_ADMIN) && ops->d->cat &&
+             sl_cat_check(ops->d->cat) != 0) {
+        snprintf(msg, len, "%s: writes are refused until sluiced is restarted",
+                 sl_cat_problem(ops->d->cat));
+        sl_log_limited(SL_LOG_WARN, 1000, "rpc_refused", "method=%s reason=catalog_lost", method);
+        err = SL_ECATLOST;
+    }
     return err;
 }
 
@@ -102,6 +116,13 @@ static void collect(sl_metrics *m, void *arg)
     }
     if (ops->d->cat)
         sl_metrics_set(m, "sluice_catalog_errors_total", NULL, (double)sl_cat_errors(ops->d->cat));
+    if (ops->d->quar) {
+        sl_quar_counts q;
+        sl_quar_get_counts(ops->d->quar, &q);
+        sl_metrics_set(m, "sluice_quarantined_files_total", NULL, (double)q.moved);
+        sl_metrics_set(m, "sluice_quarantine_files", NULL, (double)q.files);
+        sl_metrics_set(m, "sluice_quarantine_bytes", NULL, (double)q.bytes);
+    }
     if (ops->d->rpc)
         collect_rpc(m, ops);
     sl_metrics_set(m, "sluice_process_resident_memory_bytes", NULL,
@@ -275,6 +296,15 @@ static const struct {
     {"sluice_verify_verdicts_total", SL_METRIC_COUNTER,
      "Checkpoint verification verdicts per shard and metadata file, by mode."},
     {"sluice_catalog_errors_total", SL_METRIC_COUNTER, "Catalog (SQLite) statements that failed."},
+    {"sluice_catalog_lost", SL_METRIC_GAUGE,
+     "1 once the catalog file was found removed or replaced while the daemon ran (writes are "
+     "then refused and health is NOT_SERVING until a restart), else 0."},
+    {"sluice_quarantined_files_total", SL_METRIC_COUNTER,
+     "Files the catalog did not know, moved to <data dir>/quarantine instead of being removed."},
+    {"sluice_quarantine_files", SL_METRIC_GAUGE,
+     "Files in <data dir>/quarantine (as of the last walk of it, at start or Admin.GetInfo, plus "
+     "the files moved since)."},
+    {"sluice_quarantine_bytes", SL_METRIC_GAUGE, "Bytes of the files in <data dir>/quarantine."},
 };
 
 int sl_ops_init(sl_ops *ops, sl_daemon *d, int argc, char **argv)
@@ -318,6 +348,69 @@ void sl_ops_rpc_opts(sl_ops *ops, sl_rpc_server_opts *opts)
     opts->observer_arg = ops;
 }
 
+/* ---- the catalog file ---- */
+
+/* Save the catalog the daemon has open, the only copy left of a removed one and the newest of a
+ * replaced one, as <data dir>/quarantine/catalog-lost-<UTC time>.db; but not into a data dir that
+ * is no longer the one this daemon locked (its path may be another daemon's now). */
+static void rescue_catalog(sl_ops *ops)
+{
+    sl_daemon *d = ops->d;
+    char path[PATH_MAX + 64], stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    int err;
+
+    snprintf(path, sizeof(path), "%s/LOCK", d->data_dir);
+    if (d->lock_fd >= 0 && sl_store_same_file(d->lock_fd, path) != 1) {
+        sl_log_warn("catalog_not_rescued", "reason=\"the data dir is not this daemon's any more\"");
+        return;
+    }
+    gmtime_r(&now, &tm);
+    strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
+    snprintf(path, sizeof(path), "%s/catalog-lost-%s.db", sl_quar_path(d->quar), stamp);
+    if ((err = sl_store_mkdirs(sl_quar_path(d->quar))) != 0 || (err = sl_cat_copy(d->cat, path)))
+        sl_log_error("catalog_not_rescued", "path=%s error=\"%s\"", path, sl_strerror(err));
+    else
+        sl_log_warn("catalog_rescued",
+                    "path=%s hint=\"a copy of the catalog this daemon had open: restore it (stop, "
+                    "move it to catalog.db, start) to keep what it knew\"",
+                    path);
+}
+
+static void on_catalog_lost(const char *problem, void *arg)
+{
+    sl_ops *ops = arg;
+
+    ops->catalog_lost = 1;
+    if (ops->d->quar)
+        rescue_catalog(ops);
+    sl_metrics_set(ops->metrics, "sluice_catalog_lost", NULL, 1);
+    if (ops->d->health)
+        sl_health_set_all(ops->d->health, SL_HEALTH_NOT_SERVING);
+    /* Under systemd, restart now: a restart opens the file now at the path. */
+    if (ops->watchdog_open)
+        sd_notify(0, "WATCHDOG=trigger\nSTATUS=catalog file removed or replaced: writes refused");
+}
+
+static void on_catalog_check(uv_timer_t *t)
+{
+    sl_ops *ops = t->data;
+
+    if (ops->d->cat)
+        sl_cat_check(ops->d->cat);
+}
+
+void sl_ops_watch_catalog(sl_ops *ops)
+{
+    sl_cat_on_lost(ops->d->cat, on_catalog_lost, ops);
+}
+
+int sl_ops_healthy(const sl_ops *ops)
+{
+    return !ops->listener_broken && !ops->catalog_lost && !ops->d->stopping;
+}
+
 /* Gauges that need the catalog are refreshed on the loop, which owns it. */
 static void on_refresh(uv_timer_t *t)
 {
@@ -352,6 +445,11 @@ int sl_ops_start(sl_ops *ops)
     ops->refresh.data = ops;
     uv_timer_start(&ops->refresh, on_refresh, 0, 5000);
     ops->refresh_open = 1;
+    sl_metrics_set(ops->metrics, "sluice_catalog_lost", NULL, ops->catalog_lost);
+    uv_timer_init(&ops->d->loop, &ops->catalog_timer);
+    ops->catalog_timer.data = ops;
+    uv_timer_start(&ops->catalog_timer, on_catalog_check, 1000, 1000);
+    ops->catalog_timer_open = 1;
     uv_signal_init(&ops->d->loop, &ops->sighup);
     ops->sighup.data = ops;
     uv_signal_start(&ops->sighup, on_sighup, SIGHUP);
@@ -369,9 +467,10 @@ static void on_watchdog(uv_timer_t *t)
 {
     sl_ops *ops = t->data;
 
-    /* Runs on the loop: a ping proves the loop is not stuck. None while the listener is broken:
-     * a daemon nobody can connect to is of no use, and a restart mends it. */
-    if (!ops->listener_broken)
+    /* Runs on the loop: a ping proves the loop is not stuck. None while the listener is broken
+     * or the catalog file is lost: a daemon nobody can connect to, or that cannot write, is of
+     * no use, and a restart mends it. */
+    if (!ops->listener_broken && !ops->catalog_lost)
         sd_notify(0, "WATCHDOG=1");
 }
 
@@ -433,7 +532,7 @@ static void check_set_broken(sl_ops *ops, int broken)
             sd_notify(0, "WATCHDOG=trigger\nSTATUS=listener broken: not accepting connections");
     } else {
         sl_log_info("listener_recovered", NULL);
-        if (!ops->d->stopping)
+        if (sl_ops_healthy(ops))
             sl_health_set_all(ops->d->health, SL_HEALTH_SERVING);
     }
 }
@@ -566,6 +665,10 @@ void sl_ops_stop(sl_ops *ops)
     if (ops->refresh_open) {
         uv_close((uv_handle_t *)&ops->refresh, NULL);
         ops->refresh_open = 0;
+    }
+    if (ops->catalog_timer_open) {
+        uv_close((uv_handle_t *)&ops->catalog_timer, NULL);
+        ops->catalog_timer_open = 0;
     }
     if (ops->watchdog_open) {
         uv_close((uv_handle_t *)&ops->watchdog, NULL);

@@ -26,6 +26,12 @@ typedef struct sl_ops {
     int watchdog_open;
     uv_timer_t refresh; /* catalog-derived gauges (checkpoints by state) */
     int refresh_open;
+    /* The catalog file watch (sl_cat_check every second). Once the file was removed or replaced
+     * (catalog_lost), write calls are refused, health is NOT_SERVING and the watchdog is no
+     * longer fed: only a restart mends it. */
+    uv_timer_t catalog_timer;
+    int catalog_timer_open;
+    int catalog_lost;
     /* The listener self-check: every cfg.self_check_ms the daemon connects to its own address
      * and expects an answer (gRPC 1.51 stops accepting for good after accept4 fails with
      * EMFILE, while everything else keeps working). After SELF_CHECK_FAILS failures in a row
@@ -65,7 +71,17 @@ int sl_ops_check_config(const sl_config *cfg, FILE *out);
 /* Fill the RPC server options that belong to operations: TLS, authorization and the observer. */
 void sl_ops_rpc_opts(sl_ops *ops, sl_rpc_server_opts *opts);
 
-/* Start the metrics endpoint (if configured) and the SIGHUP handler. */
+/* Be told when the catalog file is removed or replaced (sl_cat_on_lost); call once the catalog
+ * is open. From then on calls that write (trainer and admin methods) are refused with
+ * FAILED_PRECONDITION naming the catalog's problem. */
+void sl_ops_watch_catalog(sl_ops *ops);
+
+/* Whether health should say SERVING: the listener accepts, the catalog file is the one opened and
+ * the daemon is not stopping. */
+int sl_ops_healthy(const sl_ops *ops);
+
+/* Start the metrics endpoint (if configured), the SIGHUP handler and the catalog file check
+ * (every second). */
 int sl_ops_start(sl_ops *ops);
 
 /* Tell systemd (if it supervises us) that the daemon serves, with a status line; start the

@@ -56,8 +56,9 @@ const sl_cli_cmd sl_cli_health = {
 static int info_run(sl_cli *cli, sl_client *c, void *opts, int argc, char **argv)
 {
     sl_info info;
+    sl_store_info store = SL_STORE_INFO_INIT;
 
-    if (sl_client_info(c, &info) != 0)
+    if (sl_client_info_store(c, &info, &store) != 0)
         return sl_cli_call_fail(cli, "info");
     if (cli->json) {
         printf("{\"version\":");
@@ -67,6 +68,12 @@ static int info_run(sl_cli *cli, sl_client *c, void *opts, int argc, char **argv
         printf(",\"schema_version\":%u,\"pid\":%llu,\"listen\":", info.schema_version,
                (unsigned long long)info.pid);
         sl_cli_json_str(stdout, info.listen);
+        printf(",\"quarantine_files\":%llu,\"quarantine_bytes\":%llu,\"quarantine_dir\":",
+               (unsigned long long)store.quarantine_files,
+               (unsigned long long)store.quarantine_bytes);
+        sl_cli_json_str(stdout, store.quarantine_dir);
+        printf(",\"catalog_problem\":");
+        sl_cli_json_str(stdout, store.catalog_problem);
         printf("}\n");
     } else {
         printf("version:         %s\n"
@@ -74,22 +81,29 @@ static int info_run(sl_cli *cli, sl_client *c, void *opts, int argc, char **argv
                "data dir:        %s\n"
                "schema version:  %u\n"
                "pid:             %llu\n"
-               "listen:          %s\n",
+               "listen:          %s\n"
+               "quarantine:      %llu files, %llu bytes in %s\n"
+               "catalog:         %s\n",
                info.version, (double)info.uptime_ms / 1000.0, info.data_dir, info.schema_version,
-               (unsigned long long)info.pid, info.listen);
+               (unsigned long long)info.pid, info.listen,
+               (unsigned long long)store.quarantine_files,
+               (unsigned long long)store.quarantine_bytes, store.quarantine_dir,
+               store.catalog_problem[0] ? store.catalog_problem : "ok");
     }
     return SL_CLI_OK;
 }
 
 const sl_cli_cmd sl_cli_info = {
     .name = "info",
-    .summary = "show the daemon's version, uptime, data dir and schema version",
+    .summary = "show the daemon's version, uptime, data dir, schema version and quarantine",
     .run = info_run,
     .flags = SL_CLI_CONNECT,
     .head = "Usage: sluice info [options]\n"
             "\n"
             "Show the daemon's version, uptime, data dir, catalog schema version, pid and\n"
-            "listen address (sluice.v1.Admin/GetInfo).\n"
+            "listen address, the files in its quarantine (files its catalog did not know,\n"
+            "moved aside instead of removed) and whether its catalog file was removed or\n"
+            "replaced while it ran (sluice.v1.Admin/GetInfo).\n"
             "\n"
             "Options:\n",
 };

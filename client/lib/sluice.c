@@ -136,25 +136,40 @@ static void copy_str(char *dst, size_t len, const char *src)
     snprintf(dst, len, "%s", src ? src : "");
 }
 
-int sl_client_info(sl_client *c, sl_info *info)
+int sl_client_info_store(sl_client *c, sl_info *info, sl_store_info *store)
 {
     Sluice__V1__GetInfoRequest req = SLUICE__V1__GET_INFO_REQUEST__INIT;
     Sluice__V1__GetInfoResponse *resp = NULL;
     sl_rpc_status st;
     int err;
 
+    if (store && (err = sl_opts_check(store->version, SL_STORE_INFO_VERSION, "sl_store_info")))
+        return err;
     err = sl_rpc_client_unary(c->rpc, "/sluice.v1.Admin/GetInfo", &req.base,
                               &sluice__v1__get_info_response__descriptor,
                               (ProtobufCMessage **)&resp, c->timeout_ms, &st);
     if (err)
         return record(err, &st);
-    memset(info, 0, sizeof(*info));
-    copy_str(info->version, sizeof(info->version), resp->version);
-    info->uptime_ms = resp->uptime_ms;
-    copy_str(info->data_dir, sizeof(info->data_dir), resp->data_dir);
-    info->schema_version = resp->schema_version;
-    info->pid = resp->pid;
-    copy_str(info->listen, sizeof(info->listen), resp->listen);
+    if (info) {
+        memset(info, 0, sizeof(*info));
+        copy_str(info->version, sizeof(info->version), resp->version);
+        info->uptime_ms = resp->uptime_ms;
+        copy_str(info->data_dir, sizeof(info->data_dir), resp->data_dir);
+        info->schema_version = resp->schema_version;
+        info->pid = resp->pid;
+        copy_str(info->listen, sizeof(info->listen), resp->listen);
+    }
+    if (store) {
+        store->quarantine_files = resp->quarantine_files;
+        store->quarantine_bytes = resp->quarantine_bytes;
+        copy_str(store->quarantine_dir, sizeof(store->quarantine_dir), resp->quarantine_dir);
+        copy_str(store->catalog_problem, sizeof(store->catalog_problem), resp->catalog_problem);
+    }
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     return 0;
+}
+
+int sl_client_info(sl_client *c, sl_info *info)
+{
+    return sl_client_info_store(c, info, NULL);
 }

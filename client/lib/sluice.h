@@ -74,6 +74,27 @@ typedef struct sl_info {
     char listen[300];
 } sl_info;
 
+#define SL_STORE_INFO_VERSION 1
+
+/* What Admin.GetInfo says about the daemon's storage (sl_client_info_store). It begins with a
+ * version, as the option structs do (set it with SL_STORE_INFO_INIT): a later libsluice may add
+ * fields at the end and fills only those of the version the caller set. */
+typedef struct sl_store_info {
+    unsigned int version; /* SL_STORE_INFO_VERSION (0 reads as 1) */
+    /* Files the catalog did not know, moved to the quarantine instead of being removed. */
+    uint64_t quarantine_files;
+    uint64_t quarantine_bytes;
+    char quarantine_dir[4096];
+    /* "" while the catalog file is the one the daemon opened; else what happened to it (the
+     * daemon then refuses writes until it is restarted). */
+    char catalog_problem[4608];
+} sl_store_info;
+
+#define SL_STORE_INFO_INIT                                                                         \
+    {                                                                                              \
+        .version = SL_STORE_INFO_VERSION                                                           \
+    }
+
 /* Create a client for the daemon at `addr` ("host:port"); it connects lazily, at the first call.
  * opts may be NULL (the defaults); the client copies what it needs, so opts and its strings may
  * be freed on return. Returns 0 and *out, which the caller frees with sl_client_close; SL_EINVAL
@@ -102,6 +123,11 @@ SL_API const char *sl_client_health_name(sl_client_health_status status);
 /* Admin.GetInfo: the daemon's version, uptime, data dir, catalog schema, pid and listen address
  * into the caller's *info. Returns 0 or a negative error. Thread-safe. */
 SL_API int sl_client_info(sl_client *c, sl_info *info);
+
+/* Admin.GetInfo as sl_client_info (info may be NULL), and what it says about the daemon's
+ * quarantine and catalog file into *store (its version set by the caller). Returns 0 or a
+ * negative error (SL_EINVAL for an unknown store->version). Thread-safe. */
+SL_API int sl_client_info_store(sl_client *c, sl_info *info, sl_store_info *store);
 
 #ifdef __cplusplus
 }

@@ -573,6 +573,7 @@ sl_rpc_code sl_rpc_code_from_err(int err)
     case SL_ECORRUPT:
         return SL_RPC_DATA_LOSS;
     case SL_ESTATE:
+    case SL_ECATLOST:
         return SL_RPC_FAILED_PRECONDITION;
     case SL_ESHUTDOWN:
     case SL_EUNAVAILABLE:

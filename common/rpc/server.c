@@ -1197,8 +1197,9 @@ static int authorized(sl_rpc_call *c)
                                  c->srv->opts.authorize_arg);
     if (err == 0)
         return 1;
-    sl_rpc_call_fail(c, err == SL_EPERM ? SL_EPERM : SL_EAUTH, "%s",
-                     msg[0] ? msg : (err == SL_EPERM ? "permission denied" : "not authenticated"));
+    if (err != SL_EPERM && err != SL_ECATLOST)
+        err = SL_EAUTH;
+    sl_rpc_call_fail(c, err, "%s", msg[0] ? msg : sl_strerror(err));
     return 0;
 }
 

@@ -95,7 +95,8 @@ typedef struct sl_rpc_service {
 
 /* Decide whether a call may proceed, before its handler sees it (loop thread). `token` is the
  * bearer token of the "authorization: Bearer <token>" metadata, or NULL if absent. Returns 0 to
- * allow, SL_EAUTH (UNAUTHENTICATED) or SL_EPERM (PERMISSION_DENIED) with a message in msg. */
+ * allow, SL_EAUTH (UNAUTHENTICATED), SL_EPERM (PERMISSION_DENIED) or SL_ECATLOST
+ * (FAILED_PRECONDITION: the daemon refuses this kind of call now) with a message in msg. */
 typedef int (*sl_rpc_authorize_fn)(const char *method, unsigned access, const char *token,
                                    char *msg, size_t msg_len, void *arg);
 

@@ -101,6 +101,17 @@ static const char *const migrations[] = {
     "  elastic    BLOB,\n"
     "  PRIMARY KEY (job, epoch)\n"
     ") WITHOUT ROWID;\n",
+    /* 5: the checkpoints whose files the catalog decided to remove (Delete, Abort, retention),
+     * with the time of that decision, written in the transaction of the decision. A file of
+     * (job, name) no newer than removed_ms is garbage the startup sweep may remove; any other
+     * file the catalog does not know goes to the quarantine (server/ckpt/sweep.c). Cleared by
+     * the startup sweep. */
+    "CREATE TABLE checkpoint_removals (\n"
+    "  job        TEXT NOT NULL,\n"
+    "  name       TEXT NOT NULL,\n"
+    "  removed_ms INTEGER NOT NULL,\n"
+    "  PRIMARY KEY (job, name)\n"
+    ") WITHOUT ROWID;\n",
 };
 
 #define N_MIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
@@ -129,9 +140,41 @@ int sl_cat_fail(sl_cat *cat, const char *op)
 
 int sl_cat_prepare(sl_cat *cat, sqlite3_stmt **st, const char *sql, const char *op)
 {
+    int err;
+
     if (sqlite3_prepare_v2(cat->db, sql, -1, st, NULL) != SQLITE_OK)
         return sl_cat_fail(cat, op);
+    /* Inside a transaction its BEGIN was checked. */
+    if (!sqlite3_stmt_readonly(*st) && sqlite3_get_autocommit(cat->db) &&
+        (err = sl_cat_check(cat)) != 0) {
+        sqlite3_finalize(*st);
+        *st = NULL;
+        return err;
+    }
     return 0;
+}
+
+int sl_cat_tx_begin(sl_cat *cat)
+{
+    int err = sl_cat_check(cat);
+
+    if (err)
+        return err;
+    if (sqlite3_exec(cat->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        return sl_cat_fail(cat, "begin");
+    return 0;
+}
+
+int sl_cat_tx_end(sl_cat *cat, int err)
+{
+    if (!err && sqlite3_exec(cat->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        err = sl_cat_fail(cat, "commit");
+    /* SQLite rolls back by itself on some errors (a full disk); a failed COMMIT otherwise leaves
+     * the transaction open, and every later write would join it. */
+    if (err && !sqlite3_get_autocommit(cat->db) &&
+        sqlite3_exec(cat->db, "ROLLBACK", NULL, NULL, NULL) != SQLITE_OK)
+        sl_cat_fail(cat, "rollback");
+    return err;
 }
 
 void sl_cat_copy_col(char *dst, size_t len, sqlite3_stmt *st, int col)
@@ -262,22 +305,120 @@ static int migrate(sl_cat *cat)
 /* The catalog holds every checkpoint's and job's records: readable by the daemon's user only.
  * SQLite creates the file 0644 (whatever the umask allows), and its -wal and -shm files take the
  * main file's mode, so create it (or tighten an existing one) to 0600 before SQLite opens it. A
- * symlink in its place is refused. */
-static int own_file(const char *path)
+ * symlink in its place is refused. The fd stays open: sl_cat_check compares it with the path. */
+static int own_file(sl_cat *cat, const char *path)
 {
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600), err = 0;
+    struct stat st;
 
     if (fd < 0) {
         err = -errno;
         sl_log_error("catalog_open_failed", "path=%s error=\"%s\"", path, sl_strerror(err));
         return err == -ELOOP ? SL_EINVAL : err;
     }
-    if (fchmod(fd, 0600) != 0) {
+    if (fchmod(fd, 0600) != 0 || fstat(fd, &st) != 0) {
         err = -errno;
-        sl_log_error("catalog_open_failed", "path=%s error=\"chmod: %s\"", path, sl_strerror(err));
+        sl_log_error("catalog_open_failed", "path=%s error=\"chmod or stat: %s\"", path,
+                     sl_strerror(err));
+        close(fd);
+        return err;
+    }
+    cat->fd = fd;
+    cat->dev = st.st_dev;
+    cat->ino = st.st_ino;
+    return 0;
+}
+
+/* The file is lost: say so once, tell the daemon (which may save a copy, sl_cat_copy), then fold
+ * the WAL into the open file and empty it. SQLite does not checkpoint a moved file when it
+ * closes, so its WAL would stay at the path, where SQLite would apply it to the catalog opened
+ * there next: another database's pages in a restored backup. */
+static void lose(sl_cat *cat)
+{
+    int rc;
+
+    cat->lost = 1;
+    sl_log_error("catalog_lost",
+                 "path=%s problem=\"%s\" hint=\"every write is refused and health is "
+                 "NOT_SERVING: restart sluiced; files the catalog it opens does not know go to "
+                 "the quarantine\"",
+                 cat->path, cat->problem);
+    if (cat->on_lost)
+        cat->on_lost(cat->problem, cat->on_lost_arg);
+    rc = sqlite3_wal_checkpoint_v2(cat->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+    if (rc != SQLITE_OK)
+        sl_log_warn("catalog_lost_checkpoint_failed", "path=%s code=%d msg=\"%s\"", cat->path, rc,
+                    sqlite3_errmsg(cat->db));
+}
+
+int sl_cat_check(sl_cat *cat)
+{
+    struct stat held, now;
+    int at_path;
+
+    if (cat->lost)
+        return SL_ECATLOST;
+    if (cat->fd < 0 || fstat(cat->fd, &held) != 0)
+        return 0;
+    at_path = lstat(cat->path, &now) == 0;
+    if (!at_path && errno != ENOENT && errno != ENOTDIR)
+        return 0; /* cannot tell */
+    /* The inode number of the open file is not reused while the fd holds it. */
+    if (at_path && (now.st_dev != cat->dev || now.st_ino != cat->ino)) {
+        snprintf(cat->problem, sizeof(cat->problem),
+                 "catalog %s was replaced while sluiced ran (inode %llu opened, inode %llu at "
+                 "the path now)",
+                 cat->path, (unsigned long long)cat->ino, (unsigned long long)now.st_ino);
+    } else if (held.st_nlink == 0 || !at_path) {
+        snprintf(cat->problem, sizeof(cat->problem),
+                 "catalog %s was removed while sluiced ran (inode %llu: %s)", cat->path,
+                 (unsigned long long)cat->ino,
+                 held.st_nlink == 0 ? "no link left" : "nothing at the path, moved away");
+    } else {
+        return 0;
+    }
+    lose(cat);
+    return SL_ECATLOST;
+}
+
+int sl_cat_copy(sl_cat *cat, const char *path)
+{
+    sqlite3_stmt *st = NULL;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600), rc;
+
+    /* Made empty and 0600 first: VACUUM INTO writes into an empty file, and would create one
+     * readable by everyone the umask lets read. */
+    if (fd < 0) {
+        int err = -errno;
+        sl_log_error("catalog_copy_failed", "path=%s error=\"%s\"", path, sl_strerror(err));
+        return err;
     }
     close(fd);
-    return err;
+    rc = sqlite3_prepare_v2(cat->db, "VACUUM INTO ?1", -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_OK && rc != SQLITE_DONE) {
+        atomic_fetch_add(&cat->errors, 1);
+        sl_log_error("catalog_copy_failed", "path=%s code=%d msg=\"%s\"", path, rc,
+                     sqlite3_errmsg(cat->db));
+        unlink(path); /* the half-written copy this call made */
+        return SL_EDB;
+    }
+    return 0;
+}
+
+const char *sl_cat_problem(const sl_cat *cat)
+{
+    return cat->lost ? cat->problem : NULL;
+}
+
+void sl_cat_on_lost(sl_cat *cat, sl_cat_lost_fn fn, void *arg)
+{
+    cat->on_lost = fn;
+    cat->on_lost_arg = arg;
 }
 
 int sl_cat_open(sl_cat **out, const char *path)
@@ -288,7 +429,13 @@ int sl_cat_open(sl_cat **out, const char *path)
     *out = NULL;
     if (!cat)
         return -ENOMEM;
-    if ((err = own_file(path)) != 0)
+    cat->fd = -1;
+    if (strlen(path) >= sizeof(cat->path)) {
+        err = -ENAMETOOLONG;
+        goto out;
+    }
+    snprintf(cat->path, sizeof(cat->path), "%s", path);
+    if ((err = own_file(cat, path)) != 0)
         goto out;
     rc = sqlite3_open_v2(path, &cat->db,
                          SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
@@ -318,5 +465,8 @@ void sl_cat_close(sl_cat *cat)
     if (!cat)
         return;
     sqlite3_close(cat->db);
+    /* After SQLite's own fds: closing any fd of a file drops the process's POSIX locks on it. */
+    if (cat->fd >= 0)
+        close(cat->fd);
     free(cat);
 }

@@ -10,11 +10,22 @@
  * RESOURCE_EXHAUSTED, and a lock another process held longer than the busy timeout (5 s, during
  * which the loop thread waits) returns SL_EDBBUSY, answered UNAVAILABLE. Either way the failed
  * transaction is rolled back and the catalog stays as it was.
+ *
+ * The daemon writes through the file it opened. If that file is removed or another file is put
+ * at its path while the daemon runs (a restore done the wrong way, an rm), the writes would go
+ * to a file nobody will ever open again and the next start would find a catalog that does not
+ * know them. sl_cat_check notices it (before every write transaction, and on the daemon's timer)
+ * and from then on every write fails with SL_ECATLOST (FAILED_PRECONDITION); reads go on from the
+ * file still open.
  */
 #ifndef SL_CATALOG_H
 #define SL_CATALOG_H
 
 typedef struct sl_cat sl_cat;
+
+/* Told once that the catalog file was removed or replaced; `problem` says which (a sentence
+ * naming the path, valid while the catalog is). */
+typedef void (*sl_cat_lost_fn)(const char *problem, void *arg);
 
 /* Open (creating if needed) the catalog at `path` and migrate it to the newest schema.
  * Returns 0 and *out (close with sl_cat_close), SL_ESTATE if the file was written by a newer
@@ -29,6 +40,28 @@ int sl_cat_schema_version(const sl_cat *cat);
 
 /* Statements that failed since the catalog was opened. Thread-safe. */
 unsigned long sl_cat_errors(const sl_cat *cat);
+
+/* Whether the file at the catalog's path is still the one open: the open file still has a link
+ * (fstat) and the path names it (lstat: device and inode). Returns 0, or SL_ECATLOST once it was
+ * found removed (no link left or nothing at the path) or replaced (another file at the path); that
+ * finding is final. On it: logs `catalog_lost`, calls the on_lost callback, then folds the WAL
+ * into the open file and truncates it (a WAL left at the path would otherwise be applied to
+ * whatever catalog is opened there next). A stat that fails otherwise (EIO, EACCES) proves nothing
+ * and counts as unchanged. Two system calls. Loop thread. */
+int sl_cat_check(sl_cat *cat);
+
+/* Write a consistent copy of the catalog as it is open (VACUUM INTO) to `path`, a new file
+ * (mode 0600; an existing file is never touched): how a daemon saves the catalog whose file was
+ * removed or replaced under it. Returns 0, -errno (the file could not be created) or SL_EDB
+ * (logged; the partial copy is removed). Blocking: reads the whole catalog. Loop thread. */
+int sl_cat_copy(sl_cat *cat, const char *path);
+
+/* What sl_cat_check found ("catalog /d/catalog.db was removed while sluiced ran (...)"), or NULL
+ * while the file is fine. Valid while the catalog is. Loop thread. */
+const char *sl_cat_problem(const sl_cat *cat);
+
+/* Call fn(problem, arg) when sl_cat_check first finds the file removed or replaced (once). */
+void sl_cat_on_lost(sl_cat *cat, sl_cat_lost_fn fn, void *arg);
 
 /* The newest schema version this build knows. */
 int sl_cat_latest_version(void);

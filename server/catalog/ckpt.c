@@ -300,17 +300,81 @@ int sl_cat_ckpt_feed_get(sl_cat *cat, int64_t id, sl_cat_blob *state, sl_cat_blo
     return err;
 }
 
-int sl_cat_ckpt_delete(sl_cat *cat, int64_t id)
+/* Run one statement over a checkpoint id (?1) and a time (?2), each if the statement has it. */
+static int exec_id(sl_cat *cat, const char *sql, int64_t id, int64_t ms, const char *op)
 {
     sqlite3_stmt *st = NULL;
-    int err = sl_cat_prepare(cat, &st, "DELETE FROM checkpoints WHERE id = ?1", "ckpt_delete");
+    int err = sl_cat_prepare(cat, &st, sql, op);
 
     if (err)
         return err;
-    sqlite3_bind_int64(st, 1, id);
-    err = exec_stmt(cat, st, "ckpt_delete");
+    if (sqlite3_bind_parameter_count(st) >= 1)
+        sqlite3_bind_int64(st, 1, id);
+    if (sqlite3_bind_parameter_count(st) >= 2)
+        sqlite3_bind_int64(st, 2, ms);
+    err = exec_stmt(cat, st, op);
     sqlite3_finalize(st);
     return err;
+}
+
+/* Record, in the caller's transaction, that the files of checkpoint `id` are to be removed. */
+static int note_removal(sl_cat *cat, int64_t id, int64_t now_ms)
+{
+    return exec_id(cat,
+                   "INSERT OR REPLACE INTO checkpoint_removals(job, name, removed_ms) "
+                   "SELECT job, name, ?2 FROM checkpoints WHERE id = ?1",
+                   id, now_ms, "removal_note");
+}
+
+int sl_cat_ckpt_delete(sl_cat *cat, int64_t id, int64_t now_ms)
+{
+    int err = sl_cat_tx_begin(cat);
+
+    if (err)
+        return err;
+    err = note_removal(cat, id, now_ms);
+    if (!err)
+        err = exec_id(cat, "DELETE FROM checkpoints WHERE id = ?1", id, 0, "ckpt_delete");
+    return sl_cat_tx_end(cat, err);
+}
+
+int sl_cat_ckpt_abort(sl_cat *cat, int64_t id, int64_t now_ms)
+{
+    int err = sl_cat_tx_begin(cat);
+
+    if (err)
+        return err;
+    err = note_removal(cat, id, now_ms);
+    if (!err)
+        err = sl_cat_shard_delete(cat, id, -1);
+    if (!err)
+        err = sl_cat_ckpt_set_state(cat, id, SL_CKPT_INCOMPLETE, 0);
+    return sl_cat_tx_end(cat, err);
+}
+
+int sl_cat_removal_get(sl_cat *cat, const char *job, const char *name, int64_t *removed_ms)
+{
+    sqlite3_stmt *st = NULL;
+    int rc, err = sl_cat_prepare(
+                cat, &st, "SELECT removed_ms FROM checkpoint_removals WHERE job = ?1 AND name = ?2",
+                "removal_get");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        *removed_ms = sqlite3_column_int64(st, 0);
+    else
+        err = rc == SQLITE_DONE ? SL_ENOTFOUND : sl_cat_fail(cat, "removal_get");
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_removals_clear(sl_cat *cat)
+{
+    return exec_id(cat, "DELETE FROM checkpoint_removals", 0, 0, "removals_clear");
 }
 
 int sl_cat_ckpt_tensor_bytes(sl_cat *cat, uint64_t *out, int64_t ckpt_id, int32_t except_rank)

@@ -88,8 +88,21 @@ int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const sl
 int sl_cat_ckpt_feed_get(sl_cat *cat, int64_t id, sl_cat_blob *state, sl_cat_blob *spec,
                          sl_cat_blob *elastic);
 
-/* Delete a checkpoint and its shard rows. */
-int sl_cat_ckpt_delete(sl_cat *cat, int64_t id);
+/* Delete a checkpoint and its shard rows, and record the removal of its files at now_ms (one
+ * transaction). Deleting an id that is gone is not an error. */
+int sl_cat_ckpt_delete(sl_cat *cat, int64_t id, int64_t now_ms);
+
+/* Abort checkpoint `id`: forget its shards, make it INCOMPLETE and record the removal of its
+ * files at now_ms (one transaction). SL_ENOTFOUND if the id is gone. */
+int sl_cat_ckpt_abort(sl_cat *cat, int64_t id, int64_t now_ms);
+
+/* Removals: the checkpoints whose files the catalog decided to remove (Delete, Abort) and when.
+ * A file of such a checkpoint that is no newer than the decision is garbage; a newer one was
+ * written after it (the name used again, or a catalog restored from an older backup) and is not.
+ * sl_cat_removal_get returns the time of the last removal of (job, name) or SL_ENOTFOUND;
+ * sl_cat_removals_clear forgets them all (after the startup sweep has dealt with their files). */
+int sl_cat_removal_get(sl_cat *cat, const char *job, const char *name, int64_t *removed_ms);
+int sl_cat_removals_clear(sl_cat *cat);
 
 /* Total bytes of the tensor lists (JSON) recorded for the checkpoint's shards, leaving out
  * `except_rank` (-1: none). */

@@ -256,7 +256,7 @@ static int record_epoch(sl_cat *cat, const char *name, const char *op)
 static int update_and_clear(sl_cat *cat, sqlite3_stmt *st, const char *name, const char *op)
 {
     sqlite3_stmt *del = NULL;
-    int err = exec_sql(cat, "BEGIN IMMEDIATE", "begin");
+    int err = sl_cat_tx_begin(cat);
 
     if (err)
         return err;
@@ -322,7 +322,7 @@ int sl_cat_job_resize(sl_cat *cat, const char *name, const void *spec, size_t sp
 
 int sl_cat_feed_begin(sl_cat *cat)
 {
-    return exec_sql(cat, "BEGIN IMMEDIATE", "begin");
+    return sl_cat_tx_begin(cat);
 }
 
 int sl_cat_feed_end(sl_cat *cat, int err)
@@ -428,7 +428,7 @@ int sl_cat_job_restore(sl_cat *cat, const char *name, const void *spec, size_t s
                        const uint64_t *positions, uint32_t n)
 {
     sqlite3_stmt *st = NULL;
-    int err = exec_sql(cat, "BEGIN IMMEDIATE", "begin");
+    int err = sl_cat_tx_begin(cat);
 
     if (err)
         return err;

@@ -16,6 +16,7 @@
 #include <uv.h>
 
 struct sl_metrics;
+struct sl_quar;
 
 typedef struct sl_ckpt_svc sl_ckpt_svc;
 
@@ -33,14 +34,20 @@ typedef struct sl_ckpt_opts {
     /* The feeding service whose data positions checkpoints carry (Begin's feed_job, Commit's
      * feed state, Restore); NULL: checkpoints cannot be bound to feed jobs. */
     struct sl_feed *feed;
+    /* Where checkpoint files the catalog does not know go (server/store/quarantine.h); NULL:
+     * they stay where they are. The startup sweep leaves its batch open for the caller to end
+     * with sl_quar_end; later sweeps end theirs. */
+    struct sl_quar *quarantine;
 } sl_ckpt_opts;
 
-/* Create the service: makes <data_dir>/checkpoints, removes temp files left by a previous run
- * (keeping the partial uploads of WRITING checkpoints younger than the upload timeout, so they
- * can be resumed) and files of checkpoints the catalog no longer knows, and starts the timer that
- * removes abandoned partial uploads. `loop`, `cat` and opts->metrics must outlive the service;
- * data_dir and opts are copied. Returns 0 and *out (free with sl_ckpt_svc_free), -ENAMETOOLONG or
- * -errno. Loop thread, after the catalog is open. */
+/* Create the service: makes <data_dir>/checkpoints and sweeps it (server/ckpt/sweep.c): removes
+ * temp files left by a previous run, partial uploads abandoned for the upload timeout and the
+ * files of checkpoints whose removal the catalog recorded; keeps the partial uploads of WRITING
+ * checkpoints younger than the upload timeout, so they can be resumed; moves every other file the
+ * catalog does not know to the quarantine. Then starts the timer that sweeps partial uploads.
+ * `loop`, `cat`, opts->metrics and opts->quarantine must outlive the service; data_dir and opts
+ * are copied. Returns 0 and *out (free with sl_ckpt_svc_free), -ENAMETOOLONG or -errno. Loop
+ * thread, after the catalog is open. */
 int sl_ckpt_svc_new(sl_ckpt_svc **out, uv_loop_t *loop, sl_cat *cat, const char *data_dir,
                     const sl_ckpt_opts *opts);
 

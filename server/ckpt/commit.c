@@ -1,6 +1,7 @@
 /* Commit, Abort, Delete and SetRetention: the catalog lifecycle of a checkpoint and the removal
- * of its files. The catalog changes first: a crash after it leaves files the startup sweep
- * removes, never rows that point at missing files. */
+ * of its files. The catalog changes first, recording the removal with its time: a crash after it
+ * leaves files the startup sweep removes (those no newer than that time), never rows that point
+ * at missing files. */
 #include "internal.h"
 #include "util/array.h"
 
@@ -38,10 +39,8 @@ static void remove_files(sl_ckpt_svc *s, const sl_cat_ckpt *c)
 /* Make a WRITING checkpoint INCOMPLETE: forget its shards, end its uploads, remove its files. */
 static int abort_writing(sl_ckpt_svc *s, const sl_cat_ckpt *ck)
 {
-    int err = sl_cat_shard_delete(s->cat, ck->id, -1);
+    int err = sl_cat_ckpt_abort(s->cat, ck->id, sl_now_ms());
 
-    if (!err)
-        err = sl_cat_ckpt_set_state(s->cat, ck->id, SL_CKPT_INCOMPLETE, 0);
     if (err)
         return err;
     /* End its running uploads now; one finishing its rename removes its file itself. */
@@ -86,7 +85,7 @@ void ckpt_abort(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
 
 static int delete_ckpt(sl_ckpt_svc *s, const sl_cat_ckpt *ck)
 {
-    int err = sl_cat_ckpt_delete(s->cat, ck->id);
+    int err = sl_cat_ckpt_delete(s->cat, ck->id, sl_now_ms());
 
     if (err)
         return err;

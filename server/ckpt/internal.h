@@ -5,7 +5,7 @@
  * of its concern: query.c (Begin, Get, List, Latest, UploadStatus), upload.c with upload_io.c
  * (UploadShard), commit.c (Commit, Abort, Delete, SetRetention), verify.c, download.c. reply.c
  * holds the checks and answers they share, metadata.c renders metadata.json, sweep.c removes
- * abandoned files. Files and paths on disk are server/store/'s.
+ * abandoned files and quarantines unknown ones. Files and paths on disk are server/store/'s.
  */
 #ifndef SL_CKPT_INTERNAL_H
 #define SL_CKPT_INTERNAL_H
@@ -236,9 +236,11 @@ void ckpt_download_pump(sl_rpc_call *call, void *arg); /* on_writable */
 /* ---- sweep.c ---- */
 
 /* Remove abandoned files under the store root: partial uploads of WRITING checkpoints untouched
- * for the upload timeout (and not running), partial uploads of other checkpoints; at `startup`
- * also temp files and the files of checkpoints the catalog forgot or aborted. Stops for good
- * once the data dir was replaced (sl_ckpt_opts.lock_fd). */
+ * for the upload timeout (and not running); at `startup` also temp files. Files of checkpoints
+ * the catalog does not know (partial uploads always; shard and metadata files at `startup`) are
+ * removed if the catalog recorded their removal no earlier than their last change, else moved to
+ * the quarantine. Does nothing once the data dir was replaced (sl_ckpt_opts.lock_fd) or the
+ * catalog file was (sl_cat_check). */
 void ckpt_sweep(sl_ckpt_svc *s, int startup);
 
 #endif

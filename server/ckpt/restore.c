@@ -22,7 +22,14 @@ void ckpt_restore(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     uint32_t world = 0;
     int err;
 
-    if (!ckpt_names_ok(call, req->job, req->name) || ckpt_find(s, call, &ck, req->job, req->name))
+    if (!ckpt_names_ok(call, req->job, req->name))
+        return;
+    if (req->world_size > SL_CKPT_MAX_WORLD) {
+        sl_rpc_call_fail(call, SL_EINVAL, "world_size %u out of range [0, %d]", req->world_size,
+                         SL_CKPT_MAX_WORLD);
+        return;
+    }
+    if (ckpt_find(s, call, &ck, req->job, req->name))
         return;
     if (ck.state != SL_CKPT_COMPLETE) {
         sl_rpc_call_fail(call, SL_ESTATE,
@@ -35,11 +42,6 @@ void ckpt_restore(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
                          "checkpoint %s/%s carries no data position (feed job '%s'): its ranks "
                          "sent none",
                          ck.job, ck.name, ck.feed_job);
-        return;
-    }
-    if (req->world_size > SL_CKPT_MAX_WORLD) {
-        sl_rpc_call_fail(call, SL_EINVAL, "world_size %u out of range [0, %d]", req->world_size,
-                         SL_CKPT_MAX_WORLD);
         return;
     }
     err = sl_cat_ckpt_feed_get(s->cat, ck.id, &state, &spec, &elastic);

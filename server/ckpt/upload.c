@@ -138,6 +138,11 @@ static void up_release(upload *up, up_state from)
         up_unregister(up);
     if (up->answer_err)
         sl_rpc_call_fail(up->call, up->answer_err, "%s", up->answer_msg);
+    /* The auto-commit waits for running uploads: when the last rank's shard was recorded while
+     * this one ran (a re-upload of a rank that has a shard), this one ending without replacing
+     * it is the moment every rank's shard is durable. */
+    if (from == UP_STOPPING || from == UP_FAILING)
+        ckpt_auto_commit(up->svc, up->job, up->name);
 }
 
 /* ---- the lanes ---- */

@@ -3,6 +3,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "store/quarantine.h"
 #include "store/store.h"
 
 #include <dirent.h>
@@ -26,13 +27,14 @@ static int ends_with(const char *s, size_t n, const char *suffix)
 /* Startup: finish or undo the lengths uploads a crash interrupted (upload_finish in datasets.c
  * writes ".<name>.lengths.<n>.tmp", renames it to ".<name>.lengths.<sha256>.new", records the
  * checksum in the catalog, then renames the file to "<name>.lengths"):
- * - a ".tmp" file is an unfinished upload: removed;
- * - a ".new" file whose checksum is the catalog's was recorded but not moved: moved into place;
- *   any other ".new" file was never recorded: removed;
+ * - a ".tmp" file is an unfinished upload, redundant: removed;
+ * - a ".new" file whose checksum is the catalog's was recorded but not moved: moved into place
+ *   (over the lengths it replaces). Any other ".new" file is not the catalog's: quarantined;
  * - "<name>.lengths" of a dataset the catalog does not have or has without lengths (a crash
- *   between a delete's commit and its unlink): removed.
+ *   between a delete's commit and its unlink, or a catalog that is older than the file or new):
+ *   quarantined, never removed (server/store/quarantine.h). With q NULL such files stay.
  * Returns 0, or the catalog's error if it cannot be read. */
-static int recover_lengths(sl_feed *f, const char *dir)
+static int recover_lengths(sl_feed *f, const char *dir, sl_quar *q)
 {
     char name[SL_CAT_FEED_NAME_MAX + 1], from[4400], to[4400];
     int changed = 0, err = 0;
@@ -64,7 +66,7 @@ static int recover_lengths(sl_feed *f, const char *dir)
             }
             promote = rc == 0 && ds.has_lengths &&
                       strncmp(file + n - STAGED_SUFFIX_LEN + 9, ds.lengths_sha256, 64) == 0;
-            action = promote ? "moved into place" : "removed";
+            action = promote ? "moved into place" : "quarantined";
         } else if (file[0] != '.' && ends_with(file, n, ".lengths") && (k = n - 8) < sizeof(name)) {
             memcpy(name, file, k);
             name[k] = '\0';
@@ -75,7 +77,7 @@ static int recover_lengths(sl_feed *f, const char *dir)
             }
             if (rc == 0 && ds.has_lengths)
                 continue;
-            action = "removed";
+            action = "quarantined";
         } else {
             continue;
         }
@@ -83,8 +85,12 @@ static int recover_lengths(sl_feed *f, const char *dir)
         if (promote) {
             snprintf(to, sizeof(to), "%s/%s.lengths", dir, name);
             rc = sl_store_rename(from, to);
-        } else {
+        } else if (strcmp(action, "removed") == 0) {
             rc = sl_store_unlink(from);
+        } else if (!q) {
+            continue;
+        } else {
+            rc = sl_quar_move(q, dir, file, "lengths file the catalog does not know");
         }
         if (rc != 0) {
             sl_log_warn("lengths_recover_failed", "file=%s error=\"%s\"", from,
@@ -144,7 +150,8 @@ static int load_job(const sl_cat_job *row, void *arg)
     return 0;
 }
 
-int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_dir)
+int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_dir,
+                sl_quar *quarantine)
 {
     sl_feed *f = calloc(1, sizeof(*f));
     char dir[sizeof(f->data_dir) + 16];
@@ -169,7 +176,7 @@ int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_di
     f->hooks.streams_end = feed_streams_end;
     f->hooks.epoch_began = feed_streams_epoch_began;
     f->hooks.plan_ready = feed_job_plan_ready;
-    err = recover_lengths(f, dir);
+    err = recover_lengths(f, dir, quarantine);
     if (!err)
         err = feed_reports_init(f);
     if (!err)

@@ -15,11 +15,15 @@
 #include <uv.h>
 
 typedef struct sl_feed sl_feed;
+struct sl_quar;
 
 /* Load every job from the catalog. `data_dir` holds datasets/<name>.lengths (created if
- * missing). Returns 0 and *out (free with sl_feed_free after the RPC server stopped), SL_EDB or
- * -errno. Loop thread. */
-int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_dir);
+ * missing); lengths uploads a crash interrupted are finished or undone first, and lengths files
+ * the catalog does not know go to `quarantine` (NULL: they stay; the batch is left open for the
+ * caller to end). Returns 0 and *out (free with sl_feed_free after the RPC server stopped), SL_EDB
+ * or -errno. Loop thread. */
+int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_dir,
+                struct sl_quar *quarantine);
 
 /* Free the service. Accepts NULL. */
 void sl_feed_free(sl_feed *f);

@@ -159,16 +159,60 @@ out:
     return err;
 }
 
-/* Whether Resize can take the restored job into `world` later: a mid-epoch resize needs the
- * epoch not resized before (elastic) and an index job (batch jobs resize at epoch boundaries). */
-static int resize_possible(const fjob *j, const Sluice__V1__FeedState *fs, const sl_cat_blob *el,
-                           char *msg, size_t len)
+/* 1 if the state consumed every share of its epoch, so restoring it begins the next epoch: known
+ * before the restore for an index job without an elastic remainder (a batch job's share sizes
+ * come from its plan, an elastic epoch's from its remainder plan: 0, unknown). */
+static int state_ends_epoch(const Sluice__V1__Job *spec, const Sluice__V1__FeedState *fs,
+                            const sl_cat_blob *el, uint64_t samples)
 {
-    int any = 0;
+    sl_sample_config c;
+    uint32_t dp, dp_size;
+    uint64_t n;
+    char msg[256];
 
+    if (spec->batching || spec->manual_advance || el->len ||
+        feed_spec_config(&c, spec, samples, fs->epoch, msg, sizeof(msg)) != 0)
+        return 0;
+    for (uint32_t r = 0; r < c.replicas; r++) {
+        c.rank = r;
+        if (sl_sample_dp_rank(&dp, &dp_size, &c, msg, sizeof(msg)) != 0 ||
+            dp_size != fs->n_positions || sl_sample_share_count(&n, &c, msg, sizeof(msg)) != 0 ||
+            fs->positions[dp] < n)
+            return 0;
+    }
+    return 1;
+}
+
+/* Whether Resize can take the restored job (its checkpoint's `spec`) into `world` and `mesh`,
+ * checked before anything is written so that a refused resize leaves the job as it was: the
+ * new world and mesh must make a valid spec, and a mid-epoch resize needs the epoch not resized
+ * before (elastic) and an index job (batch jobs resize at epoch boundaries). */
+static int resize_possible(const fjob *j, Sluice__V1__Job *spec, const Sluice__V1__FeedState *fs,
+                           const sl_cat_blob *el, uint32_t world, Sluice__V1__Mesh *mesh, char *msg,
+                           size_t len)
+{
+    Sluice__V1__Mesh *saved_mesh = spec->mesh;
+    uint32_t saved_world = spec->world_size, dp, dp_size;
+    sl_sample_config c;
+    int any = 0, err;
+
+    if (feed_mesh_set(spec->mesh) && !feed_mesh_set(mesh)) {
+        snprintf(msg, len, "job '%s' has a mesh: give the new mesh (its product = world_size)",
+                 j->name);
+        return SL_EINVAL;
+    }
+    spec->world_size = world;
+    spec->mesh = feed_mesh_set(mesh) ? mesh : NULL;
+    err = feed_spec_config(&c, spec, j->samples, fs->epoch, msg, len);
+    if (!err)
+        err = sl_sample_dp_rank(&dp, &dp_size, &c, msg, len);
+    spec->world_size = saved_world;
+    spec->mesh = saved_mesh;
+    if (err)
+        return err;
     for (size_t d = 0; d < fs->n_positions; d++)
         any |= fs->positions[d] > 0;
-    if (!any)
+    if (!any || state_ends_epoch(spec, fs, el, j->samples))
         return 0;
     if (el->len) {
         snprintf(msg, len,
@@ -177,7 +221,7 @@ static int resize_possible(const fjob *j, const Sluice__V1__FeedState *fs, const
                  fs->epoch, j->name, fs->world_size);
         return SL_ESTATE;
     }
-    if (j->spec->batching) {
+    if (spec->batching) {
         snprintf(msg, len,
                  "job '%s' streams batches: a checkpoint taken mid-epoch can be restored only "
                  "into its own world of %u",
@@ -187,6 +231,14 @@ static int resize_possible(const fjob *j, const Sluice__V1__FeedState *fs, const
     return 0;
 }
 
+static int mesh_same(const Sluice__V1__Mesh *a, const Sluice__V1__Mesh *b)
+{
+    if (!feed_mesh_set(a) || !feed_mesh_set(b))
+        return feed_mesh_set(a) == feed_mesh_set(b);
+    return a->dp == b->dp && a->tp == b->tp && a->cp == b->cp && a->pp == b->pp &&
+           strcmp(a->order ? a->order : "", b->order ? b->order : "") == 0;
+}
+
 int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_out,
                     uint32_t *world_out, char *msg, size_t len)
 {
@@ -194,7 +246,7 @@ int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_
     Sluice__V1__Job *spec = NULL;
     sl_cat_dataset ds;
     fjob *j;
-    int err = 0;
+    int resize, err = 0;
 
     fs = sluice__v1__feed_state__unpack(NULL, req->state->len, req->state->p);
     if (fs)
@@ -242,8 +294,10 @@ int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_
         err = SL_ESTATE;
         goto out;
     }
-    if (req->world && req->world != fs->world_size &&
-        (err = resize_possible(j, fs, req->elastic, msg, len)) != 0)
+    resize = req->world && (req->world != spec->world_size ||
+                            (feed_mesh_set(req->mesh) && !mesh_same(req->mesh, spec->mesh)));
+    if (resize && (err = resize_possible(j, spec, fs, req->elastic, req->world,
+                                         (Sluice__V1__Mesh *)req->mesh, msg, len)) != 0)
         goto out;
     err = sl_cat_job_restore(f->cat, j->name, req->spec->p, req->spec->len, spec->world_size,
                              fs->epoch, req->elastic->p, req->elastic->len, fs->positions,
@@ -257,13 +311,28 @@ int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_
     spec = NULL; /* owned by the job now */
     if (err)
         goto out;
-    if (req->world && (req->world != j->spec->world_size || feed_mesh_set(req->mesh))) {
-        err = feed_job_resize(j, req->world, req->mesh, msg, len);
-        if (err)
-            goto out;
-    }
-    /* A state at the end of its epoch begins the next one (as the last report would have). */
+    /* A state at the end of its epoch begins the next one (as the last report would have),
+     * before a resize: the new world then starts the next epoch whole. */
     feed_job_plan_ready(j);
+    if (resize) {
+        char why[256];
+        err = feed_job_resize(j, req->world, req->mesh, why, sizeof(why));
+        if (err) {
+            snprintf(msg, len,
+                     "feed job '%s' was restored to epoch %" PRIu64 " in its world of %u, but "
+                     "not resized: %s",
+                     j->name, fs->epoch, fs->world_size, why);
+            goto out;
+        }
+    }
+    /* A batch job's share sizes, hence whether the restored state ends its epoch, are known
+     * once its plan is built: build it now, so the epoch advances without waiting for a
+     * stream to ask for it (the plan_ready hook). */
+    if (j->spec->batching && !j->spec->manual_advance && !j->plan) {
+        char why[256];
+        if (feed_plan_request(j, why, sizeof(why)) != 0)
+            sl_log_warn("job_restore_plan_failed", "job=%s error=\"%s\"", j->name, why);
+    }
     *epoch_out = j->epoch;
     *world_out = j->spec->world_size;
 out:

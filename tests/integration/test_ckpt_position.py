@@ -14,6 +14,7 @@ import grpc
 from sluice.client import Client
 from sluice.v1 import checkpoint_pb2 as pb
 from sluice.v1 import checkpoint_pb2_grpc as pbg
+from sluice.v1 import feed_pb2
 from sltest import Daemon, cli
 
 N = 1000  # samples
@@ -98,8 +99,8 @@ class PositionTest(unittest.TestCase):
         self.assertEqual(fs.samples, N)
         latest = self.ck.Latest(pb.LatestRequest(job="run"), timeout=10)
         self.assertEqual(list(latest.feed_state.positions), [100, 120])
-        meta = json.load(open(os.path.join(self.d.data_dir, "checkpoints", "run",
-                                           "s1.metadata.json")))
+        with open(os.path.join(self.d.data_dir, "checkpoints", "run", "s1.metadata.json")) as f:
+            meta = json.load(f)
         self.assertEqual(meta["feed_job"], "run")
         self.assertEqual(meta["feed_state"]["positions"], [100, 120])
         v = self.ck.Verify(pb.VerifyRequest(job="run", name="s1", mode=pb.QUICK), timeout=10)
@@ -160,6 +161,14 @@ class PositionTest(unittest.TestCase):
         c = self.ck.Get(pb.CheckpointRef(job="run", name="a"), timeout=10)
         self.assertEqual(c.state, pb.WRITING)
         self.assertIn("ckpt_auto_commit_refused", self.d.log())
+        for bad in ({"world_size": 65537}, {"name": "../x"}):
+            with self.assertRaises(grpc.RpcError) as e:
+                self.restore(**dict({"name": "a"}, **bad))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.ck.Begin(pb.BeginRequest(job="run", name="z", world_size=1, feed_job="run",
+                                          no_feed=True), timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         # A WRITING checkpoint cannot be restored.
         with self.assertRaises(grpc.RpcError) as e:
             self.restore("a")
@@ -276,6 +285,46 @@ class PositionTest(unittest.TestCase):
         self.assertIn("other settings", e.exception.details())
         self.assertEqual(self.feed.get_epoch("run").ranks[0].position, 7)  # nothing changed
 
+    def batch_job(self, lengths):
+        self.feed.create_dataset("tok", N)
+        self.feed.upload_lengths("tok", lengths)
+        self.feed.create_job("run", "tok", world_size=2, shuffle="feistel", seed=5, batching={
+            "strategy": "dynamic", "max_batch_size": 8, "max_seq_len": 64, "max_tokens": 256})
+
+    def steps(self, rank, epoch=None, step=None):
+        out = []
+        for chunk in self.feed.stream_batches("run", rank, epoch=epoch, step=step):
+            out += [(b.step, tuple(b.indices)) for b in chunk.batches]
+        return out
+
+    def test_batch_job_restores_in_batches_and_checks_lengths(self):
+        self.batch_job([1 + (i * 7) % 60 for i in range(N)])
+        full = self.steps(1, epoch=0, step=0)
+        self.save("b", [(0, 3), (0, 3)])
+        c = self.wait_complete("b")
+        self.assertEqual((c.feed_state.unit, list(c.feed_state.positions)), ("batches", [3, 3]))
+        self.feed.report_progress("run", 1, 0, 9)
+        self.restore("b")
+        self.assertEqual(self.steps(1), full[3:])
+        # Other lengths under the same name: the checkpoint's batches no longer exist.
+        self.feed.delete_job("run")
+        self.feed.upload_lengths("tok", [1 + (i * 11) % 60 for i in range(N)])
+        self.feed.create_job("run", "tok", world_size=2, shuffle="feistel", seed=5, batching={
+            "strategy": "dynamic", "max_batch_size": 8, "max_seq_len": 64, "max_tokens": 256})
+        with self.assertRaises(grpc.RpcError) as e:
+            self.restore("b")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("lengths of dataset 'tok' changed", e.exception.details())
+        # A batch job restored mid-epoch into another world: refused, nothing changed.
+        self.feed.delete_job("run")
+        self.feed.delete_dataset("tok")
+        self.batch_job([1 + (i * 7) % 60 for i in range(N)])
+        with self.assertRaises(grpc.RpcError) as e:
+            self.restore("b", world_size=3)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("streams batches", e.exception.details())
+        self.assertEqual(self.feed.get_job("run").world_size, 2)
+
     def test_cli_restore(self):
         self.job()
         self.save("s", [(0, 40), (0, 60)])
@@ -285,6 +334,82 @@ class PositionTest(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("epoch 0", out.stdout)
         self.assertEqual(self.feed.get_epoch("run").ranks[0].position, 40)
+
+
+    # ---- review of issue 14 ----
+
+    def test_restore_refused_by_its_resize_changes_nothing(self):
+        # A job with a mesh restored into another world without a mesh, or with one that does
+        # not fit: refused before anything is rewound.
+        self.job(world=4, mesh={"dp": 2, "tp": 2, "cp": 1, "pp": 1})
+        self.save("s", [(0, 100), (0, 90), (0, 200), (0, 210)])
+        c = self.wait_complete("s")
+        self.assertEqual(list(c.feed_state.positions), [90, 200])  # the lowest of each dp rank
+        self.feed.report_progress("run", 0, 0, 300)
+        for kw, code, text in (
+                ({}, grpc.StatusCode.INVALID_ARGUMENT, "give the new mesh"),
+                ({"mesh": feed_pb2.Mesh(dp=2, tp=2, cp=1, pp=1)},
+                 grpc.StatusCode.INVALID_ARGUMENT, "does not match world size 6")):
+            with self.assertRaises(grpc.RpcError) as e:
+                self.restore("s", world_size=6, **kw)
+            self.assertEqual(e.exception.code(), code)
+            self.assertIn(text, e.exception.details())
+            self.assertEqual([p.position for p in self.feed.get_epoch("run").ranks], [300, 0])
+            self.assertEqual(self.feed.get_job("run").world_size, 4)
+        r = self.restore("s", world_size=6, mesh=feed_pb2.Mesh(dp=3, tp=2, cp=1, pp=1))
+        self.assertEqual((r.epoch, r.world_size), (0, 6))
+
+    def test_restore_at_the_end_of_an_epoch_into_another_world(self):
+        # Every share consumed: the next epoch begins, and the new world starts it whole
+        # (no elastic remainder of the finished epoch).
+        self.job(world=2)
+        self.save("s", [(0, N // 2), (0, N // 2)])
+        self.wait_complete("s")
+        r = self.restore("s", world_size=3)
+        self.assertEqual((r.epoch, r.world_size), (1, 3))
+        j = self.feed.get_job("run")
+        self.assertEqual((j.epoch, j.world_size, j.resized_in_epoch), (1, 3, False))
+        rest = []
+        for rank in range(3):
+            rest += self.indices(rank)
+        self.assertEqual(set(rest), set(range(N)))  # padded to equal shares
+
+    def test_batch_job_restored_at_the_end_of_its_epoch_advances(self):
+        self.batch_job([1 + (i * 7) % 60 for i in range(N)])
+        n = len(self.steps(0, epoch=0, step=0))
+        self.save("b", [(0, n), (0, n)])
+        self.wait_complete("b")
+        self.feed.report_progress("run", 0, 0, 2)
+        self.restore("b")
+        # Nobody streams or asks for the epoch: the plan is built all the same, and the state
+        # that ends epoch 0 begins epoch 1.
+        deadline = time.monotonic() + 10
+        while self.feed.get_job("run").epoch != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(self.feed.get_job("run").epoch, 1)
+
+    def test_auto_commit_after_a_reupload_that_failed(self):
+        self.job()
+        self.save("s", [(0, 10)], world=2)
+        go = threading.Event()
+
+        def slow():
+            hdr = next(shard("run", "s", 0, 2, (0, 10), data=b"y" * 4096))
+            hdr.header.data_size = 1 << 20
+            hdr.header.tensors[0].shape[:] = [1 << 20]
+            hdr.header.tensors[0].size = 1 << 20
+            yield hdr
+            yield pb.UploadShardRequest(chunk=b"y" * 4096)
+            go.wait(10)
+        fut = self.ck.UploadShard.future(slow(), timeout=10)
+        time.sleep(0.3)  # rank 0's re-upload is running
+        self.ck.UploadShard(shard("run", "s", 1, 2, (0, 20)), timeout=10)
+        time.sleep(0.2)
+        self.assertEqual(self.ck.Get(pb.CheckpointRef(job="run", name="s")).state, pb.WRITING)
+        fut.cancel()  # the re-upload ends without replacing rank 0's shard
+        go.set()
+        c = self.wait_complete("s")
+        self.assertEqual(list(c.feed_state.positions), [10, 20])
 
 
 if __name__ == "__main__":

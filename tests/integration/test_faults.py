@@ -811,6 +811,15 @@ class CatalogBusyTest(unittest.TestCase):
             catalog_check(self, d.data_dir)
 
 
+def quarantined(data_dir):
+    """Paths (relative to the data dir) of the files in the quarantine's batches."""
+    q, out = os.path.join(data_dir, "quarantine"), set()
+    for dirpath, _, names in os.walk(q):
+        rel = os.path.relpath(dirpath, q).split(os.sep, 1)
+        out.update(os.path.join(rel[1], n) if len(rel) > 1 else n for n in names if rel[0] != ".")
+    return out
+
+
 class CrashStateTest(unittest.TestCase):
     """The states a SIGKILL can leave between two steps, made on purpose (the kill rounds hit
     these windows only by chance): the daemon must finish or undo them at startup."""
@@ -850,8 +859,9 @@ class CrashStateTest(unittest.TestCase):
             # New lengths recorded in the catalog, the kill before the rename into place.
             rec_sha = stage("recorded", 1000, True)
             # New lengths staged, the kill before the catalog write: the old ones stay.
-            stage("unrecorded", 1000, False)
-            # An upload cut short, and the file of a dataset whose delete was committed.
+            unrec_sha = stage("unrecorded", 1000, False)
+            # An upload cut short (removed), and the file of a dataset whose delete was committed
+            # (quarantined: the catalog does not know it).
             with open(os.path.join(dsdir, ".kept.lengths.9.tmp"), "wb") as f:
                 f.write(b"\1\0\0\0" * 10)
             self.sql(d, ("DELETE FROM feed_datasets WHERE name = ?", ("deleted",)))
@@ -862,6 +872,9 @@ class CrashStateTest(unittest.TestCase):
             c = Clients(d.addr)
             self.assertEqual(sorted(os.listdir(dsdir)),
                              ["kept.lengths", "recorded.lengths", "unrecorded.lengths"])
+            # Staged lengths the catalog never recorded are not removed either.
+            self.assertEqual(quarantined(d.data_dir), {
+                "datasets/deleted.lengths", "datasets/.unrecorded.lengths.%s.new" % unrec_sha})
             for name in ("recorded", "unrecorded", "kept"):
                 ds = c.ds.Get(fpb.GetDatasetRequest(name=name), timeout=10)
                 with open(os.path.join(dsdir, name + ".lengths"), "rb") as f:
@@ -908,9 +921,10 @@ class CrashStateTest(unittest.TestCase):
 
     def test_checkpoint_files_at_start(self):
         """What the startup sweep keeps (docs/checkpoints.md): the young partial upload of a
-        WRITING checkpoint (a stream that ended early), which then resumes; it removes an abandoned one (older than
-        --upload-timeout), partials and files of aborted or unknown checkpoints, and metadata
-        temp files."""
+        WRITING checkpoint (a stream that ended early), which then resumes. It removes an
+        abandoned one (older than --upload-timeout), metadata temp files, and files of an aborted
+        checkpoint no newer than the abort; newer files of it and files of checkpoints the catalog
+        does not know go to the quarantine."""
         with Daemon(args=["--upload-timeout", "600"]) as d:
             c = Clients(d.addr)
             for name, world in (("w", 2), ("gone", 1), ("ab", 1)):
@@ -936,7 +950,7 @@ class CrashStateTest(unittest.TestCase):
             young = ".w_shard_0.shard.part"
             self.assertEqual(os.listdir(jobdir), [young])
             files = {".w_shard_1.shard.part": b"\0" * 88,       # abandoned: old mtime below
-                     ".ab_shard_0.shard.part": b"\0" * 88,      # aborted checkpoint
+                     ".ab_shard_0.shard.part": b"\0" * 88,      # aborted checkpoint, older
                      ".gone_shard_0.shard.part": b"\0" * 88,    # unknown checkpoint
                      "gone_shard_0.shard": b"\0" * 88,
                      "gone.metadata.json": b"{}",
@@ -947,9 +961,14 @@ class CrashStateTest(unittest.TestCase):
                     fh.write(content)
             old = time.time() - 3600
             os.utime(os.path.join(jobdir, ".w_shard_1.shard.part"), (old, old))
+            os.utime(os.path.join(jobdir, ".ab_shard_0.shard.part"), (old, old))
             d.start()
             c = Clients(d.addr)
             self.assertEqual(sorted(os.listdir(jobdir)), [young])
+            self.assertEqual(quarantined(d.data_dir), {
+                "checkpoints/%s/%s" % (JOB, f) for f in (
+                    "ab.metadata.json", ".gone_shard_0.shard.part", "gone_shard_0.shard",
+                    "gone.metadata.json")})
             st = c.ck.UploadStatus(cpb.UploadStatusRequest(job=JOB, checkpoint="w", rank=0),
                                    timeout=10)
             self.assertEqual(st.held_bytes, held)

@@ -1,6 +1,8 @@
 /* server/catalog/ckpt.c: checkpoints (begin, reopen, conflicts, get, latest, list, states,
- * delete), their shards (put, replace, get, list in rank order, delete), tensor-list sizes, state
- * counts and retention policies, and that everything survives closing and reopening. */
+ * delete, abort), their shards (put, replace, get, list in rank order, delete), tensor-list sizes,
+ * state counts, retention policies and recorded removals, and that everything survives closing
+ * and reopening; server/catalog/catalog.c: a catalog whose file is removed or replaced refuses
+ * writes and keeps answering reads. */
 #include "catalog/catalog.h"
 #include "catalog/ckpt.h"
 #include "err.h"
@@ -187,6 +189,8 @@ static void test_delete_and_retention(sl_cat *cat)
     sl_cat_ckpt c, got;
     sl_cat_shard sh;
     uint32_t keep = 99;
+    int64_t removed_ms = 0;
+    int created = 0;
     seen s;
 
     CHECK(sl_cat_retention_get(cat, "job", &keep) == 0 && keep == 0);
@@ -195,14 +199,72 @@ static void test_delete_and_retention(sl_cat *cat)
     CHECK(sl_cat_retention_get(cat, "job", &keep) == 0 && keep == 2);
     CHECK(sl_cat_retention_get(cat, "job2", &keep) == 0 && keep == 0);
 
-    /* Deleting a checkpoint takes its shard rows with it. */
+    /* Deleting a checkpoint takes its shard rows with it and records the removal of its files;
+     * a second delete of the same name records the later time. */
     CHECK(sl_cat_ckpt_get(cat, &c, "job", "step_10") == 0);
-    CHECK(sl_cat_ckpt_delete(cat, c.id) == 0);
+    CHECK(sl_cat_removal_get(cat, "job", "step_10", &removed_ms) == SL_ENOTFOUND);
+    CHECK(sl_cat_ckpt_delete(cat, c.id, 5000) == 0);
     CHECK(sl_cat_ckpt_get(cat, &got, "job", "step_10") == SL_ENOTFOUND);
     CHECK(sl_cat_shard_get(cat, &sh, c.id, 0) == SL_ENOTFOUND);
     memset(&s, 0, sizeof(s));
     CHECK(sl_cat_shard_list(cat, c.id, 0, on_shard, &s) == 0 && s.n == 0);
-    CHECK(sl_cat_ckpt_delete(cat, c.id) == 0); /* gone already: fine */
+    CHECK(sl_cat_removal_get(cat, "job", "step_10", &removed_ms) == 0 && removed_ms == 5000);
+    CHECK(sl_cat_ckpt_delete(cat, c.id, 6000) == 0); /* gone already: fine, nothing recorded */
+    CHECK(sl_cat_removal_get(cat, "job", "step_10", &removed_ms) == 0 && removed_ms == 5000);
+
+    /* Abort: shards forgotten, INCOMPLETE, removal recorded, all at once. */
+    CHECK(sl_cat_ckpt_begin(cat, &c, &created, "job", "ab", 1, 2, "", 100) == 0 && created);
+    sh = shard(0, 10, NULL);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 6500) == 0);
+    CHECK(sl_cat_ckpt_abort(cat, c.id, 7000) == 0);
+    CHECK(sl_cat_ckpt_get(cat, &got, "job", "ab") == 0 && got.state == SL_CKPT_INCOMPLETE);
+    CHECK(got.shards == 0);
+    CHECK(sl_cat_removal_get(cat, "job", "ab", &removed_ms) == 0 && removed_ms == 7000);
+    CHECK(sl_cat_ckpt_abort(cat, c.id + 1000, 8000) == SL_ENOTFOUND);
+    CHECK(sl_cat_removals_clear(cat) == 0);
+    CHECK(sl_cat_removal_get(cat, "job", "ab", &removed_ms) == SL_ENOTFOUND);
+    CHECK(sl_cat_removal_get(cat, "job", "step_10", &removed_ms) == SL_ENOTFOUND);
+}
+
+static void on_lost(const char *problem, void *arg)
+{
+    (*(int *)arg)++;
+}
+
+/* A catalog whose file is removed or replaced under it refuses every write from then on (the
+ * writes would go to a file nobody opens again) and keeps answering reads from the open file. */
+static void test_lost(const char *dir, int replace)
+{
+    char path[64], other[80];
+    sl_cat *cat = NULL, *tmp = NULL;
+    sl_cat_ckpt c, got;
+    int created, lost = 0;
+
+    snprintf(path, sizeof(path), "%s/lost%d.db", dir, replace);
+    snprintf(other, sizeof(other), "%s/other%d.db", dir, replace);
+    CHECK(sl_cat_open(&cat, path) == 0);
+    if (!cat)
+        return;
+    sl_cat_on_lost(cat, on_lost, &lost);
+    CHECK(sl_cat_check(cat) == 0 && sl_cat_problem(cat) == NULL);
+    CHECK(sl_cat_ckpt_begin(cat, &c, &created, "j", "a", 1, 1, "", 1) == 0);
+    if (replace) {
+        CHECK(sl_cat_open(&tmp, other) == 0);
+        sl_cat_close(tmp);
+        CHECK(rename(other, path) == 0);
+    } else {
+        CHECK(unlink(path) == 0);
+    }
+    CHECK(sl_cat_ckpt_begin(cat, &c, &created, "j", "b", 1, 1, "", 2) == SL_ECATLOST);
+    CHECK(lost == 1 && sl_cat_problem(cat) != NULL);
+    CHECK(strstr(sl_cat_problem(cat), path) != NULL);
+    CHECK(strstr(sl_cat_problem(cat), replace ? "was replaced" : "was removed") != NULL);
+    CHECK(sl_cat_ckpt_delete(cat, c.id, 3) == SL_ECATLOST);
+    CHECK(sl_cat_removals_clear(cat) == SL_ECATLOST);
+    CHECK(sl_cat_check(cat) == SL_ECATLOST && lost == 1); /* told once */
+    CHECK(sl_cat_ckpt_get(cat, &got, "j", "a") == 0 && got.id == c.id);
+    CHECK(sl_cat_ckpt_get(cat, &got, "j", "b") == SL_ENOTFOUND);
+    sl_cat_close(cat);
 }
 
 int main(void)
@@ -238,6 +300,8 @@ int main(void)
         CHECK(counts[SL_CKPT_WRITING] == 1);
         sl_cat_close(cat);
     }
+    test_lost(dir, 0);
+    test_lost(dir, 1);
 
     snprintf(path, sizeof(path), "rm -rf %s", dir);
     if (system(path) != 0)

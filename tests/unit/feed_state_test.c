@@ -49,7 +49,7 @@ static sl_feed *open_feed(sl_cat *cat)
 {
     sl_feed *f = NULL;
 
-    CHECK(sl_feed_new(&f, &loop, cat, dir) == 0);
+    CHECK(sl_feed_new(&f, &loop, cat, dir, NULL) == 0);
     return f;
 }
 
