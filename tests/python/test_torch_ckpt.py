@@ -8,7 +8,7 @@ one process plays every rank by giving rank and world_size).
   position, the feed state of COMPLETE checkpoints, Restore, and bad input (clear errors, nothing
   changed).
 - sluice.torch.CheckpointManager: save/restore round trips that rewind the feed (also across
-  epochs and into another world size), keep_last, latest_step, a background upload failing
+  epochs, after a mid-epoch resize and into another world size), keep_last, latest_step, a background upload failing
   (daemon killed) raised by the next call with no COMPLETE checkpoint missing a shard.
 
 The torchrun tests (a rank or the daemon killed, bit-identical parameters) are in
@@ -486,6 +486,43 @@ class ManagerTest(ManagerBase):
         self.assertEqual(len(before + rest), len(set(before + rest)))
         for m in mgrs2:
             m.close()
+
+    def test_restore_after_a_resize(self):
+        # 3 ranks take a batch each, the job is resized to 2 mid-epoch (the rest redistributed),
+        # 2 ranks take a batch each of their elastic shares and save, then one more (discarded
+        # by the restore). Restored, they finish the epoch: every sample exactly once.
+        n, bs = 48, 4
+        seen = []
+        for r in range(3):
+            s = self.sampler("ar", n, rank=r, world=3, drop_last=True)
+            it = iter(s)
+            seen += [next(it) for _ in range(bs)]
+            s.report(bs)          # consumed (the progress a resize redistributes after)
+            it.close()
+        self.c.resize_job("ar", 2)
+        s2 = [self.sampler("ar", n, rank=r, world=2, drop_last=True) for r in range(2)]
+        loaders = [st.DataLoader(list(range(n)), batch_size=bs, sampler=s) for s in s2]
+        mgrs = self.managers(loaders, 2)
+        its = [iter(ld) for ld in loaders]
+        seen += [i for r in self.take(its, 1) for b in r for i in b.tolist()]
+        for r, m in enumerate(mgrs):
+            m.save(5, {"r": r})
+        for m in mgrs:
+            m.close()
+        fs = self.complete("ar", "step_5").feed_state
+        self.assertTrue(fs.elastic)
+        self.assertEqual((fs.world_size, list(fs.positions)), (2, [bs, bs]))
+        self.take(its, 1)
+        for it in its:
+            it.close()
+        s2 = [self.sampler("ar", n, rank=r, world=2, drop_last=True) for r in range(2)]
+        for r, m in enumerate(self.managers(s2, 2)):
+            self.assertEqual(m.restore(), {"r": r})
+        rest = [i for s in s2 for i in s]
+        self.assertEqual(sorted(seen + rest), sorted(
+            i for r in range(3) for i in torch_order(n, r, 0, True, 0, 3)))
+        self.assertEqual(len(seen + rest), len(set(seen + rest)))
+        self.assertEqual(self.c.get_epoch("ar").epoch, 1)
 
     def test_keep_last_and_latest(self):
         world = 2
