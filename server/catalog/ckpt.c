@@ -227,6 +227,25 @@ int sl_cat_ckpt_bind(sl_cat *cat, int64_t id, const char *feed_job, int auto_com
     return err;
 }
 
+int sl_cat_ckpt_begin_bound(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *job,
+                            const char *name, uint64_t step, int32_t world_size,
+                            const char *user_md, int64_t now_ms, const char *feed_job,
+                            int auto_commit)
+{
+    int err = sl_cat_tx_begin(cat);
+
+    if (err)
+        return err;
+    err = sl_cat_ckpt_begin(cat, out, created, job, name, step, world_size, user_md, now_ms);
+    if (!err && *created) {
+        err = sl_cat_ckpt_bind(cat, out->id, feed_job, auto_commit);
+        if (!err)
+            err = sl_cat_ckpt_get(cat, out, job, name);
+    }
+    /* Any error rolls back (SL_EEXIST wrote nothing; *out is the existing checkpoint). */
+    return sl_cat_tx_end(cat, err);
+}
+
 static void bind_blob_or_null(sqlite3_stmt *st, int i, const sl_cat_blob *b)
 {
     if (b && b->p && b->len)

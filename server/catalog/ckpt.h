@@ -73,6 +73,13 @@ int sl_cat_ckpt_list(sl_cat *cat, const char *job, int state, sl_cat_ckpt_fn fn,
 /* Set the state (and committed_ms, 0 unless COMPLETE). SL_ENOTFOUND if the id is gone. */
 int sl_cat_ckpt_set_state(sl_cat *cat, int64_t id, int state, int64_t committed_ms);
 
+/* sl_cat_ckpt_begin and, when it created (or reopened) the checkpoint, sl_cat_ckpt_bind, in one
+ * transaction: a checkpoint never exists without the binding it was begun with. */
+int sl_cat_ckpt_begin_bound(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *job,
+                            const char *name, uint64_t step, int32_t world_size,
+                            const char *user_md, int64_t now_ms, const char *feed_job,
+                            int auto_commit);
+
 /* Bind a checkpoint to a feed job ("" : none) and set its auto-commit; forgets a stored feed
  * state (a reopened checkpoint). */
 int sl_cat_ckpt_bind(sl_cat *cat, int64_t id, const char *feed_job, int auto_commit);

@@ -36,13 +36,8 @@ void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     }
     if (!feed_job && !req->no_feed && s->opts.feed && sl_feed_job_exists(s->opts.feed, req->job))
         feed_job = req->job;
-    err = sl_cat_ckpt_begin(s->cat, &ck, &created, req->job, name, req->step, req->world_size,
-                            req->user_metadata, sl_now_ms());
-    if (!err && created) {
-        err = sl_cat_ckpt_bind(s->cat, ck.id, feed_job, req->auto_commit);
-        if (!err)
-            err = sl_cat_ckpt_get(s->cat, &ck, req->job, name);
-    }
+    err = sl_cat_ckpt_begin_bound(s->cat, &ck, &created, req->job, name, req->step, req->world_size,
+                                  req->user_metadata, sl_now_ms(), feed_job, req->auto_commit);
     if (err == SL_EEXIST) {
         sl_rpc_call_fail(call, err,
                          "checkpoint %s/%s exists (%s) with world_size %d and step %" PRIu64

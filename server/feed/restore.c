@@ -125,6 +125,21 @@ int sl_feed_capture(sl_feed *f, const char *job, uint64_t epoch, uint32_t world,
             err = SL_EINVAL;
             goto out;
         }
+        /* An index share's size is known here (a batch share's needs the plan, an elastic
+         * share's the remainder plan: those are bounded by the sample count above). */
+        if (!spec->batching && !elastic_out->len) {
+            uint64_t n;
+            if ((err = sl_sample_share_count(&n, &cfg, msg, len)) != 0)
+                goto out;
+            if (rank_pos[r] > n) {
+                snprintf(msg, len,
+                         "rank %u's position %" PRIu64 " is past the end of its share (%" PRIu64
+                         " indices) in epoch %" PRIu64 " of feed job '%s'",
+                         r, rank_pos[r], n, epoch, job);
+                err = SL_EINVAL;
+                goto out;
+            }
+        }
     }
     err = sl_cat_dataset_get(f->cat, &ds, j->dataset);
     if (err) {

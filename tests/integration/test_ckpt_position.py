@@ -149,6 +149,13 @@ class PositionTest(unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as e:
             self.ck.Commit(pb.CheckpointRef(job="run", name="m"), timeout=10)
         self.assertIn("rank 1 sent no data position", e.exception.details())
+        # A position past the end of the rank's share (500 indices each): named at commit.
+        self.save("p", [(0, 10), (0, 501)], auto=False)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.ck.Commit(pb.CheckpointRef(job="run", name="p"), timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("rank 1's position 501 is past the end of its share (500 indices)",
+                      e.exception.details())
         # A world that is not the checkpoint's.
         self.ck.Begin(pb.BeginRequest(job="run", name="w", world_size=2), timeout=10)
         with self.assertRaises(grpc.RpcError) as e:
