@@ -14,6 +14,10 @@ With torch, a whole training state is one call each way, no template needed:
     ck.save_state_dict("myjob", "step_100", rank, state)
     state = ck.load_state_dict("myjob", "step_100", rank)   # same types, keys, bytes
 
+A checkpoint can carry the data position of a feed job: begin(..., feed_job=, auto_commit=True),
+each rank's upload/save_state_dict(..., data_position={"epoch", "position", "world_size"}), and
+restore(job, name) rewinds the feed job to it (sluice.torch.CheckpointManager does all of it).
+
 Such a shard holds a skeleton (the structure and the non-tensor values, as JSON; format below,
 above SKELETON_NAME) followed by the tensors, each described by its flattened key path
 (``optimizer.state.0.exp_avg``) in the catalog and metadata.json. Loading executes nothing from
@@ -41,6 +45,7 @@ import grpc
 from sluice._channel import bearer_metadata, default_address, make_channel
 from sluice.v1 import checkpoint_pb2 as pb
 from sluice.v1 import checkpoint_pb2_grpc as pbg
+from sluice.v1 import feed_pb2
 CHUNK = 1 << 20
 WRITING, COMPLETE, INCOMPLETE = pb.WRITING, pb.COMPLETE, pb.INCOMPLETE
 
@@ -70,6 +75,38 @@ class _Chain(io.RawIOBase):
 
 class ChecksumError(Exception):
     """The data does not hash to what the other side says."""
+
+
+_POSITION_KEYS = ("job", "epoch", "position", "world_size")
+
+
+def to_data_position(value):
+    """A DataPosition message from a DataPosition or a dict with the keys job (the feed job;
+    "" for the checkpoint's), epoch, position (in the job's unit: indices or batches, counted in
+    the rank's share of that epoch) and world_size (the world the rank ran in). None stays None.
+    Unknown keys, missing numbers and values out of range raise ValueError naming them."""
+    if value is None or isinstance(value, pb.DataPosition):
+        return value
+    if not isinstance(value, dict):
+        raise TypeError("data_position must be a dict or a DataPosition, not %s"
+                        % type(value).__name__)
+    unknown = sorted(set(value) - set(_POSITION_KEYS))
+    if unknown:
+        raise ValueError("data_position: unknown key(s) %s (keys: %s)"
+                         % (", ".join(map(repr, unknown)), ", ".join(_POSITION_KEYS)))
+    job = value.get("job") or ""
+    if not isinstance(job, str):
+        raise ValueError("data_position: job must be a string, not %r" % (job,))
+    nums = {}
+    for key, top in (("epoch", 1 << 64), ("position", 1 << 64), ("world_size", 65537)):
+        v = value.get(key)
+        if key != "world_size" and v is None:
+            raise ValueError("data_position: %s is required" % key)
+        v = 0 if v is None else v
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < top:
+            raise ValueError("data_position: %s %r out of range [0, %d)" % (key, v, top))
+        nums[key] = v
+    return pb.DataPosition(job=job, **nums)
 
 
 def _tensor(t):
@@ -329,6 +366,86 @@ def _check_template(got, want, path, torch):
             _check_template(got[k], w, path + [_key_part(k)], torch)
 
 
+def encode_state(torch, state_dict):
+    """(skeleton root, [(key path, tensor)]) of a state dict: the structure and its non-tensor
+    values (copied: JSON-ready nodes) and the tensors themselves (not copied). TypeError names
+    the key path of a value that cannot be saved; ValueError for too many tensors or nesting."""
+    enc = _Encoder(torch)
+    try:
+        root = enc.node(state_dict, [])
+    except RecursionError:
+        raise ValueError("the state is nested too deeply to save") from None
+    if len(enc.tensors) + 1 > _MAX_TENSORS:
+        raise ValueError("%d tensors: a shard holds at most %d (one is the skeleton)"
+                         % (len(enc.tensors), _MAX_TENSORS - 1))
+    return root, enc.tensors
+
+
+class _StateShard:
+    """The data section of a save_state_dict shard laid out from an encoded state: the
+    skeleton entry, each tensor's offset, the TensorInfo list (``layout``), the total ``size``,
+    and the bytes, produced a chunk at a time straight from the tensors' memory."""
+
+    def __init__(self, torch, root, tensors, chunk_size=CHUNK):
+        self.torch = torch
+        self.chunk_size = chunk_size
+        self.entries, table, rel = [], [], 0   # (path, tensor, offset after skeleton, size)
+        for path, t in tensors:
+            size = t.numel() * t.element_size()
+            if size:
+                rel = _align(rel)
+            table.append([str(t.dtype)[len("torch."):], list(t.shape), rel])
+            self.entries.append((path, t, rel, size))
+            rel += size
+        doc = {"format": _FORMAT, "version": _VERSION, "tensors": table, "root": root}
+        try:
+            text = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("ascii")
+        except RecursionError:
+            raise ValueError("the state is nested too deeply to save") from None
+        head = SKELETON_MAGIC + struct.pack("<Q", len(text))
+        skel_size = _align(len(head) + len(text))
+        self.skeleton = head + text + bytes(skel_size - len(head) - len(text))
+        self.layout = [pb.TensorInfo(name=SKELETON_NAME, dtype="bytes", shape=[skel_size],
+                                     offset=0, size=skel_size)]
+        for (path, t, off, size), (dtype, shape, _) in zip(self.entries, table):
+            if dtype not in _DAEMON_DTYPES or len(shape) > _MAX_DIMS:
+                dtype, shape = "bytes", [size]
+            self.layout.append(pb.TensorInfo(name=_info_name(path), dtype=dtype, shape=shape,
+                                             offset=skel_size + off, size=size))
+        self.size = skel_size + rel
+
+    def parts(self):
+        """The data section's bytes in order (bytes and memoryviews of at most chunk_size)."""
+        torch, chunk = self.torch, self.chunk_size
+        yield self.skeleton
+        pos = 0
+        for path, t, off, size in self.entries:
+            if off > pos:
+                yield bytes(off - pos)
+            pos = off + size
+            if not size:
+                continue
+            c = t.detach()
+            if c.device.type != "cpu":
+                c = c.to("cpu")
+            c = c.resolve_conj().resolve_neg().contiguous()
+            view = _byte_view(torch, c)
+            if len(view) != size:
+                raise ValueError("%s changed size while it was saved" % _path_str(path))
+            for i in range(0, size, chunk):
+                yield view[i:i + chunk]
+
+    def sha256(self):
+        sha = hashlib.sha256()
+        for p in self.parts():
+            sha.update(p)
+        return sha.hexdigest()
+
+    def reader(self):
+        """A binary file object reading the data section from its start."""
+        return io.BufferedReader(_Chain(self.parts()), self.chunk_size)
+
+
 class _Download:
     """Pulls a shard's data from a DownloadShard stream: exact reads, reads into buffers, and
     the SHA-256 check at the end. A stream that ends early or continues past the data is a
@@ -467,10 +584,31 @@ class Checkpoints:
 
     # ---- lifecycle ----
 
-    def begin(self, job, name="", step=0, world_size=1, user_metadata=""):
-        return self.stub.Begin(pb.BeginRequest(job=job, name=name, step=step,
-                                               world_size=world_size,
-                                               user_metadata=user_metadata), **self._kw())
+    def begin(self, job, name="", step=0, world_size=1, user_metadata="", feed_job="",
+              no_feed=False, auto_commit=False):
+        """Create checkpoint (job, name) in WRITING, or return the existing one (idempotent).
+
+        ``feed_job``: the feed job whose data position the checkpoint carries (every rank's
+        upload then gives its ``data_position``); empty: the feed job named ``job`` if there is
+        one, unless ``no_feed``. ``auto_commit``: the daemon commits by itself once every rank's
+        shard is durable, so the ranks need no barrier before a commit. A daemon that predates
+        these fields would ignore them: asking for either and getting a checkpoint without it
+        raises RuntimeError."""
+        if feed_job and no_feed:
+            raise ValueError("feed_job=%r and no_feed=True contradict each other" % feed_job)
+        ck = self.stub.Begin(pb.BeginRequest(job=job, name=name, step=step,
+                                             world_size=world_size, user_metadata=user_metadata,
+                                             feed_job=feed_job, no_feed=no_feed,
+                                             auto_commit=auto_commit), **self._kw())
+        if auto_commit and not ck.auto_commit and ck.state == WRITING:
+            raise RuntimeError("sluiced at %s did not take auto_commit for %s/%s (a daemon older "
+                               "than checkpoints with data positions?)"
+                               % (self.address, job, ck.name))
+        if feed_job and ck.feed_job != feed_job and ck.state == WRITING:
+            raise RuntimeError("checkpoint %s/%s is bound to feed job %r, not %r (it existed "
+                               "before, or the daemon predates feed jobs on checkpoints)"
+                               % (job, ck.name, ck.feed_job, feed_job))
+        return ck
 
     def commit(self, job, name):
         return self.stub.Commit(pb.CheckpointRef(job=job, name=name), **self._kw())
@@ -486,7 +624,43 @@ class Checkpoints:
                                    **self._kw()).checkpoints)
 
     def latest(self, job):
+        """The job's newest COMPLETE checkpoint (NOT_FOUND if none). Like get(), its
+        ``feed_state`` holds the data position it was taken at, when it carries one."""
         return self.stub.Latest(pb.LatestRequest(job=job), **self._kw())
+
+    def feed_state(self, job, name):
+        """The FeedState checkpoint (job, name) was taken at (epoch, world_size, mesh, unit,
+        per-dp-rank positions, samples, lengths_sha256, elastic), or None if it carries none
+        (not COMPLETE, or saved without a feed job)."""
+        ck = self.get(job, name)
+        return ck.feed_state if ck.HasField("feed_state") else None
+
+    def restore(self, job, name, world_size=0, mesh=None):
+        """Rewind the checkpoint's feed job to the data position the COMPLETE checkpoint (job,
+        name) was taken at: its epoch and every dp rank's position; progress reported since is
+        discarded and open streams of the job end with ABORTED. ``world_size`` (0: the
+        checkpoint's) restores into another world, redistributing the rest of the epoch exactly
+        once; ``mesh`` (a dict of dp, tp, cp, pp, order, or a Mesh) goes with it for jobs with a
+        mesh. Call it from one rank before the ranks open their streams. Returns the
+        RestoreResponse (restored FeedState, feed_job, the job's epoch and world now).
+
+        Raises grpc.RpcError with the daemon's status: NOT_FOUND, FAILED_PRECONDITION (not
+        COMPLETE, no feed state, the dataset changed), INVALID_ARGUMENT (bad world or mesh);
+        NotImplementedError if the daemon has no Restore."""
+        if not isinstance(world_size, int) or not 0 <= world_size <= 65536:
+            raise ValueError("world_size %r out of range [0, 65536]" % (world_size,))
+        req = pb.RestoreRequest(job=job, name=name, world_size=world_size)
+        if mesh is not None:
+            if not world_size:
+                raise ValueError("a mesh goes with a world_size")
+            req.mesh.CopyFrom(mesh if isinstance(mesh, feed_pb2.Mesh) else feed_pb2.Mesh(**mesh))
+        try:
+            return self.stub.Restore(req, **self._kw())
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise NotImplementedError("sluiced at %s does not implement Checkpoints.Restore "
+                                          "(%s)" % (self.address, e.details())) from e
+            raise
 
     def delete(self, job, name):
         self.stub.Delete(pb.CheckpointRef(job=job, name=name), **self._kw())
@@ -508,14 +682,19 @@ class Checkpoints:
     # ---- data ----
 
     def upload(self, job, name, rank, source, tensors=None, chunk_size=CHUNK, resume=False,
-               size=None, sha256=None):
+               size=None, sha256=None, data_position=None):
         """Upload `source` (bytes-like, a path, or a binary file opened for reading, from its
         current position; pass `size` for a stream that cannot seek) as rank's shard data.
         `tensors`: TensorInfo messages or dicts (name, dtype, shape, offset, size); default one
         "bytes" tensor over everything. With `resume`, continue from what the daemon holds of an
         interrupted upload. `sha256`: the whole data's lowercase hex SHA-256 if known; the daemon
         then refuses (DATA_LOSS) data that hashes to anything else and stores nothing. Returns
-        the UploadShardResponse (sha256, sizes, path)."""
+        the UploadShardResponse (sha256, sizes, path).
+
+        ``data_position`` (a dict or DataPosition, see to_data_position()): where this rank was in
+        the checkpoint's feed job when the data was taken; required of every rank of a
+        checkpoint bound to a feed job, refused otherwise."""
+        position = to_data_position(data_position)
         close = None
         if isinstance(source, (bytes, bytearray, memoryview)):
             f, size = io.BytesIO(bytes(source)), len(source)
@@ -550,7 +729,8 @@ class Checkpoints:
             def requests():
                 yield pb.UploadShardRequest(header=pb.ShardHeader(
                     job=job, checkpoint=name, rank=rank, tensors=[_tensor(t) for t in tensors],
-                    data_size=size, offset=offset, sha256=sha256 or ""))
+                    data_size=size, offset=offset, sha256=sha256 or "",
+                    data_position=position))
                 while True:
                     b = f.read(chunk_size)
                     if not b:
@@ -568,7 +748,7 @@ class Checkpoints:
 
     # ---- torch ----
 
-    def save_state_dict(self, job, name, rank, state_dict, chunk_size=CHUNK):
+    def save_state_dict(self, job, name, rank, state_dict, chunk_size=CHUNK, data_position=None):
         """Upload a state dict as rank's shard: anything torch.save takes that is built from
         dict, OrderedDict, list, tuple, tensors, str, int, float, bool, None, bytes, bytearray,
         torch.dtype, torch.Size and torch.device (dict keys: str, int, float, bool, None or
@@ -586,66 +766,15 @@ class Checkpoints:
 
         A value of another type raises TypeError naming its key path before anything is sent.
         The data is hashed first and the daemon checks that hash, so a state that changes while
-        it is sent is refused (ChecksumError) and nothing is stored."""
+        it is sent is refused (ChecksumError) and nothing is stored. ``data_position``: as for
+        upload(), where this rank was in the feed when the state was taken."""
         import torch
-        enc = _Encoder(torch)
+        position = to_data_position(data_position)   # checked before anything is hashed
+        shard = _StateShard(torch, *encode_state(torch, state_dict), chunk_size=chunk_size)
         try:
-            root = enc.node(state_dict, [])
-        except RecursionError:
-            raise ValueError("the state is nested too deeply to save") from None
-        if len(enc.tensors) + 1 > _MAX_TENSORS:
-            raise ValueError("%d tensors: a shard holds at most %d (one is the skeleton)"
-                             % (len(enc.tensors), _MAX_TENSORS - 1))
-        entries, table, rel = [], [], 0   # entries: (path, tensor, offset after skeleton, size)
-        for path, t in enc.tensors:
-            size = t.numel() * t.element_size()
-            if size:
-                rel = _align(rel)
-            table.append([str(t.dtype)[len("torch."):], list(t.shape), rel])
-            entries.append((path, t, rel, size))
-            rel += size
-        doc = {"format": _FORMAT, "version": _VERSION, "tensors": table, "root": root}
-        try:
-            text = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("ascii")
-        except RecursionError:
-            raise ValueError("the state is nested too deeply to save") from None
-        head = SKELETON_MAGIC + struct.pack("<Q", len(text))
-        skel_size = _align(len(head) + len(text))
-        skeleton = head + text + bytes(skel_size - len(head) - len(text))
-        layout = [pb.TensorInfo(name=SKELETON_NAME, dtype="bytes", shape=[skel_size], offset=0,
-                                size=skel_size)]
-        for (path, t, off, size), (dtype, shape, _) in zip(entries, table):
-            if dtype not in _DAEMON_DTYPES or len(shape) > _MAX_DIMS:
-                dtype, shape = "bytes", [size]
-            layout.append(pb.TensorInfo(name=_info_name(path), dtype=dtype, shape=shape,
-                                        offset=skel_size + off, size=size))
-        total = skel_size + rel
-
-        def parts():
-            yield skeleton
-            pos = 0
-            for path, t, off, size in entries:
-                if off > pos:
-                    yield bytes(off - pos)
-                pos = off + size
-                if not size:
-                    continue
-                c = t.detach()
-                if c.device.type != "cpu":
-                    c = c.to("cpu")
-                c = c.resolve_conj().resolve_neg().contiguous()
-                view = _byte_view(torch, c)
-                if len(view) != size:
-                    raise ValueError("%s changed size while it was saved" % _path_str(path))
-                for i in range(0, size, chunk_size):
-                    yield view[i:i + chunk_size]
-        sha = hashlib.sha256()
-        for p in parts():
-            sha.update(p)
-        try:
-            return self.upload(job, name, rank, io.BufferedReader(_Chain(parts()), chunk_size),
-                               tensors=layout, chunk_size=chunk_size, size=total,
-                               sha256=sha.hexdigest())
+            return self.upload(job, name, rank, shard.reader(), tensors=shard.layout,
+                               chunk_size=chunk_size, size=shard.size, sha256=shard.sha256(),
+                               data_position=position)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.DATA_LOSS:
                 raise ChecksumError("the state changed while it was saved (%s)"

@@ -26,6 +26,10 @@ data-parallel rank of the job reported in the epoch, so after torchrun restarts 
 rank has the same number of steps left. A rank that had reported further trains the difference
 again (at most ``report_every`` batches, default 1).
 
+``loader.data_position()`` is where the loop is (epoch, position in the job's unit), as counted
+above; ``CheckpointManager`` (sluice/torch_ckpt.py) saves it with every asynchronous checkpoint
+and rewinds the job to it on restore.
+
 Failures: every call is retried on UNAVAILABLE, CANCELLED (a daemon shutting down) and
 DEADLINE_EXCEEDED with backoff for up to ``retry_seconds`` (also the first call, so a sampler
 built before sluiced is up waits for it). A stream that breaks is reopened at the position
@@ -45,7 +49,8 @@ from torch.utils.data import Sampler
 from sluice.client import Client
 from sluice.v1.feed_pb2 import BatchConfig
 
-__all__ = ["DistributedSampler", "BatchSampler", "DataLoader", "JobMismatchError"]
+__all__ = ["DistributedSampler", "BatchSampler", "DataLoader", "JobMismatchError",
+           "CheckpointManager", "CheckpointError"]
 
 _RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
           grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -117,6 +122,22 @@ def _mismatches(job, want):
     return out
 
 
+def _dp_rank(info, rank):
+    """The data-parallel rank of global rank `rank` in job `info` (its mesh order, outermost to
+    innermost; "pp,dp,cp,tp" by default), or `rank` itself without a mesh."""
+    if not info.HasField("mesh"):
+        return rank
+    m = info.mesh
+    sizes = {"dp": m.dp or 1, "tp": m.tp or 1, "cp": m.cp or 1, "pp": m.pp or 1}
+    order = [d.strip() for d in (m.order or "pp,dp,cp,tp").split(",")]
+    inner = 1
+    for d in reversed(order):
+        if d == "dp":
+            return (rank // inner) % sizes["dp"]
+        inner *= sizes.get(d, 1)
+    return rank
+
+
 class _Fed:
     """What both samplers share: the client, retries, the job check, the epoch and position
     bookkeeping, progress reports and the stream loop."""
@@ -142,6 +163,9 @@ class _Fed:
         self._reported = -1
         self._epoch_set = False     # set_epoch was called since the last iteration began
         self._tracked = False       # a sluice.torch.DataLoader reports for this sampler
+        # (epoch, position) the training loop has consumed, as sluice.torch.DataLoader counts
+        # it (or the end of an iteration); None: see data_position().
+        self._at = None
 
     def _call(self, fn, *args, **kw):
         """fn(*args, **kw), retried on transient failures for up to retry_seconds."""
@@ -210,6 +234,52 @@ class _Fed:
         self.position = self.start_position = start
         self._share = share
         self._reported = start if start else -1
+        if not self._tracked:
+            self._at = None
+
+    def data_position(self):
+        """Where the training loop is in the feed: {"job", "epoch", "position", "world_size"},
+        position in the job's unit (indices for DistributedSampler, batches for BatchSampler)
+        counted in this rank's share of that epoch. This is what a checkpoint taken now must
+        carry (sluice.torch.CheckpointManager records it with every save).
+
+        With sluice.torch.DataLoader it counts the batches handed to the loop, not those its
+        workers prefetched: after the loop trained batch k of an iteration that resumed at s,
+        the position is s + (k + 1) * batch_size (capped at the share); once the loop has taken
+        the whole epoch it is the share size of that epoch. Iterated without it (a plain torch
+        DataLoader, or by hand) it counts the positions the sampler handed out, which with
+        DataLoader workers runs ahead of the loop. Before this process iterated, it is where the
+        next iteration starts (the job's epoch and the group's position, or the rank's own
+        without lockstep), read from the coordinator."""
+        if self._at is not None:
+            epoch, position = self._at
+        elif self._serving is not None:
+            epoch = self._serving
+            position = self.start_position if self._tracked else self.position
+        else:
+            st = self._call(self.client.get_epoch, self.job)
+            epoch, position = st.epoch, st.group_position
+            if not self.lockstep:
+                dp = _dp_rank(self.info, self.rank)
+                position = next((r.position for r in st.ranks if r.dp_rank == dp), 0)
+        return {"job": self.job, "epoch": int(epoch), "position": int(position),
+                "world_size": self.num_replicas}
+
+    def _resync(self):
+        """Forget where this process was in the feed and take the job as the coordinator has
+        it now (after a Restore rewound it): its epoch, world and share sizes. The next
+        iteration starts at the job's positions."""
+        info = self._call(self.client.get_job, self.job)
+        if info.world_size != self.num_replicas:
+            raise JobMismatchError("job %r now has world size %d, this process was started "
+                                   "with %d" % (self.job, info.world_size, self.num_replicas))
+        self.info = info
+        self.epoch = self._next_epoch = info.epoch
+        self._epoch_set = False
+        self._serving = self._at = self.consumed = None
+        self.position = self.start_position = self._share = 0
+        self._reported = -1
+        self._recount()
 
     def report(self, position=None):
         """Report that positions [0, position) of this rank's share in the current epoch are
@@ -256,6 +326,7 @@ class _Fed:
     def _finish(self):
         """The share of the iteration is consumed: report it (also an empty one, so that its
         epoch can end) and move on to the next epoch."""
+        self._at = (self._serving, self._share)
         self.report(self._share)
         self._next_epoch = self._serving + 1
 
@@ -358,6 +429,9 @@ class DistributedSampler(_Fed, Sampler):
                     drop_last=info.drop_last, partition=info.partition,
                     chunk_size=info.chunk_size)
 
+    def _recount(self):
+        self.num_samples = self._share_count()
+
     def _share_count(self):
         st = self._call(self.client.get_epoch, self.job)
         self.dp_size = st.dp_size or self.num_replicas
@@ -420,6 +494,9 @@ class BatchSampler(_Fed, Sampler):
             have["batching." + field.name] = getattr(info.batching, field.name)
         return have
 
+    def _recount(self):
+        self.num_batches = self._batch_count()
+
     def _batch_count(self):
         # Epochs.Get waits for the epoch's batch plan, so the count is known before streaming.
         st = self._call(self.client.get_epoch, self.job)
@@ -474,6 +551,14 @@ class DataLoader(torch.utils.data.DataLoader):
         super().__init__(*args, **kwargs)
         self.report_every = report_every
 
+    def data_position(self):
+        """The data position of what the training loop took from this loader: its sampler's
+        data_position() (see there)."""
+        sampler, _ = _fed_sampler(self)
+        if sampler is None:
+            raise ValueError("this DataLoader has no sluice sampler or batch_sampler")
+        return sampler.data_position()
+
     def __iter__(self):
         sampler, per_batch = _fed_sampler(self)
         if sampler is None:
@@ -501,9 +586,22 @@ class DataLoader(torch.utils.data.DataLoader):
                     break
                 sampler._report_end(pending)
                 taken += 1
+                # What a checkpoint taken while the loop holds this batch carries (the loop is
+                # expected to save after training it).
+                sampler._at = (sampler._serving,
+                               min(sampler.start_position + taken * per_batch, sampler._share))
                 yield batch
             if sampler._serving is not None:
                 sampler.consumed = sampler._share
                 sampler._finish()
         finally:
             sampler._tracked = False
+
+
+def __getattr__(name):
+    # CheckpointManager lives in sluice/torch_ckpt.py, which builds on this module: imported on
+    # first use, so that either module can be imported first.
+    if name in ("CheckpointManager", "CheckpointError"):
+        from sluice import torch_ckpt
+        return getattr(torch_ckpt, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -1,0 +1,353 @@
+"""The exactness of checkpoints that carry the data position, with real torchrun: 3 DDP trainers
+(gloo, CPU, deterministic; a tiny MLP with dropout, SGD with momentum, a step LR schedule) fed by
+sluice.torch's sampler and DataLoader(num_workers=2) from a real sluiced, checkpointed
+asynchronously by sluice.torch.CheckpointManager every K steps (torch_ckpt_worker.py).
+
+- A rank SIGKILLed between two checkpoints; torchrun restarts the group, which restores the
+  latest checkpoint (model, optimizer, scheduler, RNG and the feed): the final parameters are
+  bit-identical to an uninterrupted run's, and the samples trained on (the steps after the
+  restored one, trained by the killed attempt, discarded) are the uninterrupted run's, per rank
+  and step. With an index job (a checkpoint still uploading when the rank dies; the one restored
+  ends an epoch) and with a batch job.
+- sluiced SIGKILLed while a checkpoint uploads, restarted on the same data dir: the upload
+  resumes, the checkpoint completes, a rank is killed after it and the group restores it;
+  bit-identical again.
+- A restart into another world size (3 ranks, then 2): every epoch is covered exactly once.
+
+Each uninterrupted reference run is made once per configuration and shared by the tests.
+SLUICE_TEST_KEEP=1 keeps the logs.
+"""
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import torch
+
+from sluice.checkpoint import COMPLETE, Checkpoints
+from sluice.client import Client
+from sltest import Daemon
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "torch_ckpt_worker.py")
+SLOW = float(os.environ.get("SLUICE_SLOWDOWN", "1"))
+RUN_TIMEOUT = 180 * SLOW
+KEEP = os.environ.get("SLUICE_TEST_KEEP")
+BATCHING = dict(strategy="dynamic", max_batch_size=8, max_seq_len=128, max_tokens=256)
+LENGTHS_N = 120
+
+_refs = {}          # config -> Run of the uninterrupted reference
+_ref_dir = None
+
+
+def setUpModule():
+    global _ref_dir
+    _ref_dir = tempfile.mkdtemp(prefix="sluice-ckpt-ref-")
+
+
+def tearDownModule():
+    if KEEP:
+        print("kept " + _ref_dir, file=sys.stderr)
+    else:
+        shutil.rmtree(_ref_dir, ignore_errors=True)
+
+
+def lengths():
+    return [1 + (i * 37) % 100 for i in range(LENGTHS_N)]
+
+
+class Run:
+    """The logs of one or more torchruns of one training (in order): the effective timeline of
+    every rank (the steps a restore discarded removed) and the final parameters."""
+
+    def __init__(self, outs):
+        self.outs = outs
+        self.recs = collections.defaultdict(list)     # rank -> records, runs in order
+        self.finals = {}
+        for out in outs:
+            for name in sorted(os.listdir(out)):
+                path = os.path.join(out, name)
+                if name.startswith("rank-"):
+                    rank = int(name[5:-6])
+                    with open(path) as f:
+                        self.recs[rank] += [json.loads(line) for line in f if line.endswith("\n")]
+                elif name.startswith("final-"):
+                    self.finals[int(name[6:-3])] = torch.load(path)
+
+    def restores(self):
+        """[restored step] of each attempt that restored, from rank 0's log (None: fresh)."""
+        return [r["restored"] for r in self.recs[0] if "restored" in r]
+
+    def timeline(self, rank, restores=None):
+        """[(step, epoch, idx)] rank trained, in order, without the steps discarded by a later
+        restore. `restores`: the restored steps of attempts that do not appear in this rank's
+        own log (a restart into a smaller world)."""
+        out = []
+        for r in self.recs[rank]:
+            if "restored" in r:
+                out = [t for t in out if t[0] <= (r["restored"] or 0)]
+            elif "step" in r and "idx" in r:
+                out.append((r["step"], r["epoch"], tuple(r["idx"])))
+        for back in restores or ():
+            out = [t for t in out if t[0] <= (back or 0)]
+        return out
+
+    def summary(self):
+        lines = []
+        for rank in sorted(self.recs):
+            parts = []
+            for r in self.recs[rank]:
+                if "restored" in r:
+                    parts.append("| a%d w%d restored=%s e%d p%d:" % (
+                        r["restart"], r["world"], r["restored"], r["epoch"], r["position"]))
+                elif r.get("done"):
+                    parts.append("| done")
+                else:
+                    parts.append("%d" % r["step"])
+            lines.append("rank %d: %s" % (rank, " ".join(parts)))
+        return "\n".join(lines)
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="sluice-ckpt-train-")
+        self.d = Daemon(data_dir=os.path.join(self.tmp, "data")).start()
+        self.c = Client(self.d.addr)
+
+    def tearDown(self):
+        self.c.close()
+        rc = self.d.stop()
+        log = self.d.log()
+        reports = self.d.sanitizer_reports()
+        self.d.cleanup()
+        if KEEP:
+            print("kept " + self.tmp, file=sys.stderr)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        self.assertEqual(rc, 0, "sluiced exit code\n" + log[-6000:])
+        self.assertEqual(reports, [], log[-20000:])
+
+    def restart_daemon(self, sig, down=1.5, while_down=None):
+        port = self.d.port
+        self.d.args = ["--listen", "127.0.0.1:%d" % port]
+        self.assertEqual(self.d.stop(sig), -sig)
+        if while_down:
+            while_down()
+        time.sleep(down)
+        self.d.start()
+        self.assertEqual(self.d.port, port)
+
+    def wait_files(self, proc, out, names, deadline, what):
+        while not all(os.path.exists(os.path.join(out, n)) for n in names):
+            if proc.poll() is not None:
+                raise AssertionError("torchrun exited (%d) before %s" % (proc.returncode, what))
+            if time.monotonic() > deadline:
+                raise AssertionError("timed out waiting for " + what)
+            time.sleep(0.02)
+
+    def torchrun(self, out, job, cfg, world=3, restarts=0, env=None, during=None,
+                 expect_fail=False):
+        """Run the trainers under torchrun (bounded in time: a hang kills the process group and
+        fails with the logs)."""
+        os.makedirs(out)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+               "--nproc_per_node", str(world), "--redirects", "2", "--tee", "2",
+               "--max_restarts", str(restarts), "--monitor_interval", "0.5", WORKER,
+               "--addr", self.d.addr, "--job", job, "--out", out] + cfg
+        run_env = dict(os.environ, OMP_NUM_THREADS="1", KILL_AT="", PAUSE_UPLOAD_AT="")
+        run_env.update(env or {})
+        logpath = out + ".log"
+        t0 = time.monotonic()
+        with open(logpath, "wb") as logf:
+            p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=run_env,
+                                 start_new_session=True)
+        deadline = t0 + RUN_TIMEOUT
+        try:
+            if during:
+                during(p, out, deadline)
+            rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except (Exception, AssertionError) as e:
+            self.kill_group(p)
+            self.fail("%s: %s: %s\n%s" % (out, type(e).__name__, e, self.logs(out)))
+        self.kill_group(p)
+        if expect_fail:
+            self.assertNotEqual(rc, 0, "torchrun was expected to fail\n" + self.logs(out))
+        else:
+            self.assertEqual(rc, 0, "torchrun exit code %d\n%s" % (rc, self.logs(out)))
+        print("%s: %.1f s" % (os.path.basename(out), time.monotonic() - t0), file=sys.stderr)
+
+    @staticmethod
+    def kill_group(p):
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+    def logs(self, *outs):
+        text = ""
+        for out in outs:
+            try:
+                with open(out + ".log", errors="replace") as f:
+                    text += f.read()[-12000:]
+            except FileNotFoundError:
+                pass
+        trained = Run([o for o in outs if os.path.isdir(o)]).summary()
+        return ("---- trained (global steps)\n" + trained + "\n---- torchrun\n" + text +
+                "\n---- sluiced (last 4000 chars)\n" + self.d.log()[-4000:])
+
+    # ---- the reference ----
+
+    def make_job(self, job, cfg):
+        if "batches" in cfg:
+            data = job + "-tok"
+            self.c.create_dataset(data, LENGTHS_N)
+            self.c.upload_lengths(data, lengths())
+            self.c.create_job(job, data, 3, seed=3, batching=BATCHING)
+
+    def reference(self, key, cfg):
+        """The uninterrupted run of cfg (made once per configuration)."""
+        if key not in _refs:
+            out = os.path.join(_ref_dir, key)
+            job = "ref-" + key
+            self.make_job(job, cfg)
+            self.torchrun(out, job, cfg)
+            _refs[key] = Run([out])
+        return _refs[key]
+
+    # ---- checks ----
+
+    def check_exact(self, got, ref, ctx):
+        """Bit-identical final parameters; the same samples, per rank and step."""
+        self.assertEqual(sorted(got.finals), [0, 1, 2], ctx)
+        for rank in range(3):
+            want, have = ref.finals[rank], got.finals[rank]
+            self.assertEqual(list(have), list(want))
+            for k in want:
+                self.assertTrue(have[k].dtype == want[k].dtype and have[k].numpy().tobytes()
+                                == want[k].numpy().tobytes(),
+                                "rank %d %s is not bit-identical:\n%s\n%s%s"
+                                % (rank, k, have[k], want[k], ctx))
+        total_got, total_want = collections.Counter(), collections.Counter()
+        for rank in range(3):
+            tg, tw = got.timeline(rank), ref.timeline(rank)
+            self.assertEqual([t[0] for t in tg], list(range(1, len(tg) + 1)),
+                             "rank %d: steps not contiguous%s" % (rank, ctx))
+            self.assertEqual(tg, tw, "rank %d trained other samples than the reference%s"
+                             % (rank, ctx))
+            total_got.update((e, i) for _, e, idx in tg for i in idx)
+            total_want.update((e, i) for _, e, idx in tw for i in idx)
+        self.assertEqual(total_got, total_want, ctx)
+
+    def discarded(self, run):
+        """Steps rank 0's first attempt trained after the step the second one restored."""
+        restores = run.restores()
+        trained = max((r["step"] for r in run.recs[0] if "idx" in r and r["restart"] == 0),
+                      default=0)
+        return trained - (restores[1] or 0) if len(restores) > 1 else 0
+
+
+INDEX_CFG = ["--samples", "100", "--batch-size", "8", "--epochs", "3", "--every", "5",
+             "--num-workers", "2", "--seed", "4"]
+DAEMON_CFG = ["--samples", "96", "--batch-size", "8", "--epochs", "2", "--every", "3",
+              "--num-workers", "2", "--seed", "5", "--drop-last"]
+BATCH_CFG = ["--mode", "batches", "--samples", str(LENGTHS_N), "--epochs", "2", "--every", "4",
+             "--num-workers", "2"]
+RESIZE_CFG = ["--samples", "96", "--batch-size", "8", "--epochs", "3", "--every", "3",
+              "--num-workers", "2", "--seed", "6", "--drop-last", "--restore-first"]
+
+
+class ExactTest(Base):
+    def test_rank_killed_index_job(self):
+        # 5 batches per rank and epoch (100 samples, padded to 102, batch 8: 8,8,8,8,2),
+        # checkpoints every 5 steps, so each ends an epoch. The uploads of step 10 hang; rank 1
+        # dies after step 12 (epoch 2) and torchrun stops the others, their uploads with them.
+        # The group restores step 5, whose positions end epoch 0 (the job goes on in epoch 1 from
+        # its start), aborts the WRITING step 10, trains steps 6-12 again and saves step 10
+        # anew.
+        ref = self.reference("index", INDEX_CFG)
+        out = os.path.join(self.tmp, "kill")
+        self.torchrun(out, "kill", INDEX_CFG, restarts=1,
+                      env={"KILL_AT": "1:12", "PAUSE_UPLOAD_AT": "10:never"})
+        got = Run([out])
+        ctx = "\n" + self.logs(out)
+        self.assertEqual(got.restores(), [None, 5], ctx)
+        self.assertEqual(self.discarded(got), 7, ctx)
+        self.check_exact(got, ref, ctx)
+        self.assertEqual(self.c.get_epoch("kill").epoch, 3)
+        with Checkpoints(self.d.addr) as ck:
+            self.assertEqual(ck.get("kill", "step_10").state, COMPLETE)
+            self.assertEqual(ck.latest("kill").step, 15)
+
+    def test_rank_killed_batch_job(self):
+        ref = self.reference("batch", BATCH_CFG)
+        self.make_job("killb", BATCH_CFG)
+        out = os.path.join(self.tmp, "killb")
+        self.torchrun(out, "killb", BATCH_CFG, restarts=1, env={"KILL_AT": "2:6:wait"})
+        got = Run([out])
+        ctx = "\n" + self.logs(out)
+        self.assertEqual(got.restores(), [None, 4], ctx)
+        self.check_exact(got, ref, ctx)
+
+    def test_daemon_killed_during_upload(self):
+        # The uploads of step 3 wait until sluiced has been SIGKILLed, then meet no daemon,
+        # retry and resume once it is back on the same data dir; training goes on meanwhile. At
+        # step 5 every rank waits for its upload, then rank 0 dies: the group restores step 3.
+        ref = self.reference("daemon", DAEMON_CFG)
+        out = os.path.join(self.tmp, "dkill")
+
+        def during(p, out, deadline):
+            self.wait_files(p, out, ["paused-up-%d" % r for r in range(3)], deadline,
+                            "every rank's upload of step 3")
+
+            def release():
+                with open(os.path.join(out, "release-up"), "w"):
+                    pass
+            self.restart_daemon(signal.SIGKILL, down=1.5, while_down=release)
+
+        self.torchrun(out, "dkill", DAEMON_CFG, restarts=1, during=during,
+                      env={"PAUSE_UPLOAD_AT": "3:up", "KILL_AT": "0:5:wait"})
+        got = Run([out])
+        ctx = "\n" + self.logs(out)
+        self.assertEqual(got.restores(), [None, 3], ctx)
+        self.check_exact(got, ref, ctx)
+
+
+class ResizeTest(Base):
+    def test_restart_into_another_world(self):
+        # 3 ranks (4 batches of 8 per rank and epoch), checkpoints every 3 steps; rank 1 dies
+        # after step 7 (epoch 1) once step 6 is saved, and torchrun gives up. 2 ranks restore
+        # step 6 (epoch 1, 2 batches in): the rest of epoch 1 is redistributed over them, and
+        # every epoch is trained on each of its 96 samples exactly once.
+        out1 = os.path.join(self.tmp, "w3")
+        self.torchrun(out1, "rs", RESIZE_CFG, world=3, env={"KILL_AT": "1:7:wait"},
+                      expect_fail=True)
+        out2 = os.path.join(self.tmp, "w2")
+        self.torchrun(out2, "rs", RESIZE_CFG, world=2)
+        ctx = "\n" + self.logs(out1, out2)
+        run1, run2 = Run([out1]), Run([out2])
+        self.assertEqual(run2.restores(), [6], ctx)
+        self.assertEqual(self.c.get_job("rs").world_size, 2)
+        per_epoch = collections.Counter()
+        for rank in range(3):
+            for _, e, idx in run1.timeline(rank, restores=[6]):
+                per_epoch.update((e, i) for i in idx)
+        for rank in range(2):
+            steps = [t[0] for t in run2.timeline(rank)]
+            self.assertEqual(steps, list(range(7, 7 + len(steps))), ctx)
+            for _, e, idx in run2.timeline(rank):
+                per_epoch.update((e, i) for i in idx)
+        for e in range(3):
+            got = sorted(i for (ep, i), c in per_epoch.items() if ep == e for _ in range(c))
+            self.assertEqual(got, list(range(96)), "epoch %d coverage%s" % (e, ctx))
+        self.assertEqual(self.c.get_epoch("rs").epoch, 3)
+
+
+if __name__ == "__main__":
+    unittest.main()
