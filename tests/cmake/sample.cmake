@@ -19,3 +19,8 @@ add_executable(sample_strat_test unit/sample_strat_test.c)
 target_link_libraries(sample_strat_test PRIVATE sl_sample sl_common m)
 add_test(NAME sample_strat_unit COMMAND sample_strat_test)
 set_tests_properties(sample_strat_unit PROPERTIES TIMEOUT 300)
+
+add_executable(strat_bench bench/strat_bench.c)
+target_link_libraries(strat_bench PRIVATE sl_sample sl_common)
+add_test(NAME strat_bench_smoke COMMAND strat_bench --smoke)
+set_tests_properties(strat_bench_smoke PROPERTIES TIMEOUT 60)
