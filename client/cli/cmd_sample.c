@@ -7,6 +7,7 @@
 #include "util/num.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,11 +17,29 @@ typedef struct u64_list {
     size_t n;
 } u64_list;
 
+/* Most weights one option takes (class ids are below SL_SAMPLE_MAX_CLASSES). */
+#define MAX_WEIGHTS SL_SAMPLE_MAX_CLASSES
+
+typedef struct weight_list {
+    double *v;
+    size_t n;
+} weight_list;
+
+/* Resizes after the first (--consumed/--new-replicas): "C0,C1,...:R2". */
+#define MAX_RESIZES 16
+
 typedef struct sample_opts {
     sl_sample_config cfg;
     uint64_t start, count, new_replicas;
     u64_list consumed;
     int have_samples, have_new;
+    const char *labels_file;
+    int stratify, balance;
+    weight_list rank_w, class_w;
+    u64_list more[MAX_RESIZES];
+    uint64_t more_R[MAX_RESIZES];
+    size_t n_more;
+    sl_sample_labels *labels;
 } sample_opts;
 
 /* Parse "A,B,..." (at most max_n entries, each in [0, max]) into *l, replacing what it held. */
@@ -90,6 +109,60 @@ static int set_consumed(void *field, const char *arg)
     return parse_list(field, "consumed", arg, UINT64_MAX, 1u << 20);
 }
 
+static int set_weights(weight_list *w, const char *what, const char *arg)
+{
+    char msg[256];
+    double *v = calloc(MAX_WEIGHTS, sizeof(*v));
+    int err;
+
+    if (!v)
+        return sl_cli_fail("sample", "out of memory");
+    err = sl_sample_weights_parse(v, &w->n, MAX_WEIGHTS, arg, what, msg, sizeof(msg));
+    if (err) {
+        free(v);
+        fprintf(stderr, "sluice sample: %s\n", msg);
+        return SL_CLI_USAGE;
+    }
+    free(w->v);
+    w->v = v;
+    return 0;
+}
+
+static int set_rank_weights(void *field, const char *arg)
+{
+    return set_weights(field, "rank", arg);
+}
+
+static int set_class_weights(void *field, const char *arg)
+{
+    return set_weights(field, "class", arg);
+}
+
+/* One more resize, "C0,C1,...:R2", appended to the chain. */
+static int set_resize(void *field, const char *arg)
+{
+    sample_opts *o = (sample_opts *)((char *)field - offsetof(sample_opts, n_more));
+    const char *colon = strrchr(arg, ':');
+    char *list;
+    int r;
+
+    if (o->n_more == MAX_RESIZES) {
+        fprintf(stderr, "sluice sample: more than %d --resize steps\n", MAX_RESIZES);
+        return SL_CLI_USAGE;
+    }
+    if (!colon || sl_parse_u64(&o->more_R[o->n_more], colon + 1, 1, UINT32_MAX) != 0) {
+        fprintf(stderr, "sluice sample: --resize '%s' is not C0,C1,...:R2 (R2 >= 1)\n", arg);
+        return SL_CLI_USAGE;
+    }
+    if (!(list = strndup(arg, (size_t)(colon - arg))))
+        return sl_cli_fail("sample", "out of memory");
+    r = parse_list(&o->more[o->n_more], "resize", list, UINT64_MAX, 1u << 20);
+    free(list);
+    if (r == 0)
+        o->n_more++;
+    return r;
+}
+
 static int set_partition(void *field, const char *arg)
 {
     return sl_sample_partition_parse(field, arg);
@@ -137,6 +210,23 @@ static const sl_cli_opt sample_table[] = {
      AT(consumed), .call = set_consumed},
     {"new-replicas", SL_CLI_U64, "R2", "elastic remainder: the new dp world size (with --consumed)",
      AT(new_replicas), .max = UINT32_MAX, SL_CLI_SEEN(sample_opts, have_new)},
+    {"resize", SL_CLI_CALL, "C0,..:R2",
+     "a further resize in the same epoch (repeatable, after --consumed):\nwhat each rank of the "
+     "previous world read, and the next world size",
+     AT(n_more), .call = set_resize},
+    {"labels-file", SL_CLI_STR, "F", "class id of every sample, one decimal per line",
+     AT(labels_file)},
+    {"stratify", SL_CLI_FLAG, NULL, "stratified shares: every rank holds each class in proportion",
+     AT(stratify)},
+    {"balance-classes", SL_CLI_FLAG, NULL,
+     "class-balanced epochs: draw classes uniformly (or by --class-weights)", AT(balance)},
+    {"class-weights", SL_CLI_CALL, "W0,W1,...",
+     "target class proportions of balanced epochs (implies --balance-classes)", AT(class_w),
+     .call = set_class_weights},
+    {"epoch-length", SL_CLI_U64, "L", "draws per balanced epoch (default N)", AT(cfg.epoch_length),
+     .max = UINT64_MAX},
+    {"rank-weights", SL_CLI_CALL, "W0,W1,...",
+     "one weight per dp rank: shares proportional to them", AT(rank_w), .call = set_rank_weights},
     {"start", SL_CLI_U64, "K", "start at position K of the share (default 0)", AT(start),
      .max = UINT64_MAX},
     {"count", SL_CLI_U64, "M", "print at most M indices (default: to the end of the share)",
@@ -156,7 +246,76 @@ static void sample_init(void *opts)
 
 static void sample_fini(void *opts)
 {
-    free(((sample_opts *)opts)->consumed.v);
+    sample_opts *o = opts;
+
+    free(o->consumed.v);
+    free(o->rank_w.v);
+    free(o->class_w.v);
+    for (size_t k = 0; k < o->n_more; k++)
+        free(o->more[k].v);
+    sl_sample_labels_free(o->labels);
+}
+
+/* Read class ids, one decimal per line, into o->labels. Returns 0 or an exit code. */
+static int load_labels(sample_opts *o)
+{
+    FILE *f = strcmp(o->labels_file, "-") == 0 ? stdin : fopen(o->labels_file, "r");
+    uint32_t *v = NULL;
+    size_t n = 0, cap = 0;
+    char line[64], msg[256];
+    int r = 0;
+
+    if (!f)
+        return sl_cli_fail("sample", "cannot open %s", o->labels_file);
+    while (fgets(line, sizeof(line), f)) {
+        uint64_t x;
+        line[strcspn(line, "\r\n")] = '\0';
+        if (sl_parse_u64(&x, line, 0, UINT32_MAX) != 0) {
+            r = sl_cli_fail("sample", "%s line %zu: '%s' is not a class id", o->labels_file, n + 1,
+                            line);
+            goto out;
+        }
+        if (n == cap) {
+            uint32_t *nv = realloc(v, (cap = cap ? 2 * cap : 4096) * sizeof(*v));
+            if (!nv) {
+                r = sl_cli_fail("sample", "out of memory");
+                goto out;
+            }
+            v = nv;
+        }
+        v[n++] = (uint32_t)x;
+    }
+    if (sl_sample_labels_new(&o->labels, v, n, msg, sizeof(msg)) != 0)
+        r = sl_cli_fail("sample", "%s: %s", o->labels_file, msg);
+out:
+    free(v);
+    if (f != stdin)
+        fclose(f);
+    return r;
+}
+
+/* Classes and weights from the options into the config. Returns 0 or an exit code. */
+static int apply_classes(sample_opts *o)
+{
+    int r;
+
+    if (o->labels_file && (r = load_labels(o)) != 0)
+        return r;
+    o->cfg.labels = o->labels;
+    if (o->class_w.v)
+        o->balance = 1;
+    if (o->stratify && o->balance) {
+        fprintf(stderr, "sluice sample: --stratify and --balance-classes exclude each other\n");
+        return SL_CLI_USAGE;
+    }
+    o->cfg.classes = o->stratify  ? SL_SAMPLE_CLASSES_STRATIFY
+                     : o->balance ? SL_SAMPLE_CLASSES_BALANCE
+                                  : SL_SAMPLE_CLASSES_NONE;
+    o->cfg.class_weights = o->class_w.v;
+    o->cfg.n_class_weights = (uint32_t)o->class_w.n;
+    o->cfg.rank_weights = o->rank_w.v;
+    o->cfg.n_rank_weights = (uint32_t)o->rank_w.n;
+    return 0;
 }
 
 /* Print indices fast: stdio with a large buffer and hand-made decimal conversion. */
@@ -192,9 +351,15 @@ static int open_share(sl_sample **s, sl_sample_elastic **plan, sample_opts *o)
         /* The epoch's world is --replicas/--mesh; --rank is the rank in the new world. */
         uint32_t new_rank = o->cfg.rank;
 
+        sl_sample_resize steps[1 + MAX_RESIZES];
+
+        steps[0] =
+            (sl_sample_resize){o->consumed.v, o->consumed.n, (uint32_t)o->new_replicas, NULL, 0};
+        for (size_t k = 0; k < o->n_more; k++)
+            steps[k + 1] =
+                (sl_sample_resize){o->more[k].v, o->more[k].n, (uint32_t)o->more_R[k], NULL, 0};
         o->cfg.rank = 0;
-        err = sl_sample_elastic_new(plan, &o->cfg, o->consumed.v, o->consumed.n,
-                                    (uint32_t)o->new_replicas, msg, sizeof(msg));
+        err = sl_sample_elastic_chain(plan, &o->cfg, steps, 1 + o->n_more, msg, sizeof(msg));
         if (!err)
             err = sl_sample_new_elastic(s, *plan, new_rank, msg, sizeof(msg));
     } else {
@@ -250,6 +415,12 @@ static int sample_run(sl_cli *cli, struct sl_client *c, void *opts, int argc, ch
         fprintf(stderr, "sluice sample: --consumed and --new-replicas go together\n");
         return SL_CLI_USAGE;
     }
+    if (o->n_more && !o->consumed.v) {
+        fprintf(stderr, "sluice sample: --resize follows --consumed and --new-replicas\n");
+        return SL_CLI_USAGE;
+    }
+    if ((r = apply_classes(o)) != 0)
+        return r;
     if ((r = open_share(&s, &plan, o)) == 0) {
         sl_sample_seek(s, o->start);
         r = print_share(s, o->count, cli->json);

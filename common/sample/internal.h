@@ -67,4 +67,108 @@ static inline uint64_t sl_perm_at(const sl_perm *p, uint64_t x)
     }
 }
 
+/* ---- Issue 17: weights, the interleave tree, stratified and class-balanced layouts ---- */
+
+/* floor(a * b / c) without overflow; c > 0 and the result must fit. */
+static inline uint64_t sl_muldiv(uint64_t a, uint64_t b, uint64_t c)
+{
+    return (uint64_t)((unsigned __int128)a * b / c);
+}
+
+/* Convert positive finite weights into integers (the largest becomes 2^32) so that every later
+ * step is exact integer arithmetic and the same on every machine. Returns 0, or SL_EINVAL /
+ * SL_ELIMIT with a message naming `what` and the index and value of the bad weight. */
+int sl_weights_quantize(uint64_t *q, const double *w, size_t n, const char *what, char *msg,
+                        size_t len);
+
+/* Split `total` in proportion to the integer weights q[0..n) (sum > 0, zeros allowed) by largest
+ * remainders (ties to the lower index), or by floors only with floor_only. Returns 0 or -ENOMEM. */
+int sl_lr_split(uint64_t *out, uint64_t total, const uint64_t *q, size_t n, int floor_only);
+
+/* The interleave tree: a binary tree over leaves 0..nleaf-1 whose nodes are contiguous leaf
+ * ranges split where the weights balance. A node of count K whose left child has count KL lays
+ * its positions out like Bresenham's line: position s goes left iff L(s+1) > L(s), with
+ * L(s) = floor((s*KL + floor(K/2)) / K), so any window of a node holds floor or ceil of its
+ * proportion of each child. Counts come from a callback so one tree serves every rank. */
+#define SL_MIX_NONE UINT32_MAX
+typedef struct sl_mix_node {
+    uint32_t a, b;                /* leaves [a, b) */
+    uint32_t left, right, parent; /* SL_MIX_NONE where absent */
+} sl_mix_node;
+
+typedef struct sl_mix {
+    uint32_t nleaf, nnode, root;
+    sl_mix_node *node;
+    uint32_t *leaf; /* [nleaf] node of each leaf */
+} sl_mix;
+
+/* Count of node `nd` for the caller's context (a rank). */
+typedef uint64_t (*sl_mix_count_fn)(const void *ctx, const sl_mix *t, uint32_t nd);
+
+/* Build over prefix weights pre[0..nleaf] (every leaf weight >= 1). Returns 0 or -ENOMEM. */
+int sl_mix_build(sl_mix *t, const uint64_t *pre, uint32_t nleaf);
+/* Build over items 0..n-1 of weights w (each >= 1) as balanced sets rather than contiguous
+ * ranges; order[k] receives the item at leaf position k (the heaviest item is last). Returns 0
+ * or -ENOMEM. */
+int sl_mix_build_sets(sl_mix *t, uint32_t *order, const uint64_t *w, uint32_t n);
+void sl_mix_close(sl_mix *t);
+/* Leaf and ordinal within it of position pos < count(root). */
+void sl_mix_at(uint32_t *leaf, uint64_t *ord, const sl_mix *t, uint64_t pos, sl_mix_count_fn fn,
+               const void *ctx);
+/* Position of the ord-th item of leaf `leaf`. */
+uint64_t sl_mix_select(const sl_mix *t, uint32_t leaf, uint64_t ord, sl_mix_count_fn fn,
+                       const void *ctx);
+/* How many of the first x positions (x <= count(root)) belong to leaf `leaf`. */
+uint64_t sl_mix_prefix(const sl_mix *t, uint32_t leaf, uint64_t x, sl_mix_count_fn fn,
+                       const void *ctx);
+
+/* Labels grouped by class (sample.h's sl_sample_labels). */
+struct sl_sample_labels {
+    uint64_t n;
+    uint32_t classes; /* largest label + 1 */
+    uint64_t *off;    /* [classes + 1]: class c's samples are at [off[c], off[c+1]) of by */
+    uint32_t *by32;   /* sample indices grouped by class, ascending within (n <= 2^32) */
+    uint64_t *by64;   /* the same for larger n */
+};
+
+static inline uint64_t sl_labels_member(const sl_sample_labels *l, uint64_t k)
+{
+    return l->by32 ? l->by32[k] : l->by64[k];
+}
+
+/* One epoch's stratified or class-balanced layout over all ranks. */
+typedef struct sl_strat {
+    const sl_sample_labels *lab;
+    int balance;
+    uint64_t seed, epoch;
+    int shuffle;
+    uint32_t nleaf;       /* classes drawn this epoch, in grouped order (ascending draws) */
+    uint32_t *leaf_class; /* [nleaf] */
+    uint64_t *pre;        /* [nleaf + 1]: leaf i holds grouped positions [pre[i], pre[i+1]) */
+    uint64_t V;           /* draws this epoch */
+    uint64_t S;           /* grouped positions dealt to ranks (V, less with drop_last) */
+    uint32_t R;           /* dp world */
+    int pad;              /* equal counts by wrapping around (equal shares without drop_last) */
+    sl_mix ctree;         /* over leaves */
+    int weighted;
+    uint64_t *rpre;    /* weighted: [R + 1] prefix of the ranks' counts */
+    sl_mix rtree;      /* weighted: deals grouped positions to ranks */
+    sl_feistel *fk;    /* [nleaf] the permutation of each class's first pass, or NULL */
+    uint64_t *fk_pass; /* [nleaf] which pass fk holds */
+} sl_strat;
+
+/* Build from a checked config (classes mode stratify or balance); q are quantized rank weights
+ * (NULL for equal shares). Returns 0, SL_EINVAL/SL_ELIMIT with a message, or -ENOMEM. */
+int sl_strat_init(sl_strat *st, const sl_sample_config *cfg, uint32_t R, const uint64_t *q,
+                  char *msg, size_t len);
+void sl_strat_close(sl_strat *st);
+/* Number of indices in dp rank r's share (padding included). */
+uint64_t sl_strat_count(const sl_strat *st, uint32_t r);
+/* Number of real (non-padding) indices of rank r. */
+uint64_t sl_strat_real(const sl_strat *st, uint32_t r);
+/* Node counts of rank r's interleave tree, for a stream's cache: cnt[ctree.nnode]. */
+void sl_strat_counts(uint64_t *cnt, const sl_strat *st, uint32_t r);
+/* Index at position i of rank r's share; cnt from sl_strat_counts or NULL. */
+uint64_t sl_strat_at(const sl_strat *st, uint32_t r, const uint64_t *cnt, uint64_t i);
+
 #endif

@@ -25,6 +25,9 @@ typedef struct layout {
     uint64_t kuse;     /* chunked: chunk-order positions dealt (partial chunk last) */
     sl_perm order;     /* interleaved: over n; chunked: over kfull */
     uint32_t *tab_order, *tab_a, *tab_b; /* torch tables, owned */
+    uint64_t *rpre;  /* weighted shares: [R + 1] offsets of each rank's piece, owned */
+    sl_strat *st;    /* stratified or class-balanced, owned */
+    double *rw, *cw; /* copies of the rank and class weights cfg points to, owned */
 } layout;
 
 struct sl_sample {
@@ -33,16 +36,24 @@ struct sl_sample {
     const sl_sample_elastic *e;
     uint32_t r;
     uint64_t count, pos;
+    uint64_t *cnt; /* stratified: node counts of this rank's interleave tree */
 };
+
+/* One resize: the rest of the previous shares, redistributed. */
+typedef struct elevel {
+    uint32_t old_R, new_R;
+    int interleave;  /* 1: new ranks interleave over the rest; 0: contiguous pieces */
+    int pad;         /* equal counts by wrapping around the rest */
+    uint64_t T;      /* the rest, before padding */
+    uint64_t *start; /* [old_R]: consumed counts */
+    uint64_t *off;   /* [old_R + 1]: prefix sums of the unconsumed lengths */
+    uint64_t *woff;  /* weighted new world: [new_R + 1] offsets of the pieces, or NULL */
+} elevel;
 
 struct sl_sample_elastic {
     layout L;
-    uint32_t old_R, new_R;
-    int interleave; /* 1: new ranks interleave over the rest; 0: contiguous pieces */
-    int pad;
-    uint64_t T;      /* the rest of the epoch, before padding */
-    uint64_t *start; /* [old_R]: consumed counts */
-    uint64_t *off;   /* [old_R + 1]: prefix sums of the unconsumed lengths */
+    uint32_t nlev;
+    elevel *lev; /* lev[k] redistributes what lev[k - 1]'s ranks (the epoch's for k = 0) left */
 };
 
 void sl_sample_config_init(sl_sample_config *cfg)
@@ -104,8 +115,97 @@ static int check_mesh(const sl_sample_config *cfg, char *msg, size_t len)
     return 0;
 }
 
+static void dp_of(uint32_t *dp_rank, uint32_t *dp_size, const sl_sample_config *cfg);
+
+/* Weights are checked by quantizing them (the same code that later uses them). */
+static int check_weights(const double *w, size_t n, const char *what, char *msg, size_t len)
+{
+    uint64_t *q = malloc((n ? n : 1) * sizeof(*q));
+    int err;
+
+    if (!q)
+        return sl_fail(msg, len, -ENOMEM, "out of memory");
+    err = sl_weights_quantize(q, w, n, what, msg, len);
+    free(q);
+    return err;
+}
+
+static int check_class_weights(const sl_sample_config *cfg, char *msg, size_t len)
+{
+    const sl_sample_labels *l = cfg->labels;
+    int err;
+
+    if (cfg->n_class_weights != l->classes)
+        return sl_fail(msg, len, SL_EINVAL,
+                       "%" PRIu32 " class weights for %" PRIu32 " class ids (labels 0 .. %" PRIu32
+                       ")",
+                       cfg->n_class_weights, l->classes, l->classes - 1);
+    if ((err = check_weights(cfg->class_weights, cfg->n_class_weights, "class", msg, len)) != 0)
+        return err;
+    for (uint32_t c = 0; c < l->classes; c++)
+        if (l->off[c + 1] == l->off[c])
+            return sl_fail(msg, len, SL_EINVAL, "class %" PRIu32 " has weight %g but no samples", c,
+                           cfg->class_weights[c]);
+    return 0;
+}
+
+/* Classes and weights, on a config whose other fields are valid. */
+static int check_classes(const sl_sample_config *cfg, char *msg, size_t len)
+{
+    uint32_t r, R;
+
+    if ((unsigned)cfg->classes > SL_SAMPLE_CLASSES_BALANCE)
+        return sl_fail(msg, len, SL_EINVAL, "classes mode %d unknown", (int)cfg->classes);
+    if (cfg->classes != SL_SAMPLE_CLASSES_BALANCE && (cfg->n_class_weights || cfg->epoch_length))
+        return sl_fail(msg, len, SL_EINVAL,
+                       "class weights and epoch length need class-balanced epochs");
+    if (cfg->n_class_weights && !cfg->class_weights)
+        return sl_fail(msg, len, SL_EINVAL, "no class weights array");
+    if (cfg->epoch_length > SL_SAMPLE_MAX_N)
+        return sl_fail(msg, len, SL_ELIMIT, "epoch length %" PRIu64 " over the limit %" PRIu64,
+                       cfg->epoch_length, SL_SAMPLE_MAX_N);
+    if (cfg->classes != SL_SAMPLE_CLASSES_NONE) {
+        const char *mode = cfg->classes == SL_SAMPLE_CLASSES_STRATIFY ? "stratify" : "balance";
+        if (!cfg->labels)
+            return sl_fail(msg, len, SL_EINVAL, "%s needs labels: the dataset has none", mode);
+        if (cfg->labels->n != cfg->samples)
+            return sl_fail(msg, len, SL_EINVAL,
+                           "labels count %" PRIu64 " does not match samples %" PRIu64,
+                           cfg->labels->n, cfg->samples);
+        if (cfg->partition != SL_SAMPLE_INTERLEAVED)
+            return sl_fail(msg, len, SL_EINVAL, "%s needs partition interleaved, not %s", mode,
+                           sl_sample_partition_name(cfg->partition));
+        if (cfg->shuffle == SL_SAMPLE_SHUFFLE_TORCH)
+            return sl_fail(msg, len, SL_EINVAL, "%s needs shuffle feistel or none, not torch",
+                           mode);
+        if (cfg->n_class_weights) {
+            int err = check_class_weights(cfg, msg, len);
+            if (err)
+                return err;
+        }
+    }
+    if (!cfg->n_rank_weights)
+        return 0;
+    dp_of(&r, &R, cfg);
+    if (!cfg->rank_weights)
+        return sl_fail(msg, len, SL_EINVAL, "no rank weights array");
+    if (cfg->n_rank_weights != R)
+        return sl_fail(msg, len, SL_EINVAL,
+                       "%" PRIu32 " rank weights for a dp world of %" PRIu32 " ranks",
+                       cfg->n_rank_weights, R);
+    if (cfg->partition == SL_SAMPLE_CHUNKED)
+        return sl_fail(msg, len, SL_EINVAL,
+                       "rank weights need partition interleaved or contiguous");
+    if (cfg->partition == SL_SAMPLE_CONTIGUOUS && cfg->shuffle == SL_SAMPLE_SHUFFLE_TORCH)
+        return sl_fail(msg, len, SL_EINVAL,
+                       "rank weights with partition contiguous need shuffle feistel or none");
+    return check_weights(cfg->rank_weights, cfg->n_rank_weights, "rank", msg, len);
+}
+
 int sl_sample_config_check(const sl_sample_config *cfg, char *msg, size_t len)
 {
+    int err;
+
     if (!cfg)
         return sl_fail(msg, len, SL_EINVAL, "no config");
     if (cfg->samples == 0)
@@ -139,7 +239,9 @@ int sl_sample_config_check(const sl_sample_config *cfg, char *msg, size_t len)
         return sl_fail(msg, len, SL_EINVAL,
                        "epoch %" PRIu64 " out of range: seed %" PRIu64 " + epoch exceeds %" PRIu64,
                        cfg->epoch, cfg->seed, UINT64_MAX);
-    return check_mesh(cfg, msg, len);
+    if ((err = check_mesh(cfg, msg, len)) != 0)
+        return err;
+    return check_classes(cfg, msg, len);
 }
 
 /* dp coordinate of a valid config's rank. */
@@ -181,13 +283,76 @@ static int is_torch(const layout *L)
     return L->cfg.shuffle == SL_SAMPLE_SHUFFLE_TORCH;
 }
 
-/* Sizes only: no permutation is built. */
-static void layout_sizes(layout *L, const sl_sample_config *cfg)
+static void layout_close(layout *L);
+
+static int dup_doubles(double **out, const double *w, size_t n)
+{
+    *out = NULL;
+    if (!n)
+        return 0;
+    if (!(*out = malloc(n * sizeof(**out))))
+        return -ENOMEM;
+    memcpy(*out, w, n * sizeof(**out));
+    return 0;
+}
+
+/* Weighted pieces of the epoch order (class-blind) or the class layout. */
+static int layout_weights(layout *L, char *msg, size_t len)
+{
+    const sl_sample_config *c = &L->cfg;
+    uint64_t *q = NULL, *cnt = NULL;
+    int err = 0;
+
+    if (c->n_rank_weights) {
+        if (!(q = malloc((size_t)L->R * sizeof(*q))))
+            goto nomem;
+        if ((err = sl_weights_quantize(q, c->rank_weights, L->R, "rank", msg, len)) != 0)
+            goto out;
+    }
+    if (c->classes != SL_SAMPLE_CLASSES_NONE) {
+        if (!(L->st = calloc(1, sizeof(*L->st))))
+            goto nomem;
+        err = sl_strat_init(L->st, c, L->R, q, msg, len);
+        if (err) {
+            free(L->st);
+            L->st = NULL;
+        }
+        goto out;
+    }
+    if (!q)
+        goto out;
+    cnt = malloc((size_t)L->R * sizeof(*cnt));
+    L->rpre = malloc(((size_t)L->R + 1) * sizeof(*L->rpre));
+    if (!cnt || !L->rpre || sl_lr_split(cnt, L->n, q, L->R, c->drop_last))
+        goto nomem;
+    L->rpre[0] = 0;
+    for (uint32_t r = 0; r < L->R; r++)
+        L->rpre[r + 1] = L->rpre[r] + cnt[r];
+    goto out;
+nomem:
+    err = sl_fail(msg, len, -ENOMEM, "out of memory");
+out:
+    free(q);
+    free(cnt);
+    return err;
+}
+
+/* Sizes, weighted pieces and the class layout of a checked config; no shuffle permutation is
+ * built. On failure the layout is closed. */
+static int layout_init(layout *L, const sl_sample_config *cfg, char *msg, size_t len)
 {
     uint32_t dummy;
+    int err;
 
     memset(L, 0, sizeof(*L));
     L->cfg = *cfg;
+    if (dup_doubles(&L->rw, cfg->rank_weights, cfg->n_rank_weights) ||
+        dup_doubles(&L->cw, cfg->class_weights, cfg->n_class_weights)) {
+        layout_close(L);
+        return sl_fail(msg, len, -ENOMEM, "out of memory");
+    }
+    L->cfg.rank_weights = L->rw;
+    L->cfg.class_weights = L->cw;
     L->n = cfg->samples;
     dp_of(&dummy, &L->R, cfg);
     switch (cfg->partition) {
@@ -210,12 +375,19 @@ static void layout_sizes(layout *L, const sl_sample_config *cfg)
         }
         break;
     }
+    if ((err = layout_weights(L, msg, len)) != 0)
+        layout_close(L);
+    return err;
 }
 
 static uint64_t layout_count(const layout *L, uint32_t r)
 {
     uint64_t cnt;
 
+    if (L->st)
+        return sl_strat_count(L->st, r);
+    if (L->rpre)
+        return L->rpre[r + 1] - L->rpre[r];
     switch (L->cfg.partition) {
     case SL_SAMPLE_INTERLEAVED:
         return L->per;
@@ -282,7 +454,16 @@ static void layout_close(layout *L)
     free(L->tab_order);
     free(L->tab_a);
     free(L->tab_b);
+    free(L->rpre);
+    free(L->rw);
+    free(L->cw);
+    if (L->st)
+        sl_strat_close(L->st);
+    free(L->st);
     L->tab_order = L->tab_a = L->tab_b = NULL;
+    L->rpre = NULL;
+    L->rw = L->cw = NULL;
+    L->st = NULL;
 }
 
 /* The permutation within contiguous block or chunk `id` of length `n`. */
@@ -301,6 +482,14 @@ static uint64_t layout_at(const layout *L, uint32_t r, uint64_t i)
     sl_perm w;
     uint64_t p, jj, off, j, id;
 
+    if (L->st)
+        return sl_strat_at(L->st, r, NULL, i);
+    if (L->rpre && L->cfg.partition == SL_SAMPLE_INTERLEAVED)
+        return sl_perm_at(&L->order, L->rpre[r] + i);
+    if (L->rpre) {
+        within_perm(&w, L, r, L->rpre[r + 1] - L->rpre[r], 0);
+        return L->rpre[r] + sl_perm_at(&w, i);
+    }
     switch (L->cfg.partition) {
     case SL_SAMPLE_INTERLEAVED:
         p = r + i * L->R;
@@ -329,12 +518,51 @@ static uint64_t layout_at(const layout *L, uint32_t r, uint64_t i)
     }
 }
 
-/* Fast paths: m indices from position pos of dp rank r's share. */
-static void layout_fill(const layout *L, uint32_t r, uint64_t pos, uint64_t *out, size_t m)
+/* Weighted class-blind shares: one piece of the epoch order, or one block. */
+static void weighted_fill(const layout *L, uint32_t r, uint64_t pos, uint64_t *out, size_t m)
+{
+    uint64_t base = L->rpre[r];
+    const sl_perm *p = &L->order;
+    sl_perm w;
+
+    if (L->cfg.partition == SL_SAMPLE_CONTIGUOUS) {
+        within_perm(&w, L, r, L->rpre[r + 1] - base, 0);
+        p = &w;
+        if (p->mode == SL_SAMPLE_SHUFFLE_FEISTEL) {
+            sl_feistel_map_seq(&p->f, out, pos, 1, m);
+            for (size_t k = 0; k < m; k++)
+                out[k] += base;
+            return;
+        }
+        for (size_t k = 0; k < m; k++)
+            out[k] = base + sl_perm_at(p, pos + k);
+        return;
+    }
+    if (p->mode == SL_SAMPLE_SHUFFLE_FEISTEL) {
+        sl_feistel_map_seq(&p->f, out, base + pos, 1, m);
+        return;
+    }
+    for (size_t k = 0; k < m; k++)
+        out[k] = sl_perm_at(p, base + pos + k);
+}
+
+/* Fast paths: m indices from position pos of dp rank r's share (cnt: a stratified stream's
+ * node counts or NULL). */
+static void layout_fill(const layout *L, uint32_t r, uint64_t pos, uint64_t *out, size_t m,
+                        const uint64_t *ncnt)
 {
     sl_perm w;
     size_t k = 0;
 
+    if (L->st) {
+        for (; k < m; k++)
+            out[k] = sl_strat_at(L->st, r, ncnt, pos + k);
+        return;
+    }
+    if (L->rpre) {
+        weighted_fill(L, r, pos, out, m);
+        return;
+    }
     if (L->cfg.partition == SL_SAMPLE_INTERLEAVED) {
         uint64_t p = r + pos * L->R, n = L->n, R = L->R;
         if (L->order.mode == SL_SAMPLE_SHUFFLE_FEISTEL) {
@@ -402,8 +630,10 @@ int sl_sample_share_count(uint64_t *out, const sl_sample_config *cfg, char *msg,
     if (err)
         return err;
     dp_of(&r, &R, cfg);
-    layout_sizes(&L, cfg);
+    if ((err = layout_init(&L, cfg, msg, len)) != 0)
+        return err;
     *out = layout_count(&L, r);
+    layout_close(&L);
     return 0;
 }
 
@@ -465,7 +695,8 @@ int sl_sample_new(sl_sample **out, const sl_sample_config *cfg, char *msg, size_
         err = sl_fail(msg, len, -ENOMEM, "out of memory");
         goto out;
     }
-    layout_sizes(&s->own, cfg);
+    if ((err = layout_init(&s->own, cfg, msg, len)) != 0)
+        goto out;
     dp_of(&s->r, &R, cfg);
     if ((err = layout_perms(&s->own, s->r)) != 0) {
         sl_fail(msg, len, err, "out of memory for the torch permutation of %" PRIu64 " samples",
@@ -474,6 +705,13 @@ int sl_sample_new(sl_sample **out, const sl_sample_config *cfg, char *msg, size_
     }
     s->L = &s->own;
     s->count = layout_count(s->L, s->r);
+    if (s->own.st) {
+        if (!(s->cnt = malloc(((size_t)s->own.st->ctree.nnode + 1) * sizeof(*s->cnt)))) {
+            err = sl_fail(msg, len, -ENOMEM, "out of memory");
+            goto out;
+        }
+        sl_strat_counts(s->cnt, s->own.st, s->r);
+    }
     *out = s;
     s = NULL;
 out:
@@ -499,43 +737,65 @@ int sl_sample_seek(sl_sample *s, uint64_t pos)
     return 0;
 }
 
-/* Elastic: position v of the rest of the epoch (v < T). */
-static uint64_t elastic_rest_at(const sl_sample_elastic *e, uint64_t v)
+/* Position in the rest of level lv of new rank s's i-th index (i < its count). */
+static uint64_t level_pos(const elevel *lv, uint32_t s, uint64_t i)
 {
-    uint32_t lo = 0, hi = e->old_R; /* off[lo] <= v < off[hi] */
+    uint64_t q = lv->T / lv->new_R, rm = lv->T % lv->new_R, v;
 
-    while (hi - lo > 1) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (e->off[mid] <= v)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return layout_at(&e->L, lo, e->start[lo] + (v - e->off[lo]));
+    if (lv->woff)
+        return lv->woff[s] + i;
+    if (lv->interleave)
+        v = s + i * lv->new_R;
+    else
+        v = s * q + (s < rm ? s : rm) + i;
+    if (v >= lv->T)
+        v %= lv->T; /* padding wraps around to the start of the rest */
+    return v;
 }
 
-static uint64_t elastic_count(const sl_sample_elastic *e, uint32_t s)
+static uint64_t level_count(const elevel *lv, uint32_t s)
 {
-    uint64_t q = e->T / e->new_R, rm = e->T % e->new_R;
+    uint64_t q = lv->T / lv->new_R, rm = lv->T % lv->new_R;
 
-    if (e->T == 0)
+    if (lv->woff)
+        return lv->woff[s + 1] - lv->woff[s];
+    if (lv->T == 0)
         return 0;
-    if (e->pad)
+    if (lv->pad)
         return q + (rm != 0);
     return q + (s < rm);
 }
 
-static uint64_t elastic_at(const sl_sample_elastic *e, uint32_t s, uint64_t i)
+/* New rank s's indices that are not padding. */
+static uint64_t level_real(const elevel *lv, uint32_t s)
 {
-    uint64_t q = e->T / e->new_R, rm = e->T % e->new_R, v;
+    if (lv->woff || !lv->pad)
+        return level_count(lv, s);
+    if (lv->interleave)
+        return lv->T > s ? (lv->T - s - 1) / lv->new_R + 1 : 0;
+    return lv->T / lv->new_R + (s < lv->T % lv->new_R);
+}
 
-    if (e->interleave)
-        v = s + i * e->new_R;
-    else
-        v = s * q + (s < rm ? s : rm) + i;
-    if (v >= e->T)
-        v %= e->T; /* padding wraps around to the start of the rest */
-    return elastic_rest_at(e, v);
+/* Index at position i of rank s of level k's shares: down the levels to the epoch's layout. */
+static uint64_t level_at(const sl_sample_elastic *e, uint32_t k, uint32_t s, uint64_t i)
+{
+    for (;;) {
+        const elevel *lv = &e->lev[k];
+        uint64_t v = level_pos(lv, s, i);
+        uint32_t lo = 0, hi = lv->old_R; /* off[lo] <= v < off[hi] */
+        while (hi - lo > 1) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (lv->off[mid] <= v)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        i = lv->start[lo] + (v - lv->off[lo]);
+        s = lo;
+        if (k == 0)
+            return layout_at(&e->L, s, i);
+        k--;
+    }
 }
 
 int sl_sample_fill(uint64_t *out, const sl_sample *s, uint64_t pos, size_t m)
@@ -544,10 +804,10 @@ int sl_sample_fill(uint64_t *out, const sl_sample *s, uint64_t pos, size_t m)
         return SL_EINVAL;
     if (s->e) {
         for (size_t k = 0; k < m; k++)
-            out[k] = elastic_at(s->e, s->r, pos + k);
+            out[k] = level_at(s->e, s->e->nlev - 1, s->r, pos + k);
         return 0;
     }
-    layout_fill(s->L, s->r, pos, out, m);
+    layout_fill(s->L, s->r, pos, out, m, s->cnt);
     return 0;
 }
 
@@ -573,80 +833,197 @@ void sl_sample_free(sl_sample *s)
     if (!s)
         return;
     layout_close(&s->own);
+    free(s->cnt);
     free(s);
+}
+
+static void elastic_free_levels(elevel *lev, uint32_t n)
+{
+    for (uint32_t k = 0; lev && k < n; k++) {
+        free(lev[k].start);
+        free(lev[k].off);
+        free(lev[k].woff);
+    }
+    free(lev);
+}
+
+/* Append the level of one resize to e, whose levels array has room for it. */
+static int elastic_add_level(sl_sample_elastic *e, const sl_sample_resize *st, char *msg,
+                             size_t len)
+{
+    elevel *prev = e->nlev ? &e->lev[e->nlev - 1] : NULL, *lv = &e->lev[e->nlev];
+    uint32_t old_R = prev ? prev->new_R : e->L.R;
+    uint64_t *q = NULL;
+    int err = 0;
+
+    memset(lv, 0, sizeof(*lv));
+    if (!st || (st->n_consumed && !st->consumed))
+        return sl_fail(msg, len, SL_EINVAL, "no consumed counts");
+    if (st->new_replicas == 0)
+        return sl_fail(msg, len, SL_EINVAL,
+                       "new replicas 0: the world must hold at least one rank");
+    if (st->n_consumed != old_R)
+        return sl_fail(msg, len, SL_EINVAL,
+                       "%zu consumed counts for an old dp world of %" PRIu32 " ranks",
+                       st->n_consumed, old_R);
+    if (st->n_weights && st->n_weights != st->new_replicas)
+        return sl_fail(msg, len, SL_EINVAL,
+                       "%zu rank weights for a new dp world of %" PRIu32 " ranks", st->n_weights,
+                       st->new_replicas);
+    lv->old_R = old_R;
+    lv->new_R = st->new_replicas;
+    e->nlev++; /* from here lv is freed with the plan */
+    lv->start = malloc((size_t)old_R * sizeof(*lv->start));
+    lv->off = malloc(((size_t)old_R + 1) * sizeof(*lv->off));
+    if (!lv->start || !lv->off)
+        return sl_fail(msg, len, -ENOMEM, "out of memory");
+    lv->off[0] = 0;
+    for (uint32_t r = 0; r < old_R; r++) {
+        /* The first resize keeps the epoch's padding as part of what is left (as before
+         * chaining existed); later ones pass on only real indices. */
+        uint64_t cnt = prev ? level_count(prev, r) : layout_count(&e->L, r);
+        uint64_t real = prev ? level_real(prev, r) : cnt;
+        if (st->consumed[r] > cnt)
+            return sl_fail(msg, len, SL_EINVAL,
+                           "consumed %" PRIu64 " for old rank %" PRIu32
+                           " exceeds its share of %" PRIu64,
+                           st->consumed[r], r, cnt);
+        lv->start[r] = st->consumed[r];
+        lv->off[r + 1] = lv->off[r] + (real > st->consumed[r] ? real - st->consumed[r] : 0);
+    }
+    lv->T = lv->off[old_R];
+    lv->interleave = e->L.cfg.partition == SL_SAMPLE_INTERLEAVED;
+    lv->pad = !e->L.cfg.drop_last && e->L.cfg.partition != SL_SAMPLE_CHUNKED;
+    if (!st->n_weights)
+        return 0;
+    q = malloc(st->n_weights * sizeof(*q));
+    lv->woff = malloc((st->n_weights + 1) * sizeof(*lv->woff));
+    if (!q || !lv->woff) {
+        err = sl_fail(msg, len, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((err = sl_weights_quantize(q, st->weights, st->n_weights, "rank", msg, len)) != 0)
+        goto out;
+    if ((err = sl_lr_split(lv->woff + 1, lv->T, q, st->n_weights, 0)) != 0) {
+        err = sl_fail(msg, len, err, "out of memory");
+        goto out;
+    }
+    lv->woff[0] = 0;
+    for (size_t s = 0; s < st->n_weights; s++)
+        lv->woff[s + 1] += lv->woff[s];
+out:
+    free(q);
+    return err;
+}
+
+/* A plan with the epoch's layout (every rank) and room for n_lev levels. */
+static int elastic_alloc(sl_sample_elastic **out, const sl_sample_config *epoch_cfg, size_t n_lev,
+                         char *msg, size_t len)
+{
+    sl_sample_elastic *e;
+    sl_sample_config cfg;
+    int err;
+
+    *out = NULL;
+    if (!epoch_cfg)
+        return sl_fail(msg, len, SL_EINVAL, "no config");
+    cfg = *epoch_cfg;
+    cfg.rank = 0; /* the plan covers every rank */
+    if ((err = sl_sample_config_check(&cfg, msg, len)) != 0)
+        return err;
+    if (!(e = calloc(1, sizeof(*e))) || !(e->lev = calloc(n_lev ? n_lev : 1, sizeof(*e->lev)))) {
+        free(e);
+        return sl_fail(msg, len, -ENOMEM, "out of memory");
+    }
+    if ((err = layout_init(&e->L, &cfg, msg, len)) != 0) {
+        sl_sample_elastic_free(e);
+        return err;
+    }
+    if ((err = layout_perms(&e->L, -1)) != 0) {
+        sl_sample_elastic_free(e);
+        return sl_fail(msg, len, err,
+                       "out of memory for the torch permutation of %" PRIu64 " samples",
+                       cfg.samples);
+    }
+    *out = e;
+    return 0;
+}
+
+int sl_sample_elastic_chain(sl_sample_elastic **out, const sl_sample_config *epoch_cfg,
+                            const sl_sample_resize *steps, size_t n_steps, char *msg, size_t len)
+{
+    sl_sample_elastic *e = NULL;
+    int err;
+
+    *out = NULL;
+    if (n_steps == 0 || !steps)
+        return sl_fail(msg, len, SL_EINVAL, "no resize steps");
+    if ((err = elastic_alloc(&e, epoch_cfg, n_steps, msg, len)) != 0)
+        return err;
+    for (size_t k = 0; k < n_steps && !err; k++)
+        err = elastic_add_level(e, &steps[k], msg, len);
+    if (err)
+        sl_sample_elastic_free(e);
+    else
+        *out = e;
+    return err;
+}
+
+int sl_sample_elastic_extend(sl_sample_elastic **out, const sl_sample_elastic *prev,
+                             const sl_sample_resize *step, char *msg, size_t len)
+{
+    sl_sample_elastic *e = NULL;
+    int err;
+
+    *out = NULL;
+    if (!prev)
+        return sl_fail(msg, len, SL_EINVAL, "no elastic plan");
+    if ((err = elastic_alloc(&e, &prev->L.cfg, (size_t)prev->nlev + 1, msg, len)) != 0)
+        return err;
+    for (uint32_t k = 0; k < prev->nlev; k++) {
+        const elevel *p = &prev->lev[k];
+        elevel *lv = &e->lev[k];
+        *lv = *p;
+        lv->start = malloc((size_t)p->old_R * sizeof(*lv->start));
+        lv->off = malloc(((size_t)p->old_R + 1) * sizeof(*lv->off));
+        lv->woff = p->woff ? malloc(((size_t)p->new_R + 1) * sizeof(*lv->woff)) : NULL;
+        e->nlev++;
+        if (!lv->start || !lv->off || (p->woff && !lv->woff)) {
+            sl_sample_elastic_free(e);
+            return sl_fail(msg, len, -ENOMEM, "out of memory");
+        }
+        memcpy(lv->start, p->start, (size_t)p->old_R * sizeof(*lv->start));
+        memcpy(lv->off, p->off, ((size_t)p->old_R + 1) * sizeof(*lv->off));
+        if (p->woff)
+            memcpy(lv->woff, p->woff, ((size_t)p->new_R + 1) * sizeof(*lv->woff));
+    }
+    if ((err = elastic_add_level(e, step, msg, len)) != 0)
+        sl_sample_elastic_free(e);
+    else
+        *out = e;
+    return err;
 }
 
 int sl_sample_elastic_new(sl_sample_elastic **out, const sl_sample_config *epoch_cfg,
                           const uint64_t *consumed, size_t n_consumed, uint32_t new_replicas,
                           char *msg, size_t len)
 {
-    sl_sample_elastic *e = NULL;
-    sl_sample_config cfg;
-    int err;
+    sl_sample_resize step = {consumed, n_consumed, new_replicas, NULL, 0};
 
     *out = NULL;
-    if (!epoch_cfg || (n_consumed && !consumed)) {
-        err = sl_fail(msg, len, SL_EINVAL, "no config or consumed counts");
-        goto out;
-    }
-    cfg = *epoch_cfg;
-    cfg.rank = 0; /* the plan covers every rank */
-    if ((err = sl_sample_config_check(&cfg, msg, len)) != 0)
-        goto out;
-    if (new_replicas == 0) {
-        err = sl_fail(msg, len, SL_EINVAL, "new replicas 0: the world must hold at least one rank");
-        goto out;
-    }
-    if (!(e = calloc(1, sizeof(*e)))) {
-        err = sl_fail(msg, len, -ENOMEM, "out of memory");
-        goto out;
-    }
-    layout_sizes(&e->L, &cfg);
-    e->old_R = e->L.R;
-    e->new_R = new_replicas;
-    if (n_consumed != e->old_R) {
-        err = sl_fail(msg, len, SL_EINVAL,
-                      "%zu consumed counts for an old dp world of %" PRIu32 " ranks", n_consumed,
-                      e->old_R);
-        goto out;
-    }
-    e->start = malloc(e->old_R * sizeof(*e->start));
-    e->off = malloc((e->old_R + (size_t)1) * sizeof(*e->off));
-    if (!e->start || !e->off) {
-        err = sl_fail(msg, len, -ENOMEM, "out of memory");
-        goto out;
-    }
-    e->off[0] = 0;
-    for (uint32_t r = 0; r < e->old_R; r++) {
-        uint64_t cnt = layout_count(&e->L, r);
-        if (consumed[r] > cnt) {
-            err = sl_fail(msg, len, SL_EINVAL,
-                          "consumed %" PRIu64 " for old rank %" PRIu32
-                          " exceeds its share of %" PRIu64,
-                          consumed[r], r, cnt);
-            goto out;
-        }
-        e->start[r] = consumed[r];
-        e->off[r + 1] = e->off[r] + (cnt - consumed[r]);
-    }
-    e->T = e->off[e->old_R];
-    e->interleave = cfg.partition == SL_SAMPLE_INTERLEAVED;
-    e->pad = !cfg.drop_last && cfg.partition != SL_SAMPLE_CHUNKED;
-    if ((err = layout_perms(&e->L, -1)) != 0) {
-        sl_fail(msg, len, err, "out of memory for the torch permutation of %" PRIu64 " samples",
-                cfg.samples);
-        goto out;
-    }
-    *out = e;
-    e = NULL;
-out:
-    sl_sample_elastic_free(e);
-    return err;
+    if (!epoch_cfg || (n_consumed && !consumed))
+        return sl_fail(msg, len, SL_EINVAL, "no config or consumed counts");
+    return sl_sample_elastic_chain(out, epoch_cfg, &step, 1, msg, len);
 }
 
 uint64_t sl_sample_elastic_remaining(const sl_sample_elastic *e)
 {
-    return e->T;
+    return e->lev[e->nlev - 1].T;
+}
+
+uint32_t sl_sample_elastic_world(const sl_sample_elastic *e)
+{
+    return e->lev[e->nlev - 1].new_R;
 }
 
 int sl_sample_new_elastic(sl_sample **out, const sl_sample_elastic *e, uint32_t new_rank, char *msg,
@@ -657,15 +1034,15 @@ int sl_sample_new_elastic(sl_sample **out, const sl_sample_elastic *e, uint32_t 
     *out = NULL;
     if (!e)
         return sl_fail(msg, len, SL_EINVAL, "no elastic plan");
-    if (new_rank >= e->new_R)
+    if (new_rank >= sl_sample_elastic_world(e))
         return sl_fail(msg, len, SL_EINVAL, "rank %" PRIu32 " out of range [0, %" PRIu32 ")",
-                       new_rank, e->new_R);
+                       new_rank, sl_sample_elastic_world(e));
     if (!(s = calloc(1, sizeof(*s))))
         return sl_fail(msg, len, -ENOMEM, "out of memory");
     s->L = &e->L;
     s->e = e;
     s->r = new_rank;
-    s->count = elastic_count(e, new_rank);
+    s->count = level_count(&e->lev[e->nlev - 1], new_rank);
     *out = s;
     return 0;
 }
@@ -675,8 +1052,7 @@ void sl_sample_elastic_free(sl_sample_elastic *e)
     if (!e)
         return;
     layout_close(&e->L);
-    free(e->start);
-    free(e->off);
+    elastic_free_levels(e->lev, e->nlev);
     free(e);
 }
 

@@ -65,6 +65,18 @@ typedef struct sl_sample_mesh {
     uint8_t order[4];
 } sl_sample_mesh;
 
+/* Per-sample class ids grouped by class (see sl_sample_labels_new). Immutable once built. */
+typedef struct sl_sample_labels sl_sample_labels;
+
+/* Class ids are below this (2^20); a label at or above it is refused. */
+#define SL_SAMPLE_MAX_CLASSES (UINT32_C(1) << 20)
+
+typedef enum sl_sample_classes {
+    SL_SAMPLE_CLASSES_NONE = 0,     /* class-blind shares */
+    SL_SAMPLE_CLASSES_STRATIFY = 1, /* every share holds each class in proportion */
+    SL_SAMPLE_CLASSES_BALANCE = 2,  /* the epoch draws classes with target proportions */
+} sl_sample_classes;
+
 typedef struct sl_sample_config {
     uint64_t samples;              /* N >= 1 */
     uint32_t replicas;             /* world size >= 1 (dp*tp*cp*pp with a mesh) */
@@ -76,6 +88,20 @@ typedef struct sl_sample_config {
     uint64_t epoch;                /* default 0 */
     bool drop_last;                /* default false: pad (interleaved/contiguous elastic) */
     sl_sample_mesh mesh;           /* default: no mesh */
+    /* Classes (docs/sampling.md "Stratified shares", "Class-balanced epochs"). Stratify and
+     * balance need labels with one label per sample, the interleaved partition and shuffle none
+     * or feistel. The arrays are borrowed: they must outlive every call that takes this config
+     * (streams and plans keep copies of what they need, except the labels, which they borrow). */
+    sl_sample_classes classes;      /* default none */
+    const sl_sample_labels *labels; /* borrowed */
+    const double *class_weights;    /* balance: one per class id (0 .. labels' classes - 1), */
+    uint32_t n_class_weights;       /*   each > 0 and finite; none: uniform over the classes */
+                                    /*   that have samples */
+    uint64_t epoch_length;          /* balance: draws per epoch; 0 means N */
+    /* Weighted shares: one weight per dp rank (> 0, finite), shares proportional to them by
+     * largest remainders; none: equal shares. Not with the chunked partition. */
+    const double *rank_weights;
+    uint32_t n_rank_weights;
 } sl_sample_config;
 
 /* Fill `cfg` with the defaults (N = 0, which the caller must set; one replica; interleaved;
@@ -179,6 +205,53 @@ int sl_sample_new_elastic(sl_sample **out, const sl_sample_elastic *e, uint32_t 
 
 /* Free a plan. Accepts NULL. Free its streams first. */
 void sl_sample_elastic_free(sl_sample_elastic *e);
+
+/* Chained resizes: each step redistributes the rest of the previous plan's shares (the epoch's
+ * shares for the first step) over a new dp world, optionally with rank weights (then every new
+ * rank takes one contiguous piece of the rest, sized by largest remainders, never padded). */
+typedef struct sl_sample_resize {
+    const uint64_t *consumed; /* consumed[r]: a prefix of the previous world's rank r's share */
+    size_t n_consumed;        /* = the previous dp world size */
+    uint32_t new_replicas;    /* >= 1 */
+    const double *weights;    /* optional: new_replicas weights, > 0 and finite */
+    size_t n_weights;         /* 0 or new_replicas */
+} sl_sample_resize;
+
+/* A plan after n_steps resizes in a row of the epoch of epoch_cfg (n_steps >= 1). Steps after
+ * the first count only real indices of the previous shares as left (padding repeats are not
+ * passed on). Cost O(sum of the worlds' sizes), independent of N. Returns 0, SL_EINVAL with a
+ * message, a config error or -ENOMEM. Caller frees with sl_sample_elastic_free. Thread-safe. */
+int sl_sample_elastic_chain(sl_sample_elastic **out, const sl_sample_config *epoch_cfg,
+                            const sl_sample_resize *steps, size_t n_steps, char *msg, size_t len);
+
+/* A new plan: prev followed by one more resize. prev is not changed and may be freed after.
+ * Returns like sl_sample_elastic_chain. Thread-safe. */
+int sl_sample_elastic_extend(sl_sample_elastic **out, const sl_sample_elastic *prev,
+                             const sl_sample_resize *step, char *msg, size_t len);
+
+/* The dp world size of a plan's newest shares. Thread-safe. */
+uint32_t sl_sample_elastic_world(const sl_sample_elastic *e);
+
+/* Group per-sample labels (labels[i] = class of sample i, each < SL_SAMPLE_MAX_CLASSES) by class:
+ * O(n + classes) time, 4 bytes per sample (8 above 2^32 samples) plus 8 per class. labels is
+ * not kept. Returns 0, SL_EINVAL (n = 0, a label over the maximum: "label 2000000 of sample 17
+ * over the maximum class id 1048575") or -ENOMEM. Caller frees with sl_sample_labels_free.
+ * Thread-safe; the result is immutable and may be shared by any number of streams and threads. */
+int sl_sample_labels_new(sl_sample_labels **out, const uint32_t *labels, uint64_t n, char *msg,
+                         size_t len);
+/* Number of samples, number of class ids (largest label + 1), samples of class c (0 past the
+ * end). Thread-safe. */
+uint64_t sl_sample_labels_count(const sl_sample_labels *l);
+uint32_t sl_sample_labels_classes(const sl_sample_labels *l);
+uint64_t sl_sample_labels_class_size(const sl_sample_labels *l, uint32_t c);
+/* Free. Accepts NULL. Free the streams and plans that borrow it first. */
+void sl_sample_labels_free(sl_sample_labels *l);
+
+/* Parse a comma-separated weight list ("1,1,0.5") into out (caller-owned, max entries); *n is set
+ * to the count. Each weight must be > 0 and finite. Returns 0 or SL_EINVAL with a message
+ * naming the bad entry. Thread-safe. */
+int sl_sample_weights_parse(double *out, size_t *n, size_t max, const char *s, const char *what,
+                            char *msg, size_t len);
 
 /* Parse helpers for CLIs and config files: "interleaved"/"contiguous"/"chunked",
  * "none"/"torch"/"feistel", and a mesh order like "pp,dp,cp,tp". Return 0 or SL_EINVAL. */

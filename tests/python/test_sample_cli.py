@@ -73,6 +73,65 @@ class Cli(unittest.TestCase):
                          5, "--consumed", ",".join(map(str, consumed)), "--new-replicas", 3)
         self.assertEqual(sorted(read + rest), sorted(i for s in old for i in s))
 
+    def _labels(self, labels):
+        import tempfile
+        f = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
+        f.write("".join(f"{x}\n" for x in labels))
+        f.close()
+        self.addCleanup(os.unlink, f.name)
+        return f.name
+
+    def test_stratify_balance_weights(self):
+        labels = [0] * 90 + [1] * 9 + [2]
+        lf = self._labels(labels)
+        seen = []
+        for r in range(4):
+            share = ints("--samples", 100, "--replicas", 4, "--rank", r, "--labels-file", lf,
+                         "--stratify", "--drop-last")
+            counts = [sum(1 for i in share if labels[i] == c) for c in range(3)]
+            self.assertIn(counts[1], (2, 3))
+            self.assertIn(counts[2], (0, 1))
+            seen += share
+        self.assertEqual(len(seen), len(set(seen)))
+        self.assertEqual(len(seen), 100)
+        drawn = []
+        for r in range(2):
+            drawn += ints("--samples", 100, "--replicas", 2, "--rank", r, "--labels-file", lf,
+                          "--balance-classes", "--epoch-length", 60)
+        self.assertEqual([sum(1 for i in drawn if labels[i] == c) for c in range(3)],
+                         [20, 20, 20])
+        a = ints("--samples", 10, "--replicas", 2, "--rank", 0, "--rank-weights", "3,1")
+        b = ints("--samples", 10, "--replicas", 2, "--rank", 1, "--rank-weights", "3,1")
+        self.assertEqual((len(a), len(b)), (8, 2))
+        self.assertEqual(sorted(a + b), list(range(10)))
+
+    def test_chained_resizes(self):
+        base = [ints("--samples", 40, "--replicas", 2, "--rank", r) for r in range(2)]
+        mid = [ints("--samples", 40, "--replicas", 2, "--consumed", "5,7", "--new-replicas", 3,
+                    "--rank", r) for r in range(3)]
+        last = [ints("--samples", 40, "--replicas", 2, "--consumed", "5,7", "--new-replicas", 3,
+                     "--resize", "2,0,4:2", "--rank", r) for r in range(2)]
+        read = base[0][:5] + base[1][:7] + mid[0][:2] + mid[2][:4] + last[0] + last[1]
+        self.assertEqual(sorted(read), list(range(40)))
+
+    def test_class_errors_exit_1(self):
+        lf = self._labels([0, 1, 1])
+        for args, needle in (
+                (("--samples", 4, "--labels-file", lf, "--stratify"),
+                 "labels count 3 does not match samples 4"),
+                (("--samples", 3, "--stratify"), "stratify needs labels"),
+                (("--samples", 3, "--labels-file", lf, "--class-weights", "1,1,1"),
+                 "3 class weights for 2 class ids"),
+                (("--samples", 3, "--replicas", 2, "--rank-weights", "1"),
+                 "1 rank weights for a dp world of 2 ranks")):
+            p = run(*args)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn(needle, p.stderr)
+        for w in ("1,0", "1,-1", "1,nan", "1,inf"):
+            p = run("--samples", 3, "--replicas", 2, "--rank-weights", w)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("rank weight 1 is", p.stderr)
+
     def test_config_errors_exit_1(self):
         for args, msg in [
             (("--samples", 10, "--replicas", 8, "--rank", 9), "rank 9 out of range [0, 8)"),

@@ -1,0 +1,738 @@
+/* Sampling with classes and weights: labels grouped by class, largest-remainder splits, the
+ * interleave tree, and the stratified / class-balanced layout of an epoch. See
+ * docs/sampling.md "Stratified shares". */
+#include "internal.h"
+
+#include "err.h"
+#include "util/msg.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- labels ---- */
+
+int sl_sample_labels_new(sl_sample_labels **out, const uint32_t *labels, uint64_t n, char *msg,
+                         size_t len)
+{
+    sl_sample_labels *l = NULL;
+    uint32_t top = 0;
+    int err = 0;
+
+    *out = NULL;
+    if (!labels || n == 0)
+        return sl_fail(msg, len, SL_EINVAL, "labels count 0: one label per sample is needed");
+    if (n > SL_SAMPLE_MAX_N)
+        return sl_fail(msg, len, SL_ELIMIT, "labels count %" PRIu64 " over the limit %" PRIu64, n,
+                       SL_SAMPLE_MAX_N);
+    for (uint64_t i = 0; i < n; i++) {
+        if (labels[i] >= SL_SAMPLE_MAX_CLASSES)
+            return sl_fail(msg, len, SL_EINVAL,
+                           "label %" PRIu32 " of sample %" PRIu64
+                           " over the maximum class id %" PRIu32,
+                           labels[i], i, SL_SAMPLE_MAX_CLASSES - 1);
+        if (labels[i] > top)
+            top = labels[i];
+    }
+    if (!(l = calloc(1, sizeof(*l))))
+        goto nomem;
+    l->n = n;
+    l->classes = top + 1;
+    if (!(l->off = calloc((size_t)l->classes + 1, sizeof(*l->off))))
+        goto nomem;
+    if (n <= (uint64_t)UINT32_MAX + 1)
+        l->by32 = malloc(n * sizeof(*l->by32));
+    else
+        l->by64 = malloc(n * sizeof(*l->by64));
+    if (!l->by32 && !l->by64)
+        goto nomem;
+    /* Counting sort: off[c + 1] counts class c, then prefix sums give each class's start. */
+    for (uint64_t i = 0; i < n; i++)
+        l->off[labels[i] + 1]++;
+    for (uint32_t c = 0; c < l->classes; c++)
+        l->off[c + 1] += l->off[c];
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t k = l->off[labels[i]]++;
+        if (l->by32)
+            l->by32[k] = (uint32_t)i;
+        else
+            l->by64[k] = i;
+    }
+    for (uint32_t c = l->classes; c > 0; c--)
+        l->off[c] = l->off[c - 1];
+    l->off[0] = 0;
+    *out = l;
+    return 0;
+nomem:
+    err = sl_fail(msg, len, -ENOMEM, "out of memory grouping %" PRIu64 " labels", n);
+    sl_sample_labels_free(l);
+    return err;
+}
+
+uint64_t sl_sample_labels_count(const sl_sample_labels *l)
+{
+    return l ? l->n : 0;
+}
+
+uint32_t sl_sample_labels_classes(const sl_sample_labels *l)
+{
+    return l ? l->classes : 0;
+}
+
+uint64_t sl_sample_labels_class_size(const sl_sample_labels *l, uint32_t c)
+{
+    return l && c < l->classes ? l->off[c + 1] - l->off[c] : 0;
+}
+
+void sl_sample_labels_free(sl_sample_labels *l)
+{
+    if (!l)
+        return;
+    free(l->off);
+    free(l->by32);
+    free(l->by64);
+    free(l);
+}
+
+/* ---- weights ---- */
+
+int sl_weights_quantize(uint64_t *q, const double *w, size_t n, const char *what, char *msg,
+                        size_t len)
+{
+    double top = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(w[i]) || !(w[i] > 0))
+            return sl_fail(msg, len, SL_EINVAL,
+                           "%s weight %zu is %g: weights must be positive and finite", what, i,
+                           w[i]);
+        if (w[i] > top)
+            top = w[i];
+    }
+    /* One correctly rounded division and multiplication per weight: the same on every IEEE
+     * machine, and everything after is integer arithmetic. */
+    for (size_t i = 0; i < n; i++) {
+        double x = w[i] / top * 4294967296.0;
+        q[i] = (uint64_t)llround(x);
+        if (q[i] == 0)
+            return sl_fail(
+                msg, len, SL_ELIMIT,
+                "%s weight %zu is %g, too small next to the largest %g (ratio over 2^32)", what, i,
+                w[i], top);
+    }
+    return 0;
+}
+
+typedef struct lr_rem {
+    uint64_t rem;
+    size_t idx;
+} lr_rem;
+
+static int lr_cmp(const void *pa, const void *pb)
+{
+    const lr_rem *a = pa, *b = pb;
+
+    if (a->rem != b->rem)
+        return a->rem > b->rem ? -1 : 1;
+    return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+int sl_lr_split(uint64_t *out, uint64_t total, const uint64_t *q, size_t n, int floor_only)
+{
+    unsigned __int128 Q = 0;
+    uint64_t given = 0;
+    lr_rem *r;
+
+    for (size_t i = 0; i < n; i++)
+        Q += q[i];
+    if (!(r = malloc((n ? n : 1) * sizeof(*r))))
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        unsigned __int128 p = (unsigned __int128)total * q[i];
+        out[i] = (uint64_t)(p / Q);
+        r[i].rem = (uint64_t)(p % Q); /* < Q <= n * 2^32 */
+        r[i].idx = i;
+        given += out[i];
+    }
+    if (!floor_only && given < total) {
+        qsort(r, n, sizeof(*r), lr_cmp);
+        for (size_t k = 0; given < total; k++, given++)
+            out[r[k].idx]++;
+    }
+    free(r);
+    return 0;
+}
+
+int sl_sample_weights_parse(double *out, size_t *n, size_t max, const char *s, const char *what,
+                            char *msg, size_t len)
+{
+    size_t k = 0;
+
+    *n = 0;
+    if (!s || !*s)
+        return sl_fail(msg, len, SL_EINVAL, "%s weights empty", what);
+    while (*s) {
+        char *end;
+        double v;
+        if (k == max)
+            return sl_fail(msg, len, SL_ELIMIT, "more than %zu %s weights", max, what);
+        v = strtod(s, &end);
+        if (end == s || (*end != ',' && *end != '\0'))
+            return sl_fail(msg, len, SL_EINVAL, "%s weight %zu is not a number: '%s'", what, k, s);
+        if (!isfinite(v) || !(v > 0))
+            return sl_fail(msg, len, SL_EINVAL,
+                           "%s weight %zu is %g: weights must be positive and finite", what, k, v);
+        out[k++] = v;
+        s = *end ? end + 1 : end;
+        if (*end == ',' && !*s)
+            return sl_fail(msg, len, SL_EINVAL, "%s weights end with a comma", what);
+    }
+    *n = k;
+    return 0;
+}
+
+/* ---- the interleave tree ---- */
+
+static uint64_t bres(uint64_t s, uint64_t kl, uint64_t k)
+{
+    return (uint64_t)(((unsigned __int128)s * kl + k / 2) / k);
+}
+
+typedef struct mix_build {
+    sl_mix *t;
+    const uint64_t *pre;
+} mix_build;
+
+/* Split point of [a, b) (b - a >= 2) where the two sides' weights are closest. */
+static uint32_t mix_split(const uint64_t *pre, uint32_t a, uint32_t b)
+{
+    uint64_t half = pre[a] + (pre[b] - pre[a]) / 2;
+    uint32_t lo = a + 1, hi = b - 1; /* the first m in [a+1, b-1] with pre[m] >= half */
+
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (pre[mid] >= half)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    if (lo > a + 1) {
+        uint64_t big_lo = pre[lo] - pre[a] > pre[b] - pre[lo] ? pre[lo] - pre[a] : pre[b] - pre[lo];
+        uint64_t m1 = lo - 1;
+        uint64_t big_m1 = pre[m1] - pre[a] > pre[b] - pre[m1] ? pre[m1] - pre[a] : pre[b] - pre[m1];
+        if (big_m1 < big_lo)
+            lo = (uint32_t)m1;
+    }
+    return lo;
+}
+
+static uint32_t mix_node(mix_build *mb, uint32_t a, uint32_t b, uint32_t parent)
+{
+    sl_mix *t = mb->t;
+    uint32_t id = t->nnode++;
+    sl_mix_node *nd = &t->node[id];
+
+    nd->a = a;
+    nd->b = b;
+    nd->parent = parent;
+    nd->left = nd->right = SL_MIX_NONE;
+    if (b - a == 1) {
+        t->leaf[a] = id;
+        return id;
+    }
+    uint32_t m = mix_split(mb->pre, a, b);
+    uint32_t l = mix_node(mb, a, m, id);
+    uint32_t r = mix_node(mb, m, b, id);
+    t->node[id].left = l;
+    t->node[id].right = r;
+    return id;
+}
+
+int sl_mix_build(sl_mix *t, const uint64_t *pre, uint32_t nleaf)
+{
+    mix_build mb = {t, pre};
+
+    memset(t, 0, sizeof(*t));
+    if (nleaf == 0)
+        return 0;
+    t->node = malloc((2 * (size_t)nleaf) * sizeof(*t->node));
+    t->leaf = malloc((size_t)nleaf * sizeof(*t->leaf));
+    if (!t->node || !t->leaf) {
+        sl_mix_close(t);
+        return -ENOMEM;
+    }
+    t->nleaf = nleaf;
+    t->root = mix_node(&mb, 0, nleaf, SL_MIX_NONE);
+    return 0;
+}
+
+typedef struct mix_sets {
+    sl_mix *t;
+    const uint64_t *w;
+    uint32_t *order, *tmp;
+    uint32_t next; /* leaves placed so far */
+} mix_sets;
+
+/* Node over items[0..k), sorted by weight, heaviest first. Splits so that the children's
+ * weights are as even as the greedy rule gets them (a class heavier than all others together
+ * alone), which keeps the product of ratios along every path small: that product is what the
+ * window bound adds up (docs/sampling.md). The heaviest item's side goes right, so the heaviest
+ * item overall is the last leaf. */
+static uint32_t mix_set_node(mix_sets *ms, uint32_t *items, uint32_t k, uint32_t parent)
+{
+    sl_mix *t = ms->t;
+    uint32_t id = t->nnode++, nl = 0, nr = 0, a = ms->next;
+    uint64_t total = 0, wl = 0, wr = 0;
+
+    t->node[id].parent = parent;
+    t->node[id].left = t->node[id].right = SL_MIX_NONE;
+    if (k == 1) {
+        ms->order[a] = items[0];
+        t->leaf[a] = id;
+        t->node[id].a = a;
+        t->node[id].b = ++ms->next;
+        return id;
+    }
+    for (uint32_t i = 0; i < k; i++)
+        total += ms->w[items[i]];
+    /* tmp[0..nl) collects the left side, tmp[k - nr..k) the right side (reversed). */
+    int alone = ms->w[items[0]] * 2 >= total;
+    for (uint32_t i = 0; i < k; i++) {
+        /* The heaviest goes right; then each item to the lighter side (all left if the
+         * heaviest outweighs the rest). */
+        int right = i == 0 || (!alone && wr < wl);
+        if (right) {
+            ms->tmp[k - 1 - nr++] = items[i];
+            wr += ms->w[items[i]];
+        } else {
+            ms->tmp[nl++] = items[i];
+            wl += ms->w[items[i]];
+        }
+    }
+    memcpy(items, ms->tmp, nl * sizeof(*items));
+    for (uint32_t i = 0; i < nr; i++)
+        items[nl + i] = ms->tmp[k - 1 - i];
+    uint32_t l = mix_set_node(ms, items, nl, id);
+    uint32_t r = mix_set_node(ms, items + nl, nr, id);
+    t->node[id].left = l;
+    t->node[id].right = r;
+    t->node[id].a = a;
+    t->node[id].b = ms->next;
+    return id;
+}
+
+static int weight_desc(const void *pa, const void *pb, const uint64_t *w)
+{
+    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+
+    if (w[a] != w[b])
+        return w[a] > w[b] ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+/* qsort has no context argument in C11: sort ids by weight with a small merge sort instead. */
+static void sort_by_weight(uint32_t *v, uint32_t *tmp, uint32_t n, const uint64_t *w)
+{
+    if (n < 2)
+        return;
+    uint32_t h = n / 2, i = 0, j = h, k = 0;
+    sort_by_weight(v, tmp, h, w);
+    sort_by_weight(v + h, tmp, n - h, w);
+    while (i < h && j < n)
+        tmp[k++] = weight_desc(&v[j], &v[i], w) < 0 ? v[j++] : v[i++];
+    while (i < h)
+        tmp[k++] = v[i++];
+    while (j < n)
+        tmp[k++] = v[j++];
+    memcpy(v, tmp, n * sizeof(*v));
+}
+
+int sl_mix_build_sets(sl_mix *t, uint32_t *order, const uint64_t *w, uint32_t n)
+{
+    mix_sets ms = {t, w, order, NULL, 0};
+    uint32_t *items = malloc(((size_t)n + 1) * sizeof(*items));
+    int err = 0;
+
+    memset(t, 0, sizeof(*t));
+    ms.tmp = malloc(((size_t)n + 1) * sizeof(*ms.tmp));
+    t->node = malloc((2 * (size_t)n + 1) * sizeof(*t->node));
+    t->leaf = malloc(((size_t)n + 1) * sizeof(*t->leaf));
+    if (!items || !ms.tmp || !t->node || !t->leaf) {
+        sl_mix_close(t);
+        err = -ENOMEM;
+        goto out;
+    }
+    t->nleaf = n;
+    if (n == 0)
+        goto out;
+    for (uint32_t i = 0; i < n; i++)
+        items[i] = i;
+    sort_by_weight(items, ms.tmp, n, w);
+    t->root = mix_set_node(&ms, items, n, SL_MIX_NONE);
+out:
+    free(items);
+    free(ms.tmp);
+    return err;
+}
+
+void sl_mix_close(sl_mix *t)
+{
+    free(t->node);
+    free(t->leaf);
+    memset(t, 0, sizeof(*t));
+}
+
+void sl_mix_at(uint32_t *leaf, uint64_t *ord, const sl_mix *t, uint64_t pos, sl_mix_count_fn fn,
+               const void *ctx)
+{
+    uint32_t nd = t->root;
+
+    while (t->node[nd].left != SL_MIX_NONE) {
+        uint64_t k = fn(ctx, t, nd), kl = fn(ctx, t, t->node[nd].left);
+        uint64_t l0 = bres(pos, kl, k), l1 = bres(pos + 1, kl, k);
+        if (l1 > l0) {
+            pos = l0;
+            nd = t->node[nd].left;
+        } else {
+            pos -= l0;
+            nd = t->node[nd].right;
+        }
+    }
+    *leaf = t->node[nd].a;
+    *ord = pos;
+}
+
+uint64_t sl_mix_select(const sl_mix *t, uint32_t leaf, uint64_t ord, sl_mix_count_fn fn,
+                       const void *ctx)
+{
+    uint32_t nd = t->leaf[leaf];
+
+    while (t->node[nd].parent != SL_MIX_NONE) {
+        uint32_t p = t->node[nd].parent;
+        uint64_t k = fn(ctx, t, p), kl = fn(ctx, t, t->node[p].left), h = k / 2;
+        unsigned __int128 x;
+        if (t->node[p].left == nd) {
+            /* The smallest s with L(s + 1) >= ord + 1. */
+            x = (unsigned __int128)(ord + 1) * k - h;
+            ord = (uint64_t)((x + kl - 1) / kl) - 1;
+        } else {
+            /* Right prefix R(s) = s - L(s) = ceil((s*kr - h) / k): the smallest s with
+             * R(s + 1) >= ord + 1 is floor((ord*k + h) / kr). */
+            x = (unsigned __int128)ord * k + h;
+            ord = (uint64_t)(x / (k - kl));
+        }
+        nd = p;
+    }
+    return ord;
+}
+
+uint64_t sl_mix_prefix(const sl_mix *t, uint32_t leaf, uint64_t x, sl_mix_count_fn fn,
+                       const void *ctx)
+{
+    uint32_t nd = t->root;
+
+    while (t->node[nd].left != SL_MIX_NONE && x) {
+        uint32_t l = t->node[nd].left;
+        uint64_t lx = bres(x, fn(ctx, t, l), fn(ctx, t, nd));
+        if (leaf < t->node[l].b) {
+            x = lx;
+            nd = l;
+        } else {
+            x -= lx;
+            nd = t->node[nd].right;
+        }
+    }
+    return x;
+}
+
+/* ---- the stratified / class-balanced layout ---- */
+
+/* Static counts: a node's count is the weight of its leaf range (the rank tree). */
+static uint64_t static_count(const void *ctx, const sl_mix *t, uint32_t nd)
+{
+    const uint64_t *pre = ctx;
+
+    return pre[t->node[nd].b] - pre[t->node[nd].a];
+}
+
+/* Grouped positions below x dealt to rank r. */
+static uint64_t deal_prefix(const sl_strat *st, uint32_t r, uint64_t x)
+{
+    if (x > st->S)
+        x = st->S;
+    if (st->weighted)
+        return sl_mix_prefix(&st->rtree, r, x, static_count, st->rpre);
+    return x > r ? (x - r - 1) / st->R + 1 : 0;
+}
+
+/* Grouped position of rank r's ord-th dealt position. */
+static uint64_t deal_select(const sl_strat *st, uint32_t r, uint64_t ord)
+{
+    if (st->weighted)
+        return sl_mix_select(&st->rtree, r, ord, static_count, st->rpre);
+    return r + ord * st->R;
+}
+
+typedef struct rank_ctx {
+    const sl_strat *st;
+    uint32_t r;
+    const uint64_t *cache;
+} rank_ctx;
+
+static uint64_t rank_count(const void *ctx, const sl_mix *t, uint32_t nd)
+{
+    const rank_ctx *rc = ctx;
+
+    if (rc->cache)
+        return rc->cache[nd];
+    return deal_prefix(rc->st, rc->r, rc->st->pre[t->node[nd].b]) -
+           deal_prefix(rc->st, rc->r, rc->st->pre[t->node[nd].a]);
+}
+
+void sl_strat_counts(uint64_t *cnt, const sl_strat *st, uint32_t r)
+{
+    rank_ctx rc = {st, r, NULL};
+
+    for (uint32_t nd = 0; nd < st->ctree.nnode; nd++)
+        cnt[nd] = rank_count(&rc, &st->ctree, nd);
+}
+
+uint64_t sl_strat_real(const sl_strat *st, uint32_t r)
+{
+    return deal_prefix(st, r, st->S);
+}
+
+uint64_t sl_strat_count(const sl_strat *st, uint32_t r)
+{
+    if (st->pad)
+        return st->V / st->R + (st->V % st->R != 0);
+    return sl_strat_real(st, r);
+}
+
+/* Draws of leaf `leaf` dealt to ranks each epoch (drop_last may trim the last leaf). In
+ * class-balanced epochs the class's stream moves on by this much per epoch, so what drop_last
+ * trims is drawn next epoch instead of being skipped. */
+static uint64_t leaf_used(const sl_strat *st, uint32_t leaf)
+{
+    uint64_t end = st->pre[leaf + 1] < st->S ? st->pre[leaf + 1] : st->S;
+
+    return end > st->pre[leaf] ? end - st->pre[leaf] : 0;
+}
+
+/* Draw j of leaf `leaf` this epoch -> sample index. */
+static uint64_t class_sample(const sl_strat *st, uint32_t leaf, uint64_t j)
+{
+    uint32_t c = st->leaf_class[leaf];
+    uint64_t base = st->lab->off[c], nc = st->lab->off[c + 1] - base, pass = st->epoch, jj = j;
+    sl_feistel f;
+    const sl_feistel *fp = &f;
+
+    if (st->balance) {
+        /* The class's draws run on across epochs: pass k is a fresh order of the class, so no
+         * sample repeats before the class is exhausted. */
+        unsigned __int128 g = (unsigned __int128)st->epoch * leaf_used(st, leaf) + j;
+        pass = (uint64_t)(g / nc);
+        jj = (uint64_t)(g % nc);
+    }
+    if (st->shuffle == SL_SAMPLE_SHUFFLE_NONE)
+        return sl_labels_member(st->lab, base + jj);
+    if (st->fk && st->fk_pass[leaf] == pass)
+        fp = &st->fk[leaf];
+    else
+        sl_feistel_init(&f, nc, st->seed, pass, 1 + (uint64_t)c);
+    return sl_labels_member(st->lab, base + sl_feistel_at(fp, jj));
+}
+
+static uint64_t grouped_sample(const sl_strat *st, uint64_t p)
+{
+    uint32_t lo = 0, hi = st->nleaf; /* pre[lo] <= p < pre[hi] */
+
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (st->pre[mid] <= p)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return class_sample(st, lo, p - st->pre[lo]);
+}
+
+uint64_t sl_strat_at(const sl_strat *st, uint32_t r, const uint64_t *cnt, uint64_t i)
+{
+    rank_ctx rc = {st, r, cnt};
+    uint32_t leaf;
+    uint64_t ord, p;
+
+    if (i >= sl_strat_real(st, r)) /* padding: the torch rule over the grouped order */
+        return grouped_sample(st, (r + (unsigned __int128)i * st->R) % st->V);
+    sl_mix_at(&leaf, &ord, &st->ctree, i, rank_count, &rc);
+    p = deal_select(st, r, deal_prefix(st, r, st->pre[leaf]) + ord);
+    return class_sample(st, leaf, p - st->pre[leaf]);
+}
+
+/* Draws of every class this epoch: n_c (stratify) or the largest-remainder split of the epoch
+ * length by the class weights (balance). */
+static int class_draws(uint64_t *m, const sl_sample_config *cfg, char *msg, size_t len)
+{
+    const sl_sample_labels *l = cfg->labels;
+    uint64_t *q = NULL;
+    int err = 0;
+
+    if (cfg->classes == SL_SAMPLE_CLASSES_STRATIFY) {
+        for (uint32_t c = 0; c < l->classes; c++)
+            m[c] = l->off[c + 1] - l->off[c];
+        return 0;
+    }
+    if (!(q = calloc(l->classes, sizeof(*q))))
+        return sl_fail(msg, len, -ENOMEM, "out of memory");
+    if (cfg->n_class_weights) {
+        if ((err = sl_weights_quantize(q, cfg->class_weights, l->classes, "class", msg, len)))
+            goto out;
+    } else {
+        for (uint32_t c = 0; c < l->classes; c++)
+            q[c] = l->off[c + 1] > l->off[c];
+    }
+    if ((err = sl_lr_split(m, cfg->epoch_length ? cfg->epoch_length : cfg->samples, q, l->classes,
+                           0)))
+        err = sl_fail(msg, len, err, "out of memory");
+out:
+    free(q);
+    return err;
+}
+
+/* The classes drawn this epoch in grouped order (the interleave tree's leaf order, heaviest
+ * class last, where drop_last trims) and the tree. */
+static int strat_leaves(sl_strat *st, const uint64_t *m, uint32_t classes)
+{
+    uint32_t *cls = malloc(((size_t)classes + 1) * sizeof(*cls)), k = 0;
+    uint32_t *order = malloc(((size_t)classes + 1) * sizeof(*order));
+    uint64_t *w = malloc(((size_t)classes + 1) * sizeof(*w));
+    int err = -ENOMEM;
+
+    if (!cls || !order || !w)
+        goto out;
+    for (uint32_t c = 0; c < classes; c++)
+        if (m[c]) {
+            w[k] = m[c];
+            cls[k++] = c;
+        }
+    st->nleaf = k;
+    st->leaf_class = malloc(((size_t)k + 1) * sizeof(*st->leaf_class));
+    st->pre = malloc(((size_t)k + 1) * sizeof(*st->pre));
+    if (!st->leaf_class || !st->pre || sl_mix_build_sets(&st->ctree, order, w, k))
+        goto out;
+    st->pre[0] = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        st->leaf_class[i] = cls[order[i]];
+        st->pre[i + 1] = st->pre[i] + w[order[i]];
+    }
+    st->V = st->pre[k];
+    err = 0;
+out:
+    free(cls);
+    free(order);
+    free(w);
+    return err;
+}
+
+/* Precompute each class's permutation for its first pass this epoch (a stream then needs no
+ * key schedule per index); skipped above 2^16 classes to bound memory. */
+static int strat_keys(sl_strat *st)
+{
+    if (st->shuffle != SL_SAMPLE_SHUFFLE_FEISTEL || st->nleaf > 65536)
+        return 0;
+    st->fk = malloc((size_t)st->nleaf * sizeof(*st->fk));
+    st->fk_pass = malloc((size_t)st->nleaf * sizeof(*st->fk_pass));
+    if (!st->fk || !st->fk_pass)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < st->nleaf; i++) {
+        uint32_t c = st->leaf_class[i];
+        uint64_t nc = st->lab->off[c + 1] - st->lab->off[c], pass = st->epoch;
+        if (st->balance)
+            pass = (uint64_t)((unsigned __int128)st->epoch * leaf_used(st, i) / nc);
+        st->fk_pass[i] = pass;
+        sl_feistel_init(&st->fk[i], nc, st->seed, pass, 1 + (uint64_t)c);
+    }
+    return 0;
+}
+
+int sl_strat_init(sl_strat *st, const sl_sample_config *cfg, uint32_t R, const uint64_t *q,
+                  char *msg, size_t len)
+{
+    uint64_t *m = NULL, *rc = NULL;
+    int err;
+
+    memset(st, 0, sizeof(*st));
+    st->lab = cfg->labels;
+    st->balance = cfg->classes == SL_SAMPLE_CLASSES_BALANCE;
+    st->seed = cfg->seed;
+    st->epoch = cfg->epoch;
+    st->shuffle = cfg->shuffle;
+    st->R = R;
+    if (!(m = calloc(st->lab->classes, sizeof(*m)))) {
+        err = sl_fail(msg, len, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((err = class_draws(m, cfg, msg, len)) != 0)
+        goto out;
+    if ((err = strat_leaves(st, m, st->lab->classes)) != 0)
+        goto nomem;
+    if (st->V == 0) {
+        err = sl_fail(msg, len, SL_EINVAL, "epoch length 0: the epoch draws nothing");
+        goto out;
+    }
+    st->weighted = q != NULL;
+    st->S = st->V;
+    if (st->weighted) {
+        if (!(rc = malloc((size_t)R * sizeof(*rc))) ||
+            !(st->rpre = malloc(((size_t)R + 1) * sizeof(*st->rpre))))
+            goto nomem;
+        if ((err = sl_lr_split(rc, st->V, q, R, cfg->drop_last)) != 0)
+            goto nomem;
+        st->rpre[0] = 0;
+        for (uint32_t r = 0; r < R; r++)
+            st->rpre[r + 1] = st->rpre[r] + rc[r];
+        st->S = st->rpre[R];
+        /* A rank with no positions cannot be a leaf of the dealing tree: weights this uneven
+         * only arise when the epoch is shorter than the world. */
+        for (uint32_t r = 0; r < R; r++)
+            if (rc[r] == 0) {
+                err = sl_fail(msg, len, SL_EINVAL,
+                              "rank %" PRIu32 " gets no samples: %" PRIu64
+                              " draws are too few for the rank weights",
+                              r, st->V);
+                goto out;
+            }
+        if ((err = sl_mix_build(&st->rtree, st->rpre, R)) != 0)
+            goto nomem;
+    } else if (cfg->drop_last) {
+        st->S = st->V / R * R;
+    } else {
+        st->pad = 1;
+    }
+    if ((err = strat_keys(st)) != 0)
+        goto nomem;
+    goto out;
+nomem:
+    err = sl_fail(msg, len, -ENOMEM, "out of memory");
+out:
+    free(m);
+    free(rc);
+    if (err)
+        sl_strat_close(st);
+    return err;
+}
+
+void sl_strat_close(sl_strat *st)
+{
+    free(st->leaf_class);
+    free(st->pre);
+    free(st->rpre);
+    free(st->fk);
+    free(st->fk_pass);
+    sl_mix_close(&st->ctree);
+    sl_mix_close(&st->rtree);
+    memset(st, 0, sizeof(*st));
+}
