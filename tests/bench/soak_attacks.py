@@ -352,6 +352,19 @@ class Legit:
         self.ch.close()
 
 
+def fd_kinds(pid):
+    """The daemon's open file descriptors by kind (socket, pipe, anon_inode, file)."""
+    kinds = {}
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            t = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        k = t.split(":", 1)[0] if ":" in t and not t.startswith("/") else "file"
+        kinds[k] = kinds.get(k, 0) + 1
+    return kinds
+
+
 def setup(legit):
     """The attackers' dataset, job and a 64 MiB checkpoint to deep-verify."""
     legit.feed.create_dataset("atk", SAMPLES)
@@ -383,13 +396,14 @@ def main():
     results, ok = [], True
     try:
         setup(legit)
+        fds_before = fd_kinds(d.proc.pid)
         legit.start()
         soak = subprocess.Popen([a.soak, "--addr", d.addr, "--streams", str(a.streams),
                                  "--duration", str(a.duration), "--interval", "60", "--json"] + a.soak_args.split(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         atk = Attacks(d.addr)
         names = a.attacks.split(",")
-        t_end = time.monotonic() + a.duration - 5
+        t_end = time.monotonic() + a.duration - 15
         first_round_end = None
         i = 0
         while time.monotonic() + 5 < t_end:
@@ -421,6 +435,7 @@ def main():
             if i == len(names):
                 first_round_end = time.monotonic()
         out, err = soak.communicate(timeout=a.duration + 300)
+        fds_after = fd_kinds(d.proc.pid)
     finally:
         legit.close()
         rc = d.stop()
@@ -450,6 +465,7 @@ def main():
             events[ev] = events.get(ev, 0) + 1
     legit_cut = [l for l in log.splitlines() if "127.0.0.1:" in l and "event=rpc_flood" in l]
     print("  daemon: exit %s; warnings and errors logged: %s" % (rc, events or "none"))
+    print("  fds:    before the load %s, after it %s" % (fds_before, fds_after))
     for l in legit_cut[:5]:
         print("  a legitimate connection was cut: " + l)
     for e in legit.errors[:10]:
