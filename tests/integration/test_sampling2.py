@@ -12,7 +12,7 @@ import unittest
 import grpc
 
 from sluice.client import Client
-from sltest import Daemon
+from sltest import Daemon, cli
 
 C = grpc.StatusCode
 
@@ -152,6 +152,50 @@ class Sampling2Test(unittest.TestCase):
                 self.assertEqual(code, C.INVALID_ARGUMENT, msg)
                 self.assertIn(needle, msg.lower() if needle.islower() else msg)
         self.assertEqual(self.c.list_jobs(), [])
+
+    def test_cli(self):
+        import json
+        import tempfile
+        labels = [0, 1, 1, 2, 0, 1, 1, 1]
+        with tempfile.TemporaryDirectory() as tmp:
+            u32 = os.path.join(tmp, "labels.u32")
+            with open(u32, "wb") as f:
+                f.write(struct.pack("<8I", *labels))
+            bad = os.path.join(tmp, "bad.u32")
+            with open(bad, "wb") as f:
+                f.write(struct.pack("<8I", *labels[:7], 1 << 20))
+            r = cli("--json", "dataset", "create", "ds", "--samples", "8", addr=self.d.addr)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = cli("--json", "dataset", "labels", "ds", "--file", bad, "--format", "u32",
+                    addr=self.d.addr)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("label 1048576 of sample 7", r.stderr)
+            r = cli("--json", "dataset", "labels", "ds", "--file", u32, "--format", "u32",
+                    addr=self.d.addr)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            d = json.loads(r.stdout)
+            self.assertEqual((d["has_labels"], d["classes"]), (True, 3))
+            self.assertEqual(d["labels_sha256"],
+                             hashlib.sha256(struct.pack("<8I", *labels)).hexdigest())
+        r = cli("--json", "job", "create", "j", "--dataset", "ds", "--world-size", "2",
+                "--stratify", addr=self.d.addr)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(json.loads(r.stdout)["stratify"])
+        r = cli("--json", "job", "create", "k", "--dataset", "ds", "--world-size", "2",
+                "--class-weights", "1,1", addr=self.d.addr)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("2 class weights for 3 class ids", r.stderr)
+        r = cli("--json", "job", "create", "k", "--dataset", "ds", "--world-size", "2",
+                "--rank-weights", "1,0", addr=self.d.addr)
+        self.assertNotEqual(r.returncode, 0)
+        r = cli("--json", "job", "create", "k", "--dataset", "ds", "--world-size", "2",
+                "--class-weights", "1,1,2", "--epoch-length", "16", "--rank-weights", "3,1",
+                addr=self.d.addr)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        j = json.loads(r.stdout)
+        self.assertEqual((j["n_class_weights"], j["epoch_length"], j["n_rank_weights"]),
+                         (3, 16, 2))
+        self.assertEqual(sorted(len(s) for s in self.shares("k", 2)), [4, 12])
 
     # ---- jobs ----
 
