@@ -54,3 +54,10 @@ add_test(NAME sampling2_integration
          COMMAND ${SL_PYTHON} -m unittest -v test_sampling2
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
 set_tests_properties(sampling2_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
+
+# Stratified shares under torchrun (3 DDP ranks, gloo, CPU) on an imbalanced dataset; ~10 s.
+add_test(NAME sampling2_torchrun
+         COMMAND ${SL_PYTHON} -m unittest -v test_torch_strat
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+set_tests_properties(sampling2_torchrun PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
+                     LABELS "python;feed")

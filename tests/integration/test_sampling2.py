@@ -265,6 +265,27 @@ class Sampling2Test(unittest.TestCase):
         for c in range(3):
             self.assertAlmostEqual(got[c] / len(flat), 1 / 3, delta=0.01)
 
+    def test_torch_sampler_settings(self):
+        import sluice.torch as st
+        labels = imbalanced(300, [10, 1])
+        s = st.DistributedSampler(num_samples=300, num_replicas=2, rank=1, job="t",
+                                  address=self.d.addr, stratify=True, labels=labels,
+                                  drop_last=True, rank_weights=[1, 1])
+        self.assertEqual(s.shuffle_mode, "feistel")
+        self.assertTrue(self.c.get_dataset("t-data").has_labels)
+        idx = list(iter(s))
+        got = collections.Counter(labels[i] for i in idx)
+        for c, nc in collections.Counter(labels).items():
+            self.assertIn(got[c], (nc // 2, -(-nc // 2)))
+        for kw, key in [(dict(stratify=False), "stratify"),
+                        (dict(stratify=True, rank_weights=[2, 1]), "rank_weights")]:
+            with self.subTest(kw=kw):
+                with self.assertRaises(st.JobMismatchError) as e:
+                    st.DistributedSampler(num_samples=300, num_replicas=2, rank=0, job="t",
+                                          address=self.d.addr, drop_last=True,
+                                          shuffle_mode="feistel", labels=labels, **kw)
+                self.assertIn(key, str(e.exception))
+
     def test_weighted_shares(self):
         self.c.create_dataset("ds", 1000)
         job = self.c.create_job("j", "ds", 3, rank_weights=[2, 1, 1], drop_last=True)
