@@ -1,4 +1,5 @@
-/* sluice dataset: datasets on the daemon (sluice.v1.Datasets): create, lengths, ls, show, rm. */
+/* sluice dataset: datasets on the daemon (sluice.v1.Datasets): create, lengths, labels, ls, show,
+ * rm. */
 #include "cli.h"
 
 #include "err.h"
@@ -25,10 +26,11 @@ static int set_form(void *field, const char *arg)
 static const sl_cli_opt dataset_table[] = {
     {"samples", SL_CLI_U64, "N", "number of samples (create)", SL_CLI_AT(dataset_opts, samples),
      .min = 1, .max = UINT64_C(1) << 62},
-    {"file", SL_CLI_STR, "FILE", "lengths file, '-' for stdin (lengths)",
+    {"file", SL_CLI_STR, "FILE", "lengths or labels file, '-' for stdin (lengths, labels)",
      SL_CLI_AT(dataset_opts, file)},
-    {"format", SL_CLI_CALL, "FMT", "text (default) or u32 (lengths)", SL_CLI_AT(dataset_opts, form),
-     .call = set_form, .err = "must be text or u32", .flags = SL_CLI_PLAIN},
+    {"format", SL_CLI_CALL, "FMT", "text (default) or u32 little-endian (lengths, labels)",
+     SL_CLI_AT(dataset_opts, form), .call = set_form, .err = "must be text or u32",
+     .flags = SL_CLI_PLAIN},
     SL_CLI_OPTS_END,
 };
 
@@ -38,12 +40,17 @@ static void print_dataset(const sl_cli *cli, const sl_dataset *d)
         printf("{\"name\":");
         sl_cli_json_str(stdout, d->name);
         printf(",\"samples\":%" PRIu64 ",\"has_lengths\":%s,\"lengths_sha256\":\"%s\","
-               "\"created_ms\":%" PRIu64 ",\"jobs\":%u}\n",
+               "\"created_ms\":%" PRIu64 ",\"jobs\":%u,\"has_labels\":%s,\"labels_sha256\":\"%s\","
+               "\"classes\":%u}\n",
                d->samples, d->has_lengths ? "true" : "false", d->lengths_sha256, d->created_ms,
-               d->jobs);
+               d->jobs, d->has_labels ? "true" : "false", d->labels_sha256, d->classes);
     } else {
-        printf("name:      %s\nsamples:   %" PRIu64 "\nlengths:   %s\njobs:      %u\n", d->name,
-               d->samples, d->has_lengths ? d->lengths_sha256 : "(none)", d->jobs);
+        printf("name:      %s\nsamples:   %" PRIu64 "\nlengths:   %s\nlabels:    %s\n", d->name,
+               d->samples, d->has_lengths ? d->lengths_sha256 : "(none)",
+               d->has_labels ? d->labels_sha256 : "(none)");
+        if (d->has_labels)
+            printf("classes:   %u\n", d->classes);
+        printf("jobs:      %u\n", d->jobs);
     }
 }
 
@@ -75,6 +82,75 @@ static int upload_lengths(const sl_cli *cli, sl_client *c, const dataset_opts *o
     free(v);
     if (r)
         return sl_cli_call_fail(cli, "dataset");
+    print_dataset(cli, &d);
+    return SL_CLI_OK;
+}
+
+/* Read class ids in the text form (one decimal per line) or the stored u32 little-endian form,
+ * at most SL_LENGTHS_MAX of them; the daemon checks their range and count. */
+static int read_labels(uint32_t **out, size_t *n, FILE *f, sl_lengths_form form, const char *path)
+{
+    size_t cap = 0;
+    char line[64];
+    uint8_t b[4];
+
+    *out = NULL;
+    *n = 0;
+    for (;;) {
+        unsigned long long v;
+        char *end;
+        if (form == SL_LENGTHS_U32) {
+            size_t got = fread(b, 1, 4, f);
+            if (got == 0)
+                break;
+            if (got != 4)
+                return sl_cli_fail("dataset",
+                                   "%s: %zu bytes after label %zu (a u32 file holds "
+                                   "4 bytes per label)",
+                                   path, got, *n);
+            v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+        } else {
+            if (!fgets(line, sizeof(line), f))
+                break;
+            line[strcspn(line, "\r\n")] = '\0';
+            errno = 0;
+            v = strtoull(line, &end, 10);
+            if (!line[0] || *end || errno || line[0] == '-' || v > UINT32_MAX)
+                return sl_cli_fail("dataset", "%s:%zu: '%s' is not a class id", path, *n + 1, line);
+        }
+        if (*n == SL_LENGTHS_MAX)
+            return sl_cli_fail("dataset", "%s: more than %zu labels", path, SL_LENGTHS_MAX);
+        if (*n == cap) {
+            size_t ncap = cap ? 2 * cap : 4096;
+            uint32_t *nv = realloc(*out, ncap * sizeof(*nv));
+            if (!nv)
+                return sl_cli_fail("dataset", "out of memory");
+            *out = nv;
+            cap = ncap;
+        }
+        (*out)[(*n)++] = (uint32_t)v;
+    }
+    return ferror(f) ? sl_cli_fail("dataset", "%s: read error", path) : 0;
+}
+
+static int upload_labels(const sl_cli *cli, sl_client *c, const dataset_opts *o, const char *name)
+{
+    FILE *f = strcmp(o->file, "-") == 0 ? stdin : fopen(o->file, "rb");
+    uint32_t *v = NULL;
+    size_t n = 0;
+    sl_dataset d;
+    int r;
+
+    if (!f)
+        return sl_cli_fail("dataset", "cannot open '%s': %s", o->file, strerror(errno));
+    r = read_labels(&v, &n, f, o->form, o->file);
+    if (f != stdin)
+        fclose(f);
+    if (!r)
+        r = sl_dataset_upload_labels(c, name, v, n, &d) ? sl_cli_call_fail(cli, "dataset") : 0;
+    free(v);
+    if (r)
+        return r;
     print_dataset(cli, &d);
     return SL_CLI_OK;
 }
@@ -113,6 +189,8 @@ static int call(const sl_cli *cli, sl_client *c, const dataset_opts *o, const ch
 
     if (strcmp(verb, "lengths") == 0)
         return upload_lengths(cli, c, o, name);
+    if (strcmp(verb, "labels") == 0)
+        return upload_labels(cli, c, o, name);
     if (strcmp(verb, "ls") == 0)
         return list(cli, c);
     if (strcmp(verb, "rm") == 0) {
@@ -133,7 +211,8 @@ static int check_args(const dataset_opts *o, int argc, char **argv)
     const char *verb;
 
     if (argc < 1) {
-        fprintf(stderr, "sluice dataset: missing subcommand (create, lengths, ls, show, rm)\n");
+        fprintf(stderr,
+                "sluice dataset: missing subcommand (create, lengths, labels, ls, show, rm)\n");
         return SL_CLI_USAGE;
     }
     verb = argv[0];
@@ -150,12 +229,12 @@ static int check_args(const dataset_opts *o, int argc, char **argv)
         fprintf(stderr, "sluice dataset create: --samples is required\n");
         return SL_CLI_USAGE;
     }
-    if (strcmp(verb, "lengths") == 0 && !o->file) {
-        fprintf(stderr, "sluice dataset lengths: --file is required\n");
+    if ((strcmp(verb, "lengths") == 0 || strcmp(verb, "labels") == 0) && !o->file) {
+        fprintf(stderr, "sluice dataset %s: --file is required\n", verb);
         return SL_CLI_USAGE;
     }
-    if (strcmp(verb, "create") && strcmp(verb, "lengths") && strcmp(verb, "ls") &&
-        strcmp(verb, "show") && strcmp(verb, "rm")) {
+    if (strcmp(verb, "create") && strcmp(verb, "lengths") && strcmp(verb, "labels") &&
+        strcmp(verb, "ls") && strcmp(verb, "show") && strcmp(verb, "rm")) {
         fprintf(stderr, "sluice dataset: unknown subcommand '%s'\n", verb);
         return SL_CLI_USAGE;
     }

@@ -3,6 +3,7 @@
 
 #include "err.h"
 #include "opt.h"
+#include "sample/sample.h"
 #include "sluice_feed.h"
 #include "util/num.h"
 
@@ -10,10 +11,44 @@
 #include <stdlib.h>
 #include <string.h>
 
+typedef struct weights {
+    double *v;
+    size_t n;
+} weights;
+
 typedef struct job_opts {
     sl_job spec;
     int mesh_given;
+    weights class_w, rank_w;
 } job_opts;
+
+/* "W0,W1,...": weights > 0 and finite (sample.h), at most `max`. */
+static int set_weights(weights *w, const char *what, size_t max, const char *arg)
+{
+    char msg[256];
+    double *v = calloc(max, sizeof(*v));
+
+    if (!v)
+        return sl_cli_fail("job", "out of memory");
+    if (sl_sample_weights_parse(v, &w->n, max, arg, what, msg, sizeof(msg)) != 0) {
+        free(v);
+        fprintf(stderr, "sluice job: %s\n", msg);
+        return SL_CLI_USAGE;
+    }
+    free(w->v);
+    w->v = v;
+    return 0;
+}
+
+static int set_class_weights(void *field, const char *arg)
+{
+    return set_weights(field, "class", SL_SAMPLE_MAX_CLASSES, arg);
+}
+
+static int set_rank_weights(void *field, const char *arg)
+{
+    return set_weights(field, "rank", 65536, arg);
+}
 
 /* "DP,TP,CP,PP": four sizes >= 1. */
 static int set_mesh(void *field, const char *arg)
@@ -45,6 +80,17 @@ static const sl_cli_opt job_table[] = {
     {"mesh", SL_CLI_CALL, "DP,TP,CP,PP", "device mesh sizes (product = world size)", AT(mesh),
      SL_CLI_SEEN(job_opts, mesh_given), .call = set_mesh, .err = "is not DP,TP,CP,PP (each >= 1)"},
     NAME("mesh-order", "ORDER", "mesh axes outermost first, e.g. pp,dp,cp,tp", mesh.order),
+    SL_CLI_LINE("Classes and weights (docs/sampling.md; classes need the dataset's labels):"),
+    {"stratify", SL_CLI_FLAG, NULL, "every dp rank holds each class in proportion", AT(stratify)},
+    {"balance-classes", SL_CLI_FLAG, NULL, "class-balanced epochs, classes drawn uniformly",
+     AT(balance_classes)},
+    {"class-weights", SL_CLI_CALL, "W0,W1,...",
+     "class-balanced epochs with these class proportions", SL_CLI_AT(job_opts, class_w),
+     .call = set_class_weights},
+    {"epoch-length", SL_CLI_U64, "L", "samples per class-balanced epoch (default N)",
+     AT(epoch_length), .max = UINT64_C(1) << 62},
+    {"rank-weights", SL_CLI_CALL, "W0,W1,...", "one weight per dp rank: shares proportional",
+     SL_CLI_AT(job_opts, rank_w), .call = set_rank_weights},
     SL_CLI_LINE("Batching (the job streams token-budget batches instead of indices):"),
     {"strategy", SL_CLI_COPY, "S", "pad, bucket, dynamic or packed", AT(batching.strategy),
      BATCHING, .err = "is too long"},
@@ -82,6 +128,11 @@ static void print_job_json(const sl_job *j)
            j->world_size, j->dp_size, j->partition, j->chunk_size, j->shuffle, j->seed,
            j->drop_last ? "true" : "false", j->manual_advance ? "true" : "false", j->epoch,
            j->resized_in_epoch ? "true" : "false", j->created_ms);
+    printf(
+        ",\"stratify\":%s,\"balance_classes\":%s,\"n_class_weights\":%u,\"epoch_length\":%" PRIu64
+        ",\"n_rank_weights\":%u",
+        j->stratify ? "true" : "false", j->balance_classes ? "true" : "false", j->n_class_weights,
+        j->epoch_length, j->n_rank_weights);
     if (j->mesh.dp || j->mesh.tp || j->mesh.cp || j->mesh.pp)
         printf(",\"mesh\":{\"dp\":%u,\"tp\":%u,\"cp\":%u,\"pp\":%u,\"order\":\"%s\"}", j->mesh.dp,
                j->mesh.tp, j->mesh.cp, j->mesh.pp, j->mesh.order);
@@ -110,6 +161,13 @@ static void print_job(const sl_cli *cli, const sl_job *j)
         printf("batching:    %s, max_batch_size %u, max_seq_len %u, max_tokens %" PRIu64 "\n",
                j->batching.strategy[0] ? j->batching.strategy : "dynamic",
                j->batching.max_batch_size, j->batching.max_seq_len, j->batching.max_tokens);
+    if (j->stratify)
+        printf("classes:     stratified shares\n");
+    if (j->balance_classes || j->n_class_weights)
+        printf("classes:     balanced epochs (%u class weights, epoch length %" PRIu64 ")\n",
+               j->n_class_weights, j->epoch_length);
+    if (j->n_rank_weights)
+        printf("weights:     %u rank weights\n", j->n_rank_weights);
 }
 
 static int list(const sl_cli *cli, sl_client *c, const char *dataset)
@@ -150,9 +208,14 @@ static int call(const sl_cli *cli, sl_client *c, const job_opts *o, const char *
             printf("{\"deleted\":true}\n");
         return err ? sl_cli_call_fail(cli, "job") : SL_CLI_OK;
     }
-    if (strcmp(verb, "create") == 0)
-        err = sl_job_create(c, &o->spec, &out);
-    else if (strcmp(verb, "show") == 0)
+    if (strcmp(verb, "create") == 0) {
+        sl_job spec = o->spec;
+        spec.class_weights = o->class_w.v;
+        spec.n_class_weights = (uint32_t)o->class_w.n;
+        spec.rank_weights = o->rank_w.v;
+        spec.n_rank_weights = (uint32_t)o->rank_w.n;
+        err = sl_job_create(c, &spec, &out);
+    } else if (strcmp(verb, "show") == 0)
         err = sl_job_get(c, name, &out);
     else
         err =
@@ -215,6 +278,8 @@ static int job_run(sl_cli *cli, sl_client *unused, void *opts, int argc, char **
         return r;
     r = call(cli, c, o, argv[0]);
     sl_client_close(c);
+    free(o->class_w.v);
+    free(o->rank_w.v);
     return r;
 }
 

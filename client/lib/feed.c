@@ -73,6 +73,9 @@ static void from_dataset(sl_dataset *out, const Sluice__V1__Dataset *d)
     cpy(out->lengths_sha256, sizeof(out->lengths_sha256), d->lengths_sha256);
     out->created_ms = d->created_ms;
     out->jobs = d->jobs;
+    out->has_labels = d->has_labels;
+    cpy(out->labels_sha256, sizeof(out->labels_sha256), d->labels_sha256);
+    out->classes = d->classes;
 }
 
 static void conv_dataset(void *dst, const void *src)
@@ -114,8 +117,10 @@ int sl_dataset_get(sl_client *c, const char *name, sl_dataset *out)
     return dataset_reply(err, resp, out);
 }
 
-int sl_dataset_upload_lengths(sl_client *c, const char *name, const uint32_t *lengths, uint64_t n,
-                              sl_dataset *out)
+/* One client stream of u32 values per sample (UploadLengths, UploadLabels): both requests are
+ * (name = 1, repeated uint32 = 2), so one message type packs either. */
+static int upload_u32(sl_client *c, const char *method, const char *name, const uint32_t *v,
+                      uint64_t n, sl_dataset *out)
 {
     Sluice__V1__UploadLengthsRequest msg = SLUICE__V1__UPLOAD_LENGTHS_REQUEST__INIT;
     Sluice__V1__Dataset *resp = NULL;
@@ -124,13 +129,13 @@ int sl_dataset_upload_lengths(sl_client *c, const char *name, const uint32_t *le
     uint64_t off = 0;
     int err, ferr;
 
-    err = sl_rpc_stream_open(&s, c->rpc, P_DATASETS "UploadLengths", -1);
+    err = sl_rpc_stream_open(&s, c->rpc, method, -1);
     if (err)
         return sl_client_set_error(err, "cannot start the upload: %s", sl_strerror(err));
     msg.name = (char *)name;
     do {
         uint64_t k = n - off < (1u << 20) ? n - off : (1u << 20);
-        msg.lengths = (uint32_t *)(lengths + off);
+        msg.lengths = (uint32_t *)(v + off);
         msg.n_lengths = (size_t)k;
         err = sl_rpc_stream_write(s, &msg.base, 0);
         off += k;
@@ -148,6 +153,18 @@ int sl_dataset_upload_lengths(sl_client *c, const char *name, const uint32_t *le
     else if (err)
         err = sl_client_set_error(err, "upload failed: %s", sl_strerror(err));
     return dataset_reply(err, resp, out);
+}
+
+int sl_dataset_upload_lengths(sl_client *c, const char *name, const uint32_t *lengths, uint64_t n,
+                              sl_dataset *out)
+{
+    return upload_u32(c, P_DATASETS "UploadLengths", name, lengths, n, out);
+}
+
+int sl_dataset_upload_labels(sl_client *c, const char *name, const uint32_t *labels, uint64_t n,
+                             sl_dataset *out)
+{
+    return upload_u32(c, P_DATASETS "UploadLabels", name, labels, n, out);
 }
 
 int sl_dataset_list(sl_client *c, sl_dataset **out, size_t *n)
@@ -214,6 +231,11 @@ static void from_job(sl_job *out, const Sluice__V1__Job *j)
     out->created_ms = j->created_ms;
     out->dp_size = j->dp_size;
     out->resized_in_epoch = j->resized_in_epoch;
+    out->stratify = j->stratify;
+    out->balance_classes = j->balance_classes;
+    out->epoch_length = j->epoch_length;
+    out->n_class_weights = (uint32_t)j->n_class_weights;
+    out->n_rank_weights = (uint32_t)j->n_rank_weights;
 }
 
 static void conv_job(void *dst, const void *src)
@@ -261,6 +283,13 @@ int sl_job_create(sl_client *c, const sl_job *spec, sl_job *out)
     j.seed = spec->seed;
     j.drop_last = spec->drop_last;
     j.manual_advance = spec->manual_advance;
+    j.stratify = spec->stratify;
+    j.balance_classes = spec->balance_classes;
+    j.epoch_length = spec->epoch_length;
+    j.class_weights = (double *)spec->class_weights;
+    j.n_class_weights = spec->class_weights ? spec->n_class_weights : 0;
+    j.rank_weights = (double *)spec->rank_weights;
+    j.n_rank_weights = spec->rank_weights ? spec->n_rank_weights : 0;
     if (spec->has_batching) {
         const sl_job_batching *b = &spec->batching;
         bc.strategy = (char *)b->strategy;

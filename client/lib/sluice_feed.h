@@ -27,6 +27,9 @@ typedef struct sl_dataset {
     char lengths_sha256[65];
     uint64_t created_ms;
     uint32_t jobs; /* jobs using it */
+    int has_labels;
+    char labels_sha256[65];
+    uint32_t classes; /* 1 + the largest class id in the labels */
 } sl_dataset;
 
 /* Datasets.Create: a dataset of `samples` samples named `name`. Returns 0 and, if `out` is not
@@ -38,6 +41,13 @@ SL_API int sl_dataset_create(sl_client *c, const char *name, uint64_t samples, s
  * NULL, the dataset with its lengths checksum; a negative error otherwise. */
 SL_API int sl_dataset_upload_lengths(sl_client *c, const char *name, const uint32_t *lengths,
                                      uint64_t n, sl_dataset *out);
+
+/* Datasets.UploadLabels: stream the n class ids of dataset `name` (n must equal its sample count,
+ * each below 2^20), 1 Mi per message; `labels` stays the caller's. Returns 0 and, if `out` is not
+ * NULL, the dataset with its labels checksum and class count; SL_EINVAL (wrong count, a class id
+ * over the maximum), SL_ESTATE (jobs use the labels) or another negative error. */
+SL_API int sl_dataset_upload_labels(sl_client *c, const char *name, const uint32_t *labels,
+                                    uint64_t n, sl_dataset *out);
 
 /* Datasets.Get: dataset `name` into the caller's *out (not NULL). Returns 0, SL_ENOTFOUND or
  * another negative error. */
@@ -80,6 +90,17 @@ typedef struct sl_job {
     int manual_advance;
     int has_batching;
     sl_job_batching batching;
+    /* Sampling II (docs/sampling.md). Stratified shares or class-balanced epochs (class weights,
+     * one per class id, or balance_classes for uniform ones) need the dataset's labels; rank
+     * weights, one per dp rank, size the shares. The weight arrays are borrowed on input; on
+     * output (sl_job_get, sl_job_list) they are NULL and only their counts are reported. */
+    int stratify;
+    int balance_classes;
+    uint64_t epoch_length; /* class-balanced samples per epoch; 0 = N */
+    const double *class_weights;
+    uint32_t n_class_weights;
+    const double *rank_weights;
+    uint32_t n_rank_weights;
     uint64_t epoch;       /* output */
     uint64_t created_ms;  /* output */
     uint32_t dp_size;     /* output */

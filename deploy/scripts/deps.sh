@@ -3,7 +3,7 @@
 # --test adds what the test suite needs (PyTorch for the peer comparisons, numpy; PyYAML and
 # systemd-analyze for the deployment checks; clang and its libFuzzer runtime for tests/fuzz/run.sh;
 # valgrind for the memcheck run; python3-h2 (with python3-hpack) for the raw HTTP/2 attacks of
-# test_attacks.py).
+# test_attacks.py); python3-sklearn for the StratifiedKFold comparison of test_sampling2.py).
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config
@@ -12,7 +12,7 @@ pkgs=(build-essential cmake pkg-config
       python3 python3-grpcio python3-protobuf)
 if [[ "${1:-}" == "--test" ]]; then
   pkgs+=(clang-format openssl prometheus python3-torch python3-numpy python3-yaml systemd
-         clang-14 libclang-rt-14-dev valgrind python3-h2)
+         clang-14 libclang-rt-14-dev valgrind python3-h2 python3-sklearn)
 fi
 
 missing=()

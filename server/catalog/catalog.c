@@ -112,6 +112,10 @@ static const char *const migrations[] = {
     "  removed_ms INTEGER NOT NULL,\n"
     "  PRIMARY KEY (job, name)\n"
     ") WITHOUT ROWID;\n",
+    /* 6: per-sample labels (class ids) of a dataset, stored like its lengths: the checksum of
+     * the complete file ('' when it has none) and 1 + the largest class id in it. */
+    "ALTER TABLE feed_datasets ADD COLUMN labels_sha256 TEXT NOT NULL DEFAULT '';\n"
+    "ALTER TABLE feed_datasets ADD COLUMN classes INTEGER NOT NULL DEFAULT 0;\n",
 };
 
 #define N_MIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))

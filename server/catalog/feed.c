@@ -43,7 +43,8 @@ static void rollback(sl_cat *cat)
 
 #define DATASET_COLS                                                                               \
     "SELECT d.name, d.samples, d.lengths_sha256, d.created_ms, "                                   \
-    "(SELECT count(*) FROM feed_jobs j WHERE j.dataset = d.name) FROM feed_datasets d "
+    "(SELECT count(*) FROM feed_jobs j WHERE j.dataset = d.name), d.labels_sha256, d.classes "     \
+    "FROM feed_datasets d "
 
 static void read_dataset(sl_cat_dataset *out, sqlite3_stmt *st)
 {
@@ -54,6 +55,9 @@ static void read_dataset(sl_cat_dataset *out, sqlite3_stmt *st)
     out->has_lengths = out->lengths_sha256[0] != '\0';
     out->created_ms = sqlite3_column_int64(st, 3);
     out->jobs = (uint32_t)sqlite3_column_int64(st, 4);
+    sl_cat_copy_col(out->labels_sha256, sizeof(out->labels_sha256), st, 5);
+    out->has_labels = out->labels_sha256[0] != '\0';
+    out->classes = (uint32_t)sqlite3_column_int64(st, 6);
 }
 
 int sl_cat_dataset_create(sl_cat *cat, const char *name, uint64_t samples, int64_t now_ms)
@@ -121,6 +125,25 @@ int sl_cat_dataset_set_lengths(sl_cat *cat, const char *name, const char *sha256
     sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, sha256, -1, SQLITE_STATIC);
     err = run(cat, st, "dataset_set_lengths", 0);
+    if (!err && sqlite3_changes(cat->db) == 0)
+        err = SL_ENOTFOUND;
+    sqlite3_finalize(st);
+    return err;
+}
+
+int sl_cat_dataset_set_labels(sl_cat *cat, const char *name, const char *sha256, uint32_t classes)
+{
+    sqlite3_stmt *st = NULL;
+    int err = sl_cat_prepare(
+        cat, &st, "UPDATE feed_datasets SET labels_sha256 = ?2, classes = ?3 WHERE name = ?1",
+        "dataset_set_labels");
+
+    if (err)
+        return err;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, sha256, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, classes);
+    err = run(cat, st, "dataset_set_labels", 0);
     if (!err && sqlite3_changes(cat->db) == 0)
         err = SL_ENOTFOUND;
     sqlite3_finalize(st);

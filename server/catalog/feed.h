@@ -28,6 +28,9 @@ typedef struct sl_cat_dataset {
     char lengths_sha256[65];
     int64_t created_ms;
     uint32_t jobs; /* jobs referring to it */
+    int has_labels;
+    char labels_sha256[65];
+    uint32_t classes; /* 1 + the largest class id in the labels (0 without labels) */
 } sl_cat_dataset;
 
 /* Insert a dataset without lengths. SL_EEXIST if the name is taken. */
@@ -41,6 +44,10 @@ int sl_cat_dataset_list(sl_cat *cat, int (*fn)(const sl_cat_dataset *d, void *ar
 
 /* Record that the dataset's lengths file is complete with this checksum. SL_ENOTFOUND. */
 int sl_cat_dataset_set_lengths(sl_cat *cat, const char *name, const char *sha256);
+
+/* Record that the dataset's labels file is complete with this checksum and 1 + its largest class
+ * id. SL_ENOTFOUND. */
+int sl_cat_dataset_set_labels(sl_cat *cat, const char *name, const char *sha256, uint32_t classes);
 
 /* Delete a dataset. SL_ENOTFOUND if absent, SL_ESTATE if a job uses it. */
 int sl_cat_dataset_delete(sl_cat *cat, const char *name);

@@ -1,11 +1,12 @@
-/* sluice.v1.Datasets: registration and per-sample lengths files.
+/* sluice.v1.Datasets: registration and per-sample lengths and labels files.
  *
- * Lengths arrive as a client stream and are written to a temporary file next to their final
- * name while they are hashed; at the end of the stream the file is made durable and staged under
- * a name carrying its checksum, the checksum goes into the catalog, then the staged file replaces
- * the old lengths (upload_finish). Nothing is visible before the bytes are durable, and a failed
- * or interrupted upload never damages the lengths stored before it. The writes
- * run on the loop thread: they are page-cache writes of at most one message (a few MiB) each.
+ * Lengths (and labels, the same way: one u32 per sample) arrive as a client stream and are written
+ * to a temporary file next to their final name while they are hashed; at the end of the stream the
+ * file is made durable and staged under a name carrying its checksum, the checksum goes into the
+ * catalog, then the staged file replaces the old lengths (upload_finish). Nothing is visible before
+ * the bytes are durable, and a failed or interrupted upload never damages the lengths stored before
+ * it. The writes run on the loop thread: they are page-cache writes of at most one message (a few
+ * MiB) each.
  */
 #include "internal.h"
 #include "util/array.h"
@@ -35,6 +36,9 @@ static void describe(const sl_cat_dataset *d, Sluice__V1__Dataset *out)
     out->lengths_sha256 = (char *)d->lengths_sha256;
     out->created_ms = (uint64_t)d->created_ms;
     out->jobs = d->jobs;
+    out->has_labels = d->has_labels;
+    out->labels_sha256 = (char *)d->labels_sha256;
+    out->classes = d->classes;
 }
 
 static void reply_dataset(sl_rpc_call *call, sl_feed *f, const char *name)
@@ -172,14 +176,30 @@ static void delete (sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     if (feed_lengths_path(f, req->name, path, sizeof(path)) == 0 &&
         (err = sl_store_unlink(path)) != 0)
         sl_log_warn("lengths_unlink_failed", "path=%s error=\"%s\"", path, sl_store_strerror(err));
+    if (feed_labels_path(f, req->name, path, sizeof(path)) == 0 &&
+        (err = sl_store_unlink(path)) != 0)
+        sl_log_warn("labels_unlink_failed", "path=%s error=\"%s\"", path, sl_store_strerror(err));
     sl_log_info("dataset_deleted", "name=%s", req->name);
     sl_rpc_call_reply(call, &resp.base);
 }
 
-/* ---- UploadLengths ---- */
+/* ---- UploadLengths, UploadLabels ---- */
+
+/* What an upload stores: the two files differ in their name, their values' rule and what the
+ * catalog records. */
+typedef struct upload_kind {
+    const char *what;  /* "lengths", "labels": also the file's extension */
+    const char *value; /* "length", "label" */
+    int labels;        /* 1: class ids below SL_SAMPLE_MAX_CLASSES; else lengths >= 1 */
+} upload_kind;
+
+static const upload_kind kind_lengths = {"lengths", "length", 0};
+static const upload_kind kind_labels = {"labels", "label", 1};
 
 typedef struct upload {
     sl_feed *f;
+    const upload_kind *kind;
+    uint32_t classes; /* labels: 1 + the largest class id so far */
     char name[SL_CAT_FEED_NAME_MAX + 1];
     uint64_t samples, got;
     int fd;
@@ -219,19 +239,38 @@ static void upload_discard(upload *u)
         sl_rpc_call_fail(call, __VA_ARGS__);                                                       \
     } while (0)
 
-static void upload_start(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+static void upload_begin(sl_rpc_call *call, void *arg, const upload_kind *kind)
 {
     upload *u = calloc(1, sizeof(*u));
 
-    (void)m;
     if (!u) {
         sl_rpc_call_fail(call, -ENOMEM, "out of memory");
         return;
     }
     u->f = arg;
+    u->kind = kind;
     u->fd = -1;
     sl_rpc_call_set_data(call, u, upload_free);
     sl_rpc_call_read(call);
+}
+
+static void upload_start(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    (void)m;
+    upload_begin(call, arg, &kind_lengths);
+}
+
+static void labels_start(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    (void)m;
+    upload_begin(call, arg, &kind_labels);
+}
+
+/* The stored file of the upload's kind for the dataset `name`. */
+static int upload_path(const upload *u, const char *name, char *buf, size_t len)
+{
+    return u->kind->labels ? feed_labels_path(u->f, name, buf, len)
+                           : feed_lengths_path(u->f, name, buf, len);
 }
 
 /* First message: check the dataset and open the temporary file. */
@@ -246,11 +285,11 @@ static int upload_open(sl_rpc_call *call, upload *u, const char *name)
     err = sl_cat_dataset_get(u->f->cat, &d, name);
     if (err)
         return sl_rpc_call_fail(call, err, "dataset '%s': %s", name, sl_strerror(err)), err;
-    if (d.has_lengths && d.jobs) {
+    if ((u->kind->labels ? d.has_labels : d.has_lengths) && d.jobs) {
         sl_rpc_call_fail(call, SL_ESTATE,
-                         "dataset '%s' already has lengths and %u job(s) use it; its lengths "
+                         "dataset '%s' already has %s and %u job(s) use it; its %s "
                          "cannot change under them",
-                         name, d.jobs);
+                         name, u->kind->what, d.jobs, u->kind->what);
         return SL_ESTATE;
     }
     snprintf(u->name, sizeof(u->name), "%s", name);
@@ -259,14 +298,14 @@ static int upload_open(sl_rpc_call *call, upload *u, const char *name)
     if ((err = sl_store_mkdirs(dir)) != 0)
         return sl_rpc_call_fail(call, err, "cannot create %s: %s", dir, sl_store_strerror(err)),
                err;
-    snprintf(u->tmp, sizeof(u->tmp), "%s/.%s.lengths.%llu.tmp", dir, name,
+    snprintf(u->tmp, sizeof(u->tmp), "%s/.%s.%s.%llu.tmp", dir, name, u->kind->what,
              (unsigned long long)++u->f->upload_seq);
     u->fd = sl_store_create(u->tmp, 0640);
     if (u->fd < 0) {
         err = u->fd;
         u->fd = -1;
-        return sl_rpc_call_fail(call, err, "cannot create the lengths file %s: %s", u->tmp,
-                                sl_store_strerror(err)),
+        return sl_rpc_call_fail(call, err, "cannot create the %s file %s: %s", u->kind->what,
+                                u->tmp, sl_store_strerror(err)),
                err;
     }
     err = sl_sha256_new(&u->sha);
@@ -287,8 +326,9 @@ static void upload_finish(sl_rpc_call *call, upload *u)
         return;
     }
     if (u->got != u->samples) {
-        UPLOAD_FAIL(call, u, SL_EINVAL, "got %llu lengths, dataset '%s' has %llu samples",
-                    (unsigned long long)u->got, u->name, (unsigned long long)u->samples);
+        UPLOAD_FAIL(call, u, SL_EINVAL, "got %llu %s, dataset '%s' has %llu samples",
+                    (unsigned long long)u->got, u->kind->what, u->name,
+                    (unsigned long long)u->samples);
         return;
     }
     /* The complete file is staged under a hidden name that carries its checksum, the catalog
@@ -301,12 +341,13 @@ static void upload_finish(sl_rpc_call *call, upload *u)
     if (!err && fsync(u->fd) != 0)
         err = -errno;
     if (!err)
-        err = feed_lengths_path(u->f, u->name, path, sizeof(path));
-    snprintf(staged, sizeof(staged), "%s/.%s.lengths.%s.new", dir, u->name, hex);
+        err = upload_path(u, u->name, path, sizeof(path));
+    snprintf(staged, sizeof(staged), "%s/.%s.%s.%s.new", dir, u->name, u->kind->what, hex);
     if (!err)
         err = sl_store_rename(u->tmp, staged);
     if (err) {
-        UPLOAD_FAIL(call, u, err, "could not store the lengths file: %s", sl_store_strerror(err));
+        UPLOAD_FAIL(call, u, err, "could not store the %s file: %s", u->kind->what,
+                    sl_store_strerror(err));
         return;
     }
     close(u->fd);
@@ -316,75 +357,129 @@ static void upload_finish(sl_rpc_call *call, upload *u)
         sl_rpc_call_fail(call, err, "could not sync %s: %s", dir, sl_store_strerror(err));
         return;
     }
-    err = sl_cat_dataset_set_lengths(u->f->cat, u->name, hex);
+    err = u->kind->labels ? sl_cat_dataset_set_labels(u->f->cat, u->name, hex, u->classes)
+                          : sl_cat_dataset_set_lengths(u->f->cat, u->name, hex);
     if (err) {
-        /* The old lengths stay (or the dataset was deleted while its lengths arrived). */
+        /* The old file stays (or the dataset was deleted while the new one arrived). */
         sl_store_unlink(staged);
-        sl_rpc_call_fail(call, err, "dataset '%s': could not record the lengths: %s", u->name,
-                         sl_store_strerror(err));
+        sl_rpc_call_fail(call, err, "dataset '%s': could not record the %s: %s", u->name,
+                         u->kind->what, sl_store_strerror(err));
         return;
     }
     if ((err = sl_store_rename(staged, path)) != 0 || (err = sl_store_fsync_dir(dir)) != 0) {
         /* Recorded but not in place: planning refuses the old file (its checksum differs) until
          * the next start moves the staged file into place. */
-        sl_log_error("lengths_rename_failed", "dataset=%s path=%s error=\"%s\"", u->name, staged,
-                     sl_store_strerror(err));
-        sl_rpc_call_fail(call, err, "dataset '%s': lengths recorded but not moved into place: %s",
-                         u->name, sl_store_strerror(err));
+        sl_log_error("upload_rename_failed", "dataset=%s kind=%s path=%s error=\"%s\"", u->name,
+                     u->kind->what, staged, sl_store_strerror(err));
+        sl_rpc_call_fail(call, err, "dataset '%s': %s recorded but not moved into place: %s",
+                         u->name, u->kind->what, sl_store_strerror(err));
         return;
     }
-    sl_log_info("lengths_stored", "dataset=%s samples=%llu sha256=%s", u->name,
-                (unsigned long long)u->got, hex);
+    sl_log_info(u->kind->labels ? "labels_stored" : "lengths_stored",
+                "dataset=%s samples=%llu sha256=%s classes=%u", u->name, (unsigned long long)u->got,
+                hex, u->classes);
     reply_dataset(call, u->f, u->name);
+}
+
+/* Labels into their stored form (u32 little-endian). Returns 0, or SL_EINVAL at the first class
+ * id at or over SL_SAMPLE_MAX_CLASSES (*bad is its index). */
+static int labels_encode(uint8_t *out, const uint32_t *v, size_t n, size_t *bad, uint32_t *classes)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] >= SL_SAMPLE_MAX_CLASSES) {
+            *bad = i;
+            return SL_EINVAL;
+        }
+        if (v[i] + 1 > *classes)
+            *classes = v[i] + 1;
+        out[4 * i] = (uint8_t)v[i];
+        out[4 * i + 1] = (uint8_t)(v[i] >> 8);
+        out[4 * i + 2] = (uint8_t)(v[i] >> 16);
+        out[4 * i + 3] = (uint8_t)(v[i] >> 24);
+    }
+    return 0;
+}
+
+static int upload_encode(sl_rpc_call *call, upload *u, const uint32_t *v, size_t n)
+{
+    size_t bad = 0;
+
+    if (!u->kind->labels) {
+        if (sl_lengths_encode(u->buf, v, n, &bad) == 0)
+            return 0;
+        UPLOAD_FAIL(call, u, SL_EINVAL, "length 0 for sample %llu (lengths must be >= 1)",
+                    (unsigned long long)(u->got + bad));
+        return SL_EINVAL;
+    }
+    if (labels_encode(u->buf, v, n, &bad, &u->classes) == 0)
+        return 0;
+    UPLOAD_FAIL(call, u, SL_EINVAL, "label %u of sample %llu over the maximum class id %u", v[bad],
+                (unsigned long long)(u->got + bad), SL_SAMPLE_MAX_CLASSES - 1);
+    return SL_EINVAL;
+}
+
+/* One message of either upload: its dataset name and its values. NULL req_name: end of stream. */
+static void upload_values(sl_rpc_call *call, upload *u, const char *req_name, const uint32_t *v,
+                          size_t n)
+{
+    size_t bytes;
+    int err;
+
+    if (!req_name) {
+        upload_finish(call, u);
+        return;
+    }
+    if (u->fd < 0) {
+        if (upload_open(call, u, req_name) != 0)
+            return;
+        sl_rpc_call_progress(call);
+    } else if (req_name[0] && strcmp(req_name, u->name) != 0) {
+        UPLOAD_FAIL(call, u, SL_EINVAL, "dataset changed mid-stream from '%s' to '%.140s'", u->name,
+                    req_name);
+        return;
+    }
+    if (n > u->samples - u->got) {
+        UPLOAD_FAIL(call, u, SL_EINVAL, "more than %llu %s for dataset '%s'",
+                    (unsigned long long)u->samples, u->kind->what, u->name);
+        return;
+    }
+    bytes = n * 4;
+    if (bytes && sl_array_grow((void **)&u->buf, &u->buf_cap, bytes - 1, 1, bytes) != 0) {
+        UPLOAD_FAIL(call, u, -ENOMEM, "out of memory");
+        return;
+    }
+    if (upload_encode(call, u, v, n) != 0)
+        return;
+    err = sl_store_pwrite_all(u->fd, u->buf, bytes, 4 * u->got);
+    if (!err)
+        err = sl_sha256_update(u->sha, u->buf, bytes);
+    if (err) {
+        UPLOAD_FAIL(call, u, err, "could not write the %s file: %s", u->kind->what,
+                    sl_strerror(err));
+        return;
+    }
+    u->got += n;
+    if (n)
+        sl_rpc_call_progress(call);
+    sl_rpc_call_read(call);
 }
 
 static void upload_message(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__UploadLengthsRequest *req = (const void *)m;
-    upload *u = sl_rpc_call_data(call);
-    size_t bytes, bad = 0;
-    int err;
 
     (void)arg;
-    if (!req) {
-        upload_finish(call, u);
-        return;
-    }
-    if (u->fd < 0) {
-        if (upload_open(call, u, req->name) != 0)
-            return;
-        sl_rpc_call_progress(call);
-    } else if (req->name[0] && strcmp(req->name, u->name) != 0) {
-        UPLOAD_FAIL(call, u, SL_EINVAL, "dataset changed mid-stream from '%s' to '%.140s'", u->name,
-                    req->name);
-        return;
-    }
-    if (req->n_lengths > u->samples - u->got) {
-        UPLOAD_FAIL(call, u, SL_EINVAL, "more than %llu lengths for dataset '%s'",
-                    (unsigned long long)u->samples, u->name);
-        return;
-    }
-    bytes = req->n_lengths * 4;
-    if (bytes && sl_array_grow((void **)&u->buf, &u->buf_cap, bytes - 1, 1, bytes) != 0) {
-        UPLOAD_FAIL(call, u, -ENOMEM, "out of memory");
-        return;
-    }
-    if (sl_lengths_encode(u->buf, req->lengths, req->n_lengths, &bad) != 0) {
-        UPLOAD_FAIL(call, u, SL_EINVAL, "length 0 for sample %llu (lengths must be >= 1)",
-                    (unsigned long long)(u->got + bad));
-        return;
-    }
-    err = sl_store_pwrite_all(u->fd, u->buf, bytes, 4 * u->got);
-    if (!err)
-        err = sl_sha256_update(u->sha, u->buf, bytes);
-    if (err) {
-        UPLOAD_FAIL(call, u, err, "could not write the lengths file: %s", sl_strerror(err));
-        return;
-    }
-    u->got += req->n_lengths;
-    if (req->n_lengths)
-        sl_rpc_call_progress(call);
-    sl_rpc_call_read(call);
+    upload_values(call, sl_rpc_call_data(call), req ? req->name : NULL, req ? req->lengths : NULL,
+                  req ? req->n_lengths : 0);
+}
+
+static void labels_message(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__UploadLabelsRequest *req = (const void *)m;
+
+    (void)arg;
+    upload_values(call, sl_rpc_call_data(call), req ? req->name : NULL, req ? req->labels : NULL,
+                  req ? req->n_labels : 0);
 }
 
 /* An undecodable message: the temp file goes before the answer, as for any failure. */
@@ -413,6 +508,17 @@ static const sl_rpc_method methods[] = {
         .on_message = upload_message,
         .on_bad_message = upload_bad_message,
         /* Messages without lengths are not progress for the idle timeout. */
+        .handler_progress = 1,
+    },
+    {
+        .name = "UploadLabels",
+        .kind = SL_RPC_CLIENT_STREAM,
+        .access = FEED_ACCESS_ADMIN,
+        .request = &sluice__v1__upload_labels_request__descriptor,
+        .response = &sluice__v1__dataset__descriptor,
+        .on_start = labels_start,
+        .on_message = labels_message,
+        .on_bad_message = upload_bad_message,
         .handler_progress = 1,
     },
     {

@@ -15,7 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define STAGED_SUFFIX_LEN (sizeof(".lengths.") - 1 + 64 + sizeof(".new") - 1)
+/* ".<ext>." + 64 hex digits + ".new": the staged name's suffix after the dataset name. */
+#define STAGED_SUFFIX_LEN(ext) (strlen(ext) + 2 + 64 + sizeof(".new") - 1)
 
 static int ends_with(const char *s, size_t n, const char *suffix)
 {
@@ -24,9 +25,19 @@ static int ends_with(const char *s, size_t n, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* Startup: finish or undo the lengths uploads a crash interrupted (upload_finish in datasets.c
- * writes ".<name>.lengths.<n>.tmp", renames it to ".<name>.lengths.<sha256>.new", records the
- * checksum in the catalog, then renames the file to "<name>.lengths"):
+/* The catalog's checksum of the file of kind `ext` ("lengths" or "labels") of a dataset, or NULL
+ * if the catalog has no such file. */
+static const char *recorded_sha(const sl_cat_dataset *ds, const char *ext)
+{
+    if (strcmp(ext, "labels") == 0)
+        return ds->has_labels ? ds->labels_sha256 : NULL;
+    return ds->has_lengths ? ds->lengths_sha256 : NULL;
+}
+
+/* Startup: finish or undo the lengths (and, the same way, labels) uploads a crash interrupted
+ * (upload_finish in datasets.c writes ".<name>.lengths.<n>.tmp", renames it to
+ * ".<name>.lengths.<sha256>.new", records the checksum in the catalog, then renames the file to
+ * "<name>.lengths"):
  * - a ".tmp" file is an unfinished upload, redundant: removed;
  * - a ".new" file whose checksum is the catalog's was recorded but not moved: moved into place
  *   (over the lengths it replaces). Any other ".new" file is not the catalog's: quarantined;
@@ -34,13 +45,16 @@ static int ends_with(const char *s, size_t n, const char *suffix)
  *   between a delete's commit and its unlink, or a catalog that is older than the file or new):
  *   quarantined, never removed (server/store/quarantine.h). With q NULL such files stay.
  * Returns 0, or the catalog's error if it cannot be read. */
-static int recover_lengths(sl_feed *f, const char *dir, sl_quar *q)
+static int recover_files(sl_feed *f, const char *dir, sl_quar *q, const char *ext)
 {
-    char name[SL_CAT_FEED_NAME_MAX + 1], from[4400], to[4400];
+    char name[SL_CAT_FEED_NAME_MAX + 1], from[4400], to[4400], mid[16], tail[16];
+    size_t sfx = STAGED_SUFFIX_LEN(ext), el = strlen(ext);
     int changed = 0, err = 0;
     struct dirent *e;
     DIR *d;
 
+    snprintf(mid, sizeof(mid), ".%s.", ext);
+    snprintf(tail, sizeof(tail), ".%s", ext);
     if (sl_store_opendir(&d, dir) != 0)
         return 0;
     while (!err && (e = readdir(d)) != NULL) {
@@ -52,11 +66,10 @@ static int recover_lengths(sl_feed *f, const char *dir, sl_quar *q)
 
         if (fstatat(dirfd(d), file, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
             continue;
-        if (file[0] == '.' && ends_with(file, n, ".tmp")) {
+        if (file[0] == '.' && ends_with(file, n, ".tmp") && strstr(file, mid)) {
             action = "removed";
-        } else if (file[0] == '.' && ends_with(file, n, ".new") && n > STAGED_SUFFIX_LEN + 1 &&
-                   strncmp(file + n - STAGED_SUFFIX_LEN, ".lengths.", 9) == 0 &&
-                   (k = n - STAGED_SUFFIX_LEN - 1) < sizeof(name)) {
+        } else if (file[0] == '.' && ends_with(file, n, ".new") && n > sfx + 1 &&
+                   strncmp(file + n - sfx, mid, el + 2) == 0 && (k = n - sfx - 1) < sizeof(name)) {
             memcpy(name, file + 1, k);
             name[k] = '\0';
             rc = sl_cat_dataset_get(f->cat, &ds, name);
@@ -64,10 +77,10 @@ static int recover_lengths(sl_feed *f, const char *dir, sl_quar *q)
                 err = rc;
                 break;
             }
-            promote = rc == 0 && ds.has_lengths &&
-                      strncmp(file + n - STAGED_SUFFIX_LEN + 9, ds.lengths_sha256, 64) == 0;
+            promote = rc == 0 && recorded_sha(&ds, ext) &&
+                      strncmp(file + n - sfx + el + 2, recorded_sha(&ds, ext), 64) == 0;
             action = promote ? "moved into place" : "quarantined";
-        } else if (file[0] != '.' && ends_with(file, n, ".lengths") && (k = n - 8) < sizeof(name)) {
+        } else if (file[0] != '.' && ends_with(file, n, tail) && (k = n - el - 1) < sizeof(name)) {
             memcpy(name, file, k);
             name[k] = '\0';
             rc = sl_cat_dataset_get(f->cat, &ds, name);
@@ -75,7 +88,7 @@ static int recover_lengths(sl_feed *f, const char *dir, sl_quar *q)
                 err = rc;
                 break;
             }
-            if (rc == 0 && ds.has_lengths)
+            if (rc == 0 && recorded_sha(&ds, ext))
                 continue;
             action = "quarantined";
         } else {
@@ -83,22 +96,26 @@ static int recover_lengths(sl_feed *f, const char *dir, sl_quar *q)
         }
         snprintf(from, sizeof(from), "%s/%s", dir, file);
         if (promote) {
-            snprintf(to, sizeof(to), "%s/%s.lengths", dir, name);
+            snprintf(to, sizeof(to), "%s/%s.%s", dir, name, ext);
             rc = sl_store_rename(from, to);
         } else if (strcmp(action, "removed") == 0) {
             rc = sl_store_unlink(from);
         } else if (!q) {
             continue;
         } else {
-            rc = sl_quar_move(q, dir, file, "lengths file the catalog does not know");
+            rc =
+                sl_quar_move(q, dir, file,
+                             strcmp(ext, "labels") == 0 ? "labels file the catalog does not know"
+                                                        : "lengths file the catalog does not know");
         }
         if (rc != 0) {
-            sl_log_warn("lengths_recover_failed", "file=%s error=\"%s\"", from,
+            sl_log_warn("dataset_file_recover_failed", "file=%s error=\"%s\"", from,
                         sl_store_strerror(rc));
             continue;
         }
         changed = 1;
-        sl_log_info("lengths_recovered", "file=%s action=\"%s\"", file, action);
+        sl_log_info(strcmp(ext, "labels") == 0 ? "labels_recovered" : "lengths_recovered",
+                    "file=%s action=\"%s\"", file, action);
     }
     closedir(d);
     if (changed) {
@@ -176,7 +193,9 @@ int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_di
     f->hooks.streams_end = feed_streams_end;
     f->hooks.epoch_began = feed_streams_epoch_began;
     f->hooks.plan_ready = feed_job_plan_ready;
-    err = recover_lengths(f, dir, quarantine);
+    err = recover_files(f, dir, quarantine, "lengths");
+    if (!err)
+        err = recover_files(f, dir, quarantine, "labels");
     if (!err)
         err = feed_reports_init(f);
     if (!err)

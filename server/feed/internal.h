@@ -30,6 +30,7 @@
 
 typedef struct fjob fjob;
 typedef struct fstream fstream;
+typedef struct flabels flabels;
 
 /* The source of a job's shares in one epoch when the epoch was resized: the elastic plan,
  * shared by the job and its streams (reference counted, since streams borrow it). */
@@ -97,7 +98,8 @@ struct fjob {
     uint64_t samples;
     uint64_t epoch;
     int64_t created_ms;
-    sl_sample_config cfg; /* the epoch's config for rank 0 */
+    flabels *labels;      /* the dataset's labels if the spec uses classes, else NULL */
+    sl_sample_config cfg; /* the epoch's config for rank 0 (borrows labels and the spec) */
     uint32_t dp_size;
     uint64_t *counts;   /* [dp_size] share size (indices) of each dp rank this epoch */
     uint64_t *progress; /* [dp_size] reported position of each dp rank */
@@ -156,6 +158,7 @@ struct sl_feed {
      * a message is packed before the next stream runs; streams hold no buffer of their own. */
     void *scratch;
     size_t scratch_cap;
+    flabels *labels; /* labels in memory, one per (dataset, checksum) (labels.c) */
 };
 
 /* ---- spec.c: names and specs (pure) ---- */
@@ -163,13 +166,18 @@ struct sl_feed {
 /* data_dir/datasets/<name>.lengths into buf (name already checked). */
 int feed_lengths_path(const sl_feed *f, const char *name, char *buf, size_t len);
 
+/* data_dir/datasets/<name>.labels into buf (name already checked). */
+int feed_labels_path(const sl_feed *f, const char *name, char *buf, size_t len);
+
 /* 1 if the mesh is set (any dimension non-zero). */
 int feed_mesh_set(const Sluice__V1__Mesh *m);
 
-/* Build the epoch's sample config of a spec for `samples`; validates everything about the spec.
- * Returns 0 or SL_EINVAL / SL_ELIMIT with a message. */
-int feed_spec_config(sl_sample_config *cfg, const Sluice__V1__Job *spec, uint64_t samples,
-                     uint64_t epoch, char *msg, size_t len);
+/* Build the epoch's sample config of a spec for `samples` with the dataset's labels (NULL if it
+ * has none or the spec uses no classes); validates everything about the spec. The config borrows
+ * the spec's weights and the labels. Returns 0 or SL_EINVAL / SL_ELIMIT with a message. */
+int feed_spec_config(sl_sample_config *cfg, const Sluice__V1__Job *spec,
+                     const sl_sample_labels *labels, uint64_t samples, uint64_t epoch, char *msg,
+                     size_t len);
 
 /* The spec's batch config for dp_size ranks (spec->batching must be set). */
 int feed_spec_batch_config(sl_batch_config *bc, const Sluice__V1__Job *spec, uint32_t dp_size,
@@ -249,6 +257,19 @@ int feed_job_rewind(fjob *j, Sluice__V1__Job *spec, uint64_t epoch, const void *
 int feed_job_complete(const fjob *j);
 
 void fsrc_unref(fsrc *s);
+
+/* ---- labels.c: datasets' labels in memory ---- */
+
+/* 1 if the spec needs its dataset's labels (stratify, balance_classes or class_weights). */
+int feed_spec_wants_labels(const Sluice__V1__Job *spec);
+
+/* A reference to the labels of `dataset` as the catalog has them now, loaded (O(N), blocking) if
+ * no job holds them yet. Returns 0, SL_ESTATE (the dataset has no labels), SL_ECORRUPT (the file
+ * is not the catalog's), -errno or -ENOMEM with msg. Release with flabels_unref. */
+int feed_labels_get(flabels **out, sl_feed *f, const char *dataset, char *msg, size_t len);
+const sl_sample_labels *flabels_of(const flabels *fl);
+/* Release a reference. Accepts NULL. */
+void flabels_unref(sl_feed *f, flabels *fl);
 
 /* ---- wait.c ---- */
 

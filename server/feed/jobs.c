@@ -53,6 +53,7 @@ static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     uint32_t dp, dp_size;
     char msg[320];
     fjob *j = NULL;
+    flabels *labels = NULL;
     int err;
 
     if (!in) {
@@ -72,7 +73,18 @@ static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
         snprintf(msg, sizeof(msg), "dataset '%s': %s", in->dataset, sl_strerror(err));
         goto fail;
     }
-    if ((err = feed_spec_config(&cfg, in, d.samples, 0, msg, sizeof(msg))) != 0)
+    if (feed_spec_wants_labels(in) && !d.has_labels) {
+        err = SL_ESTATE;
+        snprintf(msg, sizeof(msg),
+                 "%s needs labels: dataset '%s' has none (upload them with `sluice dataset "
+                 "labels`)",
+                 in->stratify ? "stratify" : "class-balanced epochs", in->dataset);
+        goto fail;
+    }
+    if (feed_spec_wants_labels(in) &&
+        (err = feed_labels_get(&labels, f, in->dataset, msg, sizeof(msg))) != 0)
+        goto fail;
+    if ((err = feed_spec_config(&cfg, in, flabels_of(labels), d.samples, 0, msg, sizeof(msg))) != 0)
         goto fail;
     if ((err = sl_sample_dp_rank(&dp, &dp_size, &cfg, msg, sizeof(msg))) != 0)
         goto fail;
@@ -129,12 +141,14 @@ static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
                 j->dataset, j->spec->world_size, sl_sample_partition_name(j->cfg.partition),
                 sl_sample_shuffle_name(j->cfg.shuffle));
     free(buf);
+    flabels_unref(f, labels);
     reply_job(call, j);
     return;
 fail:
     if (spec)
         sluice__v1__job__free_unpacked(spec, NULL);
     free(buf);
+    flabels_unref(f, labels);
     sl_rpc_call_fail(call, err, "%s", msg);
 }
 

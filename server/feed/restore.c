@@ -100,7 +100,8 @@ int sl_feed_capture(sl_feed *f, const char *job, uint64_t epoch, uint32_t world,
         err = SL_ECORRUPT;
         goto out;
     }
-    if ((err = feed_spec_config(&cfg, spec, j->samples, epoch, msg, len)) != 0 ||
+    if ((err = feed_spec_config(&cfg, spec, flabels_of(j->labels), j->samples, epoch, msg, len)) !=
+            0 ||
         (err = sl_sample_dp_rank(&dp, &dp_size, &cfg, msg, len)) != 0)
         goto out;
     if (!(pos = malloc(sizeof(*pos) * dp_size))) {
@@ -178,7 +179,7 @@ out:
  * before the restore for an index job without an elastic remainder (a batch job's share sizes
  * come from its plan, an elastic epoch's from its remainder plan: 0, unknown). */
 static int state_ends_epoch(const Sluice__V1__Job *spec, const Sluice__V1__FeedState *fs,
-                            const sl_cat_blob *el, uint64_t samples)
+                            const sl_cat_blob *el, const sl_sample_labels *labels, uint64_t samples)
 {
     sl_sample_config c;
     uint32_t dp, dp_size;
@@ -186,7 +187,7 @@ static int state_ends_epoch(const Sluice__V1__Job *spec, const Sluice__V1__FeedS
     char msg[256];
 
     if (spec->batching || spec->manual_advance || el->len ||
-        feed_spec_config(&c, spec, samples, fs->epoch, msg, sizeof(msg)) != 0)
+        feed_spec_config(&c, spec, labels, samples, fs->epoch, msg, sizeof(msg)) != 0)
         return 0;
     for (uint32_t r = 0; r < c.replicas; r++) {
         c.rank = r;
@@ -218,7 +219,7 @@ static int resize_possible(const fjob *j, Sluice__V1__Job *spec, const Sluice__V
     }
     spec->world_size = world;
     spec->mesh = feed_mesh_set(mesh) ? mesh : NULL;
-    err = feed_spec_config(&c, spec, j->samples, fs->epoch, msg, len);
+    err = feed_spec_config(&c, spec, flabels_of(j->labels), j->samples, fs->epoch, msg, len);
     if (!err)
         err = sl_sample_dp_rank(&dp, &dp_size, &c, msg, len);
     spec->world_size = saved_world;
@@ -227,7 +228,7 @@ static int resize_possible(const fjob *j, Sluice__V1__Job *spec, const Sluice__V
         return err;
     for (size_t d = 0; d < fs->n_positions; d++)
         any |= fs->positions[d] > 0;
-    if (!any || state_ends_epoch(spec, fs, el, j->samples))
+    if (!any || state_ends_epoch(spec, fs, el, flabels_of(j->labels), j->samples))
         return 0;
     if (el->len) {
         snprintf(msg, len,

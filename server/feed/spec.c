@@ -14,14 +14,60 @@ int feed_lengths_path(const sl_feed *f, const char *name, char *buf, size_t len)
     return n < 0 || (size_t)n >= len ? SL_ELIMIT : 0;
 }
 
+int feed_labels_path(const sl_feed *f, const char *name, char *buf, size_t len)
+{
+    int n = snprintf(buf, len, "%s/datasets/%s.labels", f->data_dir, name);
+
+    return n < 0 || (size_t)n >= len ? SL_ELIMIT : 0;
+}
+
 int feed_mesh_set(const Sluice__V1__Mesh *m)
 {
     return m && (m->dp || m->tp || m->cp || m->pp);
 }
 
-int feed_spec_config(sl_sample_config *cfg, const Sluice__V1__Job *spec, uint64_t samples,
-                     uint64_t epoch, char *msg, size_t len)
+/* Classes and weights of Sampling II (docs/sampling.md); the sampler checks the values. */
+static int spec_classes(sl_sample_config *cfg, const Sluice__V1__Job *spec,
+                        const sl_sample_labels *labels, char *msg, size_t len)
 {
+    int balance = spec->balance_classes || spec->n_class_weights;
+
+    if (spec->stratify && balance) {
+        snprintf(msg, len,
+                 "stratify and class-balanced epochs (balance_classes, class_weights) "
+                 "exclude each other");
+        return SL_EINVAL;
+    }
+    if (spec->epoch_length && !balance) {
+        snprintf(msg, len,
+                 "epoch_length %llu needs class-balanced epochs (balance_classes or "
+                 "class_weights)",
+                 (unsigned long long)spec->epoch_length);
+        return SL_EINVAL;
+    }
+    if (spec->n_class_weights > SL_SAMPLE_MAX_CLASSES || spec->n_rank_weights > FEED_MAX_WORLD) {
+        snprintf(msg, len, "%zu class weights or %zu rank weights: over the limit",
+                 spec->n_class_weights, spec->n_rank_weights);
+        return SL_ELIMIT;
+    }
+    cfg->classes = spec->stratify ? SL_SAMPLE_CLASSES_STRATIFY
+                   : balance      ? SL_SAMPLE_CLASSES_BALANCE
+                                  : SL_SAMPLE_CLASSES_NONE;
+    cfg->labels = cfg->classes != SL_SAMPLE_CLASSES_NONE ? labels : NULL;
+    cfg->class_weights = spec->class_weights;
+    cfg->n_class_weights = (uint32_t)spec->n_class_weights;
+    cfg->epoch_length = spec->epoch_length;
+    cfg->rank_weights = spec->rank_weights;
+    cfg->n_rank_weights = (uint32_t)spec->n_rank_weights;
+    return 0;
+}
+
+int feed_spec_config(sl_sample_config *cfg, const Sluice__V1__Job *spec,
+                     const sl_sample_labels *labels, uint64_t samples, uint64_t epoch, char *msg,
+                     size_t len)
+{
+    int err;
+
     sl_sample_config_init(cfg);
     cfg->samples = samples;
     if (spec->world_size == 0 || spec->world_size > FEED_MAX_WORLD) {
@@ -57,6 +103,8 @@ int feed_spec_config(sl_sample_config *cfg, const Sluice__V1__Job *spec, uint64_
             return SL_EINVAL;
         }
     }
+    if ((err = spec_classes(cfg, spec, labels, msg, len)) != 0)
+        return err;
     return sl_sample_config_check(cfg, msg, len);
 }
 

@@ -92,7 +92,7 @@ static int elastic_load(fjob *j, const uint8_t *blob, size_t blob_len, char *msg
         snprintf(msg, len, "elastic state of job '%s' is corrupt", j->name);
         return err;
     }
-    err = feed_spec_config(&ocfg, old, j->samples, j->epoch, msg, len);
+    err = feed_spec_config(&ocfg, old, flabels_of(j->labels), j->samples, j->epoch, msg, len);
     if (!err) {
         j->src = calloc(1, sizeof(*j->src));
         if (!j->src)
@@ -187,6 +187,7 @@ static void job_free(fjob *j)
     if (!j)
         return;
     drop_epoch_state(j);
+    flabels_unref(j->feed, j->labels);
     if (j->spec)
         sluice__v1__job__free_unpacked(j->spec, NULL);
     free(j->counts);
@@ -225,7 +226,9 @@ int feed_job_add(sl_feed *f, fjob **out, const char *name, const char *dataset,
     j->samples = samples;
     j->epoch = epoch;
     j->created_ms = created_ms;
-    err = feed_spec_config(&j->cfg, spec, samples, epoch, msg, len);
+    err = feed_spec_wants_labels(spec) ? feed_labels_get(&j->labels, f, dataset, msg, len) : 0;
+    if (!err)
+        err = feed_spec_config(&j->cfg, spec, flabels_of(j->labels), samples, epoch, msg, len);
     if (!err)
         err = setup_counts(j, msg, len);
     if (!err && elastic && elastic_len) {
@@ -281,6 +284,13 @@ void feed_job_describe(const fjob *j, Sluice__V1__Job *out, Sluice__V1__Mesh *me
     out->seed = s->seed;
     out->drop_last = s->drop_last;
     out->manual_advance = s->manual_advance;
+    out->stratify = s->stratify;
+    out->balance_classes = s->balance_classes;
+    out->class_weights = s->class_weights;
+    out->n_class_weights = s->n_class_weights;
+    out->epoch_length = s->epoch_length;
+    out->rank_weights = s->rank_weights;
+    out->n_rank_weights = s->n_rank_weights;
     if (s->batching) {
         *bc = *s->batching;
         out->batching = bc;
@@ -450,7 +460,7 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
         err = -ENOMEM;
         goto out;
     }
-    err = feed_spec_config(&ncfg, nspec, j->samples, j->epoch, msg, len);
+    err = feed_spec_config(&ncfg, nspec, flabels_of(j->labels), j->samples, j->epoch, msg, len);
     if (err)
         goto out;
     ncfg.rank = 0;
@@ -488,8 +498,8 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
             consumed[d] = j->progress[d] < j->counts[d] ? j->progress[d] : j->counts[d];
     }
     if (consumed) {
-        err =
-            feed_spec_config(&ocfg, old_spec ? old_spec : j->spec, j->samples, j->epoch, msg, len);
+        err = feed_spec_config(&ocfg, old_spec ? old_spec : j->spec, flabels_of(j->labels),
+                               j->samples, j->epoch, msg, len);
         if (!err)
             err = sl_sample_elastic_new(&plan, &ocfg, consumed, n_old, ndp, msg, len);
         if (!err)
@@ -544,7 +554,7 @@ int feed_job_rewind(fjob *j, Sluice__V1__Job *spec, uint64_t epoch, const void *
                     size_t len)
 {
     sl_sample_config cfg;
-    int err = feed_spec_config(&cfg, spec, j->samples, epoch, msg, len);
+    int err = feed_spec_config(&cfg, spec, flabels_of(j->labels), j->samples, epoch, msg, len);
 
     if (err) {
         sluice__v1__job__free_unpacked(spec, NULL);

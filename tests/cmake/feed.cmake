@@ -47,3 +47,17 @@ add_executable(feed_state_test unit/feed_state_test.c)
 target_link_libraries(feed_state_test PRIVATE sl_server_core)
 add_test(NAME feed_state_unit COMMAND feed_state_test)
 set_tests_properties(feed_state_unit PROPERTIES TIMEOUT 60)
+
+# Sampling II through the daemon (issue 17): labels, stratified / class-balanced / weighted jobs,
+# a restart mid-epoch and the comparison with scikit-learn's StratifiedKFold.
+add_test(NAME sampling2_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_sampling2
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(sampling2_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
+
+# Stratified shares under torchrun (3 DDP ranks, gloo, CPU) on an imbalanced dataset; ~10 s.
+add_test(NAME sampling2_torchrun
+         COMMAND ${SL_PYTHON} -m unittest -v test_torch_strat
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+set_tests_properties(sampling2_torchrun PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
+                     LABELS "python;feed")

@@ -53,7 +53,7 @@ static void check_job(const Sluice__V1__Job *spec)
 
     check_name("job", spec->name);
     check_name("dataset", spec->dataset);
-    if (feed_spec_config(&cfg, spec, samples, spec->epoch, msg, sizeof(msg)) != 0)
+    if (feed_spec_config(&cfg, spec, NULL, samples, spec->epoch, msg, sizeof(msg)) != 0)
         return;
     if (sl_sample_dp_rank(&dp, &dp_size, &cfg, msg, sizeof(msg)) != 0)
         return;

@@ -58,6 +58,19 @@ class Client:
 
         return self.datasets.UploadLengths(gen(), **self._kw())
 
+    def upload_labels(self, name, labels, per_message=1 << 18):
+        """Upload every sample's class id (a sequence of ints in [0, 2^20), or a numpy array);
+        stratified shares and class-balanced epochs of the dataset's jobs use them."""
+        labels = list(int(x) for x in labels)
+
+        def gen():
+            if not labels:
+                yield feed_pb2.UploadLabelsRequest(name=name)
+            for i in range(0, len(labels), per_message):
+                yield feed_pb2.UploadLabelsRequest(name=name, labels=labels[i:i + per_message])
+
+        return self.datasets.UploadLabels(gen(), **self._kw())
+
     def get_dataset(self, name):
         return self.datasets.Get(feed_pb2.GetDatasetRequest(name=name), **self._kw())
 
@@ -70,12 +83,22 @@ class Client:
     # ---- jobs ----
 
     def create_job(self, name, dataset, world_size, partition="", shuffle="", seed=0,
-                   drop_last=False, manual_advance=False, chunk_size=0, mesh=None, batching=None):
+                   drop_last=False, manual_advance=False, chunk_size=0, mesh=None, batching=None,
+                   stratify=False, class_weights=None, balance_classes=False, epoch_length=0,
+                   rank_weights=None):
         """Create a job. ``mesh`` is a dict (dp, tp, cp, pp, order), ``batching`` a dict of
-        BatchConfig fields (strategy, max_batch_size, max_seq_len, max_tokens, ...)."""
+        BatchConfig fields (strategy, max_batch_size, max_seq_len, max_tokens, ...).
+        Sampling II (docs/sampling.md, needs the dataset's labels except rank_weights):
+        ``stratify`` gives every dp rank each class in proportion; ``class_weights`` (one per
+        class) or ``balance_classes`` (uniform) make class-balanced epochs of ``epoch_length``
+        samples (0: N); ``rank_weights`` (one per dp rank) size the shares."""
         job = feed_pb2.Job(name=name, dataset=dataset, world_size=world_size,
                            partition=partition, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                           manual_advance=manual_advance, chunk_size=chunk_size)
+                           manual_advance=manual_advance, chunk_size=chunk_size,
+                           stratify=bool(stratify), balance_classes=bool(balance_classes),
+                           epoch_length=int(epoch_length),
+                           class_weights=[float(w) for w in (class_weights or ())],
+                           rank_weights=[float(w) for w in (rank_weights or ())])
         if mesh:
             job.mesh.CopyFrom(feed_pb2.Mesh(**mesh))
         if batching:

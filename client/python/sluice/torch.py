@@ -383,13 +383,22 @@ class DistributedSampler(_Fed, Sampler):
     created if they do not exist; an existing job must have the sample count, seed, shuffle
     mode, drop_last and partition given here (JobMismatchError names the difference), unless
     ``attach_any=True``, which takes the job's settings as they are.
+
+    Sampling II (docs/sampling.md): ``stratify=True`` gives every rank each class in proportion;
+    ``class_weights`` (one per class) or ``balance_classes=True`` make class-balanced epochs of
+    ``epoch_length`` samples (default N); ``rank_weights`` (one per rank) size the shares, e.g.
+    for mixed GPU generations. Classes need the dataset's labels: pass ``labels`` (one class id
+    per sample), uploaded when the dataset has none yet. With classes the default shuffle mode is
+    ``feistel`` (torch's permutation is not class-aware). These settings are compared with an
+    existing job's like the others.
     """
 
     def __init__(self, dataset=None, num_replicas=None, rank=None, shuffle=True, seed=0,
                  drop_last=False, *, address=None, job=None, dataset_name=None,
                  num_samples=None, shuffle_mode=None, partition="", chunk_size=0, create=True,
                  attach_any=False, report_every=0, max_chunk=0, retry_seconds=60.0,
-                 lockstep=True, client=None):
+                 lockstep=True, client=None, stratify=False, class_weights=None,
+                 balance_classes=False, epoch_length=0, rank_weights=None, labels=None):
         num_replicas, rank = _world_and_rank(num_replicas, rank)
         self._setup(address, job, num_replicas, rank, client, retry_seconds, lockstep)
         if num_samples is None:
@@ -399,8 +408,11 @@ class DistributedSampler(_Fed, Sampler):
         self.dataset = dataset
         self.report_every = report_every
         self.max_chunk = max_chunk
-        mode = shuffle_mode or ("torch" if shuffle else "none")
+        classes = bool(stratify or balance_classes or class_weights)
+        mode = shuffle_mode or (("feistel" if classes else "torch") if shuffle else "none")
         data = dataset_name or self.job + "-data"
+        class_weights = [float(w) for w in class_weights] if class_weights else []
+        rank_weights = [float(w) for w in rank_weights] if rank_weights else []
 
         def create_fn():
             try:
@@ -408,13 +420,26 @@ class DistributedSampler(_Fed, Sampler):
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.ALREADY_EXISTS:
                     raise
+            if labels is not None and not self.client.get_dataset(data).has_labels:
+                try:
+                    self.client.upload_labels(data, labels)
+                except grpc.RpcError as e:
+                    # Another rank's upload won and a job uses it already: same labels.
+                    if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                        raise
             self.client.create_job(self.job, data, num_replicas, partition=partition,
                                    shuffle=mode, seed=seed, drop_last=drop_last,
-                                   chunk_size=chunk_size)
+                                   chunk_size=chunk_size, stratify=stratify,
+                                   class_weights=class_weights,
+                                   balance_classes=balance_classes, epoch_length=epoch_length,
+                                   rank_weights=rank_weights)
 
         want = dict(samples=num_samples, seed=seed, shuffle=mode, drop_last=bool(drop_last),
                     partition=partition or "interleaved",
-                    chunk_size=chunk_size if partition == "chunked" else None)
+                    chunk_size=chunk_size if partition == "chunked" else None,
+                    stratify=bool(stratify), balance_classes=bool(balance_classes),
+                    class_weights=class_weights, epoch_length=int(epoch_length),
+                    rank_weights=rank_weights)
         have = self._attach(create, attach_any, want, create_fn)
         self.total_samples = have["samples"]
         self.seed = have["seed"]
@@ -427,7 +452,10 @@ class DistributedSampler(_Fed, Sampler):
         samples = self._call(self.client.get_dataset, info.dataset).samples
         return dict(samples=samples, seed=info.seed, shuffle=info.shuffle,
                     drop_last=info.drop_last, partition=info.partition,
-                    chunk_size=info.chunk_size)
+                    chunk_size=info.chunk_size, stratify=info.stratify,
+                    balance_classes=info.balance_classes,
+                    class_weights=list(info.class_weights), epoch_length=info.epoch_length,
+                    rank_weights=list(info.rank_weights))
 
     def _recount(self):
         self.num_samples = self._share_count()

@@ -1,0 +1,321 @@
+"""Sampling II through the daemon (issue 17): dataset labels (upload, checksums, crash recovery,
+bad input) and jobs with stratified shares, class-balanced epochs and rank weights, streamed from
+the real sluiced on 127.0.0.1 (port 0, temporary data dir) with the Python client; per-rank class
+proportions compared with scikit-learn's StratifiedKFold on the same labels."""
+import collections
+import hashlib
+import os
+import random
+import struct
+import unittest
+
+import grpc
+
+from sluice.client import Client
+from sltest import Daemon, cli
+
+C = grpc.StatusCode
+
+
+def imbalanced(n, weights, seed=1):
+    """n labels drawn with the given class weights, every class present."""
+    rng = random.Random(seed)
+    labels = rng.choices(range(len(weights)), weights=weights, k=n)
+    for c in range(len(weights)):
+        labels[c] = c
+    return labels
+
+
+class Sampling2Test(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon().start()
+        self.c = Client(self.d.addr)
+
+    def tearDown(self):
+        self.c.close()
+        rc = self.d.stop()
+        reports = self.d.sanitizer_reports()
+        log = self.d.log()
+        self.d.cleanup()
+        self.assertEqual(rc, 0, "sluiced exit code\n" + log)
+        self.assertEqual(reports, [], "sanitizer reports\n" + log)
+
+    def restart(self):
+        self.c.close()
+        self.assertEqual(self.d.stop(), 0, self.d.log())
+        self.d.start()
+        self.c = Client(self.d.addr)
+
+    def code(self, fn, *a, **kw):
+        with self.assertRaises(grpc.RpcError) as e:
+            r = fn(*a, **kw)
+            if hasattr(r, "__iter__") and not hasattr(r, "DESCRIPTOR"):
+                list(r)
+        return e.exception.code(), e.exception.details()
+
+    def shares(self, job, world, epoch=None):
+        out = []
+        for r in range(world):
+            idx = []
+            for ch in self.c.stream_indices(job, r, epoch=epoch):
+                idx.extend(ch.indices)
+            out.append(idx)
+        return out
+
+    def dataset(self, name, labels):
+        self.c.create_dataset(name, len(labels))
+        return self.c.upload_labels(name, labels)
+
+    # ---- labels ----
+
+    def test_labels_upload_and_bad_input(self):
+        d = self.dataset("ds", [2, 0, 1, 1, 0])
+        self.assertTrue(d.has_labels)
+        self.assertEqual(d.classes, 3)
+        self.assertEqual(d.labels_sha256,
+                         hashlib.sha256(struct.pack("<5I", 2, 0, 1, 1, 0)).hexdigest())
+        with open(os.path.join(self.d.data_dir, "datasets", "ds.labels"), "rb") as f:
+            self.assertEqual(struct.unpack("<5I", f.read()), (2, 0, 1, 1, 0))
+        code, msg = self.code(self.c.upload_labels, "ds", [0, 1, 2])
+        self.assertEqual(code, C.INVALID_ARGUMENT)
+        self.assertIn("got 3 labels", msg)
+        self.assertIn("5 samples", msg)
+        code, msg = self.code(self.c.upload_labels, "ds", [0, 1, 1 << 20, 0, 0])
+        self.assertEqual(code, C.INVALID_ARGUMENT)
+        self.assertIn("label 1048576 of sample 2", msg)
+        code, _ = self.code(self.c.upload_labels, "nope", [0])
+        self.assertEqual(code, C.NOT_FOUND)
+        # Refused uploads left the stored labels and no temporary file.
+        d = self.c.get_dataset("ds")
+        self.assertEqual((d.classes, d.labels_sha256[:8]),
+                         (3, hashlib.sha256(struct.pack("<5I", 2, 0, 1, 1, 0)).hexdigest()[:8]))
+        self.assertEqual(sorted(os.listdir(os.path.join(self.d.data_dir, "datasets"))),
+                         ["ds.labels"])
+        # While a job uses them, the labels cannot change.
+        self.c.create_job("j", "ds", 1, stratify=True)
+        code, msg = self.code(self.c.upload_labels, "ds", [0] * 5)
+        self.assertEqual(code, C.FAILED_PRECONDITION)
+        self.assertIn("already has labels", msg)
+        self.c.delete_job("j")
+        self.assertEqual(self.c.upload_labels("ds", [0] * 5).classes, 1)
+        self.c.delete_dataset("ds")
+        self.assertEqual(os.listdir(os.path.join(self.d.data_dir, "datasets")), [])
+
+    def test_labels_crash_recovery(self):
+        self.dataset("ds", [1, 0, 1])
+        sha = self.c.get_dataset("ds").labels_sha256
+        ddir = os.path.join(self.d.data_dir, "datasets")
+        self.c.close()
+        self.d.stop()
+        # A crash mid-upload (a .tmp), one after the catalog write (a staged file the catalog
+        # has), and a labels file of a dataset the catalog does not know.
+        good = os.path.join(ddir, "ds.labels")
+        with open(good, "rb") as f:
+            data = f.read()
+        os.rename(good, os.path.join(ddir, ".ds.labels.%s.new" % sha))
+        with open(os.path.join(ddir, ".ds.labels.7.tmp"), "wb") as f:
+            f.write(b"\0" * 4)
+        with open(os.path.join(ddir, "ghost.labels"), "wb") as f:
+            f.write(b"\0" * 4)
+        self.d.start()
+        self.c = Client(self.d.addr)
+        self.assertEqual(sorted(os.listdir(ddir)), ["ds.labels"])
+        with open(good, "rb") as f:
+            self.assertEqual(f.read(), data)
+        self.assertTrue(any("ghost.labels" in n for _, _, fs in
+                            os.walk(os.path.join(self.d.data_dir, "quarantine")) for n in fs))
+        # The recovered labels serve a stratified job.
+        self.c.create_job("j", "ds", 1, stratify=True)
+        self.assertEqual(sorted(self.shares("j", 1)[0]), [0, 1, 2])
+
+    def test_job_option_errors(self):
+        self.c.create_dataset("plain", 10)
+        code, msg = self.code(self.c.create_job, "j", "plain", 2, stratify=True)
+        self.assertEqual(code, C.FAILED_PRECONDITION)
+        self.assertIn("has none", msg)
+        self.dataset("ds", [0, 1, 2, 0, 1, 2, 0, 1, 2, 0])
+        cases = [
+            (dict(rank_weights=[1, 0]), "rank"),
+            (dict(rank_weights=[1, -2]), "-2"),
+            (dict(rank_weights=[1, float("nan")]), "nan"),
+            (dict(rank_weights=[1, float("inf")]), "inf"),
+            (dict(rank_weights=[1, 1, 1]), "3 rank weights"),
+            (dict(class_weights=[1, 1]), "2 class weights"),
+            (dict(class_weights=[1, 0, 1]), "class"),
+            (dict(stratify=True, balance_classes=True), "exclude"),
+            (dict(epoch_length=5), "epoch_length 5"),
+            (dict(stratify=True, partition="contiguous"), "interleaved"),
+        ]
+        for kw, needle in cases:
+            with self.subTest(kw=kw):
+                code, msg = self.code(self.c.create_job, "j", "ds", 2, **kw)
+                self.assertEqual(code, C.INVALID_ARGUMENT, msg)
+                self.assertIn(needle, msg.lower() if needle.islower() else msg)
+        self.assertEqual(self.c.list_jobs(), [])
+
+    def test_cli(self):
+        import json
+        import tempfile
+        labels = [0, 1, 1, 2, 0, 1, 1, 1]
+        with tempfile.TemporaryDirectory() as tmp:
+            u32 = os.path.join(tmp, "labels.u32")
+            with open(u32, "wb") as f:
+                f.write(struct.pack("<8I", *labels))
+            bad = os.path.join(tmp, "bad.u32")
+            with open(bad, "wb") as f:
+                f.write(struct.pack("<8I", *labels[:7], 1 << 20))
+            r = cli("--json", "dataset", "create", "ds", "--samples", "8", addr=self.d.addr)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = cli("--json", "dataset", "labels", "ds", "--file", bad, "--format", "u32",
+                    addr=self.d.addr)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("label 1048576 of sample 7", r.stderr)
+            r = cli("--json", "dataset", "labels", "ds", "--file", u32, "--format", "u32",
+                    addr=self.d.addr)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            d = json.loads(r.stdout)
+            self.assertEqual((d["has_labels"], d["classes"]), (True, 3))
+            self.assertEqual(d["labels_sha256"],
+                             hashlib.sha256(struct.pack("<8I", *labels)).hexdigest())
+        r = cli("--json", "job", "create", "j", "--dataset", "ds", "--world-size", "2",
+                "--stratify", addr=self.d.addr)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(json.loads(r.stdout)["stratify"])
+        r = cli("--json", "job", "create", "k", "--dataset", "ds", "--world-size", "2",
+                "--class-weights", "1,1", addr=self.d.addr)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("2 class weights for 3 class ids", r.stderr)
+        r = cli("--json", "job", "create", "k", "--dataset", "ds", "--world-size", "2",
+                "--rank-weights", "1,0", addr=self.d.addr)
+        self.assertNotEqual(r.returncode, 0)
+        r = cli("--json", "job", "create", "k", "--dataset", "ds", "--world-size", "2",
+                "--class-weights", "1,1,2", "--epoch-length", "16", "--rank-weights", "3,1",
+                addr=self.d.addr)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        j = json.loads(r.stdout)
+        self.assertEqual((j["n_class_weights"], j["epoch_length"], j["n_rank_weights"]),
+                         (3, 16, 2))
+        self.assertEqual(sorted(len(s) for s in self.shares("k", 2)), [4, 12])
+
+    # ---- jobs ----
+
+    def check_stratified(self, labels, shares, drop_last=False):
+        n, world = len(labels), len(shares)
+        counts = collections.Counter(labels)
+        flat = [i for s in shares for i in s]
+        if drop_last:
+            self.assertEqual(len(flat), len(set(flat)))
+        else:
+            self.assertEqual(set(flat), set(range(n)))
+        for s in shares:
+            got = collections.Counter(labels[i] for i in s)
+            for c, nc in counts.items():
+                self.assertIn(got[c], (nc // world, -(-nc // world)), (c, nc, got[c]))
+
+    def test_stratified_job_and_restart(self):
+        labels = imbalanced(3000, [1000, 100, 10, 1])
+        self.dataset("ds", labels)
+        job = self.c.create_job("j", "ds", 4, stratify=True, seed=7, drop_last=True)
+        self.assertTrue(job.stratify)
+        self.assertTrue(self.c.get_job("j").stratify)
+        shares = self.shares("j", 4)
+        self.check_stratified(labels, shares, drop_last=True)
+        self.assertEqual(len(set(i for s in shares for i in s)), sum(len(s) for s in shares))
+        # Mid-epoch restart: positions reported, the rest of every share is the same stream.
+        for r in range(4):
+            self.c.report_progress("j", r, 0, 100)
+        self.restart()
+        for r in range(4):
+            rest = []
+            for ch in self.c.stream_indices("j", r, epoch=0, position=100):
+                rest.extend(ch.indices)
+            self.assertEqual(rest, shares[r][100:])
+        # Epoch 1 differs and is stratified too.
+        for r in range(4):
+            self.c.report_progress("j", r, 0, len(shares[r]))
+        e1 = self.shares("j", 4, epoch=1)
+        self.assertNotEqual(e1, shares)
+        self.check_stratified(labels, e1, drop_last=True)
+
+    def test_class_balanced_job(self):
+        labels = imbalanced(2000, [50, 5, 1])
+        self.dataset("ds", labels)
+        job = self.c.create_job("j", "ds", 2, class_weights=[1, 1, 2], epoch_length=4000,
+                                drop_last=True)
+        self.assertEqual(list(job.class_weights), [1, 1, 2])
+        self.assertEqual(job.epoch_length, 4000)
+        shares = self.shares("j", 2)
+        flat = [i for s in shares for i in s]
+        self.assertEqual(len(flat), 4000)
+        got = collections.Counter(labels[i] for i in flat)
+        for c, w in enumerate([0.25, 0.25, 0.5]):
+            self.assertAlmostEqual(got[c] / 4000, w, delta=0.01)
+        # No sample of a class repeats before the class's samples ran out, in the epoch's order
+        # (the shares deal it round-robin).
+        order = [s[k] for k in range(len(shares[0])) for s in shares]
+        for c in range(3):
+            nc = labels.count(c)
+            seq = [i for i in order if labels[i] == c]
+            first = seq[:nc]
+            self.assertEqual(len(first), len(set(first)))
+        job = self.c.create_job("b", "ds", 2, balance_classes=True)
+        self.assertTrue(job.balance_classes)
+        flat = [i for s in self.shares("b", 2) for i in s]
+        got = collections.Counter(labels[i] for i in flat)
+        for c in range(3):
+            self.assertAlmostEqual(got[c] / len(flat), 1 / 3, delta=0.01)
+
+    def test_torch_sampler_settings(self):
+        import sluice.torch as st
+        labels = imbalanced(300, [10, 1])
+        s = st.DistributedSampler(num_samples=300, num_replicas=2, rank=1, job="t",
+                                  address=self.d.addr, stratify=True, labels=labels,
+                                  drop_last=True, rank_weights=[1, 1])
+        self.assertEqual(s.shuffle_mode, "feistel")
+        self.assertTrue(self.c.get_dataset("t-data").has_labels)
+        idx = list(iter(s))
+        got = collections.Counter(labels[i] for i in idx)
+        for c, nc in collections.Counter(labels).items():
+            self.assertIn(got[c], (nc // 2, -(-nc // 2)))
+        for kw, key in [(dict(stratify=False), "stratify"),
+                        (dict(stratify=True, rank_weights=[2, 1]), "rank_weights")]:
+            with self.subTest(kw=kw):
+                with self.assertRaises(st.JobMismatchError) as e:
+                    st.DistributedSampler(num_samples=300, num_replicas=2, rank=0, job="t",
+                                          address=self.d.addr, drop_last=True,
+                                          shuffle_mode="feistel", labels=labels, **kw)
+                self.assertIn(key, str(e.exception))
+
+    def test_weighted_shares(self):
+        self.c.create_dataset("ds", 1000)
+        job = self.c.create_job("j", "ds", 3, rank_weights=[2, 1, 1], drop_last=True)
+        self.assertEqual(list(job.rank_weights), [2, 1, 1])
+        shares = self.shares("j", 3)
+        self.assertEqual([len(s) for s in shares], [500, 250, 250])
+        flat = [i for s in shares for i in s]
+        self.assertEqual(sorted(flat), list(range(1000)))
+
+    def test_against_sklearn_stratified_kfold(self):
+        try:
+            from sklearn.model_selection import StratifiedKFold
+        except ImportError:
+            self.skipTest("scikit-learn is not installed (deps.sh --test installs it)")
+        labels = imbalanced(5003, [500, 50, 5, 1], seed=3)
+        world = 5
+        self.dataset("ds", labels)
+        self.c.create_job("j", "ds", world, stratify=True, seed=11, drop_last=True)
+        ours = sorted(sorted(collections.Counter(labels[i] for i in s).items())
+                      for s in self.shares("j", world))
+        skf = StratifiedKFold(n_splits=world, shuffle=True, random_state=11)
+        theirs = sorted(sorted(collections.Counter(labels[i] for i in test).items())
+                        for _, test in skf.split([[0]] * len(labels), labels))
+        # StratifiedKFold's folds hold each class in floor or ceil of n_c / k, as ours do: the
+        # per-class counts of every share match one of its folds' within one sample.
+        for a, b in zip(ours, theirs):
+            da, db = dict(a), dict(b)
+            for c in set(da) | set(db):
+                self.assertLessEqual(abs(da.get(c, 0) - db.get(c, 0)), 1, (c, a, b))
+
+
+if __name__ == "__main__":
+    unittest.main()
