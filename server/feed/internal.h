@@ -83,7 +83,8 @@ typedef struct fplan {
     fwaiters waiters; /* calls waiting for it (streams, Epochs.Get) */
     uv_work_t work;
     /* inputs for the worker, owned until it finishes */
-    sl_batch_config cfg;
+    sl_batch_config cfg; /* cfg.rank_weights points to rank_weights */
+    double *rank_weights;
     sl_sample_config scfg;
     char path[4200];
     char sha256[65];

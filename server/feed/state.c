@@ -289,6 +289,8 @@ void feed_job_describe(const fjob *j, Sluice__V1__Job *out, Sluice__V1__Mesh *me
     out->created_ms = (uint64_t)j->created_ms;
     out->dp_size = j->dp_size;
     out->resized_in_epoch = j->src != NULL;
+    out->n_rank_weights = s->n_rank_weights;
+    out->rank_weights = s->rank_weights;
 }
 
 int feed_job_dp_rank(const fjob *j, uint32_t rank, uint32_t *dp, char *msg, size_t len)
@@ -419,6 +421,7 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
     Sluice__V1__Job *nspec = NULL, *old_spec = NULL;
     Sluice__V1__Mesh *saved_mesh = j->spec->mesh;
     uint32_t saved_world = j->spec->world_size;
+    size_t saved_nw = j->spec->n_rank_weights;
     uint8_t *spec_buf = NULL, *blob = NULL;
     uint64_t *consumed = NULL;
     size_t spec_len, blob_len = 0;
@@ -434,15 +437,20 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
                  j->name);
         return SL_EINVAL;
     }
-    /* Build the new spec by packing the old one with the new world and mesh. */
+    /* Build the new spec by packing the old one with the new world and mesh. Rank weights are
+     * kept while the dp world keeps its size; another size makes the shares even (Resize
+     * carries no weights). */
     j->spec->world_size = world;
     j->spec->mesh = feed_mesh_set(mesh) ? (Sluice__V1__Mesh *)mesh : NULL;
+    if (saved_nw && saved_nw != (feed_mesh_set(mesh) ? mesh->dp : world))
+        j->spec->n_rank_weights = 0;
     spec_len = sluice__v1__job__get_packed_size(j->spec);
     spec_buf = malloc(spec_len ? spec_len : 1);
     if (spec_buf)
         sluice__v1__job__pack(j->spec, spec_buf);
     j->spec->world_size = saved_world;
     j->spec->mesh = saved_mesh;
+    j->spec->n_rank_weights = saved_nw;
     if (!spec_buf)
         return -ENOMEM;
     nspec = sluice__v1__job__unpack(NULL, spec_len, spec_buf);
