@@ -92,6 +92,8 @@ static void plan_done(uv_work_t *w, int status)
 int feed_plan_request(fjob *j, char *msg, size_t len)
 {
     sl_cat_dataset d;
+    const Sluice__V1__Job *spec;
+    uint32_t dp_size;
     fplan *p;
     int err;
 
@@ -115,7 +117,10 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
     p = calloc(1, sizeof(*p));
     if (!p)
         return -ENOMEM;
-    err = feed_spec_batch_config(&p->cfg, j->spec, j->dp_size, j->cfg.seed, j->epoch, msg, len);
+    /* A job resized mid-epoch keeps the plan of the epoch's first world (its elastic shares
+     * redistribute that plan's batches). */
+    spec = feed_job_plan_spec(j, &dp_size);
+    err = feed_spec_batch_config(&p->cfg, spec, dp_size, j->cfg.seed, j->epoch, msg, len);
     if (!err && p->cfg.n_rank_weights) {
         /* The worker must not read the spec, which a resize may free meanwhile. */
         p->rank_weights = malloc(p->cfg.n_rank_weights * sizeof(double));
