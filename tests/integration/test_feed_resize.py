@@ -89,6 +89,109 @@ class FeedResizeTest(unittest.TestCase):
         self.assertEqual(len(seen), len(set(seen)))
         self.assertGreater(len(seen), 0.97 * len(lengths))
 
+    def consume(self, job, world, rnd, batch, consumed):
+        """Every dp rank of the current world takes a random prefix of its share and reports it."""
+        for r in range(world):
+            got = batches(self.c, job, r) if batch else indices(self.c, job, r)
+            k = rnd.choice((0, len(got), rnd.randint(0, len(got))))
+            if r == 0 and got:
+                k = min(k, len(got) - 1)  # the epoch must not end here
+            consumed += [tuple(b) for b in got[:k]] if batch else got[:k]
+            if k:
+                self.c.report_progress(job, r, 0, k)
+
+    def test_chained_resizes_index_jobs(self):
+        c = self.c
+        rnd = random.Random(17)
+        n = 5000
+        c.create_dataset("ds", n)
+        for t in range(8):
+            drop = t % 2 == 0
+            kw = dict(shuffle=("feistel", "torch", "none")[t % 3],
+                      partition=("interleaved", "contiguous")[t // 2 % 2], seed=t,
+                      drop_last=drop)
+            world = rnd.randint(1, 9)
+            create(c, "twin", "ds", world, **kw)
+            epoch = sorted(i for r in range(world) for i in indices(c, "twin", r))
+            c.delete_job("twin")
+            job = "j%d" % t
+            create(c, job, "ds", world, **kw)
+            consumed, worlds = [], 0
+            for step in range(rnd.randint(2, 5)):
+                self.consume(job, world, rnd, False, consumed)
+                world = rnd.randint(1, 9)
+                worlds += world
+                self.assertTrue(c.resize_job(job, world).resized_in_epoch or not consumed)
+                if step == 1:
+                    self.restart()
+                    c = self.c
+            rest = [i for r in range(world) for i in indices(c, job, r)]
+            counts = [c.get_epoch(job).ranks[r].count for r in range(world)]
+            got = sorted(consumed + rest)
+            if drop:
+                self.assertEqual(got, epoch, kw)  # exactly once
+            else:
+                # Padding repeats only (the torch rule): every index at least once.
+                self.assertEqual(set(got), set(range(n)), kw)
+                self.assertLess(len(got) - len(epoch), worlds + 1)
+            self.assertEqual(sum(counts), len(rest))
+            for r in range(world):
+                c.report_progress(job, r, 0, counts[r])
+            self.assertEqual(c.get_job(job).epoch, 1)
+
+    def test_chained_resizes_batch_jobs(self):
+        c = self.c
+        rnd = random.Random(5)
+        lengths = [rnd.randint(1, 120) for _ in range(3000)]
+        c.create_dataset("tok", len(lengths))
+        c.upload_lengths("tok", lengths)
+        for t in range(6):
+            pad = t % 2 == 1
+            bc = dict(strategy=("dynamic", "packed", "pad")[t % 3], max_batch_size=16,
+                      max_seq_len=128, max_tokens=512, pad_remainder=pad)
+            world = rnd.randint(1, 6)
+            job = "b%d" % t
+            create(c, job, "tok", world, batching=bc, seed=t, shuffle="feistel")
+            plan = [tuple(b) for r in range(world) for b in batches(c, job, r)]
+            consumed, worlds = [], 0
+            for step in range(rnd.randint(2, 5)):
+                self.consume(job, world, rnd, True, consumed)
+                world = rnd.randint(1, 6)
+                worlds += world
+                c.resize_job(job, world)
+                if step == 1:
+                    self.restart()
+                    c = self.c
+            rest = [[tuple(b) for b in batches(c, job, r)] for r in range(world)]
+            self.assertEqual(len({len(x) for x in rest}), 1, bc)  # lockstep
+            ep = c.get_epoch(job)
+            self.assertEqual(ep.ranks[world - 1].count, len(rest[0]))
+            served = consumed + [b for x in rest for b in x]
+            self.assertTrue(set(served) <= set(plan), bc)
+            if pad:
+                self.assertEqual(set(served), set(plan), bc)  # repeats only pad
+                self.assertLess(len(served) - len(plan), worlds + 1)
+            else:
+                self.assertEqual(len(served), len(set(served)), bc)  # never twice
+                self.assertLess(len(plan) - len(served), worlds + 1)
+            for r in range(world):
+                c.report_progress(job, r, 0, len(rest[r]))
+            self.assertEqual(c.get_job(job).epoch, 1)
+            # The next epoch is planned for the new world, whole.
+            self.assertEqual(c.get_epoch(job).dp_size, world)
+
+    def test_weighted_batch_job_resizes_at_epoch_boundaries(self):
+        c = self.c
+        c.create_dataset("tok", 400)
+        c.upload_lengths("tok", [1 + i % 50 for i in range(400)])
+        bc = dict(strategy="dynamic", max_batch_size=16, max_seq_len=64, max_tokens=512)
+        create(c, "w", "tok", 2, rank_weights=(1, 0.5), batching=bc)
+        batches(c, "w", 0)
+        c.report_progress("w", 0, 0, 1)
+        code, msg = self.code(c.resize_job, "w", 3)
+        self.assertEqual(code, C.FAILED_PRECONDITION)
+        self.assertIn("rank weights", msg)
+
 
 if __name__ == "__main__":
     unittest.main()
