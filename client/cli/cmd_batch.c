@@ -12,6 +12,8 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +25,28 @@ typedef struct batch_opts {
     const char *path;
     uint64_t rank; /* UINT64_MAX: all ranks */
     int stats_only, partitioned, have_chunk;
+    double *rank_w; /* --rank-weights: one per dp rank */
+    size_t n_rank_w;
 } batch_opts;
+
+static int set_rank_weights(void *field, const char *arg)
+{
+    batch_opts *o = (batch_opts *)((char *)field - offsetof(batch_opts, rank_w));
+    double *v = calloc(SL_BATCH_MAX_REPLICAS, sizeof(*v));
+    char msg[256];
+
+    if (!v)
+        return sl_cli_fail("batch", "out of memory");
+    if (sl_sample_weights_parse(v, &o->n_rank_w, SL_BATCH_MAX_REPLICAS, arg, "rank", msg,
+                                sizeof(msg)) != 0) {
+        free(v);
+        fprintf(stderr, "sluice batch: %s\n", msg);
+        return SL_CLI_USAGE;
+    }
+    free(o->rank_w);
+    o->rank_w = v;
+    return 0;
+}
 
 static int set_form(void *field, const char *arg)
 {
@@ -126,6 +149,10 @@ static const sl_cli_opt batch_table[] = {
      AT(cfg.remainder), .choices = remainders},
     {"balance", SL_CLI_FLAG, NULL, "give the D batches of each step about the same cost",
      AT(cfg.balance)},
+    {"rank-weights", SL_CLI_CALL, "W0,W1,...",
+     "one weight per dp rank (uneven GPUs): the same number of\nbatches each, budgets "
+     "max_tokens x w / max(w)",
+     AT(rank_w), .call = set_rank_weights},
     SL_CLI_LINE(""),
     SL_CLI_LINE("Order (as in `sluice sample`; see docs/batching.md):"),
     {"shuffle", SL_CLI_CALL, "MODE", "none | torch | feistel (default): the epoch order of samples",
@@ -325,6 +352,24 @@ static void print_summary(FILE *f, const sl_batch_plan *p, const sl_batch_stats 
             ",\"replicas\":%" PRIu32 ",",
             sl_batch_strategy_name(c->strategy), sl_batch_cost_name(c->cost), c->max_batch_size,
             c->max_seq_len, c->max_tokens, c->window, c->replicas);
+    if (c->n_rank_weights) {
+        fputs("\"rank_weights\":[", f);
+        for (uint32_t r = 0; r < c->replicas; r++)
+            fprintf(f, "%s%.17g", r ? "," : "", c->rank_weights[r]);
+        fputs("],\"rank_max_tokens\":[", f);
+        for (uint32_t r = 0; r < c->replicas; r++) {
+            uint64_t t;
+            sl_batch_plan_rank_budget(p, r, &t, NULL);
+            fprintf(f, "%s%" PRIu64, r ? "," : "", t);
+        }
+        fputs("],\"rank_max_batch_size\":[", f);
+        for (uint32_t r = 0; r < c->replicas; r++) {
+            uint32_t b;
+            sl_batch_plan_rank_budget(p, r, NULL, &b);
+            fprintf(f, "%s%" PRIu32, r ? "," : "", b);
+        }
+        fputs("],", f);
+    }
     if (rank >= 0)
         fprintf(f, "\"rank\":%" PRId64 ",", rank);
     else
@@ -457,10 +502,14 @@ static int batch_run(sl_cli *cli, struct sl_client *c, void *opts, int argc, cha
     int r, err;
 
     if ((r = check_opts(o)) != 0 || (r = apply_mesh(o)) != 0)
-        return r;
+        goto out;
+    o->cfg.rank_weights = o->rank_w;
+    o->cfg.n_rank_weights = (uint32_t)o->n_rank_w;
     /* Check the plan before reading a possibly large file. */
-    if (sl_batch_config_check(&o->cfg, msg, sizeof(msg)) != 0)
-        return sl_cli_fail("batch", "%s", msg);
+    if (sl_batch_config_check(&o->cfg, msg, sizeof(msg)) != 0) {
+        r = sl_cli_fail("batch", "%s", msg);
+        goto out;
+    }
     if ((r = read_lengths(&lens, o->path, o->form)) != 0 ||
         (r = epoch_order(&order, &n_order, o, lens.n)) != 0)
         goto out;
@@ -475,6 +524,8 @@ out:
     sl_batch_plan_free(plan);
     free(order);
     free(lens.v);
+    free(o->rank_w);
+    o->rank_w = NULL;
     return r;
 }
 

@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,10 @@ struct sl_batch_plan {
     sl_batch_stats total;
     sl_batch_stats *ranks; /* cfg.replicas entries */
     size_t held, peak;
+    /* Weighted plans: the weights (cfg.rank_weights points here) and each rank's budgets. */
+    double *weights;
+    uint64_t *budget;
+    uint32_t *mbs;
 };
 
 /* Allocation accounting, so the plan can report its peak without any help from the allocator. */
@@ -171,6 +176,13 @@ int sl_batch_cost_parse(const char *name, sl_batch_cost *out)
 }
 
 /* Validate `in` and write it with every default resolved into `out`. */
+/* A weight as a fraction of the largest, in units of 2^-32: one correctly rounded division and
+ * multiplication, the same on every IEEE machine; everything after is integer arithmetic. */
+static uint64_t weight_q(double w, double top)
+{
+    return (uint64_t)llround(w / top * 4294967296.0);
+}
+
 static int config_resolve(sl_batch_config *out, const sl_batch_config *in, char *msg, size_t len)
 {
     sl_batch_config c;
@@ -234,6 +246,42 @@ static int config_resolve(sl_batch_config *out, const sl_batch_config *in, char 
     if (c.replicas > SL_BATCH_MAX_REPLICAS)
         return sl_fail(msg, len, SL_ELIMIT, "replicas %" PRIu32 " is over the limit %u", c.replicas,
                        SL_BATCH_MAX_REPLICAS);
+    if (c.n_rank_weights) {
+        double top = 0;
+
+        if (!c.rank_weights)
+            return sl_fail(msg, len, SL_EINVAL, "rank_weights is NULL");
+        if (c.n_rank_weights != c.replicas)
+            return sl_fail(msg, len, SL_EINVAL,
+                           "%" PRIu32 " rank weights for %" PRIu32
+                           " data-parallel ranks: give one weight per rank",
+                           c.n_rank_weights, c.replicas);
+        if (c.balance)
+            return sl_fail(
+                msg, len, SL_EINVAL,
+                "balance does not apply with rank weights: each rank has its own budget");
+        for (uint32_t r = 0; r < c.n_rank_weights; r++) {
+            double w = c.rank_weights[r];
+
+            if (!isfinite(w) || !(w > 0))
+                return sl_fail(msg, len, SL_EINVAL,
+                               "rank weight %" PRIu32 " is %g: weights must be positive and finite",
+                               r, w);
+            if (w > top)
+                top = w;
+        }
+        for (uint32_t r = 0; r < c.n_rank_weights; r++) {
+            uint64_t q = weight_q(c.rank_weights[r], top), b = (c.max_tokens * q) >> 32;
+
+            if (b < c.max_seq_len)
+                return sl_fail(msg, len, SL_EINVAL,
+                               "rank weight %" PRIu32 " is %g: its budget of %" PRIu64
+                               " tokens (max_tokens %" PRIu64 " x %g / %g) is below max_seq_len "
+                               "%" PRIu32,
+                               r, c.rank_weights[r], b, c.max_tokens, c.rank_weights[r], top,
+                               c.max_seq_len);
+        }
+    }
     *out = c;
     return 0;
 }
@@ -1146,6 +1194,190 @@ static void sum_stats(planner *p, sl_batch_plan *plan)
     finish_stats(t, p->c.max_tokens);
 }
 
+/* Weighted ranks: cut the order into one piece per rank holding tokens in proportion to the
+ * weights, plan each piece alone with its rank's budgets, then give every rank the same count. */
+static int plan_weighted(sl_batch_plan **out, const sl_batch_config *c, const uint32_t *lengths,
+                         size_t n_lengths, const uint64_t *order, size_t n_order, char *msg,
+                         size_t len)
+{
+    const uint32_t d = c->replicas;
+    sl_batch_plan **sub = NULL, *plan = NULL;
+    uint64_t *ident = NULL, *q = NULL, total = 0, qsum = 0, cum = 0, per = 0, placed = 0;
+    size_t *cut = NULL, n_idx = 0, k = 0;
+    double top = 0;
+    int err = -ENOMEM;
+
+    if (!lengths && n_lengths)
+        return sl_fail(msg, len, SL_EINVAL, "lengths is NULL");
+    if (!order) {
+        if (!(ident = malloc((n_lengths ? n_lengths : 1) * sizeof(*ident))))
+            goto out;
+        for (size_t i = 0; i < n_lengths; i++)
+            ident[i] = i;
+        order = ident;
+        n_order = n_lengths;
+    }
+    sub = calloc(d, sizeof(*sub));
+    q = calloc(d, sizeof(*q));
+    cut = calloc((size_t)d + 1, sizeof(*cut));
+    plan = calloc(1, sizeof(*plan));
+    if (!sub || !q || !cut || !plan)
+        goto out;
+    plan->cfg = *c;
+    plan->weights = malloc(d * sizeof(double));
+    plan->budget = malloc(d * sizeof(uint64_t));
+    plan->mbs = malloc(d * sizeof(uint32_t));
+    plan->ranks = calloc(d, sizeof(sl_batch_stats));
+    if (!plan->weights || !plan->budget || !plan->mbs || !plan->ranks)
+        goto out;
+    memcpy(plan->weights, c->rank_weights, d * sizeof(double));
+    plan->cfg.rank_weights = plan->weights;
+    for (uint32_t r = 0; r < d; r++)
+        top = c->rank_weights[r] > top ? c->rank_weights[r] : top;
+    for (uint32_t r = 0; r < d; r++) {
+        uint64_t m;
+
+        q[r] = weight_q(c->rank_weights[r], top);
+        qsum += q[r];
+        plan->budget[r] = (c->max_tokens * q[r]) >> 32;
+        m = ((uint64_t)c->max_batch_size * q[r]) >> 32;
+        plan->mbs[r] = m ? (uint32_t)m : 1;
+    }
+    /* Tokens of the order as the planner counts them (skipped sequences count nothing). */
+    for (size_t i = 0; i < n_order; i++) {
+        uint32_t l;
+
+        if (order[i] >= n_lengths) {
+            err = sl_fail(msg, len, SL_EINVAL,
+                          "order[%zu] = %" PRIu64 " is out of range (%zu lengths)", i, order[i],
+                          n_lengths);
+            goto out;
+        }
+        l = lengths[order[i]];
+        if (l > c->max_seq_len)
+            l = c->overlong == SL_BATCH_SKIP ? 0 : c->max_seq_len;
+        total += l;
+    }
+    /* Piece r ends where the running token count is nearest total x (q_0 + .. + q_r) / sum(q). */
+    for (uint32_t r = 0; r < d; r++) {
+        unsigned __int128 goal;
+
+        cum += q[r];
+        goal = (unsigned __int128)total * cum / qsum;
+        if (r + 1 == d)
+            k = n_order;
+        for (; k < n_order; k++) {
+            uint32_t l = lengths[order[k]];
+
+            if (l > c->max_seq_len)
+                l = c->overlong == SL_BATCH_SKIP ? 0 : c->max_seq_len;
+            if (2 * (unsigned __int128)placed + l > 2 * goal)
+                break;
+            placed += l;
+        }
+        cut[r + 1] = k;
+    }
+    for (uint32_t r = 0; r < d; r++) {
+        sl_batch_config sc = *c;
+
+        sc.rank_weights = NULL;
+        sc.n_rank_weights = 0;
+        sc.replicas = 1;
+        sc.max_tokens = plan->budget[r];
+        sc.max_batch_size = plan->mbs[r];
+        if (sc.batch_size_multiple > sc.max_batch_size)
+            sc.batch_size_multiple = 1;
+        sc.seed = c->seed ^ (0x9e3779b97f4a7c15ull * (r + 1));
+        err = sl_batch_plan_new(&sub[r], &sc, lengths, n_lengths, order + cut[r],
+                                cut[r + 1] - cut[r], msg, len);
+        if (err)
+            goto out;
+        if (r == 0 ||
+            (c->remainder == SL_BATCH_DROP ? sub[r]->per_rank < per : sub[r]->per_rank > per))
+            per = sub[r]->per_rank;
+        n_idx += sub[r]->n_idx;
+    }
+    if (c->remainder == SL_BATCH_REPEAT)
+        for (uint32_t r = 0; r < d; r++)
+            if (sub[r]->per_rank == 0)
+                per = 0; /* a rank without a batch has nothing to repeat */
+    err = -ENOMEM;
+    plan->idx = malloc((n_idx ? n_idx : 1) * sizeof(uint32_t));
+    plan->recs = malloc(((size_t)per * d + 1) * sizeof(rec));
+    if (!plan->idx || !plan->recs)
+        goto out;
+    plan->n_idx = n_idx;
+    plan->n_recs = (size_t)per * d;
+    plan->per_rank = per;
+    n_idx = 0;
+    for (uint32_t r = 0; r < d; r++) {
+        sl_batch_plan *p = sub[r];
+        sl_batch_stats *s = &plan->ranks[r];
+
+        memcpy(plan->idx + n_idx, p->idx, p->n_idx * sizeof(uint32_t));
+        for (uint64_t i = 0; i < per; i++) {
+            rec x = p->recs[i % p->per_rank];
+
+            x.start += (uint32_t)n_idx;
+            plan->recs[i * d + r] = x;
+            s->batches++;
+            s->sequences += x.count;
+            s->tokens += x.tokens;
+            s->padded_tokens += (uint64_t)x.count * x.max_len;
+            if (i >= p->per_rank)
+                plan->total.repeated += x.count;
+        }
+        for (uint64_t i = per; i < p->per_rank; i++)
+            plan->total.dropped += p->recs[i].count;
+        /* Truncations are counted per piece (repeats and drops aside: close enough for stats). */
+        s->truncated = p->total.truncated;
+        plan->total.skipped += p->total.skipped;
+        n_idx += p->n_idx;
+    }
+    for (uint32_t r = 0; r < d; r++) {
+        sl_batch_stats *s = &plan->ranks[r];
+
+        plan->total.batches += s->batches;
+        plan->total.sequences += s->sequences;
+        plan->total.tokens += s->tokens;
+        plan->total.padded_tokens += s->padded_tokens;
+        plan->total.truncated += s->truncated;
+    }
+    for (uint32_t r = 0; r < d; r++) {
+        plan->ranks[r].skipped = plan->total.skipped;
+        plan->ranks[r].dropped = plan->total.dropped;
+        plan->ranks[r].repeated = plan->total.repeated;
+        finish_stats(&plan->ranks[r], plan->budget[r]);
+    }
+    {
+        uint64_t sum_budget = 0;
+
+        for (uint32_t r = 0; r < d; r++)
+            sum_budget += plan->budget[r];
+        finish_stats(&plan->total, sum_budget / d ? sum_budget / d : 1);
+    }
+    plan->held = n_idx * sizeof(uint32_t) + plan->n_recs * sizeof(rec) +
+                 d * (sizeof(sl_batch_stats) + sizeof(double) + 12);
+    plan->peak = plan->held;
+    for (uint32_t r = 0; r < d; r++)
+        plan->peak += sub[r]->peak;
+    *out = plan;
+    plan = NULL;
+    err = 0;
+out:
+    if (err == -ENOMEM)
+        sl_fail(msg, len, err, "out of memory planning an epoch of %zu samples", n_order);
+    if (sub)
+        for (uint32_t r = 0; r < d; r++)
+            sl_batch_plan_free(sub[r]);
+    free(sub);
+    free(q);
+    free(cut);
+    free(ident);
+    sl_batch_plan_free(plan);
+    return err;
+}
+
 int sl_batch_plan_new(sl_batch_plan **out, const sl_batch_config *cfg, const uint32_t *lengths,
                       size_t n_lengths, const uint64_t *order, size_t n_order, char *msg,
                       size_t len)
@@ -1162,6 +1394,8 @@ int sl_batch_plan_new(sl_batch_plan **out, const sl_batch_config *cfg, const uin
     *out = NULL;
     if ((err = config_resolve(&p.c, cfg, msg, len)) != 0)
         return err;
+    if (p.c.n_rank_weights)
+        return plan_weighted(out, &p.c, lengths, n_lengths, order, n_order, msg, len);
     if (n_lengths > SL_BATCH_MAX_SEQUENCES)
         return sl_fail(msg, len, SL_ELIMIT, "%zu lengths is over the limit %" PRIu32, n_lengths,
                        SL_BATCH_MAX_SEQUENCES);
@@ -1286,6 +1520,9 @@ void sl_batch_plan_free(sl_batch_plan *plan)
     free(plan->idx);
     free(plan->recs);
     free(plan->ranks);
+    free(plan->weights);
+    free(plan->budget);
+    free(plan->mbs);
     free(plan);
 }
 
@@ -1323,6 +1560,18 @@ int sl_batch_plan_stats(const sl_batch_plan *plan, int64_t rank, sl_batch_stats 
     if (rank >= (int64_t)plan->cfg.replicas)
         return SL_EINVAL;
     *out = plan->ranks[rank];
+    return 0;
+}
+
+int sl_batch_plan_rank_budget(const sl_batch_plan *plan, uint32_t rank, uint64_t *max_tokens,
+                              uint32_t *max_batch_size)
+{
+    if (rank >= plan->cfg.replicas)
+        return SL_EINVAL;
+    if (max_tokens)
+        *max_tokens = plan->budget ? plan->budget[rank] : plan->cfg.max_tokens;
+    if (max_batch_size)
+        *max_batch_size = plan->mbs ? plan->mbs[rank] : plan->cfg.max_batch_size;
     return 0;
 }
 

@@ -80,6 +80,16 @@ typedef struct sl_batch_config {
     int keep_order;               /* nonzero: do not shuffle the batches (debugging) */
     uint64_t seed;                /* shuffle seed */
     uint64_t epoch;               /* epoch number, mixed into the shuffle */
+    /* Weighted ranks (uneven GPUs): replicas weights, each > 0 and finite, or none. Every rank
+     * still gets the same number of batches; rank r's budgets are max_tokens x w_r / max(w) and
+     * max_batch_size x w_r / max(w) (rounded down, at least 1 sequence), so the heaviest rank
+     * gets max_tokens. The epoch's order is cut into `replicas` consecutive pieces holding
+     * tokens in proportion to the weights, and each piece is planned with its rank's budgets
+     * (shuffled with its own stream); then every rank keeps the fewest batches any rank got
+     * (drop) or repeats its first batches up to the most (pad). Not with balance. The plan
+     * copies the weights. */
+    const double *rank_weights;
+    uint32_t n_rank_weights;
 } sl_batch_config;
 
 /* One batch of a plan. `indices` points into the plan and lives as long as the plan. */
@@ -147,6 +157,11 @@ int sl_batch_plan_get(const sl_batch_plan *plan, uint32_t rank, uint64_t i, sl_b
 /* Statistics of the whole epoch (rank < 0) or of one rank. Returns 0, or SL_EINVAL if rank >= D.
  * Thread-safe on a plan that is not being freed. */
 int sl_batch_plan_stats(const sl_batch_plan *plan, int64_t rank, sl_batch_stats *out);
+
+/* Rank `rank`'s budgets: max_tokens and max_batch_size after its weight (the config's own values
+ * without weights). Returns 0, or SL_EINVAL if rank >= D. Thread-safe. */
+int sl_batch_plan_rank_budget(const sl_batch_plan *plan, uint32_t rank, uint64_t *max_tokens,
+                              uint32_t *max_batch_size);
 
 /* The config the plan was made with, with defaults resolved (max_tokens, cost, replicas, ...). */
 const sl_batch_config *sl_batch_plan_config(const sl_batch_plan *plan);

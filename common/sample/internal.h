@@ -170,5 +170,8 @@ uint64_t sl_strat_real(const sl_strat *st, uint32_t r);
 void sl_strat_counts(uint64_t *cnt, const sl_strat *st, uint32_t r);
 /* Index at position i of rank r's share; cnt from sl_strat_counts or NULL. */
 uint64_t sl_strat_at(const sl_strat *st, uint32_t r, const uint64_t *cnt, uint64_t i);
+/* out[k] = sl_strat_at(st, r, cnt, pos + k) for k < m, a block at a time (much faster). */
+void sl_strat_fill(uint64_t *out, const sl_strat *st, uint32_t r, const uint64_t *cnt, uint64_t pos,
+                   size_t m);
 
 #endif

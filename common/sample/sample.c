@@ -555,8 +555,7 @@ static void layout_fill(const layout *L, uint32_t r, uint64_t pos, uint64_t *out
     size_t k = 0;
 
     if (L->st) {
-        for (; k < m; k++)
-            out[k] = sl_strat_at(L->st, r, ncnt, pos + k);
+        sl_strat_fill(out, L->st, r, ncnt, pos, m);
         return;
     }
     if (L->rpre) {

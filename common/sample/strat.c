@@ -572,6 +572,116 @@ uint64_t sl_strat_at(const sl_strat *st, uint32_t r, const uint64_t *cnt, uint64
     return class_sample(st, leaf, p - st->pre[leaf]);
 }
 
+/* Block fill: the positions of a block go down the interleave tree together. At each node the
+ * block's slots (output offsets) are split stably into those that go left and right with an
+ * incremental Bresenham step (one division per node visited, not per position), so a block of
+ * m positions costs O(m x depth) additions plus one class lookup each, instead of two divisions
+ * per level per position. */
+#define FILL_BLOCK 4096u
+
+typedef struct fill_ctx {
+    const sl_strat *st;
+    rank_ctx rc;
+    uint64_t *out;
+    uint32_t *tmp; /* [FILL_BLOCK] */
+    uint64_t *val; /* [FILL_BLOCK] */
+} fill_ctx;
+
+/* Positions [o0, o0 + m) of leaf `leaf` (this rank's ordinals) into out[slot[k]]. */
+static void fill_leaf(fill_ctx *fc, uint32_t leaf, uint64_t o0, const uint32_t *slot, uint32_t m)
+{
+    const sl_strat *st = fc->st;
+    uint32_t r = fc->rc.r, c = st->leaf_class[leaf];
+    uint64_t d0 = deal_prefix(st, r, st->pre[leaf]) + o0, start = st->pre[leaf];
+    uint64_t base = st->lab->off[c], nc = st->lab->off[c + 1] - base;
+    sl_feistel f;
+    const sl_feistel *fp = &f;
+
+    if (st->balance || st->weighted) {
+        for (uint32_t k = 0; k < m; k++)
+            fc->out[slot[k]] = class_sample(st, leaf, deal_select(st, r, d0 + k) - start);
+        return;
+    }
+    /* Stratified, equal shares: rank r's ord-th dealt position is r + ord x R. */
+    if (st->shuffle == SL_SAMPLE_SHUFFLE_NONE) {
+        for (uint32_t k = 0; k < m; k++)
+            fc->out[slot[k]] = sl_labels_member(st->lab, base + r + (d0 + k) * st->R - start);
+        return;
+    }
+    if (st->fk && st->fk_pass[leaf] == st->epoch)
+        fp = &st->fk[leaf];
+    else
+        sl_feistel_init(&f, nc, st->seed, st->epoch, 1 + (uint64_t)c);
+    sl_feistel_map_seq(fp, fc->val, r + d0 * st->R - start, st->R, m);
+    if (st->lab->by32) {
+        const uint32_t *by = st->lab->by32 + base;
+        for (uint32_t k = 0; k < m; k++)
+            fc->out[slot[k]] = by[fc->val[k]];
+    } else {
+        for (uint32_t k = 0; k < m; k++)
+            fc->out[slot[k]] = st->lab->by64[base + fc->val[k]];
+    }
+}
+
+static void fill_node(fill_ctx *fc, uint32_t nd, uint64_t s0, uint32_t *slot, uint32_t m)
+{
+    const sl_mix *t = &fc->st->ctree;
+    uint64_t k, kl, q, rem, l0;
+    uint32_t nl = 0, nr = 0;
+    unsigned __int128 num;
+
+    if (m == 0)
+        return;
+    if (t->node[nd].left == SL_MIX_NONE) {
+        fill_leaf(fc, t->node[nd].a, s0, slot, m);
+        return;
+    }
+    k = rank_count(&fc->rc, t, nd);
+    kl = rank_count(&fc->rc, t, t->node[nd].left);
+    /* L(s) = floor((s x kl + floor(k / 2)) / k); position s goes left iff L(s + 1) > L(s). */
+    num = (unsigned __int128)s0 * kl + k / 2;
+    q = (uint64_t)(num / k);
+    rem = (uint64_t)(num % k);
+    l0 = q;
+    for (uint32_t i = 0; i < m; i++) {
+        rem += kl;
+        if (rem >= k) {
+            rem -= k;
+            fc->tmp[nl++] = slot[i];
+        } else {
+            slot[nr++] = slot[i];
+        }
+    }
+    memmove(slot + nl, slot, (size_t)nr * sizeof(*slot));
+    memcpy(slot, fc->tmp, (size_t)nl * sizeof(*slot));
+    fill_node(fc, t->node[nd].left, l0, slot, nl);
+    fill_node(fc, t->node[nd].right, s0 - l0, slot + nl, nr);
+}
+
+void sl_strat_fill(uint64_t *out, const sl_strat *st, uint32_t r, const uint64_t *cnt, uint64_t pos,
+                   size_t m)
+{
+    uint32_t slot[FILL_BLOCK], tmp[FILL_BLOCK];
+    uint64_t real = sl_strat_real(st, r), val[FILL_BLOCK];
+    fill_ctx fc = {st, {st, r, cnt}, NULL, tmp, val};
+    size_t k = 0;
+
+    while (k < m && pos + k < real) {
+        uint64_t left = real - (pos + k);
+        uint32_t b = (uint32_t)(m - k < FILL_BLOCK ? m - k : FILL_BLOCK);
+
+        if (b > left)
+            b = (uint32_t)left;
+        for (uint32_t i = 0; i < b; i++)
+            slot[i] = i;
+        fc.out = out + k;
+        fill_node(&fc, st->ctree.root, pos + k, slot, b);
+        k += b;
+    }
+    for (; k < m; k++) /* padding */
+        out[k] = sl_strat_at(st, r, cnt, pos + k);
+}
+
 /* Draws of every class this epoch: n_c (stratify) or the largest-remainder split of the epoch
  * length by the class weights (balance). */
 static int class_draws(uint64_t *m, const sl_sample_config *cfg, char *msg, size_t len)

@@ -84,11 +84,21 @@ typedef struct fplan {
     fwaiters waiters; /* calls waiting for it (streams, Epochs.Get) */
     uv_work_t work;
     /* inputs for the worker, owned until it finishes */
-    sl_batch_config cfg;
+    sl_batch_config cfg; /* cfg.rank_weights points to rank_weights */
+    double *rank_weights;
     sl_sample_config scfg;
     char path[4200];
     char sha256[65];
 } fplan;
+
+/* The resizes of the current epoch: the spec it began with and one step per mid-epoch resize
+ * (what every rank of the world before consumed, the world after). */
+typedef struct fchain {
+    Sluice__V1__Job *spec; /* unpacked, owned */
+    uint32_t dp0;          /* the dp world size of spec */
+    uint32_t n;
+    sl_sample_resize *steps; /* [n]; consumed and weights owned */
+} fchain;
 
 struct fjob {
     sl_feed *feed;
@@ -107,8 +117,13 @@ struct fjob {
      * ranks with drop_last) is done only when its rank said so, so the epochs of a job whose
      * shares are all empty advance in step with the ranks instead of racing ahead. */
     uint8_t *reported;
-    /* Elastic remainder of the current epoch (resized mid-epoch), else NULL. */
+    /* Elastic remainder of the current epoch (resized mid-epoch), else NULL. Index jobs: the
+     * rest of the epoch's indices; batch jobs: the rest of the epoch's batches, numbered
+     * step x D0 + rank of the plan made for the epoch's first world D0 (built once that plan is
+     * ready: feed_job_batch_src). */
     fsrc *src;
+    fchain *chain;         /* the epoch's resizes (decoded elastic_blob), NULL if none */
+    uint64_t bcount;       /* batch jobs with a chain: batches per rank on the elastic shares */
     uint8_t *elastic_blob; /* as stored in the catalog */
     size_t elastic_len;
     fplan *plan;     /* batch plan of the current epoch, NULL until first asked for */
@@ -243,7 +258,18 @@ int feed_job_advance(fjob *j);
 /* The plan_ready hook: advance the epoch if reports recorded before the plan complete it. */
 void feed_job_plan_ready(fjob *j);
 
-/* Resize to a new world (and mesh). */
+/* The plan and dp world a batch job's epoch plan is made for: the epoch's first spec when it
+ * was resized mid-epoch (the rest of its batches is redistributed), else the job's own. */
+const Sluice__V1__Job *feed_job_plan_spec(const fjob *j, uint32_t *dp_size);
+
+/* A resized batch job whose plan is ready: build its elastic shares of the rest of the epoch's
+ * batches if not built yet. Returns 0 (also when there is nothing to build) or an error with a
+ * message. */
+int feed_job_batch_src(fjob *j, char *msg, size_t len);
+
+/* Resize to a new world (and mesh). Any number of times in an epoch: mid-epoch, what every dp
+ * rank has not consumed yet is redistributed over the new world (index jobs: the indices; batch
+ * jobs: the batches, equal counts per rank). */
 int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char *msg, size_t len);
 
 /* Put the job back to a checkpoint's state in memory (the catalog already has it): `spec`

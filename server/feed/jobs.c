@@ -284,11 +284,14 @@ out:
 static void epoch_plan_ready(sl_rpc_call *call, sl_feed *f, const char *job)
 {
     fjob *j = feed_job_find(f, job);
+    char msg[256];
 
-    if (j)
+    if (j) {
+        feed_job_batch_src(j, msg, sizeof(msg)); /* a resized batch job's shares */
         reply_epoch(call, j);
-    else
+    } else {
         sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' was deleted", job);
+    }
 }
 
 static void epoch_get(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
@@ -305,6 +308,7 @@ static void epoch_get(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     if (j->spec->batching && !(j->plan && j->plan->state == 1) &&
         feed_plan_wait(j, call, epoch_plan_ready, msg, sizeof(msg)) == 0)
         return;
+    feed_job_batch_src(j, msg, sizeof(msg)); /* a resized batch job's shares */
     reply_epoch(call, j);
 }
 

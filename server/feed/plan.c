@@ -22,6 +22,7 @@ void fplan_unref(fplan *p)
 {
     if (p && --p->refs == 0) {
         sl_batch_plan_free(p->plan);
+        free(p->rank_weights);
         free(p);
     }
 }
@@ -91,6 +92,8 @@ static void plan_done(uv_work_t *w, int status)
 int feed_plan_request(fjob *j, char *msg, size_t len)
 {
     sl_cat_dataset d;
+    const Sluice__V1__Job *spec;
+    uint32_t dp_size;
     fplan *p;
     int err;
 
@@ -114,10 +117,23 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
     p = calloc(1, sizeof(*p));
     if (!p)
         return -ENOMEM;
-    err = feed_spec_batch_config(&p->cfg, j->spec, j->dp_size, j->cfg.seed, j->epoch, msg, len);
+    /* A job resized mid-epoch keeps the plan of the epoch's first world (its elastic shares
+     * redistribute that plan's batches). */
+    spec = feed_job_plan_spec(j, &dp_size);
+    err = feed_spec_batch_config(&p->cfg, spec, dp_size, j->cfg.seed, j->epoch, msg, len);
+    if (!err && p->cfg.n_rank_weights) {
+        /* The worker must not read the spec, which a resize may free meanwhile. */
+        p->rank_weights = malloc(p->cfg.n_rank_weights * sizeof(double));
+        if (!p->rank_weights)
+            err = -ENOMEM;
+        else
+            memcpy(p->rank_weights, p->cfg.rank_weights, p->cfg.n_rank_weights * sizeof(double));
+        p->cfg.rank_weights = p->rank_weights;
+    }
     if (!err)
         err = feed_lengths_path(j->feed, j->dataset, p->path, sizeof(p->path));
     if (err) {
+        free(p->rank_weights);
         free(p);
         return err;
     }
@@ -131,6 +147,7 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
     p->work.data = p;
     err = uv_queue_work(j->feed->loop, &p->work, plan_work, plan_done);
     if (err) {
+        free(p->rank_weights);
         free(p);
         snprintf(msg, len, "cannot queue the batch plan");
         return SL_EUNAVAILABLE;

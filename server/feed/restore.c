@@ -201,8 +201,9 @@ static int state_ends_epoch(const Sluice__V1__Job *spec, const Sluice__V1__FeedS
 
 /* Whether Resize can take the restored job (its checkpoint's `spec`) into `world` and `mesh`,
  * checked before anything is written so that a refused resize leaves the job as it was: the
- * new world and mesh must make a valid spec, and a mid-epoch resize needs the epoch not resized
- * before (elastic) and an index job (batch jobs resize at epoch boundaries). */
+ * new world and mesh must make a valid spec. Mid-epoch resizes chain (an epoch resized before
+ * is resized again) and batch jobs resize mid-epoch too, except those with rank weights (their
+ * batches are sized for their ranks). */
 static int resize_possible(const fjob *j, Sluice__V1__Job *spec, const Sluice__V1__FeedState *fs,
                            const sl_cat_blob *el, uint32_t world, Sluice__V1__Mesh *mesh, char *msg,
                            size_t len)
@@ -230,17 +231,11 @@ static int resize_possible(const fjob *j, Sluice__V1__Job *spec, const Sluice__V
         any |= fs->positions[d] > 0;
     if (!any || state_ends_epoch(spec, fs, el, flabels_of(j->labels), j->samples))
         return 0;
-    if (el->len) {
+    (void)el;
+    if (spec->batching && spec->n_rank_weights) {
         snprintf(msg, len,
-                 "checkpoint's epoch %" PRIu64 " of job '%s' was already resized mid-epoch; it "
+                 "job '%s' streams batches sized by rank weights: a checkpoint taken mid-epoch "
                  "can be restored only into its own world of %u",
-                 fs->epoch, j->name, fs->world_size);
-        return SL_ESTATE;
-    }
-    if (spec->batching) {
-        snprintf(msg, len,
-                 "job '%s' streams batches: a checkpoint taken mid-epoch can be restored only "
-                 "into its own world of %u",
                  j->name, fs->world_size);
         return SL_ESTATE;
     }

@@ -135,6 +135,11 @@ int feed_spec_batch_config(sl_batch_config *bc, const Sluice__V1__Job *spec, uin
     bc->balance = b->balance;
     bc->seed = seed;
     bc->epoch = epoch;
+    /* Weighted ranks: the same batch count for every rank, budgets scaled by the weights. The
+     * config borrows the spec's array. */
+    bc->rank_weights = spec->rank_weights;
+    bc->n_rank_weights =
+        (uint32_t)(spec->n_rank_weights < UINT32_MAX ? spec->n_rank_weights : UINT32_MAX);
     return sl_batch_config_check(bc, msg, len);
 }
 

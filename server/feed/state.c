@@ -25,97 +25,338 @@ void fsrc_unref(fsrc *s)
     }
 }
 
-/* Elastic blob: "SLE1", u32 spec length, the old spec, u32 n, n x u64 consumed (little-endian
- * host order: the catalog never leaves the machine that wrote it). */
-#define ELASTIC_MAGIC 0x31454c53u
+/* Elastic blobs (little-endian host order: the catalog never leaves the machine that wrote it).
+ * "SLE1" (one resize): u32 magic, u32 spec length, the epoch's first spec, u32 n, n x u64
+ * consumed; the world after is the job's current one. "SLE2" (any number of resizes): u32 magic,
+ * u32 spec length, the spec, u32 steps, then per step u32 n_consumed, u32 new_replicas, u32
+ * n_weights, u32 0, n_consumed x u64 consumed, n_weights x f64 weights. */
+#define ELASTIC_MAGIC     0x31454c53u /* "SLE1" */
+#define ELASTIC_MAGIC2    0x32454c53u /* "SLE2" */
+#define ELASTIC_STEPS_MAX 65536u
 
-static int elastic_decode(const uint8_t *b, size_t len, Sluice__V1__Job **old_spec,
-                          uint64_t **consumed, uint32_t *n)
+static void chain_free(fchain *c)
 {
-    uint32_t magic, spec_len;
-
-    *old_spec = NULL;
-    *consumed = NULL;
-    if (len < 12)
-        return SL_ECORRUPT;
-    memcpy(&magic, b, 4);
-    memcpy(&spec_len, b + 4, 4);
-    if (magic != ELASTIC_MAGIC || spec_len > len - 12)
-        return SL_ECORRUPT;
-    memcpy(n, b + 8 + spec_len, 4);
-    if (*n == 0 || *n > FEED_MAX_WORLD || len != 12 + (size_t)spec_len + 8 * (size_t)*n)
-        return SL_ECORRUPT;
-    *old_spec = sluice__v1__job__unpack(NULL, spec_len, b + 8);
-    *consumed = malloc(8 * (size_t)*n);
-    if (!*old_spec || !*consumed) {
-        if (*old_spec)
-            sluice__v1__job__free_unpacked(*old_spec, NULL);
-        free(*consumed);
-        *old_spec = NULL;
-        *consumed = NULL;
-        return SL_ECORRUPT;
+    if (!c)
+        return;
+    if (c->spec)
+        sluice__v1__job__free_unpacked(c->spec, NULL);
+    for (uint32_t k = 0; c->steps && k < c->n; k++) {
+        free((void *)c->steps[k].consumed);
+        free((void *)c->steps[k].weights);
     }
-    memcpy(*consumed, b + 12 + spec_len, 8 * (size_t)*n);
+    free(c->steps);
+    free(c);
+}
+
+/* Room for one more step. */
+static int chain_grow(fchain *c)
+{
+    sl_sample_resize *st = realloc(c->steps, ((size_t)c->n + 1) * sizeof(*st));
+
+    if (!st)
+        return -ENOMEM;
+    memset(&st[c->n], 0, sizeof(*st));
+    c->steps = st;
     return 0;
 }
 
-static int elastic_encode(uint8_t **out, size_t *out_len, const Sluice__V1__Job *old_spec,
-                          const uint64_t *consumed, uint32_t n)
+static int rd32(const uint8_t *b, size_t len, size_t *at, uint32_t *v)
 {
-    size_t spec_len = sluice__v1__job__get_packed_size(old_spec);
-    size_t len = 12 + spec_len + 8 * (size_t)n;
-    uint8_t *b = malloc(len);
-    uint32_t magic = ELASTIC_MAGIC, sl = (uint32_t)spec_len;
+    if (len - *at < 4)
+        return SL_ECORRUPT;
+    memcpy(v, b + *at, 4);
+    *at += 4;
+    return 0;
+}
 
-    if (!b)
+/* Decode a blob; cur_dp is the world after an "SLE1" blob's single resize. */
+static int chain_decode(const uint8_t *b, size_t len, uint32_t cur_dp, fchain **out)
+{
+    fchain *c = calloc(1, sizeof(*c));
+    uint32_t magic, spec_len, steps = 1;
+    size_t at = 0;
+    int err = SL_ECORRUPT;
+
+    *out = NULL;
+    if (!c)
         return -ENOMEM;
-    memcpy(b, &magic, 4);
-    memcpy(b + 4, &sl, 4);
-    sluice__v1__job__pack(old_spec, b + 8);
-    memcpy(b + 8 + spec_len, &n, 4);
-    memcpy(b + 12 + spec_len, consumed, 8 * (size_t)n);
+    if (rd32(b, len, &at, &magic) || rd32(b, len, &at, &spec_len) || spec_len > len - at ||
+        (magic != ELASTIC_MAGIC && magic != ELASTIC_MAGIC2))
+        goto out;
+    c->spec = sluice__v1__job__unpack(NULL, spec_len, b + at);
+    if (!c->spec)
+        goto out;
+    at += spec_len;
+    if (magic == ELASTIC_MAGIC2 &&
+        (rd32(b, len, &at, &steps) || steps == 0 || steps > ELASTIC_STEPS_MAX))
+        goto out;
+    for (uint32_t k = 0; k < steps; k++) {
+        uint32_t n, nr = cur_dp, nw = 0, zero = 0;
+        uint64_t *cons;
+        double *w = NULL;
+
+        if (rd32(b, len, &at, &n) || n == 0 || n > FEED_MAX_WORLD)
+            goto out;
+        if (magic == ELASTIC_MAGIC2 &&
+            (rd32(b, len, &at, &nr) || rd32(b, len, &at, &nw) || rd32(b, len, &at, &zero) ||
+             nr == 0 || nr > FEED_MAX_WORLD || (nw && nw != nr) || zero))
+            goto out;
+        if ((len - at) / 8 < (size_t)n + nw ||
+            (magic == ELASTIC_MAGIC && len - at != 8 * (size_t)n))
+            goto out;
+        if ((err = chain_grow(c)) != 0)
+            goto out;
+        err = SL_ECORRUPT;
+        cons = malloc(8 * (size_t)n);
+        if (nw)
+            w = malloc(8 * (size_t)nw);
+        if (!cons || (nw && !w)) {
+            free(cons);
+            free(w);
+            err = -ENOMEM;
+            goto out;
+        }
+        memcpy(cons, b + at, 8 * (size_t)n);
+        at += 8 * (size_t)n;
+        if (nw)
+            memcpy(w, b + at, 8 * (size_t)nw);
+        at += 8 * (size_t)nw;
+        c->steps[c->n].consumed = cons;
+        c->steps[c->n].n_consumed = n;
+        c->steps[c->n].new_replicas = nr;
+        c->steps[c->n].weights = w;
+        c->steps[c->n].n_weights = nw;
+        c->n++;
+    }
+    if (at != len)
+        goto out;
+    *out = c;
+    c = NULL;
+    err = 0;
+out:
+    chain_free(c);
+    return err;
+}
+
+static int chain_encode(uint8_t **out, size_t *out_len, const fchain *c)
+{
+    size_t spec_len = sluice__v1__job__get_packed_size(c->spec), len = 12 + spec_len, at;
+    uint32_t v;
+    uint8_t *b;
+
+    for (uint32_t k = 0; k < c->n; k++)
+        len += 16 + 8 * (c->steps[k].n_consumed + c->steps[k].n_weights);
+    if (!(b = malloc(len)))
+        return -ENOMEM;
+    v = ELASTIC_MAGIC2;
+    memcpy(b, &v, 4);
+    v = (uint32_t)spec_len;
+    memcpy(b + 4, &v, 4);
+    sluice__v1__job__pack(c->spec, b + 8);
+    at = 8 + spec_len;
+    memcpy(b + at, &c->n, 4);
+    at += 4;
+    for (uint32_t k = 0; k < c->n; k++) {
+        const sl_sample_resize *st = &c->steps[k];
+        uint32_t h[4] = {(uint32_t)st->n_consumed, st->new_replicas, (uint32_t)st->n_weights, 0};
+
+        memcpy(b + at, h, 16);
+        at += 16;
+        memcpy(b + at, st->consumed, 8 * st->n_consumed);
+        at += 8 * st->n_consumed;
+        if (st->n_weights)
+            memcpy(b + at, st->weights, 8 * st->n_weights);
+        at += 8 * st->n_weights;
+    }
     *out = b;
     *out_len = len;
+    return 0;
+}
+
+/* A chain's epoch config and dp0 (the epoch's first dp world). */
+static int chain_config(fjob *j, fchain *c, sl_sample_config *cfg, char *msg, size_t len)
+{
+    uint32_t dp;
+    int err = feed_spec_config(cfg, c->spec, flabels_of(j->labels), j->samples, j->epoch, msg, len);
+
+    if (!err) {
+        cfg->rank = 0;
+        err = sl_sample_dp_rank(&dp, &c->dp0, cfg, msg, len);
+    }
+    return err;
+}
+
+/* The index plan of a chain (index jobs). */
+static int chain_index_plan(fjob *j, fchain *c, sl_sample_elastic **plan, char *msg, size_t len)
+{
+    sl_sample_config ocfg;
+    int err = chain_config(j, c, &ocfg, msg, len);
+
+    if (!err)
+        err = sl_sample_elastic_chain(plan, &ocfg, c->steps, c->n, msg, len);
+    return err;
+}
+
+const Sluice__V1__Job *feed_job_plan_spec(const fjob *j, uint32_t *dp_size)
+{
+    if (j->chain) {
+        *dp_size = j->chain->dp0;
+        return j->chain->spec;
+    }
+    *dp_size = j->dp_size;
+    return j->spec;
+}
+
+/* A batch job's elastic plan over its epoch plan's batches: batch g = step x D0 + rank of the
+ * plan is "index" g of an interleaved, unshuffled epoch of per_rank x D0 over D0 ranks (no
+ * padding: every rank has per_rank). pad_remainder pads the new shares to equal counts by
+ * repeating batches of the rest; drop gives every rank the smallest count (the other ranks'
+ * last batch is left out, as the plan drops its own remainder). Consumed counts over a level's
+ * shares are clipped to them (a restored position may exceed a share it never saw). */
+static int batch_chain_plan(const fchain *c, uint64_t per_rank, int pad, sl_sample_elastic **out,
+                            uint64_t *count, char *msg, size_t len)
+{
+    sl_sample_config pc;
+    sl_sample_elastic *e = NULL;
+    uint64_t *shares = NULL, low = 0;
+    int err = 0;
+
+    *out = NULL;
+    sl_sample_config_init(&pc);
+    pc.samples = per_rank * c->dp0;
+    pc.replicas = c->dp0;
+    pc.partition = SL_SAMPLE_INTERLEAVED;
+    pc.shuffle = SL_SAMPLE_SHUFFLE_NONE;
+    pc.drop_last = !pad;
+    if (pc.samples == 0) {
+        snprintf(msg, len, "the epoch's batch plan is empty: nothing to redistribute");
+        return SL_ESTATE;
+    }
+    for (uint32_t k = 0; k < c->n && !err; k++) {
+        sl_sample_resize st = c->steps[k];
+        uint64_t *cons = malloc(8 * st.n_consumed);
+        sl_sample_elastic *next = NULL;
+
+        if (!cons) {
+            err = -ENOMEM;
+            break;
+        }
+        for (size_t r = 0; r < st.n_consumed; r++) {
+            uint64_t cap = k == 0 ? per_rank : shares[r];
+            cons[r] = st.consumed[r] < cap ? st.consumed[r] : cap;
+        }
+        st.consumed = cons;
+        st.weights = NULL; /* batches keep the sizes they were planned with */
+        st.n_weights = 0;
+        err = k == 0 ? sl_sample_elastic_chain(&next, &pc, &st, 1, msg, len)
+                     : sl_sample_elastic_extend(&next, e, &st, msg, len);
+        free(cons);
+        sl_sample_elastic_free(e);
+        e = next;
+        free(shares);
+        shares = NULL;
+        if (err)
+            break;
+        if (!(shares = calloc(st.new_replicas, sizeof(*shares)))) {
+            err = -ENOMEM;
+            break;
+        }
+        low = UINT64_MAX;
+        for (uint32_t d = 0; d < st.new_replicas && !err; d++) {
+            sl_sample *s = NULL;
+            if ((err = sl_sample_new_elastic(&s, e, d, msg, len)) == 0) {
+                shares[d] = sl_sample_count(s);
+                low = shares[d] < low ? shares[d] : low;
+            }
+            sl_sample_free(s);
+        }
+        /* Every rank reads `low` of its share; the next level sees those as the shares. */
+        for (uint32_t d = 0; d < st.new_replicas; d++)
+            shares[d] = low;
+    }
+    free(shares);
+    if (err) {
+        sl_sample_elastic_free(e);
+        return err;
+    }
+    *out = e;
+    *count = low;
+    return 0;
+}
+
+int feed_job_batch_src(fjob *j, char *msg, size_t len)
+{
+    sl_sample_elastic *e = NULL;
+    uint64_t count = 0;
+    int err;
+
+    if (!j->spec->batching || !j->chain || j->src || !j->plan || j->plan->state != 1)
+        return 0;
+    err = batch_chain_plan(j->chain, sl_batch_plan_batches_per_rank(j->plan->plan),
+                           j->spec->batching->pad_remainder, &e, &count, msg, len);
+    if (!err && !(j->src = calloc(1, sizeof(*j->src))))
+        err = -ENOMEM;
+    if (err) {
+        sl_sample_elastic_free(e);
+        sl_log_error("elastic_batches_failed", "job=%s epoch=%llu error=\"%s\"", j->name,
+                     (unsigned long long)j->epoch, msg);
+        return err;
+    }
+    j->src->refs = 1;
+    j->src->plan = e;
+    j->bcount = count;
+    return 0;
+}
+
+/* Install a chain (owned from now on) and its blob as the current epoch's elastic state: index
+ * jobs get their plan now, batch jobs once their epoch plan is ready. */
+static int elastic_install(fjob *j, fchain *c, const uint8_t *blob, size_t blob_len, char *msg,
+                           size_t len)
+{
+    sl_sample_config ocfg;
+    int err = chain_config(j, c, &ocfg, msg, len);
+
+    if (!err && c->steps[c->n - 1].new_replicas != j->dp_size) {
+        snprintf(msg, len, "elastic state of job '%s' ends in a world of %u, not %u", j->name,
+                 c->steps[c->n - 1].new_replicas, j->dp_size);
+        err = SL_ECORRUPT;
+    }
+    if (!err && !j->spec->batching) {
+        j->src = calloc(1, sizeof(*j->src));
+        if (!j->src)
+            err = -ENOMEM;
+        else {
+            j->src->refs = 1;
+            err = chain_index_plan(j, c, &j->src->plan, msg, len);
+            if (err) {
+                free(j->src);
+                j->src = NULL;
+            }
+        }
+    }
+    if (!err && !(j->elastic_blob = malloc(blob_len)))
+        err = -ENOMEM;
+    if (err) {
+        chain_free(c);
+        return err;
+    }
+    memcpy(j->elastic_blob, blob, blob_len);
+    j->elastic_len = blob_len;
+    j->chain = c;
     return 0;
 }
 
 /* Build the elastic source of the current epoch from a blob. */
 static int elastic_load(fjob *j, const uint8_t *blob, size_t blob_len, char *msg, size_t len)
 {
-    Sluice__V1__Job *old = NULL;
-    uint64_t *consumed = NULL;
-    sl_sample_config ocfg;
-    uint32_t n;
-    int err = elastic_decode(blob, blob_len, &old, &consumed, &n);
+    fchain *c = NULL;
+    int err = chain_decode(blob, blob_len, j->dp_size, &c);
 
     if (err) {
         snprintf(msg, len, "elastic state of job '%s' is corrupt", j->name);
         return err;
     }
-    err = feed_spec_config(&ocfg, old, flabels_of(j->labels), j->samples, j->epoch, msg, len);
-    if (!err) {
-        j->src = calloc(1, sizeof(*j->src));
-        if (!j->src)
-            err = -ENOMEM;
-    }
-    if (!err) {
-        j->src->refs = 1;
-        err = sl_sample_elastic_new(&j->src->plan, &ocfg, consumed, n, j->dp_size, msg, len);
-        if (err) {
-            free(j->src);
-            j->src = NULL;
-        }
-    }
-    if (!err) {
-        j->elastic_blob = malloc(blob_len);
-        if (j->elastic_blob) {
-            memcpy(j->elastic_blob, blob, blob_len);
-            j->elastic_len = blob_len;
-        }
-    }
-    sluice__v1__job__free_unpacked(old, NULL);
-    free(consumed);
-    return err;
+    return elastic_install(j, c, blob, blob_len, msg, len);
 }
 
 static void drop_epoch_state(fjob *j)
@@ -128,6 +369,9 @@ static void drop_epoch_state(fjob *j)
     }
     fsrc_unref(j->src);
     j->src = NULL;
+    chain_free(j->chain);
+    j->chain = NULL;
+    j->bcount = 0;
     free(j->elastic_blob);
     j->elastic_blob = NULL;
     j->elastic_len = 0;
@@ -171,6 +415,8 @@ static int setup_counts(fjob *j, char *msg, size_t len)
 
 static int setup_elastic_counts(fjob *j, char *msg, size_t len)
 {
+    if (!j->src)
+        return 0; /* a batch job's: feed_job_batch_src, once its plan is ready */
     for (uint32_t d = 0; d < j->dp_size; d++) {
         sl_sample *s = NULL;
         int err = sl_sample_new_elastic(&s, j->src->plan, d, msg, len);
@@ -299,6 +545,8 @@ void feed_job_describe(const fjob *j, Sluice__V1__Job *out, Sluice__V1__Mesh *me
     out->created_ms = (uint64_t)j->created_ms;
     out->dp_size = j->dp_size;
     out->resized_in_epoch = j->src != NULL;
+    out->n_rank_weights = s->n_rank_weights;
+    out->rank_weights = s->rank_weights;
 }
 
 int feed_job_dp_rank(const fjob *j, uint32_t rank, uint32_t *dp, char *msg, size_t len)
@@ -317,9 +565,9 @@ int feed_job_dp_rank(const fjob *j, uint32_t rank, uint32_t *dp, char *msg, size
 int feed_job_count(const fjob *j, uint32_t dp, uint64_t *count)
 {
     if (j->spec->batching) {
-        if (!j->plan || j->plan->state != 1)
+        if (!j->plan || j->plan->state != 1 || (j->chain && !j->src))
             return SL_ESTATE;
-        *count = sl_batch_plan_batches_per_rank(j->plan->plan);
+        *count = j->chain ? j->bcount : sl_batch_plan_batches_per_rank(j->plan->plan);
         return 0;
     }
     *count = j->counts[dp];
@@ -381,6 +629,9 @@ int feed_job_advance(fjob *j)
 
 void feed_job_plan_ready(fjob *j)
 {
+    char msg[256];
+
+    feed_job_batch_src(j, msg, sizeof(msg));
     if (!j->spec->manual_advance && feed_job_complete(j))
         feed_job_advance(j);
 }
@@ -426,15 +677,15 @@ int feed_job_report_apply(fjob *j, uint32_t dp, uint64_t position, int *advanced
 
 int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char *msg, size_t len)
 {
-    Sluice__V1__Job *nspec = NULL, *old_spec = NULL;
+    Sluice__V1__Job *nspec = NULL;
     Sluice__V1__Mesh *saved_mesh = j->spec->mesh;
     uint32_t saved_world = j->spec->world_size;
+    size_t saved_nw = j->spec->n_rank_weights;
     uint8_t *spec_buf = NULL, *blob = NULL;
-    uint64_t *consumed = NULL;
     size_t spec_len, blob_len = 0;
-    sl_sample_config ncfg, ocfg;
-    sl_sample_elastic *plan = NULL;
-    uint32_t n_old = 0, ndp, dpi;
+    sl_sample_config ncfg;
+    fchain *chain = NULL;
+    uint32_t ndp, dpi;
     int any = 0, err;
 
     for (uint32_t d = 0; d < j->dp_size; d++)
@@ -444,15 +695,20 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
                  j->name);
         return SL_EINVAL;
     }
-    /* Build the new spec by packing the old one with the new world and mesh. */
+    /* Build the new spec by packing the old one with the new world and mesh. Rank weights are
+     * kept while the dp world keeps its size; another size makes the shares even (Resize
+     * carries no weights). */
     j->spec->world_size = world;
     j->spec->mesh = feed_mesh_set(mesh) ? (Sluice__V1__Mesh *)mesh : NULL;
+    if (saved_nw && saved_nw != (feed_mesh_set(mesh) ? mesh->dp : world))
+        j->spec->n_rank_weights = 0;
     spec_len = sluice__v1__job__get_packed_size(j->spec);
     spec_buf = malloc(spec_len ? spec_len : 1);
     if (spec_buf)
         sluice__v1__job__pack(j->spec, spec_buf);
     j->spec->world_size = saved_world;
     j->spec->mesh = saved_mesh;
+    j->spec->n_rank_weights = saved_nw;
     if (!spec_buf)
         return -ENOMEM;
     nspec = sluice__v1__job__unpack(NULL, spec_len, spec_buf);
@@ -466,44 +722,80 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
     ncfg.rank = 0;
     if ((err = sl_sample_dp_rank(&dpi, &ndp, &ncfg, msg, len)) != 0)
         goto out;
-    if (j->src && any) {
+    if (j->spec->batching && (any || j->chain) &&
+        (saved_nw || (j->chain && j->chain->spec->n_rank_weights))) {
         snprintf(msg, len,
-                 "job '%s' was already resized in epoch %llu and ranks have progressed since; "
-                 "resize again when the next epoch begins",
-                 j->name, (unsigned long long)j->epoch);
-        err = SL_ESTATE;
-        goto out;
-    }
-    if (j->spec->batching && (any || j->src)) {
-        snprintf(msg, len,
-                 "job '%s' streams batches: it can be resized only before any rank "
-                 "reported progress in an epoch",
+                 "job '%s' streams batches sized by rank weights: it can be resized only before "
+                 "any rank reported progress in an epoch",
                  j->name);
         err = SL_ESTATE;
         goto out;
     }
-    if (j->src) {
-        /* Resized again before anyone progressed: re-plan from the epoch's original world. */
-        err = elastic_decode(j->elastic_blob, j->elastic_len, &old_spec, &consumed, &n_old);
-        if (err)
-            goto out;
-    } else if (any) {
-        n_old = j->dp_size;
-        consumed = malloc(8 * (size_t)n_old);
-        if (!consumed) {
-            err = -ENOMEM;
-            goto out;
+    if (j->chain || any) {
+        /* The epoch's chain of resizes, copied (the job keeps its own until this commits). */
+        err = -ENOMEM;
+        if (j->chain) {
+            if (chain_decode(j->elastic_blob, j->elastic_len, j->dp_size, &chain) != 0)
+                goto out;
+        } else {
+            chain = calloc(1, sizeof(*chain));
         }
-        for (uint32_t d = 0; d < n_old; d++)
-            consumed[d] = j->progress[d] < j->counts[d] ? j->progress[d] : j->counts[d];
-    }
-    if (consumed) {
-        err = feed_spec_config(&ocfg, old_spec ? old_spec : j->spec, flabels_of(j->labels),
-                               j->samples, j->epoch, msg, len);
+        if (!chain)
+            goto out;
+        if (!chain->spec) {
+            /* The first resize of the epoch: the chain starts from the job's spec. */
+            size_t l = sluice__v1__job__get_packed_size(j->spec);
+            uint8_t *b = malloc(l ? l : 1);
+            if (b) {
+                sluice__v1__job__pack(j->spec, b);
+                chain->spec = sluice__v1__job__unpack(NULL, l, b);
+                free(b);
+            }
+            if (!chain->spec)
+                goto out;
+        }
+        if (any || chain->n == 0) {
+            /* Ranks progressed on the current shares: one more step, redistributing what
+             * each of them has not consumed. */
+            uint64_t *cons = malloc(8 * (size_t)j->dp_size);
+            if (!cons || chain_grow(chain) != 0) {
+                free(cons);
+                goto out;
+            }
+            for (uint32_t d = 0; d < j->dp_size; d++) {
+                uint64_t n;
+                /* A batch job's count needs its plan; without it the position stands (the
+                 * report check bounded it) and is clipped when the shares are built. */
+                if (feed_job_count(j, d, &n) != 0)
+                    n = UINT64_MAX;
+                cons[d] = j->progress[d] < n ? j->progress[d] : n;
+            }
+            chain->steps[chain->n].consumed = cons;
+            chain->steps[chain->n].n_consumed = j->dp_size;
+            chain->n++;
+        }
+        /* Nobody progressed since the last resize: re-plan its step for the new world. */
+        chain->steps[chain->n - 1].new_replicas = ndp;
+        free((void *)chain->steps[chain->n - 1].weights);
+        chain->steps[chain->n - 1].weights = NULL;
+        chain->steps[chain->n - 1].n_weights = 0;
+        if (nspec->n_rank_weights == ndp && !nspec->batching) {
+            double *w = malloc(8 * (size_t)ndp);
+            if (!w)
+                goto out;
+            memcpy(w, nspec->rank_weights, 8 * (size_t)ndp);
+            chain->steps[chain->n - 1].weights = w;
+            chain->steps[chain->n - 1].n_weights = ndp;
+        }
+        err = chain_config(j, chain, &(sl_sample_config){0}, msg, len);
+        if (!err && !j->spec->batching) {
+            /* Check the index plan now, so that a refused chain leaves the job as it was. */
+            sl_sample_elastic *e = NULL;
+            err = chain_index_plan(j, chain, &e, msg, len);
+            sl_sample_elastic_free(e);
+        }
         if (!err)
-            err = sl_sample_elastic_new(&plan, &ocfg, consumed, n_old, ndp, msg, len);
-        if (!err)
-            err = elastic_encode(&blob, &blob_len, old_spec ? old_spec : j->spec, consumed, n_old);
+            err = chain_encode(&blob, &blob_len, chain);
         if (err)
             goto out;
     }
@@ -521,29 +813,26 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
     nspec = NULL;
     j->cfg = ncfg;
     setup_counts(j, msg, len);
-    if (plan) {
-        j->src = calloc(1, sizeof(*j->src));
-        if (!j->src) {
-            err = -ENOMEM;
+    if (chain) {
+        err = elastic_install(j, chain, blob, blob_len, msg, len);
+        chain = NULL;
+        if (err)
             goto out;
-        }
-        j->src->refs = 1;
-        j->src->plan = plan;
-        plan = NULL;
-        j->elastic_blob = blob;
-        j->elastic_len = blob_len;
-        blob = NULL;
         setup_elastic_counts(j, msg, len);
+        if (j->spec->batching) {
+            /* The rest of the epoch's batches come from the plan of its first world. */
+            char why[256];
+            if (feed_plan_request(j, why, sizeof(why)) != 0)
+                sl_log_warn("job_resize_plan_failed", "job=%s error=\"%s\"", j->name, why);
+        }
     }
-    sl_log_info("job_resized", "job=%s epoch=%llu world=%u dp=%u elastic=%d", j->name,
-                (unsigned long long)j->epoch, world, j->dp_size, j->src != NULL);
+    sl_log_info("job_resized", "job=%s epoch=%llu world=%u dp=%u elastic=%d resizes=%u", j->name,
+                (unsigned long long)j->epoch, world, j->dp_size, j->chain != NULL,
+                j->chain ? j->chain->n : 0);
 out:
     if (nspec)
         sluice__v1__job__free_unpacked(nspec, NULL);
-    if (old_spec)
-        sluice__v1__job__free_unpacked(old_spec, NULL);
-    sl_sample_elastic_free(plan);
-    free(consumed);
+    chain_free(chain);
     free(spec_buf);
     free(blob);
     return err;

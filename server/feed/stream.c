@@ -162,8 +162,21 @@ static uint64_t fill_batches(fstream *s, Sluice__V1__Batch *bmsgs, Sluice__V1__B
     uint64_t n = 0;
 
     while (n < max && bytes < MSG_BYTES) {
+        uint32_t rank = s->dp;
+        uint64_t step = s->pos + n, g;
         sl_batch b;
-        if (sl_batch_plan_get(s->plan->plan, s->dp, s->pos + n, &b) != 0) {
+
+        if (s->s) {
+            /* Elastic shares (resized mid-epoch): batch g of the epoch plan's step-major order. */
+            uint32_t d0 = sl_batch_plan_replicas(s->plan->plan);
+            if (sl_sample_fill(&g, s->s, step, 1) != 0) {
+                end_stream(s, SL_RPC_INTERNAL, "elastic batch lookup failed");
+                return 0;
+            }
+            rank = (uint32_t)(g % d0);
+            step = g / d0;
+        }
+        if (sl_batch_plan_get(s->plan->plan, rank, step, &b) != 0) {
             end_stream(s, SL_RPC_INTERNAL, "batch plan lookup failed");
             return 0;
         }
@@ -280,8 +293,27 @@ static void start_batches(fstream *s)
         end_stream(s, sl_rpc_code_from_err(s->plan->err), s->plan->msg);
         return;
     }
-    s->end = sl_batch_plan_batches_per_rank(s->plan->plan);
-    (void)j;
+    if (s->plan == j->plan && j->chain) {
+        /* Resized mid-epoch: this rank's elastic share of the rest of the plan's batches. */
+        char msg[256] = "";
+        int err = feed_job_batch_src(j, msg, sizeof(msg));
+
+        if (!err && !j->src)
+            err = SL_ESTATE;
+        if (!err && !s->s)
+            err = sl_sample_new_elastic(&s->s, j->src->plan, s->dp, msg, sizeof(msg));
+        if (err) {
+            end_stream(s, sl_rpc_code_from_err(err), msg[0] ? msg : "elastic batches failed");
+            return;
+        }
+        if (!s->src) {
+            s->src = j->src;
+            s->src->refs++;
+        }
+        s->end = j->bcount;
+    } else {
+        s->end = sl_batch_plan_batches_per_rank(s->plan->plan);
+    }
     stream_go(s);
 }
 

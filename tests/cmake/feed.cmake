@@ -5,6 +5,12 @@ add_test(NAME feed_integration
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
 set_tests_properties(feed_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
 
+# Sampling II in the daemon (issue 17): weighted batch shares, resizes that chain.
+add_test(NAME feed_resize_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_feed_resize
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(feed_resize_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
+
 add_test(NAME feed_torch_ddp
          COMMAND ${SL_PYTHON} -m unittest -v test_torch_ddp
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")

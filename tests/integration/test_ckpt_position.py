@@ -322,15 +322,24 @@ class PositionTest(unittest.TestCase):
             self.restore("b")
         self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
         self.assertIn("lengths of dataset 'tok' changed", e.exception.details())
-        # A batch job restored mid-epoch into another world: refused, nothing changed.
+        # A batch job restored mid-epoch into another world (issue 17): the rest of the epoch's
+        # batches is redistributed, equal counts per rank, nothing served twice, and only the
+        # remainder rule's last batches (fewer than the new world) left out.
         self.feed.delete_job("run")
         self.feed.delete_dataset("tok")
         self.batch_job([1 + (i * 7) % 60 for i in range(N)])
-        with self.assertRaises(grpc.RpcError) as e:
-            self.restore("b", world_size=3)
-        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
-        self.assertIn("streams batches", e.exception.details())
-        self.assertEqual(self.feed.get_job("run").world_size, 2)
+        plan = [self.steps(r, epoch=0, step=0) for r in range(2)]
+        self.restore("b", world_size=3)
+        self.assertEqual(self.feed.get_job("run").world_size, 3)
+        rest = [self.steps(r) for r in range(3)]
+        self.assertEqual(len({len(x) for x in rest}), 1)
+        self.assertEqual([x[0][0] for x in rest], [0, 0, 0])  # steps restart at 0
+        served = [b for r in range(2) for _, b in plan[r][:3]] + [b for x in rest for _, b in x]
+        every = [b for r in range(2) for _, b in plan[r]]
+        self.assertEqual(len(served), len(set(served)))
+        self.assertTrue(set(served) <= set(every))
+        self.assertLess(len(every) - len(served), 3)
+        self.assertEqual(self.feed.get_epoch("run").ranks[2].count, len(rest[0]))
 
     def test_cli_restore(self):
         self.job()

@@ -198,6 +198,27 @@ class BatchCli(unittest.TestCase):
         self.assertEqual(a.returncode, 0)
         self.assertEqual(a.stdout, b.stdout)
 
+    def test_rank_weights_lockstep_and_budgets(self):
+        batches, s = self.plan("--replicas", "3", "--rank-weights", "1,0.5,0.25")
+        self.assertEqual(s["rank_weights"], [1, 0.5, 0.25])
+        self.assertEqual(s["rank_max_tokens"], [16384, 8192, 4096])
+        self.assertEqual(s["rank_max_batch_size"], [256, 128, 64])
+        per = [[b for b in batches if b["rank"] == r] for r in range(3)]
+        self.assertEqual(len({len(p) for p in per}), 1)
+        for r, budget in enumerate(s["rank_max_tokens"]):
+            for b in per[r]:
+                self.assertLessEqual(b["padded_tokens"], budget)
+        seen = [i for b in batches for i in b["indices"]]
+        self.assertEqual(len(seen), len(set(seen)))
+        self.assertEqual(len(seen) + s["dropped"], len(self.lengths))
+        for bad, what in (("1,0,1", "rank weight 1 is 0"), ("1,-1,1", "rank weight 1 is -1"),
+                          ("1,nan,1", "rank weight 1 is nan"), ("1,1", "2 rank weights for 3"),
+                          ("1,1,0.0001", "below max_seq_len")):
+            p = run("--lengths", self.text, "--max-batch-size", "256", "--max-seq-len", "4096",
+                    "--max-tokens", "16384", "--replicas", "3", "--rank-weights", bad)
+            self.assertNotEqual(p.returncode, 0, bad)
+            self.assertIn(what, p.stderr.decode())
+
     def test_errors(self):
         def err(*args, path=None, code=1, needle=""):
             p = run("--lengths", path or self.text, *args)

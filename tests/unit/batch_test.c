@@ -993,6 +993,144 @@ static void test_with_sampler(void)
 }
 #endif
 
+/* Weighted ranks: every rank the same number of batches, each batch within its rank's budgets,
+ * per-rank tokens proportional to the weights, and the epoch covered exactly once (drop: apart
+ * from the dropped sequences, counted; pad: repeats only of a rank's own first batches). */
+static void test_rank_weights(void)
+{
+    for (int iter = 0; iter < 200; iter++) {
+        uint32_t d = 1 + (uint32_t)(rnd() % 8), n = 1 + (uint32_t)(rnd() % 5000);
+        uint32_t *lengths = malloc(n * sizeof(*lengths)), *seen = calloc(n, sizeof(*seen));
+        double w[8];
+        sl_batch_config c;
+        sl_batch_plan *p = NULL;
+        char msg[256];
+        uint64_t tok[8] = {0}, total = 0, dropped = 0, repeated = 0, wsum = 0, wq[8];
+        double top = 0;
+        int err;
+
+        sl_batch_config_init(&c);
+        c.strategy = (sl_batch_strategy)(rnd() % 4);
+        c.cost = c.strategy == SL_BATCH_PACKED ? SL_BATCH_COST_SUM : SL_BATCH_COST_DEFAULT;
+        c.max_seq_len = 64 + (uint32_t)(rnd() % 256);
+        c.max_batch_size = 4 + (uint32_t)(rnd() % 60);
+        c.max_tokens = (uint64_t)c.max_seq_len * (4 + rnd() % 16);
+        c.replicas = d;
+        c.remainder = rnd() % 2 ? SL_BATCH_REPEAT : SL_BATCH_DROP;
+        c.seed = rnd();
+        c.epoch = rnd() % 5;
+        for (uint32_t r = 0; r < d; r++) {
+            w[r] = 0.25 + (double)(rnd() % 1000) / 1000.0 * 0.75; /* budgets stay >= max_seq_len */
+            top = w[r] > top ? w[r] : top;
+        }
+        c.rank_weights = w;
+        c.n_rank_weights = d;
+        for (uint32_t i = 0; i < n; i++)
+            lengths[i] = 1 + (uint32_t)(rnd() % (c.max_seq_len + c.max_seq_len / 4));
+        err = sl_batch_plan_new(&p, &c, lengths, n, NULL, 0, msg, sizeof(msg));
+        CHECK(err == 0, "%s", "rank weights");
+        if (err) {
+            fprintf(stderr, "  weighted plan: %s\n", msg);
+            free(lengths);
+            free(seen);
+            continue;
+        }
+        CHECK(sl_batch_plan_replicas(p) == d, "%s", "rank weights");
+        for (uint32_t r = 0; r < d; r++) {
+            uint64_t bt;
+            uint32_t bb;
+            sl_batch_stats st;
+
+            CHECK(sl_batch_plan_rank_budget(p, r, &bt, &bb) == 0, "%s", "rank weights");
+            CHECK(bt <= c.max_tokens && bt >= c.max_seq_len, "%s", "rank weights");
+            CHECK(w[r] != top || (bt == c.max_tokens && bb == c.max_batch_size), "%s",
+                  "rank weights");
+            CHECK(sl_batch_plan_stats(p, r, &st) == 0, "%s", "rank weights");
+            CHECK(st.batches == sl_batch_plan_batches_per_rank(p), "%s",
+                  "rank weights"); /* lockstep */
+            for (uint64_t i = 0; i < sl_batch_plan_batches_per_rank(p); i++) {
+                sl_batch b;
+                uint64_t cost;
+
+                CHECK(sl_batch_plan_get(p, r, i, &b) == 0, "%s", "rank weights");
+                cost = c.cost == SL_BATCH_COST_SUM || c.strategy == SL_BATCH_PACKED
+                           ? b.tokens
+                           : b.padded_tokens;
+                CHECK(b.count >= 1 && b.count <= bb && cost <= bt, "%s", "rank weights");
+                for (uint32_t k = 0; k < b.count; k++)
+                    seen[b.indices[k]]++;
+                tok[r] += b.tokens;
+            }
+            total += tok[r];
+        }
+        {
+            sl_batch_stats t;
+            uint64_t extra = 0, missing = 0, served = 0;
+
+            sl_batch_plan_stats(p, -1, &t);
+            dropped = t.dropped;
+            repeated = t.repeated;
+            for (uint32_t i = 0; i < n; i++) {
+                served += seen[i] > 0;
+                extra += seen[i] > 1 ? seen[i] - 1 : 0;
+                missing += seen[i] == 0;
+            }
+            /* Exactly once, apart from what the remainder rule dropped or repeated. */
+            CHECK(extra == repeated, "%s", "rank weights");
+            CHECK(missing == dropped, "%s", "rank weights");
+            CHECK(c.remainder == SL_BATCH_REPEAT || repeated == 0, "%s", "rank weights");
+            CHECK(c.remainder == SL_BATCH_DROP || dropped == 0 ||
+                      sl_batch_plan_batches_per_rank(p) == 0,
+                  "%s", "rank weights");
+            (void)served;
+        }
+        /* Tokens proportional to the weights: exactly up to a sequence or two when nothing was
+         * dropped or repeated, else within the few batches the remainder rule moved. */
+        for (uint32_t r = 0; r < d; r++)
+            wq[r] = (uint64_t)(w[r] * 1e6), wsum += wq[r];
+        for (uint32_t r = 0; r < d && total > 0; r++) {
+            double want = (double)total * (double)wq[r] / (double)wsum;
+            double tol = 1.0 + 2.0 * (double)c.max_seq_len;
+
+            if (repeated || dropped)
+                tol += (double)(repeated + dropped) * (double)c.max_seq_len;
+            CHECK(fabs((double)tok[r] - want) <= tol, "rank %u tokens %llu want %.0f", r,
+                  (unsigned long long)tok[r], want);
+        }
+        sl_batch_plan_free(p);
+        free(lengths);
+        free(seen);
+    }
+    /* Bad weights: the value is named. */
+    {
+        uint32_t lengths[4] = {1, 2, 3, 4};
+        double bad[3][3] = {{1, 0, 1}, {1, -1, 1}, {1, NAN, 1}};
+        sl_batch_config c;
+        sl_batch_plan *p = NULL;
+        char msg[256];
+
+        sl_batch_config_init(&c);
+        c.max_batch_size = 4;
+        c.max_seq_len = 8;
+        c.replicas = 3;
+        for (int i = 0; i < 3; i++) {
+            c.rank_weights = bad[i];
+            c.n_rank_weights = 3;
+            CHECK(sl_batch_plan_new(&p, &c, lengths, 4, NULL, 0, msg, sizeof(msg)) == SL_EINVAL,
+                  "%s", "rank weights");
+            CHECK(strstr(msg, "rank weight 1 is") != NULL, "%s", "rank weights");
+        }
+        c.rank_weights = bad[0];
+        c.n_rank_weights = 2;
+        CHECK(sl_batch_config_check(&c, msg, sizeof(msg)) == SL_EINVAL, "%s", "rank weights");
+        CHECK(strstr(msg, "2 rank weights for 3") != NULL, "%s", "rank weights");
+        bad[0][1] = 0.001;
+        c.n_rank_weights = 3;
+        CHECK(sl_batch_config_check(&c, msg, sizeof(msg)) == SL_EINVAL, "%s", "rank weights");
+        CHECK(strstr(msg, "below max_seq_len") != NULL, "%s", "rank weights");
+    }
+}
+
 int main(void)
 {
     test_config();
@@ -1012,6 +1150,7 @@ int main(void)
     test_carry();
     test_all_skipped();
     test_compact_gather();
+    test_rank_weights();
 #ifdef SL_HAVE_SAMPLE
     test_with_sampler();
 #endif

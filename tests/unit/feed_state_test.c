@@ -138,6 +138,75 @@ out:
     sl_feed_free(f);
 }
 
+/* An elastic blob of the first format ("SLE1", one resize) is still read; a second mid-epoch
+ * resize after progress chains (the blob becomes "SLE2"), and both survive a reload. */
+static void test_chained_resize_and_old_blob(sl_cat *cat)
+{
+    Sluice__V1__Job spec = SLUICE__V1__JOB__INIT;
+    uint64_t consumed[4] = {25, 20, 25, 24}, c0, c1, c2;
+    uint8_t old[256], nspec[256], blob[512];
+    uint32_t magic = 0x31454c53u, n = 4, sl;
+    size_t old_len, nspec_len, at = 0;
+    char msg[256];
+    sl_feed *f;
+    fjob *j;
+
+    add_job(cat, "legacy", 100, 4, "feistel", 1);
+    spec.name = (char *)"legacy";
+    spec.dataset = (char *)"legacy-data";
+    spec.world_size = 4;
+    spec.shuffle = (char *)"feistel";
+    spec.seed = 7;
+    spec.drop_last = 1;
+    old_len = sluice__v1__job__pack(&spec, old);
+    spec.world_size = 2;
+    nspec_len = sluice__v1__job__pack(&spec, nspec);
+    sl = (uint32_t)old_len;
+    memcpy(blob, &magic, 4);
+    memcpy(blob + 4, &sl, 4);
+    memcpy(blob + 8, old, old_len);
+    at = 8 + old_len;
+    memcpy(blob + at, &n, 4);
+    memcpy(blob + at + 4, consumed, sizeof(consumed));
+    at += 4 + sizeof(consumed);
+    CHECK(sl_cat_job_resize(cat, "legacy", nspec, nspec_len, 2, blob, at) == 0);
+    f = open_feed(cat);
+    j = feed_job_find(f, "legacy");
+    CHECK(j != NULL && j->src != NULL && j->chain != NULL);
+    if (!j || !j->src || !j->chain)
+        goto out;
+    CHECK(j->dp_size == 2 && j->counts[0] == 3 && j->counts[1] == 3);
+    /* Progress on the elastic shares, then a second resize: the 5 left go to 3 ranks. */
+    CHECK(report(j, 0, 1) == 0);
+    CHECK(feed_job_resize(j, 3, NULL, msg, sizeof(msg)) == 0);
+    CHECK(j->dp_size == 3 && j->chain && j->chain->n == 2);
+    CHECK(j->counts[0] + j->counts[1] + j->counts[2] == 5);
+    CHECK(j->elastic_len > 4 && memcmp(j->elastic_blob, "SLE2", 4) == 0);
+    /* Nobody progressed since: a third resize re-plans the last step, no new one. */
+    CHECK(feed_job_resize(j, 2, NULL, msg, sizeof(msg)) == 0);
+    CHECK(j->chain && j->chain->n == 2 && j->counts[0] + j->counts[1] == 5);
+    CHECK(report(j, 1, 1) == 0);
+    CHECK(feed_job_resize(j, 3, NULL, msg, sizeof(msg)) == 0);
+    CHECK(j->chain && j->chain->n == 3);
+    c0 = j->counts[0];
+    c1 = j->counts[1];
+    c2 = j->counts[2];
+    CHECK(c0 + c1 + c2 == 4);
+    sl_feed_free(f);
+    f = open_feed(cat);
+    j = feed_job_find(f, "legacy");
+    CHECK(j && j->chain && j->chain->n == 3 && j->dp_size == 3);
+    if (!j)
+        goto out;
+    CHECK(j->counts[0] == c0 && j->counts[1] == c1 && j->counts[2] == c2);
+    CHECK(report(j, 0, c0) == 0);
+    CHECK(report(j, 1, c1) == 0);
+    CHECK(report(j, 2, c2) == 1);
+    CHECK(j->epoch == 1 && j->chain == NULL && j->src == NULL);
+out:
+    sl_feed_free(f);
+}
+
 /* feed_index_chunk: a message of that many indices, each as wide as the largest, fits. */
 static void test_index_chunk(void)
 {
@@ -179,6 +248,7 @@ int main(void)
     if (cat) {
         test_empty_shares_need_every_report(cat);
         test_group_position_and_checks(cat);
+        test_chained_resize_and_old_blob(cat);
     }
     sl_cat_close(cat);
     uv_run(&loop, UV_RUN_DEFAULT);

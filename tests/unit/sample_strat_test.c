@@ -587,6 +587,69 @@ static void test_bad_input(void)
     sl_sample_labels_free(L);
 }
 
+/* The block fill (sl_strat_fill, what streams use) gives exactly the per-position walk
+ * (sl_strat_at) for stratified and class-balanced layouts, weighted or not, shuffled or not, at
+ * random positions and lengths across block edges and into the padding. */
+static void test_fill_matches_at(int rounds)
+{
+    for (int it = 0; it < rounds; it++) {
+        uint64_t n;
+        uint32_t C, R = 1 + (uint32_t)rnd_below(rnd_below(2) ? 8 : 64);
+        uint32_t *lab = random_labels(&n, &C);
+        sl_sample_labels *L = NULL;
+        sl_sample_config cfg;
+        sl_strat st;
+        uint64_t q[64], *cnt, *out;
+        char msg[256];
+        int weighted = rnd_below(3) == 0;
+
+        CHECK(sl_sample_labels_new(&L, lab, n, msg, sizeof(msg)) == 0, "%s", msg);
+        sl_sample_config_init(&cfg);
+        cfg.samples = n;
+        cfg.replicas = R;
+        cfg.seed = rnd();
+        cfg.epoch = rnd_below(1000);
+        cfg.drop_last = rnd_below(2);
+        cfg.shuffle = rnd_below(4) ? SL_SAMPLE_SHUFFLE_FEISTEL : SL_SAMPLE_SHUFFLE_NONE;
+        cfg.classes = rnd_below(2) ? SL_SAMPLE_CLASSES_STRATIFY : SL_SAMPLE_CLASSES_BALANCE;
+        cfg.labels = L;
+        for (uint32_t r = 0; r < R; r++)
+            q[r] = (1 + rnd_below(4)) << 30;
+        if (n < 16 * (uint64_t)R)
+            weighted = 0;
+        memset(&st, 0, sizeof(st));
+        if (sl_strat_init(&st, &cfg, R, weighted ? q : NULL, msg, sizeof(msg)) != 0) {
+            CHECK(0, "init: %s", msg);
+            sl_sample_labels_free(L);
+            free(lab);
+            continue;
+        }
+        cnt = calloc(st.ctree.nnode + 1, sizeof(*cnt));
+        for (uint32_t r = 0; r < R; r += 1 + R / 4) {
+            uint64_t count = sl_strat_count(&st, r);
+            sl_strat_counts(cnt, &st, r);
+            for (int k = 0; k < 4 && count; k++) {
+                uint64_t pos = rnd_below(count), m = 1 + rnd_below(count - pos);
+                if (m > 9000)
+                    m = 9000;
+                out = malloc(m * sizeof(*out));
+                sl_strat_fill(out, &st, r, rnd_below(2) ? cnt : NULL, pos, (size_t)m);
+                for (uint64_t i = 0; i < m; i++)
+                    if (out[i] != sl_strat_at(&st, r, cnt, pos + i)) {
+                        CHECK(0, "fill != at: rank %u pos %" PRIu64 " (R %u, n %" PRIu64 ")", r,
+                              pos + i, R, n);
+                        break;
+                    }
+                free(out);
+            }
+        }
+        free(cnt);
+        sl_strat_close(&st);
+        sl_sample_labels_free(L);
+        free(lab);
+    }
+}
+
 int main(void)
 {
     test_bad_input();
@@ -595,6 +658,7 @@ int main(void)
     test_stratified_random(300);
     test_balanced_random(120);
     test_chain_random(300);
+    test_fill_matches_at(300);
     printf("largest window deviation seen: %.3f (bound %.1f)\n", max_window_dev, WINDOW_BOUND);
     if (failures) {
         fprintf(stderr, "sample_strat_test: %d failure(s)\n", failures);

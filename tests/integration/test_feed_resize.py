@@ -1,0 +1,197 @@
+"""Sampling II in the daemon (issue 17): weighted batch shares and resizes that chain (index and
+batch jobs, any number of mid-epoch resizes at random progress, a daemon restart between them).
+The real sluiced on 127.0.0.1 and the Python client over grpcio; jobs are built as protos."""
+import random
+import unittest
+
+import grpc
+
+from sluice.client import Client
+from sluice.v1 import feed_pb2
+from sltest import Daemon
+
+C = grpc.StatusCode
+
+
+def create(c, name, dataset, world, rank_weights=(), batching=None, **kw):
+    job = feed_pb2.Job(name=name, dataset=dataset, world_size=world, **kw)
+    job.rank_weights.extend(rank_weights)
+    if batching:
+        job.batching.CopyFrom(feed_pb2.BatchConfig(**batching))
+    return c.jobs.Create(feed_pb2.CreateJobRequest(job=job), **c._kw())
+
+
+def indices(c, job, rank):
+    return [i for ch in c.stream_indices(job, rank) for i in ch.indices]
+
+
+def batches(c, job, rank):
+    return [list(b.indices) for ch in c.stream_batches(job, rank) for b in ch.batches]
+
+
+class FeedResizeTest(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon().start()
+        self.c = Client(self.d.addr)
+
+    def tearDown(self):
+        self.c.close()
+        rc = self.d.stop()
+        reports = self.d.sanitizer_reports()
+        log = self.d.log()
+        self.d.cleanup()
+        self.assertEqual(rc, 0, "sluiced exit code\n" + log)
+        self.assertEqual(reports, [], "sanitizer reports\n" + log)
+
+    def restart(self):
+        self.c.close()
+        self.assertEqual(self.d.stop(), 0, self.d.log())
+        self.d.start()
+        self.c = Client(self.d.addr)
+
+    def code(self, fn, *a, **kw):
+        with self.assertRaises(grpc.RpcError) as e:
+            r = fn(*a, **kw)
+            if hasattr(r, "__iter__") and not hasattr(r, "DESCRIPTOR"):
+                list(r)
+        return e.exception.code(), e.exception.details()
+
+    def test_weighted_batches_lockstep(self):
+        c = self.c
+        rnd = random.Random(3)
+        lengths = [rnd.randint(1, 300) for _ in range(6000)]
+        c.create_dataset("tok", len(lengths))
+        c.upload_lengths("tok", lengths)
+        bc = dict(strategy="dynamic", max_batch_size=64, max_seq_len=512, max_tokens=8192)
+        # Bad weights are refused, naming the value.
+        for w, what in (((1, 0, 1), "rank weight 1 is 0"), ((1, -2, 1), "rank weight 1 is -2"),
+                        ((1, float("nan"), 1), "rank weight 1 is nan"),
+                        ((1, float("inf"), 1), "rank weight 1 is inf"),
+                        ((1, 1), "2 rank weights for 3")):
+            code, msg = self.code(create, c, "w", "tok", 3, rank_weights=w, batching=bc)
+            self.assertEqual(code, C.INVALID_ARGUMENT, msg)
+            self.assertIn(what, msg)
+        code, msg = self.code(create, c, "w", "tok", 3, rank_weights=(1, 1, 0.01), batching=bc)
+        self.assertIn("below max_seq_len", msg)
+        create(c, "w", "tok", 3, rank_weights=(1, 0.5, 0.25), batching=bc, seed=4)
+        self.assertEqual(list(c.get_job("w").rank_weights), [1, 0.5, 0.25])
+        per = [batches(c, "w", r) for r in range(3)]
+        self.assertEqual(len({len(p) for p in per}), 1)  # lockstep
+        self.assertEqual(c.get_epoch("w").ranks[2].count, len(per[0]))
+        toks = []
+        for r, budget in enumerate((8192, 4096, 2048)):
+            for b in per[r]:
+                self.assertLessEqual(len(b) * max(lengths[i] for i in b), budget)
+            toks.append(sum(lengths[i] for b in per[r] for i in b))
+        self.assertAlmostEqual(toks[1] / toks[0], 0.5, delta=0.05)
+        self.assertAlmostEqual(toks[2] / toks[0], 0.25, delta=0.05)
+        seen = [i for p in per for b in p for i in b]
+        self.assertEqual(len(seen), len(set(seen)))
+        self.assertGreater(len(seen), 0.97 * len(lengths))
+
+    def consume(self, job, world, rnd, batch, consumed):
+        """Every dp rank of the current world takes a random prefix of its share and reports it."""
+        for r in range(world):
+            got = batches(self.c, job, r) if batch else indices(self.c, job, r)
+            k = rnd.choice((0, len(got), rnd.randint(0, len(got))))
+            if r == 0 and got:
+                k = min(k, len(got) - 1)  # the epoch must not end here
+            consumed += [tuple(b) for b in got[:k]] if batch else got[:k]
+            if k:
+                self.c.report_progress(job, r, 0, k)
+
+    def test_chained_resizes_index_jobs(self):
+        c = self.c
+        rnd = random.Random(17)
+        n = 5000
+        c.create_dataset("ds", n)
+        for t in range(8):
+            drop = t % 2 == 0
+            kw = dict(shuffle=("feistel", "torch", "none")[t % 3],
+                      partition=("interleaved", "contiguous")[t // 2 % 2], seed=t,
+                      drop_last=drop)
+            world = rnd.randint(1, 9)
+            create(c, "twin", "ds", world, **kw)
+            epoch = sorted(i for r in range(world) for i in indices(c, "twin", r))
+            c.delete_job("twin")
+            job = "j%d" % t
+            create(c, job, "ds", world, **kw)
+            consumed, worlds = [], 0
+            for step in range(rnd.randint(2, 5)):
+                self.consume(job, world, rnd, False, consumed)
+                world = rnd.randint(1, 9)
+                worlds += world
+                self.assertTrue(c.resize_job(job, world).resized_in_epoch or not consumed)
+                if step == 1:
+                    self.restart()
+                    c = self.c
+            rest = [i for r in range(world) for i in indices(c, job, r)]
+            counts = [c.get_epoch(job).ranks[r].count for r in range(world)]
+            got = sorted(consumed + rest)
+            if drop:
+                self.assertEqual(got, epoch, kw)  # exactly once
+            else:
+                # Padding repeats only (the torch rule): every index at least once.
+                self.assertEqual(set(got), set(range(n)), kw)
+                self.assertLess(len(got) - len(epoch), worlds + 1)
+            self.assertEqual(sum(counts), len(rest))
+            for r in range(world):
+                c.report_progress(job, r, 0, counts[r])
+            self.assertEqual(c.get_job(job).epoch, 1)
+
+    def test_chained_resizes_batch_jobs(self):
+        c = self.c
+        rnd = random.Random(5)
+        lengths = [rnd.randint(1, 120) for _ in range(3000)]
+        c.create_dataset("tok", len(lengths))
+        c.upload_lengths("tok", lengths)
+        for t in range(6):
+            pad = t % 2 == 1
+            bc = dict(strategy=("dynamic", "packed", "pad")[t % 3], max_batch_size=16,
+                      max_seq_len=128, max_tokens=512, pad_remainder=pad)
+            world = rnd.randint(1, 6)
+            job = "b%d" % t
+            create(c, job, "tok", world, batching=bc, seed=t, shuffle="feistel")
+            plan = [tuple(b) for r in range(world) for b in batches(c, job, r)]
+            consumed, worlds = [], 0
+            for step in range(rnd.randint(2, 5)):
+                self.consume(job, world, rnd, True, consumed)
+                world = rnd.randint(1, 6)
+                worlds += world
+                c.resize_job(job, world)
+                if step == 1:
+                    self.restart()
+                    c = self.c
+            rest = [[tuple(b) for b in batches(c, job, r)] for r in range(world)]
+            self.assertEqual(len({len(x) for x in rest}), 1, bc)  # lockstep
+            ep = c.get_epoch(job)
+            self.assertEqual(ep.ranks[world - 1].count, len(rest[0]))
+            served = consumed + [b for x in rest for b in x]
+            self.assertTrue(set(served) <= set(plan), bc)
+            if pad:
+                self.assertEqual(set(served), set(plan), bc)  # repeats only pad
+                self.assertLess(len(served) - len(plan), worlds + 1)
+            else:
+                self.assertEqual(len(served), len(set(served)), bc)  # never twice
+                self.assertLess(len(plan) - len(served), worlds + 1)
+            for r in range(world):
+                c.report_progress(job, r, 0, len(rest[r]))
+            self.assertEqual(c.get_job(job).epoch, 1)
+            # The next epoch is planned for the new world, whole.
+            self.assertEqual(c.get_epoch(job).dp_size, world)
+
+    def test_weighted_batch_job_resizes_at_epoch_boundaries(self):
+        c = self.c
+        c.create_dataset("tok", 400)
+        c.upload_lengths("tok", [1 + i % 50 for i in range(400)])
+        bc = dict(strategy="dynamic", max_batch_size=16, max_seq_len=64, max_tokens=512)
+        create(c, "w", "tok", 2, rank_weights=(1, 0.5), batching=bc)
+        batches(c, "w", 0)
+        c.report_progress("w", 0, 0, 1)
+        code, msg = self.code(c.resize_job, "w", 3)
+        self.assertEqual(code, C.FAILED_PRECONDITION)
+        self.assertIn("rank weights", msg)
+
+
+if __name__ == "__main__":
+    unittest.main()
