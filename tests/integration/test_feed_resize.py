@@ -67,7 +67,7 @@ class FeedResizeTest(unittest.TestCase):
         for w, what in (((1, 0, 1), "rank weight 1 is 0"), ((1, -2, 1), "rank weight 1 is -2"),
                         ((1, float("nan"), 1), "rank weight 1 is nan"),
                         ((1, float("inf"), 1), "rank weight 1 is inf"),
-                        ((1, 1), "2 rank weights for 3")):
+                        ((1, 1), "2 rank weights for a dp world of 3")):
             code, msg = self.code(create, c, "w", "tok", 3, rank_weights=w, batching=bc)
             self.assertEqual(code, C.INVALID_ARGUMENT, msg)
             self.assertIn(what, msg)
