@@ -165,6 +165,7 @@ int sl_ckpt_svc_new(sl_ckpt_svc **out, uv_loop_t *loop, sl_cat *cat, const char 
         return -ENOMEM;
     s->loop = loop;
     s->cat = cat;
+    s->upload_settled = ckpt_auto_commit;
     s->opts = *opts;
     if (s->opts.max_deep_verifies < 1)
         s->opts.max_deep_verifies = 2;

@@ -70,6 +70,10 @@ struct sl_ckpt_svc {
     verify *deep_head, *deep_tail;
     uv_timer_t sweep;
     int dir_lost; /* the data dir was replaced under the daemon: sweeps stopped */
+    /* An upload of (job, name) ended (its shard recorded, or not while others were held back by
+     * it): ckpt.c sets it to commit.c's ckpt_auto_commit, so upload.c never calls commit.c
+     * (which calls upload.c to abort uploads). */
+    void (*upload_settled)(sl_ckpt_svc *s, const char *job, const char *name);
 };
 
 /* The lifecycle of one UploadShard call. Every change goes through up_to() in upload.c, which

@@ -148,7 +148,7 @@ static void up_release(upload *up, up_state from)
      * this one ran (a re-upload of a rank that has a shard), this one ending without replacing
      * it is the moment every rank's shard is durable. */
     if (from == UP_STOPPING || from == UP_FAILING)
-        ckpt_auto_commit(up->svc, up->job, up->name);
+        up->svc->upload_settled(up->svc, up->job, up->name);
 }
 
 /* ---- the lanes ---- */
@@ -363,7 +363,7 @@ static void up_record(upload *up)
     resp.sha256 = up->sha_hex;
     resp.path = path;
     sl_rpc_call_reply(up->call, &resp.base);
-    ckpt_auto_commit(s, up->job, up->name);
+    s->upload_settled(s, up->job, up->name);
 }
 
 /* The write lane returned from the job the state names. */

@@ -260,7 +260,15 @@ void feed_job_plan_ready(fjob *j);
 
 /* The plan and dp world a batch job's epoch plan is made for: the epoch's first spec when it
  * was resized mid-epoch (the rest of its batches is redistributed), else the job's own. */
-const Sluice__V1__Job *feed_job_plan_spec(const fjob *j, uint32_t *dp_size);
+static inline const Sluice__V1__Job *feed_job_plan_spec(const fjob *j, uint32_t *dp_size)
+{
+    if (j->chain) {
+        *dp_size = j->chain->dp0;
+        return j->chain->spec;
+    }
+    *dp_size = j->dp_size;
+    return j->spec;
+}
 
 /* A resized batch job whose plan is ready: build its elastic shares of the rest of the epoch's
  * batches if not built yet. Returns 0 (also when there is nothing to build) or an error with a

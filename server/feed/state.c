@@ -197,16 +197,6 @@ static int chain_index_plan(fjob *j, fchain *c, sl_sample_elastic **plan, char *
     return err;
 }
 
-const Sluice__V1__Job *feed_job_plan_spec(const fjob *j, uint32_t *dp_size)
-{
-    if (j->chain) {
-        *dp_size = j->chain->dp0;
-        return j->chain->spec;
-    }
-    *dp_size = j->dp_size;
-    return j->spec;
-}
-
 /* A batch job's elastic plan over its epoch plan's batches: batch g = step x D0 + rank of the
  * plan is "index" g of an interleaved, unshuffled epoch of per_rank x D0 over D0 ranks (no
  * padding: every rank has per_rank). pad_remainder pads the new shares to equal counts by
