@@ -567,14 +567,20 @@ class MetricsInjectionTest(Base):
             self.assertEqual(h.status(sid)[0], 0)
             h.close()
         self.get_info()
+        # A call is counted when the daemon finishes it, which can be just after the client saw
+        # its status: wait (bounded) for the nine GetInfo calls to show.
+        get_info_ok = 'sluice_rpc_requests_total{method="/sluice.v1.Admin/GetInfo",code="OK"}'
+        deadline = time.monotonic() + 10
         text = self.metrics()
+        while self.counter(text, get_info_ok) < 9 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            text = self.metrics()
         self.assertNotIn("sluice_fake_total", text)
         self.assertNotIn("/x", text)
         self.assertNotIn("scan.v", text)
         self.assertGreaterEqual(self.counter(
             text, 'sluice_rpc_requests_total{method="unknown",code="UNIMPLEMENTED"}'), 3202)
-        self.assertGreaterEqual(self.counter(
-            text, 'sluice_rpc_requests_total{method="/sluice.v1.Admin/GetInfo",code="OK"}'), 9)
+        self.assertGreaterEqual(self.counter(text, get_info_ok), 9)
         self.assertEqual(self.counter(text, "sluice_metrics_series_dropped_total"), 0)
         for line in text.splitlines():
             self.assertRegex(line, r'^(# (HELP|TYPE) \w+ .*|\w+(\{(\w+="[^"\\\n]*",?)*\})? \S+)$')
