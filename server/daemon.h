@@ -24,6 +24,7 @@ typedef struct sl_daemon {
     sl_health *health;
     sl_rpc_server *rpc;
     sl_ckpt_svc *ckpt;
+    struct sl_sstore *store; /* the shard store the checkpoint service writes to */
     sl_feed *feed;
     sl_quar *quar; /* <data dir>/quarantine */
     uint64_t start_ms;

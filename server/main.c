@@ -4,6 +4,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "store/sstore.h"
 #include "store/store.h"
 
 #include <errno.h>
@@ -164,6 +165,13 @@ static int open_catalog(sl_daemon *d)
 /* The Checkpoints service with the configured limits; its sweeps watch the data dir's LOCK. */
 static int open_ckpt(sl_daemon *d)
 {
+    char root[PATH_MAX];
+    int n = snprintf(root, sizeof(root), "%s/checkpoints", d->data_dir), err;
+
+    if (n < 0 || (size_t)n >= sizeof(root))
+        return -ENAMETOOLONG;
+    if ((err = sl_sstore_dir_new(&d->store, root, d->quar)) != 0)
+        return err;
     sl_ckpt_opts o = {
         .max_shard_bytes = d->cfg.max_shard_bytes,
         .upload_timeout_ms = d->cfg.upload_timeout_ms,
@@ -173,6 +181,7 @@ static int open_ckpt(sl_daemon *d)
         .metrics = d->ops.metrics,
         .feed = d->feed,
         .quarantine = d->quar,
+        .store = d->store,
     };
 
     return sl_ckpt_svc_new(&d->ckpt, &d->loop, d->cat, d->data_dir, &o);
@@ -338,6 +347,8 @@ out:
     sl_memtrim_stop(&d.memtrim);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     sl_ops_free(&d.ops);
+    /* After the loop ran out: no worker job uses the store any more. */
+    sl_sstore_free(d.store);
     /* After the metrics endpoint stopped: its thread reads the quarantine's counters. */
     sl_quar_free(d.quar);
     if (uv_loop_close(&d.loop) != 0)

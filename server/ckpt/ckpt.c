@@ -148,6 +148,7 @@ static void start_sweeps(sl_ckpt_svc *s)
     if (period < 100)
         period = 100;
     uv_timer_init(s->loop, &s->sweep);
+    s->timer_open = 1;
     s->sweep.data = s;
     uv_timer_start(&s->sweep, on_sweep, period, period);
     /* The sweep must not keep the loop alive once the server has stopped. */
@@ -158,7 +159,7 @@ int sl_ckpt_svc_new(sl_ckpt_svc **out, uv_loop_t *loop, sl_cat *cat, const char 
                     const sl_ckpt_opts *opts)
 {
     sl_ckpt_svc *s = calloc(1, sizeof(*s));
-    int n, err;
+    int n;
 
     *out = NULL;
     if (!s)
@@ -171,17 +172,10 @@ int sl_ckpt_svc_new(sl_ckpt_svc **out, uv_loop_t *loop, sl_cat *cat, const char 
         s->opts.max_deep_verifies = 2;
     if (s->opts.metrics)
         sl_metrics_set(s->opts.metrics, "sluice_verify_hash_jobs", NULL, 0);
-    n = snprintf(s->root, sizeof(s->root), "%s/checkpoints", data_dir);
-    if (n < 0 || (size_t)n >= sizeof(s->root)) {
+    n = snprintf(s->data_dir, sizeof(s->data_dir), "%s", data_dir);
+    if (n < 0 || (size_t)n >= sizeof(s->data_dir) || !opts->store) {
         free(s);
-        return -ENAMETOOLONG;
-    }
-    snprintf(s->data_dir, sizeof(s->data_dir), "%s", data_dir);
-    err = sl_store_mkdirs(s->root);
-    if (err) {
-        sl_log_error("ckpt_dir_failed", "path=%s error=\"%s\"", s->root, sl_strerror(err));
-        free(s);
-        return err;
+        return n < 0 || (size_t)n >= sizeof(s->data_dir) ? -ENAMETOOLONG : -EINVAL;
     }
     s->svc = (sl_rpc_service){
         .name = "sluice.v1.Checkpoints",
@@ -200,14 +194,24 @@ const sl_rpc_service *sl_ckpt_service(sl_ckpt_svc *s)
     return &s->svc;
 }
 
+void ckpt_svc_release(sl_ckpt_svc *s)
+{
+    if (s->stopping && !s->timer_open && !s->rsweep)
+        free(s);
+}
+
 static void svc_closed(uv_handle_t *h)
 {
-    free(h->data);
+    sl_ckpt_svc *s = h->data;
+
+    s->timer_open = 0;
+    ckpt_svc_release(s);
 }
 
 void sl_ckpt_svc_free(sl_ckpt_svc *s)
 {
     if (!s)
         return;
+    s->stopping = 1;
     uv_close((uv_handle_t *)&s->sweep, svc_closed);
 }

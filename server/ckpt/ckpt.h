@@ -17,6 +17,7 @@
 
 struct sl_metrics;
 struct sl_quar;
+struct sl_sstore;
 
 typedef struct sl_ckpt_svc sl_ckpt_svc;
 
@@ -41,6 +42,9 @@ typedef struct sl_ckpt_opts {
      * they stay where they are. The startup sweep leaves its batch open for the caller to end
      * with sl_quar_end; later sweeps end theirs. */
     struct sl_quar *quarantine;
+    /* Where shard and metadata files live (server/store/sstore.h): the directory backend on
+     * <data dir>/checkpoints, or object storage. Must outlive the service. */
+    struct sl_sstore *store;
 } sl_ckpt_opts;
 
 /* Create the service: makes <data_dir>/checkpoints and sweeps it (server/ckpt/sweep.c): removes

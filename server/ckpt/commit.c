@@ -8,7 +8,7 @@
 #include "err.h"
 #include "log.h"
 #include "store/layout.h"
-#include "store/store.h"
+#include "store/sstore.h"
 #include "feed/feed.h"
 
 #include <errno.h>
@@ -19,19 +19,52 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* Remove a checkpoint's shard files, partial uploads and metadata file, then fsync the
- * directory. Errors are logged: the catalog already forgot them, and the startup sweep removes
- * what is left. */
+typedef struct removal {
+    uv_work_t work;
+    sl_sstore *store;
+    char job[SL_SHARD_NAME_MAX + 1], name[SL_SHARD_NAME_MAX + 1];
+    int32_t world_size;
+    int err;
+} removal;
+
+static void removal_work(uv_work_t *w)
+{
+    removal *r = w->data;
+
+    r->err = r->store->ops->remove_ckpt(r->store, r->job, r->name, r->world_size);
+}
+
+static void removal_after(uv_work_t *w, int status)
+{
+    removal *r = w->data;
+
+    if (r->err && r->err != -ENOENT)
+        sl_log_warn("ckpt_remove_failed", "job=%s name=%s error=\"%s\"", r->job, r->name,
+                    sl_strerror(r->err));
+    free(r);
+}
+
+/* Remove a checkpoint's shard files, partial uploads and metadata file (a directory store: now,
+ * then fsync the directory; object storage: on the worker pool, the loop never waiting on the
+ * network). Errors are logged: the catalog already forgot them, and the sweeps remove what is
+ * left. */
 static void remove_files(sl_ckpt_svc *s, const sl_cat_ckpt *c)
 {
-    char dir[PATH_MAX];
-    int err;
+    removal *r = calloc(1, sizeof(*r));
 
-    if (ckpt_job_dir(s, dir, sizeof(dir), c->job) != 0)
+    if (!r)
         return;
-    err = sl_store_remove_ckpt(dir, c->name, c->world_size);
-    if (err && err != -ENOENT)
-        sl_log_warn("ckpt_fsync_dir_failed", "dir=%s error=\"%s\"", dir, sl_strerror(err));
+    r->store = s->opts.store;
+    r->work.data = r;
+    snprintf(r->job, sizeof(r->job), "%s", c->job);
+    snprintf(r->name, sizeof(r->name), "%s", c->name);
+    r->world_size = c->world_size;
+    if (sl_sstore_remote(r->store)) {
+        uv_queue_work(s->loop, &r->work, removal_work, removal_after);
+    } else {
+        removal_work(&r->work);
+        removal_after(&r->work, 0);
+    }
 }
 
 /* ---- Abort, Delete ---- */
@@ -211,20 +244,24 @@ typedef struct commit_job {
     sl_cat_ckpt ck;
     ckpt_mark mark;
     int64_t committed_ms;
-    char dir[PATH_MAX];
     char file[NAME_MAX + 1];
     sl_buf json;
     sl_cat_blob feed_state, feed_spec, feed_elastic; /* empty: none */
+    /* Object storage: each rank's recorded file size, checked on the worker pool before the
+     * metadata is written (a directory store checks on the loop). */
+    uint64_t *sizes;
     int err;
+    char errmsg[256];
 } commit_job;
 
 /* What Commit finds about the recorded shards: missing ranks, files that do not match, and the
  * ranks' data positions. */
 typedef struct commit_check {
+    sl_ckpt_svc *svc;
     const sl_cat_ckpt *ck;
-    const char *dir;
-    int32_t next;   /* the next rank expected */
-    sl_buf missing; /* the first 32 missing ranks, for the message */
+    uint64_t *sizes; /* remote store: recorded sizes, checked later */
+    int32_t next;    /* the next rank expected */
+    sl_buf missing;  /* the first 32 missing ranks, for the message */
     int n_missing;
     char bad[256];
     uint64_t *pos;      /* [world_size] each rank's position */
@@ -249,17 +286,19 @@ static void note_missing(commit_check *cc, int32_t from, int32_t to)
 static int check_shard(const sl_cat_shard *sh, void *arg)
 {
     commit_check *cc = arg;
-    char path[PATH_MAX];
-    struct stat st;
+    sl_sstore *st = cc->svc->opts.store;
+    char file[NAME_MAX + 1];
+    uint64_t size;
 
     if (sh->rank >= cc->ck->world_size)
         return 0;
     note_missing(cc, cc->next, sh->rank);
     cc->next = sh->rank + 1;
-    if (!cc->bad[0] &&
-        sl_store_path(path, sizeof(path), cc->dir, SL_STORE_SHARD, cc->ck->name, sh->rank) == 0 &&
-        (sl_store_stat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
-         (uint64_t)st.st_size != sh->file_size))
+    if (cc->sizes)
+        cc->sizes[sh->rank] = sh->file_size;
+    else if (!cc->bad[0] &&
+             sl_store_file_name(file, sizeof(file), SL_STORE_SHARD, cc->ck->name, sh->rank) == 0 &&
+             (st->ops->stat(st, cc->ck->job, file, &size) != 0 || size != sh->file_size))
         snprintf(cc->bad, sizeof(cc->bad), "shard file of rank %d is missing or has the wrong size",
                  sh->rank);
     if (!sh->has_pos) {
@@ -282,8 +321,30 @@ static int check_shard(const sl_cat_shard *sh, void *arg)
 static void commit_work(uv_work_t *w)
 {
     commit_job *j = w->data;
+    sl_sstore *st = j->svc->opts.store;
+    char file[NAME_MAX + 1];
+    uint64_t size = 0;
+    int err;
 
-    j->err = sl_store_write_file(j->dir, j->file, j->json.p, j->json.len);
+    for (int32_t r = 0; j->sizes && r < j->ck.world_size; r++) {
+        if (sl_store_file_name(file, sizeof(file), SL_STORE_SHARD, j->ck.name, r) != 0)
+            continue;
+        err = st->ops->stat(st, j->ck.job, file, &size);
+        if (err && err != SL_ENOTFOUND) {
+            snprintf(j->errmsg, sizeof(j->errmsg), "cannot check the shard of rank %d: %s", r,
+                     sl_strerror(err));
+            j->err = err;
+            return;
+        }
+        if (err || size != j->sizes[r]) {
+            snprintf(j->errmsg, sizeof(j->errmsg),
+                     "shard file of rank %d is missing or has the wrong size", r);
+            j->err = SL_ECORRUPT;
+            return;
+        }
+    }
+    j->err =
+        st->ops->put(st, j->ck.job, j->file, j->json.p, j->json.len, j->errmsg, sizeof(j->errmsg));
 }
 
 static void commit_unmark(sl_ckpt_svc *s, ckpt_mark *mark)
@@ -301,6 +362,7 @@ static void commit_job_free(commit_job *j)
     if (j->call)
         sl_rpc_call_unref(j->call);
     sl_buf_free(&j->json);
+    free(j->sizes);
     sl_cat_blob_free(&j->feed_state);
     sl_cat_blob_free(&j->feed_spec);
     sl_cat_blob_free(&j->feed_elastic);
@@ -316,10 +378,9 @@ static void commit_after(uv_work_t *w, int status)
     commit_unmark(s, &j->mark);
     if (err) {
         sl_log_error("ckpt_commit_failed", "job=%s name=%s error=\"%s\"", j->ck.job, j->ck.name,
-                     sl_store_strerror(err));
+                     j->errmsg);
         if (j->call)
-            sl_rpc_call_fail(j->call, err, "cannot write %s in %s: %s", j->file, j->dir,
-                             sl_store_strerror(err));
+            sl_rpc_call_fail(j->call, err, "%s", j->errmsg);
         goto out;
     }
     /* COMPLETE and the feed state it was taken at, in one statement. */
@@ -381,9 +442,14 @@ static int commit_shards_ok(sl_ckpt_svc *s, commit_job *j, char *msg, size_t len
     int err;
 
     memset(&cc, 0, sizeof(cc));
+    cc.svc = s;
     cc.ck = ck;
-    cc.dir = j->dir;
     cc.no_pos = -1;
+    if (sl_sstore_remote(s->opts.store)) {
+        if (!(j->sizes = calloc((size_t)ck->world_size, sizeof(*j->sizes))))
+            return -ENOMEM;
+        cc.sizes = j->sizes;
+    }
     sl_buf_init(&cc.missing, 1024);
     if (!(cc.pos = calloc((size_t)ck->world_size, sizeof(*cc.pos)))) {
         sl_buf_free(&cc.missing);
@@ -442,12 +508,11 @@ static int commit_start(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck
     j->ck = *ck;
     j->committed_ms = sl_now_ms();
     sl_buf_init(&j->json, SIZE_MAX);
-    if (ckpt_job_dir(s, j->dir, sizeof(j->dir), ck->job) != 0) {
+    if (sl_store_file_name(j->file, sizeof(j->file), SL_STORE_META, ck->name, 0) != 0) {
         snprintf(msg, len, "path too long");
         err = SL_ELIMIT;
         goto fail;
     }
-    snprintf(j->file, sizeof(j->file), "%s.metadata.json", ck->name);
     if ((err = commit_shards_ok(s, j, msg, len)) != 0)
         goto fail;
     if (j->feed_state.len &&

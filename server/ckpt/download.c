@@ -7,23 +7,22 @@
 #include "err.h"
 #include "log.h"
 #include "store/layout.h"
-#include "store/store.h"
+#include "store/sstore.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 typedef struct download {
     uv_work_t work;
     sl_ckpt_svc *svc;
     sl_rpc_call *call;
-    char path[PATH_MAX];
+    char job[SL_SHARD_NAME_MAX + 1], file[NAME_MAX + 1];
     int32_t rank;
-    int fd;
+    sl_sreader *r;
     uint64_t data_size, pos;
     char sha[SL_SHARD_HEX_LEN + 1];
     char got[SL_SHARD_HEX_LEN + 1];
@@ -38,8 +37,8 @@ static void dl_free(void *p)
 {
     download *dl = p;
 
-    if (dl->fd >= 0)
-        close(dl->fd);
+    if (dl->r)
+        dl->svc->opts.store->ops->r_close(dl->r);
     sl_sha256_free(dl->h);
     free(dl->buf);
     free(dl);
@@ -48,22 +47,21 @@ static void dl_free(void *p)
 static void dl_work(uv_work_t *w)
 {
     download *dl = w->data;
+    const sl_sstore_ops *ops = dl->svc->opts.store->ops;
     uint8_t hdr[SL_SHARD_HEADER_SIZE];
+    char why[200] = "";
     sl_shard_header h;
-    uint64_t left;
+    uint64_t left, size;
     int err = 0;
 
-    if (dl->fd < 0) {
-        dl->fd = sl_store_open(dl->path, O_RDONLY, 0);
-        if (dl->fd < 0) {
-            err = dl->fd;
-            dl->fd = -1;
-            snprintf(dl->errmsg, sizeof(dl->errmsg), "shard file of rank %d: %s", dl->rank,
-                     sl_store_strerror(err));
-            err = err == -ENOENT ? SL_ECORRUPT : err;
+    if (!dl->r) {
+        err = ops->r_open(dl->svc->opts.store, dl->job, dl->file, &dl->r, &size, why, sizeof(why));
+        if (err) {
+            snprintf(dl->errmsg, sizeof(dl->errmsg), "shard file of rank %d: %s", dl->rank, why);
+            err = err == SL_ENOTFOUND ? SL_ECORRUPT : err;
             goto out;
         }
-        if (sl_store_pread_all(dl->fd, hdr, sizeof(hdr), 0) != 0 ||
+        if (ops->r_read(dl->r, hdr, sizeof(hdr), 0, why, sizeof(why)) != 0 ||
             sl_shard_header_decode(&h, hdr, sizeof(hdr)) != 0 || h.rank != dl->rank ||
             h.data_len != dl->data_size || strcmp(h.sha256, dl->sha) != 0) {
             err = SL_ECORRUPT;
@@ -75,11 +73,10 @@ static void dl_work(uv_work_t *w)
     }
     left = dl->data_size - dl->pos;
     dl->len = left < DL_CHUNK ? (size_t)left : DL_CHUNK;
-    err = sl_store_pread_all(dl->fd, dl->buf, dl->len, SL_SHARD_HEADER_SIZE + dl->pos);
+    err = ops->r_read(dl->r, dl->buf, dl->len, SL_SHARD_HEADER_SIZE + dl->pos, why, sizeof(why));
     if (err) {
         snprintf(dl->errmsg, sizeof(dl->errmsg), "cannot read the shard of rank %d: %s", dl->rank,
-                 err == -EIO ? "file is truncated" : sl_strerror(err));
-        err = err == -EIO ? SL_ECORRUPT : err;
+                 why);
         goto out;
     }
     if (dl->h) {
@@ -127,8 +124,8 @@ static void dl_after(uv_work_t *w, int status)
     dl->pos += dl->len;
     if (dl->pos == dl->data_size) {
         if (dl->h && strcmp(dl->got, dl->sha) != 0) {
-            sl_log_error("ckpt_download_corrupt", "path=%s sha256=%s catalog=%s", dl->path, dl->got,
-                         dl->sha);
+            sl_log_error("ckpt_download_corrupt", "job=%s file=%s sha256=%s catalog=%s", dl->job,
+                         dl->file, dl->got, dl->sha);
             sl_rpc_call_fail(call, SL_ECORRUPT,
                              "shard of rank %d is corrupt: data hashes to %s, catalog has %s",
                              dl->rank, dl->got, dl->sha);
@@ -181,7 +178,6 @@ void ckpt_download(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
 {
     const Sluice__V1__DownloadShardRequest *req = (const void *)msg;
     sl_ckpt_svc *s = arg;
-    char dir[PATH_MAX];
     download *dl;
     sl_cat_shard sh;
     sl_cat_ckpt ck;
@@ -196,15 +192,14 @@ void ckpt_download(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     }
     dl->svc = s;
     dl->call = call;
-    dl->fd = -1;
     dl->rank = req->rank;
     dl->data_size = sh.data_size;
     dl->pos = req->offset;
     dl->work.data = dl;
     memcpy(dl->sha, sh.sha256, sizeof(dl->sha));
     sl_rpc_call_set_data(call, dl, dl_free);
-    if (ckpt_job_dir(s, dir, sizeof(dir), ck.job) != 0 ||
-        sl_store_path(dl->path, sizeof(dl->path), dir, SL_STORE_SHARD, ck.name, req->rank) != 0) {
+    snprintf(dl->job, sizeof(dl->job), "%s", ck.job);
+    if (sl_store_file_name(dl->file, sizeof(dl->file), SL_STORE_SHARD, ck.name, req->rank) != 0) {
         sl_rpc_call_fail(call, SL_EINVAL, "checkpoint path too long");
         return;
     }

@@ -15,6 +15,7 @@
 
 #include "catalog/ckpt.h"
 #include "shard.h"
+#include "store/sstore.h"
 #include "util/buf.h"
 #include "util/clock.h"
 
@@ -25,25 +26,21 @@
 #define UP_INFLIGHT 8  /* chunks held in memory per upload */
 #define UP_RING     16 /* ring slots, at least UP_INFLIGHT */
 _Static_assert(UP_RING >= UP_INFLIGHT, "the chunk ring must hold every chunk in flight");
-#define FLUSH_EVERY (8u << 20) /* start writeback of an upload every 8 MiB */
-#define DL_CHUNK    (1u << 20) /* download message size */
-#define DL_QUEUED   3          /* download messages queued per call */
-#define LIST_MAX    10000      /* checkpoints in one List answer */
+#define DL_CHUNK  (1u << 20) /* download message size */
+#define DL_QUEUED 3          /* download messages queued per call */
+#define LIST_MAX  10000      /* checkpoints in one List answer */
 /* metadata.json is rendered in memory (commit, quick verify): its tensor lists are capped. */
 #define META_MAX        (64u << 20)
 #define SWEEP_PERIOD_MS 60000
 #define CKPT_MSG_MAX    512 /* room for any message of validate.h */
 
-/* Disk space is reserved (fallocate) this far ahead of an upload's written bytes, in steps as
- * the data arrives, never the whole announced size at once; a stopped upload gives back what
- * it reserved beyond its written bytes. */
-#define UP_RESERVE (64u << 20)
 /* Deep Verify calls in progress at once (hashing or waiting for a hash slot); one more is
  * refused with RESOURCE_EXHAUSTED. */
 #define DEEP_CALLS_MAX 64
 
 typedef struct upload upload;
 typedef struct verify verify;
+typedef struct ckpt_rsweep ckpt_rsweep;
 
 /* A checkpoint with a commit in progress: uploads, aborts and other commits wait for it. */
 typedef struct ckpt_mark {
@@ -56,7 +53,6 @@ struct sl_ckpt_svc {
     sl_cat *cat;
     sl_ckpt_opts opts;
     char data_dir[PATH_MAX]; /* holds LOCK (sl_ckpt_opts.lock_fd) */
-    char root[PATH_MAX];     /* <data dir>/checkpoints: the store root */
     sl_rpc_service svc;
     upload *uploads;   /* registered uploads (OPENING .. FAILING) */
     uint64_t mem_held; /* bytes of upload chunks in memory, all uploads */
@@ -69,7 +65,11 @@ struct sl_ckpt_svc {
     int deep_calls;
     verify *deep_head, *deep_tail;
     uv_timer_t sweep;
-    int dir_lost; /* the data dir was replaced under the daemon: sweeps stopped */
+    ckpt_rsweep *rsweep; /* a sweep of object storage on the worker pool (sweep.c) */
+    int stopping;        /* sl_ckpt_svc_free was called: freed once the timer closed and no
+                          * sweep runs */
+    int timer_open;      /* the sweep timer's handle is not closed yet */
+    int dir_lost;        /* the data dir was replaced under the daemon: sweeps stopped */
     /* An upload of (job, name) ended (its shard recorded, or not while others were held back by
      * it): ckpt.c sets it to commit.c's ckpt_auto_commit, so upload.c never calls commit.c
      * (which calls upload.c to abort uploads). */
@@ -130,17 +130,14 @@ struct upload {
     int64_t ckpt_id;
     char job[SL_SHARD_NAME_MAX + 1], name[SL_SHARD_NAME_MAX + 1];
     int32_t rank, world_size;
-    char dir[PATH_MAX], part[PATH_MAX], final[PATH_MAX];
-    int fd;
+    sl_swriter *w; /* the shard store's writer, from OPENING until closed (write lane) */
+    int discard;   /* close the writer discarding what it wrote (FAILING) */
+    int dying;     /* the call is being freed: no lane job may start */
     sl_sha256 *sha;
     uint64_t data_size;
     uint64_t received;        /* data bytes accepted from the stream (incl. the resumed prefix) */
     uint64_t written;         /* data bytes written by the write lane (its thread) */
     uint64_t acked;           /* `written` as of the last write job, for the loop thread */
-    uint64_t flushed;         /* data bytes whose writeback was started (sync_file_range) */
-    uint64_t reserved;        /* data bytes reserved on disk (write lane): `written` and at most
-                               * UP_RESERVE more */
-    int no_reserve;           /* the file system cannot reserve (no fallocate) */
     int released;             /* STOPPING: the reservation beyond `written` was given back */
     uint64_t t_header, t_eof; /* loop time (ms) of the header and of the end of the stream */
     uint64_t resume_from;
@@ -189,9 +186,6 @@ int ckpt_names_ok(sl_rpc_call *call, const char *job, const char *name);
 int ckpt_find(sl_ckpt_svc *s, sl_rpc_call *call, sl_cat_ckpt *ck, const char *job,
               const char *name);
 
-/* The job's directory under the store root into buf. Returns 0 or SL_ELIMIT. */
-int ckpt_job_dir(const sl_ckpt_svc *s, char *buf, size_t len, const char *job);
-
 /* Fill a Checkpoint message with copies of the strings (shards left empty); free with
  * ckpt_pb_clear, which also frees shards the caller attached. */
 void ckpt_pb_fill(Sluice__V1__Checkpoint *m, const sl_cat_ckpt *c);
@@ -230,11 +224,10 @@ void ckpt_up_open_work(uv_work_t *w);
 void ckpt_up_write_work(uv_work_t *w);
 void ckpt_up_hash_work(uv_work_t *w);
 void ckpt_up_final_work(uv_work_t *w);
-/* Give back the space reserved beyond the written bytes (the file keeps them for a resume).
- * Blocking: the write lane of a STOPPING upload (ckpt_up_release_work), or the loop when the
- * call is freed without one. */
-void ckpt_up_release(upload *up);
+/* Give back the space reserved beyond the written bytes (kept for a resume): STOPPING. */
 void ckpt_up_release_work(uv_work_t *w);
+/* Close the writer, discarding what it wrote with up->discard: STOPPING and FAILING. */
+void ckpt_up_close_work(uv_work_t *w);
 
 /* ---- query.c ---- */
 
@@ -272,5 +265,8 @@ void ckpt_download_pump(sl_rpc_call *call, void *arg); /* on_writable */
  * the quarantine. Does nothing once the data dir was replaced (sl_ckpt_opts.lock_fd) or the
  * catalog file was (sl_cat_check). */
 void ckpt_sweep(sl_ckpt_svc *s, int startup);
+
+/* Free the service if it is stopping and nothing holds it (the timer closed, no sweep runs). */
+void ckpt_svc_release(sl_ckpt_svc *s);
 
 #endif

@@ -6,6 +6,7 @@
 #include "err.h"
 #include "log.h"
 #include "store/layout.h"
+#include "store/sstore.h"
 #include "feed/feed.h"
 
 #include <errno.h>
@@ -184,14 +185,51 @@ void ckpt_latest(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
         ckpt_reply(s, call, &ck);
 }
 
+/* An UploadStatus answered after the store said what it holds (object storage: on the worker
+ * pool). */
+typedef struct status_job {
+    uv_work_t work;
+    sl_sstore *store;
+    sl_rpc_call *call;
+    char job[SL_SHARD_NAME_MAX + 1], name[SL_SHARD_NAME_MAX + 1];
+    int32_t rank;
+    int stored;
+    char sha256[SL_SHARD_HEX_LEN + 1];
+    uint64_t held;
+} status_job;
+
+static void status_work(uv_work_t *w)
+{
+    status_job *j = w->data;
+
+    /* Nothing held (no partial upload, or not one of this rank) leaves held 0. */
+    if (j->store->ops->held(j->store, j->job, j->name, j->rank, &j->held) != 0)
+        j->held = 0;
+}
+
+static void status_after(uv_work_t *w, int status)
+{
+    Sluice__V1__UploadStatusResponse resp = SLUICE__V1__UPLOAD_STATUS_RESPONSE__INIT;
+    status_job *j = w->data;
+
+    resp.stored = j->stored;
+    resp.sha256 = j->sha256;
+    resp.held_bytes = j->held;
+    if (!sl_rpc_call_is_done(j->call))
+        sl_rpc_call_reply(j->call, &resp.base);
+    sl_rpc_call_unref(j->call);
+    free(j);
+}
+
 void ckpt_upload_status(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
 {
     const Sluice__V1__UploadStatusRequest *req = (const void *)msg;
     Sluice__V1__UploadStatusResponse resp = SLUICE__V1__UPLOAD_STATUS_RESPONSE__INIT;
     sl_ckpt_svc *s = arg;
-    char dir[PATH_MAX], part[PATH_MAX], why[CKPT_MSG_MAX];
+    char why[CKPT_MSG_MAX];
     sl_cat_shard sh;
     sl_cat_ckpt ck;
+    status_job *j;
     upload *u;
     int err;
 
@@ -210,10 +248,27 @@ void ckpt_upload_status(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     if ((u = ckpt_upload_find(s, ck.id, req->rank)) != NULL) {
         resp.in_progress = 1;
         resp.held_bytes = u->acked;
-    } else if (ckpt_job_dir(s, dir, sizeof(dir), ck.job) == 0 &&
-               sl_store_path(part, sizeof(part), dir, SL_STORE_PART, ck.name, req->rank) == 0) {
-        /* Nothing held (no file, or not a partial upload of this rank) leaves held_bytes 0. */
-        sl_store_part_held(part, req->rank, &resp.held_bytes);
+        sl_rpc_call_reply(call, &resp.base);
+        return;
     }
-    sl_rpc_call_reply(call, &resp.base);
+    if (!(j = calloc(1, sizeof(*j)))) {
+        sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+        return;
+    }
+    j->work.data = j;
+    j->store = s->opts.store;
+    j->call = call;
+    j->rank = req->rank;
+    j->stored = resp.stored;
+    if (resp.stored)
+        memcpy(j->sha256, sh.sha256, sizeof(j->sha256));
+    snprintf(j->job, sizeof(j->job), "%s", ck.job);
+    snprintf(j->name, sizeof(j->name), "%s", ck.name);
+    sl_rpc_call_ref(call);
+    if (sl_sstore_remote(j->store)) {
+        uv_queue_work(s->loop, &j->work, status_work, status_after);
+    } else {
+        status_work(&j->work);
+        status_after(&j->work, 0);
+    }
 }

@@ -29,11 +29,6 @@ int ckpt_find(sl_ckpt_svc *s, sl_rpc_call *call, sl_cat_ckpt *ck, const char *jo
     return err;
 }
 
-int ckpt_job_dir(const sl_ckpt_svc *s, char *buf, size_t len, const char *job)
-{
-    return sl_store_job_dir(buf, len, s->root, job);
-}
-
 void ckpt_pb_fill(Sluice__V1__Checkpoint *m, const sl_cat_ckpt *c)
 {
     sluice__v1__checkpoint__init(m);

@@ -11,33 +11,35 @@
 #include "log.h"
 #include "store/layout.h"
 #include "store/quarantine.h"
+#include "store/sstore.h"
 #include "store/store.h"
 
-#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 typedef struct sweep_ctx {
     sl_ckpt_svc *svc;
     const char *job;
-    const char *dir; /* the job's directory */
     int startup;
     int64_t now_ms;
-    int moved;  /* files quarantined */
     int unsure; /* the catalog could not say about a file, which was kept */
 } sweep_ctx;
 
-enum { SWEEP_REMOVE = 0, SWEEP_KEEP = 1, SWEEP_QUARANTINE = 2 };
+enum {
+    SWEEP_KEEP = SL_SSTORE_KEEP,
+    SWEEP_REMOVE = SL_SSTORE_REMOVE,
+    SWEEP_QUARANTINE = SL_SSTORE_QUARANTINE
+};
 
 /* A file of checkpoint `name` that the catalog does not know: garbage if the catalog recorded
  * the removal of that checkpoint's files when the file already was what it is (a crash came
  * between the decision and the unlinks), else quarantined (written after the decision, or never
  * known to this catalog). */
-static int unknown(sweep_ctx *c, const char *name, const struct stat *st)
+static int unknown(sweep_ctx *c, const char *name, int64_t mtime_ms)
 {
     int64_t removed_ms = 0;
-    int64_t mtime_ms = (int64_t)st->st_mtim.tv_sec * 1000 + st->st_mtim.tv_nsec / 1000000;
     int err = sl_cat_removal_get(c->svc->cat, c->job, name, &removed_ms);
 
     if (err && err != SL_ENOTFOUND) {
@@ -50,10 +52,10 @@ static int unknown(sweep_ctx *c, const char *name, const struct stat *st)
 /* A partial upload stays while its checkpoint is WRITING and it runs or was touched within the
  * upload timeout (a client may resume it); after that it is abandoned and removed. A partial of
  * a checkpoint that is not WRITING is unknown(). */
-static int keep_part(sweep_ctx *c, const char *name, int32_t rank, const struct stat *st)
+static int keep_part(sweep_ctx *c, const char *name, int32_t rank, int64_t mtime_ms)
 {
     sl_ckpt_svc *s = c->svc;
-    int64_t age_ms = c->now_ms - (int64_t)st->st_mtime * 1000;
+    int64_t age_ms = c->now_ms - mtime_ms;
     sl_cat_ckpt ck;
     int err = sl_cat_ckpt_get(s->cat, &ck, c->job, name);
 
@@ -62,7 +64,7 @@ static int keep_part(sweep_ctx *c, const char *name, int32_t rank, const struct 
         return SWEEP_KEEP;
     }
     if (err || ck.state != SL_CKPT_WRITING)
-        return unknown(c, name, st);
+        return unknown(c, name, mtime_ms);
     if (ckpt_upload_find(s, ck.id, rank))
         return SWEEP_KEEP;
     return age_ms < (int64_t)s->opts.upload_timeout_ms ? SWEEP_KEEP : SWEEP_REMOVE;
@@ -71,7 +73,7 @@ static int keep_part(sweep_ctx *c, const char *name, int32_t rank, const struct 
 /* At startup, a shard file or metadata file: known if the catalog has its checkpoint (not
  * INCOMPLETE) with a shard row for the rank, or COMPLETE for the metadata file. */
 static int keep_file(sweep_ctx *c, sl_store_kind kind, const char *name, int32_t rank,
-                     const struct stat *st)
+                     int64_t mtime_ms)
 {
     sl_cat_ckpt ck;
     sl_cat_shard sh;
@@ -85,48 +87,35 @@ static int keep_file(sweep_ctx *c, sl_store_kind kind, const char *name, int32_t
         c->unsure = 1;
         return SWEEP_KEEP;
     }
-    return err ? unknown(c, name, st) : SWEEP_KEEP;
+    return err ? unknown(c, name, mtime_ms) : SWEEP_KEEP;
 }
 
-static int verdict(sweep_ctx *c, const char *file, const struct stat *st)
+/* sl_sstore_verdict_fn: what becomes of `file` of job `job`. Loop thread (the catalog). */
+static int verdict(const char *job, const char *file, int64_t mtime_ms, void *arg)
 {
+    sweep_ctx *c = arg;
     char name[NAME_MAX + 1];
     int32_t rank = 0;
     size_t n = strlen(file);
     sl_store_kind kind = sl_store_classify(file, name, sizeof(name), &rank);
 
+    c->job = job;
     switch (kind) {
     case SL_STORE_PART:
-        return keep_part(c, name, rank, st);
+        return keep_part(c, name, rank, mtime_ms);
     case SL_STORE_TEMP:
         /* A temp file of an atomic write (metadata being written) is redundant once the daemon
          * has just started: the write never finished. Other hidden files are not ours. */
-        return !(c->startup && n > 4 && strcmp(file + n - 4, ".tmp") == 0);
+        return c->startup && n > 4 && strcmp(file + n - 4, ".tmp") == 0 ? SWEEP_REMOVE : SWEEP_KEEP;
     case SL_STORE_SHARD:
     case SL_STORE_META:
         /* Only the startup sweep looks at them; a name no request could make is not ours. */
         if (!c->startup || sl_shard_name_check(name) != 0)
             return SWEEP_KEEP;
-        return keep_file(c, kind, name, rank, st);
+        return keep_file(c, kind, name, rank, mtime_ms);
     default:
         return SWEEP_KEEP; /* not ours */
     }
-}
-
-/* sl_store_sweep only removes; a file to quarantine is moved here and kept for the sweep. It
- * leaves the directory while the sweep reads it, which POSIX allows (it is not read again). A file
- * that cannot be moved stays. */
-static int sweep_keep(const char *file, const struct stat *st, void *arg)
-{
-    sweep_ctx *c = arg;
-    sl_quar *q = c->svc->opts.quarantine;
-    int v = verdict(c, file, st);
-
-    if (v != SWEEP_QUARANTINE)
-        return v;
-    if (q && sl_quar_move(q, c->dir, file, "checkpoint file the catalog does not know") == 0)
-        c->moved++;
-    return SWEEP_KEEP;
 }
 
 /* Whether the data dir is still the one whose LOCK the daemon holds: 1, 0, or -1 if it cannot
@@ -165,52 +154,165 @@ static int may_sweep(sl_ckpt_svc *s)
     return 0;
 }
 
-/* Sweep one job directory; returns 1 if the catalog could say about every file. */
-static int sweep_job(sl_ckpt_svc *s, const char *job, int startup, int *removed, int *moved)
+/* The end of a sweep: the startup one dealt with every file of every recorded removal. */
+static void sweep_done(sl_ckpt_svc *s, int startup, int sure, int removed, int moved)
 {
-    char dir[PATH_MAX];
-    sweep_ctx c = {s, job, dir, startup, sl_now_ms(), 0, 0};
     int err;
 
-    *removed = *moved = 0;
-    if (ckpt_job_dir(s, dir, sizeof(dir), job) != 0)
-        return 1;
-    err = sl_store_sweep(dir, sweep_keep, &c, removed);
-    if (err)
-        sl_log_warn("ckpt_sweep_failed", "dir=%s error=\"%s\"", dir, sl_strerror(err));
-    /* Quarantined files left the directory: make that durable, as sl_store_sweep does after
-     * removals. */
-    if (c.moved && !*removed && (err = sl_store_fsync_dir(dir)) != 0)
-        sl_log_warn("ckpt_sweep_failed", "dir=%s error=\"%s\"", dir, sl_strerror(err));
-    *moved = c.moved;
-    return !c.unsure && !err;
-}
-
-void ckpt_sweep(sl_ckpt_svc *s, int startup)
-{
-    struct dirent *e;
-    DIR *d;
-    int removed, moved, total = 0, quarantined = 0, sure = 1, err;
-
-    if (!may_sweep(s))
-        return;
-    if (sl_store_opendir(&d, s->root) != 0)
-        return;
-    while ((e = readdir(d)) != NULL) {
-        if (sl_shard_name_check(e->d_name) != 0)
-            continue;
-        sure &= sweep_job(s, e->d_name, startup, &removed, &moved);
-        total += removed;
-        quarantined += moved;
-    }
-    closedir(d);
-    /* The startup sweep dealt with every file of every recorded removal. */
     if (startup && sure && (err = sl_cat_removals_clear(s->cat)) != 0)
         sl_log_warn("ckpt_removals_clear_failed", "error=\"%s\"", sl_strerror(err));
     /* The startup's batch stays open for the other startup sweeps (sluiced ends it). */
     if (!startup && s->opts.quarantine)
         sl_quar_end(s->opts.quarantine);
-    if (total || quarantined)
-        sl_log_info("ckpt_sweep", "removed=%d quarantined=%d startup=%d", total, quarantined,
-                    startup);
+    if (removed || moved)
+        sl_log_info("ckpt_sweep", "removed=%d quarantined=%d startup=%d", removed, moved, startup);
+}
+
+/* ---- object storage: list on a worker, decide on the loop, act on a worker ---- */
+
+typedef struct rs_item {
+    char job[SL_SHARD_NAME_MAX + 1];
+    char file[NAME_MAX + 1];
+    int64_t mtime_ms;
+    int action;
+} rs_item;
+
+struct ckpt_rsweep {
+    uv_work_t work;
+    sl_ckpt_svc *svc;
+    int startup, phase; /* 0: listing, 1: acting */
+    rs_item *items;
+    size_t n, cap;
+    int err, removed, moved, sure;
+};
+
+static int rs_collect(const char *job, const char *file, int64_t mtime_ms, void *arg)
+{
+    ckpt_rsweep *r = arg;
+    rs_item *it;
+
+    if (strlen(job) > SL_SHARD_NAME_MAX || strlen(file) > NAME_MAX)
+        return 0; /* not a name of ours */
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 256;
+        rs_item *p = realloc(r->items, cap * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        r->items = p;
+        r->cap = cap;
+    }
+    it = &r->items[r->n++];
+    snprintf(it->job, sizeof(it->job), "%s", job);
+    snprintf(it->file, sizeof(it->file), "%s", file);
+    it->mtime_ms = mtime_ms;
+    it->action = SWEEP_KEEP;
+    return 0;
+}
+
+static void rs_work(uv_work_t *w)
+{
+    ckpt_rsweep *r = w->data;
+    sl_sstore *st = r->svc->opts.store;
+
+    if (r->phase == 0) {
+        r->err = st->ops->list(st, rs_collect, r);
+        return;
+    }
+    for (size_t i = 0; i < r->n; i++) {
+        rs_item *it = &r->items[i];
+        if (it->action == SWEEP_KEEP ||
+            st->ops->act(st, it->job, it->file, it->mtime_ms, it->action) != 0)
+            continue;
+        if (it->action == SWEEP_REMOVE)
+            r->removed++;
+        else
+            r->moved++;
+    }
+}
+
+/* Decide about every listed file (loop thread). Returns whether there is anything to do. */
+static int rs_decide(ckpt_rsweep *r)
+{
+    int todo = 0;
+
+    r->sure = r->err == 0;
+    for (size_t i = 0; i < r->n; i++) {
+        rs_item *it = &r->items[i];
+        sweep_ctx c = {r->svc, it->job, r->startup, sl_now_ms(), 0};
+        it->action = verdict(it->job, it->file, it->mtime_ms, &c);
+        r->sure &= !c.unsure;
+        todo |= it->action != SWEEP_KEEP;
+    }
+    return todo;
+}
+
+static void rs_free(ckpt_rsweep *r)
+{
+    free(r->items);
+    free(r);
+}
+
+static void rs_after(uv_work_t *w, int status)
+{
+    ckpt_rsweep *r = w->data;
+    sl_ckpt_svc *s = r->svc;
+
+    if (r->phase == 0 && r->err)
+        sl_log_warn("ckpt_sweep_failed", "store=%s error=\"%s\"", sl_sstore_kind(s->opts.store),
+                    sl_strerror(r->err));
+    if (r->phase == 0 && !s->stopping && may_sweep(s) && rs_decide(r)) {
+        r->phase = 1;
+        uv_queue_work(s->loop, &r->work, rs_work, rs_after);
+        return;
+    }
+    if (!s->stopping)
+        sweep_done(s, r->startup, r->sure, r->removed, r->moved);
+    s->rsweep = NULL;
+    rs_free(r);
+    if (s->stopping)
+        ckpt_svc_release(s);
+}
+
+/* A sweep of object storage. At startup it runs here, before any call is served; later ones
+ * run their listing and actions on the worker pool, one sweep at a time. */
+static void sweep_remote(sl_ckpt_svc *s, int startup)
+{
+    ckpt_rsweep *r;
+
+    if (s->rsweep || !(r = calloc(1, sizeof(*r))))
+        return;
+    r->svc = s;
+    r->startup = startup;
+    r->work.data = r;
+    if (!startup) {
+        s->rsweep = r;
+        uv_queue_work(s->loop, &r->work, rs_work, rs_after);
+        return;
+    }
+    rs_work(&r->work);
+    if (rs_decide(r)) {
+        r->phase = 1;
+        rs_work(&r->work);
+    }
+    sweep_done(s, 1, r->sure, r->removed, r->moved);
+    rs_free(r);
+}
+
+void ckpt_sweep(sl_ckpt_svc *s, int startup)
+{
+    sweep_ctx c = {s, NULL, startup, sl_now_ms(), 0};
+    sl_sstore *st = s->opts.store;
+    int removed = 0, moved = 0, err;
+
+    if (!may_sweep(s))
+        return;
+    if (!st->ops->sweep) {
+        sweep_remote(s, startup);
+        return;
+    }
+    err = st->ops->sweep(st, verdict, &c, &removed, &moved);
+    if (err && err != -ENOENT)
+        sl_log_warn("ckpt_sweep_failed", "store=%s error=\"%s\"", sl_sstore_kind(st),
+                    sl_strerror(err));
+    sweep_done(s, startup, !c.unsure && !err, removed, moved);
 }

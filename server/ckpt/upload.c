@@ -2,23 +2,25 @@
  * the only place the state changes).
  *
  * HEADER: the header is validated, the checkpoint must be WRITING, with no other upload of the
- * rank and enough free space -> OPENING: a worker opens ".<name>_shard_<rank>.shard.part"
- * (placeholder header, space reserved UP_RESERVE ahead with fallocate, in steps as the data comes;
- * on resume it re-hashes the kept prefix) ->
+ * rank and enough free space -> OPENING: a worker opens the partial upload in the shard store
+ * (server/store/sstore.h; in a directory: ".<name>_shard_<rank>.shard.part" with a placeholder
+ * header, space reserved ahead in steps as the data comes; on resume the kept prefix is hashed
+ * again or its saved hash state loaded) ->
  * RECEIVING: each chunk is handed to the lanes without a copy, written and hashed in order, at
  * most UP_INFLIGHT chunks in memory -> DRAINING: at the end of the stream, size and client
  * checksum are checked on the loop and the rank's old row is forgotten -> FINALIZING: a worker
- * writes the real checksum into the header, fsyncs, renames without replacing, fsyncs the
- * directory -> catalog row -> DONE and the receipt. Nothing reaches the catalog before its bytes
- * are durable. An upload that stops (STOPPING) keeps its written bytes for a resume and gives back
- * the space reserved beyond them.
+ * has the store make the shard durable under its name with the real checksum in its header ->
+ * catalog row -> DONE and the receipt. Nothing reaches the catalog before its bytes are durable.
+ * An upload that stops (STOPPING) keeps its written bytes for a resume and gives back the space
+ * reserved beyond them; one that fails has the store discard them (a write-lane job, before the
+ * failure is answered).
  */
 #include "internal.h"
 
 #include "err.h"
 #include "log.h"
 #include "store/layout.h"
-#include "store/store.h"
+#include "store/sstore.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -130,16 +132,15 @@ static void up_unregister(upload *up)
 static void up_release(upload *up, up_state from)
 {
     up_free_chunks(up, 1);
-    /* A STOPPING upload whose call was freed before its write lane could give the reservation
-     * back (up_data_free) does it here. */
-    if (from == UP_STOPPING && !up->released && up->fd >= 0 && up->reserved > up->written)
-        ckpt_up_release(up);
-    if (up->fd >= 0) {
-        close(up->fd);
-        up->fd = -1;
+    /* An upload whose call was freed without a cancel (up_data_free) gives back what it holds
+     * here, on the loop: no lane job can hold the call any more. */
+    if (up->w) {
+        const sl_sstore_ops *ops = up->svc->opts.store->ops;
+        if (from == UP_STOPPING)
+            ops->w_release(up->w);
+        ops->w_close(up->w, from == UP_FAILING);
+        up->w = NULL;
     }
-    if (from == UP_FAILING && up->part[0])
-        sl_store_unlink(up->part);
     if (from != UP_HEADER)
         up_unregister(up);
     if (up->answer_err)
@@ -170,14 +171,20 @@ static void up_write_lane(upload *up, uv_work_cb fn)
 }
 
 /* STOPPING or FAILING: once no lane job runs, a stopped upload first gives back the space it
- * reserved beyond its written bytes (a write-lane job), then both go on to DONE. */
+ * reserved beyond its written bytes, then the writer is closed (a failed upload's bytes
+ * discarded), each a write-lane job; then both go on to DONE. */
 static void up_settle(upload *up)
 {
     if (up->jobs)
         return;
-    if (up->state == UP_STOPPING && !up->released && up->fd >= 0 && up->reserved > up->written) {
-        up->released = 1;
-        up_write_lane(up, ckpt_up_release_work);
+    if (up->w && !up->dying) {
+        if (up->state == UP_STOPPING && !up->released) {
+            up->released = 1;
+            up_write_lane(up, ckpt_up_release_work);
+        } else {
+            up->discard = up->state == UP_FAILING;
+            up_write_lane(up, ckpt_up_close_work);
+        }
         return;
     }
     up_to(up, UP_DONE);
@@ -331,7 +338,7 @@ static void up_record(upload *up)
     Sluice__V1__UploadShardResponse resp = SLUICE__V1__UPLOAD_SHARD_RESPONSE__INIT;
     sl_ckpt_svc *s = up->svc;
     sl_cat_shard sh;
-    char path[PATH_MAX];
+    char path[PATH_MAX], file[NAME_MAX + 1];
     int err;
 
     memset(&sh, 0, sizeof(sh));
@@ -356,7 +363,9 @@ static void up_record(upload *up)
                 " sync_ms=%" PRIu64,
                 up->job, up->name, up->rank, up->data_size, up->sha_hex, up->t_eof - up->t_header,
                 uv_now(s->loop) - up->t_eof);
-    snprintf(path, sizeof(path), "checkpoints/%s/%s", up->job, strrchr(up->final, '/') + 1);
+    if (sl_store_file_name(file, sizeof(file), SL_STORE_SHARD, up->name, up->rank) != 0)
+        file[0] = '\0';
+    snprintf(path, sizeof(path), "checkpoints/%s/%s", up->job, file);
     resp.rank = up->rank;
     resp.data_size = up->data_size;
     resp.file_size = sh.file_size;
@@ -391,7 +400,7 @@ static void up_after_write(uv_work_t *w, int status)
         if (up->err) {
             up_fail(up, io_err_status(up->err), "%s", up->errmsg);
         } else if (up->state == UP_ABORTING) {
-            sl_store_unlink(up->final);
+            /* The new shard goes: FAILING has the store discard it when closing the writer. */
             up_fail(up, SL_ESTATE, "checkpoint %s/%s was aborted", up->job, up->name);
         } else {
             up_record(up);
@@ -477,14 +486,11 @@ static int up_place(upload *up, const Sluice__V1__ShardHeader *h, const sl_cat_c
     uint64_t free_bytes;
     int err;
 
-    if (ckpt_job_dir(s, up->dir, sizeof(up->dir), ck->job) != 0 ||
-        sl_store_path(up->part, sizeof(up->part), up->dir, SL_STORE_PART, ck->name, h->rank) != 0 ||
-        sl_store_path(up->final, sizeof(up->final), up->dir, SL_STORE_SHARD, ck->name, h->rank) !=
-            0) {
-        sl_rpc_call_fail(call, SL_EINVAL, "checkpoint path too long");
-        return 0;
-    }
-    err = sl_store_free_bytes(s->root, &free_bytes);
+    /* A remote store is not asked here (the loop never waits on the network): it says nothing
+     * about room, and a full bucket fails the upload. */
+    err = sl_sstore_remote(s->opts.store)
+              ? SL_EUNIMPL
+              : s->opts.store->ops->free_bytes(s->opts.store, &free_bytes);
     if (!err && free_bytes < h->data_size - h->offset + SL_SHARD_HEADER_SIZE) {
         sl_rpc_call_fail(call, SL_ELIMIT,
                          "not enough space for rank %d: %" PRIu64 " bytes needed, %" PRIu64 " free",
@@ -583,6 +589,7 @@ static void up_data_free(void *p)
      * a reference), so the upload is HEADER, DONE, or active and lost its client without a
      * cancel; the other states are ended all the same, so that nothing stays registered. */
     up->answer_err = 0;
+    up->dying = 1;
     if (up_active(up))
         up_stop(up, 0, NULL);
     else if (up->state == UP_ABORTING)
@@ -605,7 +612,6 @@ void ckpt_upload_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
     up->svc = arg;
     up->call = call;
     up->state = UP_HEADER;
-    up->fd = -1;
     up->work.data = up;
     up->hwork.data = up;
     sl_rpc_call_set_data(call, up, up_data_free);

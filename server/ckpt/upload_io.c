@@ -1,168 +1,48 @@
-/* UploadShard's work on the worker pool: open or resume the partial file, write and hash
- * chunks (two lanes, see internal.h), and make the finished shard durable under its name. Each
- * job runs on a worker thread and touches only its upload's file, hasher and the chunks and
- * fields the loop leaves alone while the job runs; its result goes to err/errmsg (herr). */
+/* UploadShard's work on the worker pool: open or resume the partial upload, write and hash
+ * chunks (two lanes, see internal.h), and make the finished shard durable under its name, all
+ * through the shard store (server/store/sstore.h). Each job runs on a worker thread and touches
+ * only its upload's writer, hasher and the chunks and fields the loop leaves alone while the job
+ * runs; its result goes to err/errmsg (herr). */
 #include "internal.h"
 
 #include "err.h"
-#include "store/store.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-/* The file's header with the checksum `sha` (64 characters: '0's while writing). */
-static void part_header(const upload *up, const char *sha, uint8_t hdr[SL_SHARD_HEADER_SIZE])
-{
-    sl_shard_header h;
-
-    memset(&h, 0, sizeof(h));
-    h.rank = up->rank;
-    memcpy(h.sha256, sha, SL_SHARD_HEX_LEN);
-    h.tensor_count = (int32_t)up->tensor_count;
-    h.data_len = up->data_size;
-    sl_shard_header_encode(hdr, &h);
-}
-
-/* A resume: the kept file must be this rank's shard of the same size and tensor count and hold
- * at least the prefix the client skips; that prefix is hashed again and anything after it cut. */
-static int part_resume(upload *up)
-{
-    uint8_t hdr[SL_SHARD_HEADER_SIZE];
-    sl_shard_header h;
-    struct stat st;
-    int err;
-
-    if (fstat(up->fd, &st) != 0 || sl_store_pread_all(up->fd, hdr, sizeof(hdr), 0) != 0 ||
-        sl_shard_header_decode(&h, hdr, sizeof(hdr)) != 0 || h.rank != up->rank ||
-        h.data_len != up->data_size || (uint32_t)h.tensor_count != up->tensor_count ||
-        (uint64_t)st.st_size < SL_SHARD_HEADER_SIZE + up->resume_from) {
-        snprintf(up->errmsg, sizeof(up->errmsg),
-                 "cannot resume at offset %" PRIu64
-                 ": the server holds no matching partial upload (ask UploadStatus)",
-                 up->resume_from);
-        return SL_ESTATE;
-    }
-    err = sl_shard_hash_fd(up->sha, up->fd, SL_SHARD_HEADER_SIZE, up->resume_from);
-    if (!err && ftruncate(up->fd, (off_t)(SL_SHARD_HEADER_SIZE + up->resume_from)) != 0)
-        err = -errno;
-    if (err) {
-        snprintf(up->errmsg, sizeof(up->errmsg), "cannot re-read the kept prefix: %s",
-                 sl_strerror(err));
-        return err;
-    }
-    up->written = up->resume_from;
-    up->flushed = up->resume_from;
-    return 0;
-}
-
-/* Reserve the data section up to `to` data bytes (at most the shard's size), so a full disk is
- * found before the data is sent: UP_RESERVE ahead of the writes, never the whole announced size
- * at once, which would let one header take the disk. File systems without fallocate are checked
- * by the writes themselves. */
-static int part_reserve(upload *up, uint64_t to)
-{
-    int err;
-
-    if (to > up->data_size)
-        to = up->data_size;
-    if (up->no_reserve || to <= up->reserved)
-        return 0;
-    if (fallocate(up->fd, FALLOC_FL_KEEP_SIZE, (off_t)(SL_SHARD_HEADER_SIZE + up->reserved),
-                  (off_t)(to - up->reserved)) != 0) {
-        if (errno == EOPNOTSUPP || errno == ENOSYS) {
-            up->no_reserve = 1;
-            return 0;
-        }
-        err = -errno;
-        snprintf(up->errmsg, sizeof(up->errmsg), "cannot reserve %" PRIu64 " bytes: %s",
-                 to - up->reserved, sl_strerror(err));
-        return err;
-    }
-    up->reserved = to;
-    return 0;
-}
-
-/* A new upload: an empty file with a placeholder header. */
-static int part_create(upload *up)
-{
-    char zeros[SL_SHARD_HEX_LEN];
-    uint8_t hdr[SL_SHARD_HEADER_SIZE];
-    int err = 0;
-
-    memset(zeros, '0', sizeof(zeros));
-    part_header(up, zeros, hdr);
-    if (ftruncate(up->fd, 0) != 0)
-        err = -errno;
-    if (!err)
-        err = sl_store_pwrite_all(up->fd, hdr, sizeof(hdr), 0);
-    if (err)
-        snprintf(up->errmsg, sizeof(up->errmsg), "cannot write the partial file: %s",
-                 sl_strerror(err));
-    return err;
-}
 
 void ckpt_up_open_work(uv_work_t *w)
 {
     upload *up = w->data;
-    int err = sl_store_mkdirs(up->dir);
+    sl_swriter_spec spec = {
+        .job = up->job,
+        .name = up->name,
+        .rank = up->rank,
+        .tensor_count = up->tensor_count,
+        .data_size = up->data_size,
+        .resume_from = up->resume_from,
+    };
+    sl_sstore *st = up->svc->opts.store;
 
-    if (err) {
-        snprintf(up->errmsg, sizeof(up->errmsg),
-                 "cannot create the checkpoint directory %.200s: %s", up->dir,
-                 sl_store_strerror(err));
-        goto out;
-    }
-    up->fd = sl_store_open(up->part, O_RDWR | O_CREAT, 0640);
-    if (up->fd < 0) {
-        err = up->fd;
-        up->fd = -1;
-        snprintf(up->errmsg, sizeof(up->errmsg), "cannot open the partial file %.200s: %s",
-                 up->part, sl_store_strerror(err));
-        goto out;
-    }
-    err = up->resume_from > 0 ? part_resume(up) : part_create(up);
-    if (err)
-        goto out;
-    up->reserved = up->written;
-    err = part_reserve(up, up->written + UP_RESERVE);
-out:
-    up->err = err;
+    up->err = st->ops->w_open(st, &spec, up->sha, &up->w, up->errmsg, sizeof(up->errmsg));
+    if (!up->err)
+        up->written = up->resume_from;
 }
 
 /* Worker, write lane: write the chunks [seq_write, write_end) at their offsets. */
 void ckpt_up_write_work(uv_work_t *w)
 {
     upload *up = w->data;
-    const up_chunk *last = &up->ring[(up->write_end - 1) % UP_RING];
-    uint64_t end = last->off + last->len;
+    sl_sstore *st = up->svc->opts.store;
     int err = 0;
 
-    /* Keep the reservation ahead of the data: once the writes come within half a window of its
-     * end, it grows to a whole window beyond them. */
-    if (end + UP_RESERVE / 2 > up->reserved)
-        err = part_reserve(up, end + UP_RESERVE);
     for (uint64_t q = up->seq_write; q < up->write_end && !err; q++) {
         const up_chunk *c = &up->ring[q % UP_RING];
         int n;
         const struct iovec *iov = sl_rpc_bytes_iov(c->bytes, &n);
-        err = sl_store_pwritev_all(up->fd, iov, n, SL_SHARD_HEADER_SIZE + c->off);
+        err = st->ops->w_write(up->w, iov, n, c->off, up->errmsg, sizeof(up->errmsg));
         if (!err)
             up->written = c->off + c->len;
     }
-    /* Start writeback of what has accumulated, so the final fsync finds little left to write
-     * and the disk works while the rest of the shard arrives. Advisory: errors surface at fsync. */
-    if (!err && up->written - up->flushed >= FLUSH_EVERY) {
-        sync_file_range(up->fd, (off_t)(SL_SHARD_HEADER_SIZE + up->flushed),
-                        (off_t)(up->written - up->flushed), SYNC_FILE_RANGE_WRITE);
-        up->flushed = up->written;
-    }
-    if (err && !up->errmsg[0])
-        snprintf(up->errmsg, sizeof(up->errmsg), "cannot write the shard: %s", sl_strerror(err));
     up->err = err;
 }
 
@@ -181,56 +61,26 @@ void ckpt_up_hash_work(uv_work_t *w)
     up->herr = err;
 }
 
-void ckpt_up_release(upload *up)
-{
-    off_t end = (off_t)(SL_SHARD_HEADER_SIZE + up->written);
-
-    /* Cutting the file at its written end frees the blocks reserved beyond it on ext4 and XFS,
-     * even when the size does not change; punching them covers file systems where it does not
-     * (tmpfs). The written bytes stay for a resume. Failures leave the space to the sweep. */
-    if (ftruncate(up->fd, end) == 0)
-        fallocate(up->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, end,
-                  (off_t)(up->reserved - up->written));
-    up->reserved = up->written;
-}
-
 void ckpt_up_release_work(uv_work_t *w)
 {
-    ckpt_up_release(w->data);
+    upload *up = w->data;
+
+    up->svc->opts.store->ops->w_release(up->w);
+}
+
+void ckpt_up_close_work(uv_work_t *w)
+{
+    upload *up = w->data;
+
+    up->svc->opts.store->ops->w_close(up->w, up->discard);
+    up->w = NULL;
 }
 
 /* Worker: make the shard durable under its final name. */
 void ckpt_up_final_work(uv_work_t *w)
 {
     upload *up = w->data;
-    uint8_t hdr[SL_SHARD_HEADER_SIZE];
-    const char *step = "write the header";
-    int err;
+    sl_sstore *st = up->svc->opts.store;
 
-    part_header(up, up->sha_hex, hdr);
-    err = sl_store_pwrite_all(up->fd, hdr, sizeof(hdr), 0);
-    if (!err && ftruncate(up->fd, (off_t)(SL_SHARD_HEADER_SIZE + up->data_size)) != 0) {
-        err = -errno;
-        step = "truncate";
-    }
-    if (!err && fsync(up->fd) != 0) {
-        err = -errno;
-        step = "fsync";
-    }
-    if (close(up->fd) != 0 && !err) {
-        err = -errno;
-        step = "close";
-    }
-    up->fd = -1;
-    /* The checkpoint is WRITING (checked on the loop), so an older shard of this rank, whose row
-     * is already gone, may be replaced; the rename itself never replaces anything. */
-    if (!err && (err = sl_store_unlink(up->final)) != 0)
-        step = "remove the old shard";
-    if (!err && (err = sl_store_rename_noreplace(up->part, up->final)) != 0)
-        step = "rename";
-    if (!err && (err = sl_store_fsync_dir(up->dir)) != 0)
-        step = "fsync the directory";
-    if (err)
-        snprintf(up->errmsg, sizeof(up->errmsg), "cannot %s: %s", step, sl_store_strerror(err));
-    up->err = err;
+    up->err = st->ops->w_finish(up->w, up->sha_hex, up->errmsg, sizeof(up->errmsg));
 }

@@ -13,11 +13,11 @@
 #include "log.h"
 #include "metrics.h"
 #include "store/layout.h"
-#include "store/store.h"
+#include "store/sstore.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -51,7 +51,6 @@ struct verify {
     verify *qnext;
     vjob *jobs;  /* world_size shards, then the metadata file */
     sl_buf meta; /* the expected metadata.json */
-    char dir[PATH_MAX];
 };
 
 static void verify_free(verify *v)
@@ -61,21 +60,34 @@ static void verify_free(verify *v)
     free(v);
 }
 
-/* Deep: the data section must hash to the catalog's checksum. Returns the verdict. */
-static int vjob_hash(vjob *j, int fd)
+/* Deep: the data section must hash to the catalog's checksum, read in blocks (1 MiB from a
+ * directory, 8 MiB ranged GETs from object storage), the cancel flag checked before each.
+ * Returns the verdict. */
+static int vjob_hash(vjob *j, sl_sreader *r)
 {
-    char got[SL_SHARD_HEX_LEN + 1];
+    const sl_sstore *st = j->v->svc->opts.store;
+    size_t block = sl_sstore_remote(st) ? (8u << 20) : (1u << 20);
+    char got[SL_SHARD_HEX_LEN + 1], why[160] = "";
     sl_sha256 *sha = NULL;
-    int err = sl_sha256_new(&sha);
+    uint8_t *buf = malloc(block);
+    int err = buf ? sl_sha256_new(&sha) : -ENOMEM;
 
-    if (!err)
-        err = sl_shard_hash_fd_until(sha, fd, SL_SHARD_HEADER_SIZE, j->data_size, &j->v->cancelled);
+    for (uint64_t pos = 0; !err && pos < j->data_size; pos += block) {
+        size_t n = j->data_size - pos < block ? (size_t)(j->data_size - pos) : block;
+        if (atomic_load(&j->v->cancelled))
+            err = SL_ECANCELLED;
+        else if ((err = st->ops->r_read(r, buf, n, SL_SHARD_HEADER_SIZE + pos, why, sizeof(why))) ==
+                 0)
+            err = sl_sha256_update(sha, buf, n);
+    }
     if (!err)
         err = sl_sha256_final(sha, got);
     sl_sha256_free(sha);
+    free(buf);
     if (err) {
-        snprintf(j->detail, sizeof(j->detail), "cannot hash: %s", sl_strerror(err));
-        return SLUICE__V1__VERDICT__IO_ERROR;
+        snprintf(j->detail, sizeof(j->detail), "cannot hash: %s", why[0] ? why : sl_strerror(err));
+        return err == SL_ECORRUPT ? SLUICE__V1__VERDICT__SIZE_MISMATCH
+                                  : SLUICE__V1__VERDICT__IO_ERROR;
     }
     if (strcmp(got, j->sha) != 0) {
         snprintf(j->detail, sizeof(j->detail), "data hashes to %s, catalog has %s", got, j->sha);
@@ -85,22 +97,19 @@ static int vjob_hash(vjob *j, int fd)
 }
 
 /* Quick: size and header against the catalog. Returns the verdict. */
-static int vjob_header(vjob *j, int fd)
+static int vjob_header(vjob *j, sl_sreader *r, uint64_t size)
 {
+    const sl_sstore *st = j->v->svc->opts.store;
     uint8_t hdr[SL_SHARD_HEADER_SIZE];
+    char why[160];
     sl_shard_header h;
-    struct stat st;
 
-    if (fstat(fd, &st) != 0) {
-        snprintf(j->detail, sizeof(j->detail), "%s", sl_strerror(-errno));
-        return SLUICE__V1__VERDICT__IO_ERROR;
-    }
-    if ((uint64_t)st.st_size != j->file_size) {
-        snprintf(j->detail, sizeof(j->detail), "file has %lld bytes, catalog says %" PRIu64,
-                 (long long)st.st_size, j->file_size);
+    if (size != j->file_size) {
+        snprintf(j->detail, sizeof(j->detail), "file has %" PRIu64 " bytes, catalog says %" PRIu64,
+                 size, j->file_size);
         return SLUICE__V1__VERDICT__SIZE_MISMATCH;
     }
-    if (sl_store_pread_all(fd, hdr, sizeof(hdr), 0) != 0 ||
+    if (st->ops->r_read(r, hdr, sizeof(hdr), 0, why, sizeof(why)) != 0 ||
         sl_shard_header_decode(&h, hdr, sizeof(hdr)) != 0) {
         snprintf(j->detail, sizeof(j->detail), "header does not parse");
         return SLUICE__V1__VERDICT__HEADER_CORRUPT;
@@ -115,48 +124,61 @@ static int vjob_header(vjob *j, int fd)
     return SLUICE__V1__VERDICT__OK;
 }
 
-/* Paths are built in the worker, not stored per rank: a world of 65536 ranks would otherwise
- * need PATH_MAX bytes each. */
-static void vjob_shard(vjob *j, const char *path, int deep)
+/* Open a file of the checkpoint; on failure sets the verdict (MISSING or IO_ERROR). */
+static sl_sreader *vjob_open(vjob *j, const char *file, uint64_t *size)
 {
-    int fd = sl_store_open(path, O_RDONLY, 0);
+    sl_sstore *st = j->v->svc->opts.store;
+    sl_sreader *r = NULL;
+    char why[160] = "";
+    int err = st->ops->r_open(st, j->v->ck.job, file, &r, size, why, sizeof(why));
 
-    if (fd < 0) {
-        j->verdict = fd == -ENOENT ? SLUICE__V1__VERDICT__MISSING : SLUICE__V1__VERDICT__IO_ERROR;
-        snprintf(j->detail, sizeof(j->detail), "%s", sl_store_strerror(fd));
-        return;
+    if (err) {
+        j->verdict =
+            err == SL_ENOTFOUND ? SLUICE__V1__VERDICT__MISSING : SLUICE__V1__VERDICT__IO_ERROR;
+        snprintf(j->detail, sizeof(j->detail), "%s", why[0] ? why : sl_strerror(err));
+        return NULL;
     }
-    j->verdict = vjob_header(j, fd);
+    return r;
+}
+
+/* File names are built in the worker, not stored per rank: a world of 65536 ranks would
+ * otherwise need NAME_MAX bytes each. */
+static void vjob_shard(vjob *j, const char *file, int deep)
+{
+    uint64_t size = 0;
+    sl_sreader *r = vjob_open(j, file, &size);
+
+    if (!r)
+        return;
+    j->verdict = vjob_header(j, r, size);
     if (j->verdict == SLUICE__V1__VERDICT__OK && deep)
-        j->verdict = vjob_hash(j, fd);
-    close(fd);
+        j->verdict = vjob_hash(j, r);
+    j->v->svc->opts.store->ops->r_close(r);
 }
 
 /* The metadata file must be byte for byte what the catalog renders; it is small (metadata, not
  * data), so it is compared in 64 KiB pieces without holding it whole. */
-static void vjob_meta(vjob *j, const char *path, const sl_buf *expect)
+static void vjob_meta(vjob *j, const char *file, const sl_buf *expect)
 {
+    const sl_sstore *st = j->v->svc->opts.store;
     uint8_t buf[65536];
-    struct stat st;
-    uint64_t pos = 0;
-    int fd = sl_store_open(path, O_RDONLY, 0);
+    uint64_t pos = 0, size = 0;
+    char why[160];
+    sl_sreader *r = vjob_open(j, file, &size);
 
-    if (fd < 0) {
-        j->verdict = fd == -ENOENT ? SLUICE__V1__VERDICT__MISSING : SLUICE__V1__VERDICT__IO_ERROR;
-        snprintf(j->detail, sizeof(j->detail), "%s", sl_store_strerror(fd));
+    if (!r)
         return;
-    }
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != expect->len) {
+    if (size != expect->len) {
         j->verdict = SLUICE__V1__VERDICT__SIZE_MISMATCH;
-        snprintf(j->detail, sizeof(j->detail), "file has %lld bytes, expected %zu",
-                 (long long)st.st_size, expect->len);
+        snprintf(j->detail, sizeof(j->detail), "file has %" PRIu64 " bytes, expected %zu", size,
+                 expect->len);
         goto out;
     }
     while (pos < expect->len) {
         size_t n = expect->len - pos < sizeof(buf) ? expect->len - pos : sizeof(buf);
-        if (sl_store_pread_all(fd, buf, n, pos) != 0) {
+        if (st->ops->r_read(r, buf, n, pos, why, sizeof(why)) != 0) {
             j->verdict = SLUICE__V1__VERDICT__IO_ERROR;
-            snprintf(j->detail, sizeof(j->detail), "cannot read");
+            snprintf(j->detail, sizeof(j->detail), "cannot read: %s", why);
             goto out;
         }
         if (memcmp(buf, expect->p + pos, n) != 0) {
@@ -169,17 +191,17 @@ static void vjob_meta(vjob *j, const char *path, const sl_buf *expect)
     }
     j->verdict = SLUICE__V1__VERDICT__OK;
 out:
-    close(fd);
+    st->ops->r_close(r);
 }
 
 static void vjob_work(uv_work_t *w)
 {
     vjob *j = w->data;
     verify *v = j->v;
-    char path[PATH_MAX];
+    char file[NAME_MAX + 1];
     int err = j->rank < 0
-                  ? sl_store_path(path, sizeof(path), v->dir, SL_STORE_META, v->ck.name, 0)
-                  : sl_store_path(path, sizeof(path), v->dir, SL_STORE_SHARD, v->ck.name, j->rank);
+                  ? sl_store_file_name(file, sizeof(file), SL_STORE_META, v->ck.name, 0)
+                  : sl_store_file_name(file, sizeof(file), SL_STORE_SHARD, v->ck.name, j->rank);
 
     if (atomic_load(&v->cancelled)) {
         j->verdict = SLUICE__V1__VERDICT__IO_ERROR;
@@ -188,9 +210,9 @@ static void vjob_work(uv_work_t *w)
         j->verdict = SLUICE__V1__VERDICT__IO_ERROR;
         snprintf(j->detail, sizeof(j->detail), "path too long");
     } else if (j->rank < 0) {
-        vjob_meta(j, path, &v->meta);
+        vjob_meta(j, file, &v->meta);
     } else {
-        vjob_shard(j, path, v->deep);
+        vjob_shard(j, file, v->deep);
     }
 }
 
@@ -416,7 +438,7 @@ static int verify_plan(verify *v)
     int err;
 
     v->jobs = calloc((size_t)n + 1, sizeof(*v->jobs));
-    if (!v->jobs || ckpt_job_dir(v->svc, v->dir, sizeof(v->dir), v->ck.job) != 0) {
+    if (!v->jobs) {
         sl_rpc_call_fail(v->call, -ENOMEM, "out of memory");
         return -ENOMEM;
     }

@@ -26,8 +26,7 @@ int sl_store_job_dir(char *buf, size_t len, const char *root, const char *job)
     return n < 0 || (size_t)n >= len ? SL_ELIMIT : 0;
 }
 
-/* The file name of `kind` into file (NAME_MAX + 1 bytes). */
-static int file_name(char *file, size_t len, sl_store_kind kind, const char *name, int32_t rank)
+int sl_store_file_name(char *file, size_t len, sl_store_kind kind, const char *name, int32_t rank)
 {
     int n;
 
@@ -54,7 +53,7 @@ int sl_store_path(char *buf, size_t len, const char *dir, sl_store_kind kind, co
                   int32_t rank)
 {
     char file[NAME_MAX + 1];
-    int n, err = file_name(file, sizeof(file), kind, name, rank);
+    int n, err = sl_store_file_name(file, sizeof(file), kind, name, rank);
 
     if (err)
         return err;

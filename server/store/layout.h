@@ -29,6 +29,10 @@ typedef enum sl_store_kind {
 /* "<root>/<job>" into buf. Returns 0 or SL_ELIMIT. */
 int sl_store_job_dir(char *buf, size_t len, const char *root, const char *job);
 
+/* The file name (no directory) of checkpoint `name`'s file of `kind`, as sl_store_path. Returns 0,
+ * SL_ELIMIT or SL_EINVAL. Pure. */
+int sl_store_file_name(char *file, size_t len, sl_store_kind kind, const char *name, int32_t rank);
+
 /* The path of checkpoint `name`'s file of `kind` (SHARD, PART, META; TEMP is the metadata temp
  * file) in job directory `dir`; `rank` is used by SHARD and PART only. Returns 0, SL_ELIMIT if the
  * file name or the path is too long, SL_EINVAL for SL_STORE_OTHER. */

@@ -1,0 +1,126 @@
+/* The shard store: where checkpoint files live, behind one interface with two backends.
+ *
+ *   dir  a directory on a local or shared POSIX file system (sstore_dir.c; the default):
+ *        <root>/<job>/<file>, written through store.h (no symbolic link followed, durable
+ *        renames), partial uploads as ".<file>.part" files kept for a resume;
+ *   s3   S3-compatible object storage (sstore_s3.c): objects "<prefix>/<job>/<file>", shards
+ *        written as multipart uploads, a partial upload resumable from its state object.
+ *
+ * Files are named by (job, file): `file` is a name of layout.h (a shard, the metadata file),
+ * built from names the caller checked. The layout of every file is the same in both backends, so
+ * a shard object can be fetched and verified with any S3 tool.
+ *
+ * Threads: every function may block (on a disk or the network) and is thread-safe, except where
+ * a comment says otherwise; the daemon calls them from libuv's worker pool. sl_sstore_remote()
+ * says whether a backend's calls wait on the network: the checkpoint service runs the small
+ * calls of a local backend (stat, remove, held) on the loop, those of a remote one never.
+ *
+ * Errors: 0 or a negative SL_E* / -errno; functions taking msg/msglen write one line there
+ * (never a credential).
+ */
+#ifndef SL_STORE_SSTORE_H
+#define SL_STORE_SSTORE_H
+
+#include "shard.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+typedef struct sl_sstore sl_sstore;
+typedef struct sl_swriter sl_swriter;
+typedef struct sl_sreader sl_sreader;
+
+/* A shard to write: where, and the header it will carry. */
+typedef struct sl_swriter_spec {
+    const char *job, *name; /* checked names: the shard file is layout.h's SHARD of (name, rank) */
+    int32_t rank;
+    uint32_t tensor_count;
+    uint64_t data_size;   /* data bytes the shard will hold */
+    uint64_t resume_from; /* data bytes the client skips: the partial upload must hold them */
+} sl_swriter_spec;
+
+/* What a sweep decides about one file it found. */
+enum { SL_SSTORE_KEEP = 0, SL_SSTORE_REMOVE = 1, SL_SSTORE_QUARANTINE = 2 };
+
+/* A file found under the store: its job, its file name (layout.h classifies it), its last
+ * change in ms since the epoch. Returns one of SL_SSTORE_*. Called on the sweeping thread. */
+typedef int (*sl_sstore_verdict_fn)(const char *job, const char *file, int64_t mtime_ms, void *arg);
+
+typedef struct sl_sstore_ops {
+    const char *kind; /* "dir", "s3" */
+    int remote;       /* calls wait on the network */
+    /* Writers (one thread at a time per writer). open: a new partial upload, or the kept one
+     * resumed (its prefix of resume_from bytes hashed into `sha` again, or its saved hash
+     * state loaded into `sha`): SL_ESTATE with msg if there is no matching partial upload.
+     * write: the n ranges at data offset `off`, in order, offsets contiguous. finish: the header
+     * with checksum `sha_hex` written and the shard durable under its name (an older shard of
+     * the rank replaced); nothing is visible under the name before. release: give back room
+     * reserved ahead of the written bytes (the written bytes stay for a resume). close: free
+     * the writer; `discard` removes the partial upload (and, after finish, the shard). */
+    int (*w_open)(sl_sstore *s, const sl_swriter_spec *spec, sl_sha256 *sha, sl_swriter **out,
+                  char *msg, size_t msglen);
+    int (*w_write)(sl_swriter *w, const struct iovec *iov, int n, uint64_t off, char *msg,
+                   size_t msglen);
+    int (*w_finish)(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen);
+    void (*w_release)(sl_swriter *w);
+    void (*w_close)(sl_swriter *w, int discard);
+    /* Data bytes a kept partial upload of (job, name, rank) holds: SL_ENOTFOUND if none. */
+    int (*held)(sl_sstore *s, const char *job, const char *name, int32_t rank, uint64_t *held);
+    /* Readers: a stored file and its size in bytes (SL_ENOTFOUND if missing); reads of exactly
+     * len bytes (SL_ECORRUPT if the file is shorter). */
+    int (*r_open)(sl_sstore *s, const char *job, const char *file, sl_sreader **out, uint64_t *size,
+                  char *msg, size_t msglen);
+    int (*r_read)(sl_sreader *r, void *buf, size_t len, uint64_t off, char *msg, size_t msglen);
+    void (*r_close)(sl_sreader *r);
+    /* A small file written whole, atomically and durably (the metadata file). */
+    int (*put)(sl_sstore *s, const char *job, const char *file, const void *buf, size_t len,
+               char *msg, size_t msglen);
+    /* Size of a stored file; SL_ENOTFOUND if missing. */
+    int (*stat)(sl_sstore *s, const char *job, const char *file, uint64_t *size);
+    /* Remove one file (missing: not an error). */
+    int (*remove)(sl_sstore *s, const char *job, const char *file);
+    /* Remove every file of checkpoint `name` of ranks [0, world_size): shards, partial uploads,
+     * the metadata file. Failures are left to the sweeps. */
+    int (*remove_ckpt)(sl_sstore *s, const char *job, const char *name, int32_t world_size);
+    /* Room left for new shards (UINT64_MAX where the store does not say). */
+    int (*free_bytes)(sl_sstore *s, uint64_t *out);
+    /* Sweeps come in two shapes. A local backend sweeps in one pass on the loop thread (the
+     * quarantine is loop-thread state): every file of every job, `verdict` decides, the backend
+     * removes or quarantines; *removed and *moved count what was done. A remote backend (sweep
+     * NULL) lists (`list`: every file of every job to `fn`, on a worker) and then acts on each
+     * file the caller decided about (`act`, on a worker: REMOVE or QUARANTINE, skipped if the
+     * file changed since mtime_ms). */
+    int (*sweep)(sl_sstore *s, sl_sstore_verdict_fn verdict, void *arg, int *removed, int *moved);
+    int (*list)(sl_sstore *s, sl_sstore_verdict_fn fn, void *arg);
+    int (*act)(sl_sstore *s, const char *job, const char *file, int64_t mtime_ms, int action);
+    void (*free)(sl_sstore *s);
+} sl_sstore_ops;
+
+/* Every backend's struct starts with this. */
+struct sl_sstore {
+    const sl_sstore_ops *ops;
+};
+
+static inline int sl_sstore_remote(const sl_sstore *s)
+{
+    return s->ops->remote;
+}
+
+static inline const char *sl_sstore_kind(const sl_sstore *s)
+{
+    return s->ops->kind;
+}
+
+static inline void sl_sstore_free(sl_sstore *s)
+{
+    if (s)
+        s->ops->free(s);
+}
+
+/* The directory backend on `root` (made if missing, 0750). `quarantine` (may be NULL) receives
+ * what sweeps quarantine. Returns 0 and *out, or -errno. */
+struct sl_quar;
+int sl_sstore_dir_new(sl_sstore **out, const char *root, struct sl_quar *quarantine);
+
+#endif

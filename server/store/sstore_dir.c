@@ -1,0 +1,534 @@
+/* The directory backend of the shard store (sstore.h): <root>/<job>/<file> through store.h, a
+ * partial upload as ".<file>.part" beside where the shard goes, disk reserved ahead of the
+ * writes, the finished file fsynced and renamed into place, the directory fsynced. */
+#include "sstore.h"
+
+#include "layout.h"
+#include "quarantine.h"
+#include "store.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Disk space is reserved (fallocate) this far ahead of an upload's written bytes, in steps as
+ * the data arrives, never the whole announced size at once; a stopped upload gives back what
+ * it reserved beyond its written bytes. */
+#define RESERVE_AHEAD (64u << 20)
+#define FLUSH_EVERY   (8u << 20) /* start writeback of an upload every 8 MiB */
+
+typedef struct dstore {
+    sl_sstore base;
+    char root[PATH_MAX];
+    sl_quar *quar;
+} dstore;
+
+struct sl_swriter {
+    dstore *s;
+    char dir[PATH_MAX], part[PATH_MAX], final[PATH_MAX];
+    int fd;
+    int32_t rank;
+    uint32_t tensor_count;
+    uint64_t data_size;
+    uint64_t written, flushed, reserved;
+    int no_reserve, finished;
+};
+
+struct sl_sreader {
+    int fd;
+};
+
+static int job_dir(const dstore *s, char *buf, size_t len, const char *job)
+{
+    return sl_store_job_dir(buf, len, s->root, job);
+}
+
+static int file_path(const dstore *s, char *buf, size_t len, const char *job, const char *file)
+{
+    int n = snprintf(buf, len, "%s/%s/%s", s->root, job, file);
+
+    return n < 0 || (size_t)n >= len ? SL_ELIMIT : 0;
+}
+
+/* ---- writers ---- */
+
+/* The file's header with the checksum `sha` (64 characters: '0's while writing). */
+static void w_header(const sl_swriter *w, const char *sha, uint8_t hdr[SL_SHARD_HEADER_SIZE])
+{
+    sl_shard_header h;
+
+    memset(&h, 0, sizeof(h));
+    h.rank = w->rank;
+    memcpy(h.sha256, sha, SL_SHARD_HEX_LEN);
+    h.tensor_count = (int32_t)w->tensor_count;
+    h.data_len = w->data_size;
+    sl_shard_header_encode(hdr, &h);
+}
+
+/* Reserve the data section up to `to` data bytes (at most the shard's size), so a full disk is
+ * found before the data is sent. File systems without fallocate are checked by the writes. */
+static int w_reserve(sl_swriter *w, uint64_t to, char *msg, size_t msglen)
+{
+    int err;
+
+    if (to > w->data_size)
+        to = w->data_size;
+    if (w->no_reserve || to <= w->reserved)
+        return 0;
+    if (fallocate(w->fd, FALLOC_FL_KEEP_SIZE, (off_t)(SL_SHARD_HEADER_SIZE + w->reserved),
+                  (off_t)(to - w->reserved)) != 0) {
+        if (errno == EOPNOTSUPP || errno == ENOSYS) {
+            w->no_reserve = 1;
+            return 0;
+        }
+        err = -errno;
+        snprintf(msg, msglen, "cannot reserve %" PRIu64 " bytes: %s", to - w->reserved,
+                 sl_strerror(err));
+        return err;
+    }
+    w->reserved = to;
+    return 0;
+}
+
+/* A resume: the kept file must be this rank's shard of the same size and tensor count and hold
+ * at least the prefix the client skips; that prefix is hashed again and anything after it cut. */
+static int w_resume(sl_swriter *w, uint64_t from, sl_sha256 *sha, char *msg, size_t msglen)
+{
+    uint8_t hdr[SL_SHARD_HEADER_SIZE];
+    sl_shard_header h;
+    struct stat st;
+    int err;
+
+    if (fstat(w->fd, &st) != 0 || sl_store_pread_all(w->fd, hdr, sizeof(hdr), 0) != 0 ||
+        sl_shard_header_decode(&h, hdr, sizeof(hdr)) != 0 || h.rank != w->rank ||
+        h.data_len != w->data_size || (uint32_t)h.tensor_count != w->tensor_count ||
+        (uint64_t)st.st_size < SL_SHARD_HEADER_SIZE + from) {
+        snprintf(msg, msglen,
+                 "cannot resume at offset %" PRIu64
+                 ": the server holds no matching partial upload (ask UploadStatus)",
+                 from);
+        return SL_ESTATE;
+    }
+    err = sl_shard_hash_fd(sha, w->fd, SL_SHARD_HEADER_SIZE, from);
+    if (!err && ftruncate(w->fd, (off_t)(SL_SHARD_HEADER_SIZE + from)) != 0)
+        err = -errno;
+    if (err) {
+        snprintf(msg, msglen, "cannot re-read the kept prefix: %s", sl_strerror(err));
+        return err;
+    }
+    w->written = from;
+    w->flushed = from;
+    return 0;
+}
+
+/* A new upload: an empty file with a placeholder header. */
+static int w_create(sl_swriter *w, char *msg, size_t msglen)
+{
+    char zeros[SL_SHARD_HEX_LEN];
+    uint8_t hdr[SL_SHARD_HEADER_SIZE];
+    int err = 0;
+
+    memset(zeros, '0', sizeof(zeros));
+    w_header(w, zeros, hdr);
+    if (ftruncate(w->fd, 0) != 0)
+        err = -errno;
+    if (!err)
+        err = sl_store_pwrite_all(w->fd, hdr, sizeof(hdr), 0);
+    if (err)
+        snprintf(msg, msglen, "cannot write the partial file: %s", sl_strerror(err));
+    return err;
+}
+
+static int d_w_open(sl_sstore *base, const sl_swriter_spec *spec, sl_sha256 *sha, sl_swriter **out,
+                    char *msg, size_t msglen)
+{
+    dstore *s = (dstore *)base;
+    sl_swriter *w = calloc(1, sizeof(*w));
+    int err;
+
+    *out = NULL;
+    if (!w)
+        return -ENOMEM;
+    w->s = s;
+    w->fd = -1;
+    w->rank = spec->rank;
+    w->tensor_count = spec->tensor_count;
+    w->data_size = spec->data_size;
+    if (job_dir(s, w->dir, sizeof(w->dir), spec->job) != 0 ||
+        sl_store_path(w->part, sizeof(w->part), w->dir, SL_STORE_PART, spec->name, spec->rank) !=
+            0 ||
+        sl_store_path(w->final, sizeof(w->final), w->dir, SL_STORE_SHARD, spec->name, spec->rank) !=
+            0) {
+        snprintf(msg, msglen, "checkpoint path too long");
+        free(w);
+        return SL_EINVAL;
+    }
+    /* From here on the writer is returned also on failure: closing it decides whether the
+     * partial file (or whatever was planted at its name) stays. */
+    *out = w;
+    err = sl_store_mkdirs(w->dir);
+    if (err) {
+        snprintf(msg, msglen, "cannot create the checkpoint directory %.200s: %s", w->dir,
+                 sl_store_strerror(err));
+        return err;
+    }
+    w->fd = sl_store_open(w->part, O_RDWR | O_CREAT, 0640);
+    if (w->fd < 0) {
+        err = w->fd;
+        w->fd = -1;
+        snprintf(msg, msglen, "cannot open the partial file %.200s: %s", w->part,
+                 sl_store_strerror(err));
+        return err;
+    }
+    err = spec->resume_from > 0 ? w_resume(w, spec->resume_from, sha, msg, msglen)
+                                : w_create(w, msg, msglen);
+    if (!err) {
+        w->reserved = w->written;
+        err = w_reserve(w, w->written + RESERVE_AHEAD, msg, msglen);
+    }
+    return err;
+}
+
+static int d_w_write(sl_swriter *w, const struct iovec *iov, int n, uint64_t off, char *msg,
+                     size_t msglen)
+{
+    uint64_t end = off;
+    int err = 0;
+
+    for (int i = 0; i < n; i++)
+        end += iov[i].iov_len;
+    /* Keep the reservation ahead of the data: once the writes come within half a window of its
+     * end, it grows to a whole window beyond them. */
+    if (end + RESERVE_AHEAD / 2 > w->reserved)
+        err = w_reserve(w, end + RESERVE_AHEAD, msg, msglen);
+    if (!err)
+        err = sl_store_pwritev_all(w->fd, iov, n, SL_SHARD_HEADER_SIZE + off);
+    if (err) {
+        if (!msg[0])
+            snprintf(msg, msglen, "cannot write the shard: %s", sl_strerror(err));
+        return err;
+    }
+    w->written = end;
+    /* Start writeback of what has accumulated, so the final fsync finds little left to write
+     * and the disk works while the rest of the shard arrives. Advisory: errors surface at fsync. */
+    if (w->written - w->flushed >= FLUSH_EVERY) {
+        sync_file_range(w->fd, (off_t)(SL_SHARD_HEADER_SIZE + w->flushed),
+                        (off_t)(w->written - w->flushed), SYNC_FILE_RANGE_WRITE);
+        w->flushed = w->written;
+    }
+    return 0;
+}
+
+static int d_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen)
+{
+    uint8_t hdr[SL_SHARD_HEADER_SIZE];
+    const char *step = "write the header";
+    int err;
+
+    w_header(w, sha_hex, hdr);
+    err = sl_store_pwrite_all(w->fd, hdr, sizeof(hdr), 0);
+    if (!err && ftruncate(w->fd, (off_t)(SL_SHARD_HEADER_SIZE + w->data_size)) != 0) {
+        err = -errno;
+        step = "truncate";
+    }
+    if (!err && fsync(w->fd) != 0) {
+        err = -errno;
+        step = "fsync";
+    }
+    if (close(w->fd) != 0 && !err) {
+        err = -errno;
+        step = "close";
+    }
+    w->fd = -1;
+    /* The caller decided an older shard of this rank may be replaced; the rename itself never
+     * replaces anything. */
+    if (!err && (err = sl_store_unlink(w->final)) != 0)
+        step = "remove the old shard";
+    if (!err && (err = sl_store_rename_noreplace(w->part, w->final)) != 0)
+        step = "rename";
+    if (!err && (err = sl_store_fsync_dir(w->dir)) != 0)
+        step = "fsync the directory";
+    if (err)
+        snprintf(msg, msglen, "cannot %s: %s", step, sl_store_strerror(err));
+    else
+        w->finished = 1;
+    return err;
+}
+
+static void d_w_release(sl_swriter *w)
+{
+    off_t end = (off_t)(SL_SHARD_HEADER_SIZE + w->written);
+
+    if (w->fd < 0)
+        return;
+    /* Cutting the file at its written end frees the blocks reserved beyond it on ext4 and XFS,
+     * even when the size does not change; punching them covers file systems where it does not
+     * (tmpfs). The written bytes stay for a resume. Failures leave the space to the sweep. */
+    if (w->reserved > w->written && ftruncate(w->fd, end) == 0)
+        fallocate(w->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, end,
+                  (off_t)(w->reserved - w->written));
+    w->reserved = w->written;
+}
+
+static void d_w_close(sl_swriter *w, int discard)
+{
+    if (!w)
+        return;
+    if (w->fd >= 0)
+        close(w->fd);
+    if (discard)
+        sl_store_unlink(w->finished ? w->final : w->part);
+    free(w);
+}
+
+static int d_held(sl_sstore *base, const char *job, const char *name, int32_t rank, uint64_t *held)
+{
+    dstore *s = (dstore *)base;
+    char dir[PATH_MAX], part[PATH_MAX];
+
+    if (job_dir(s, dir, sizeof(dir), job) != 0 ||
+        sl_store_path(part, sizeof(part), dir, SL_STORE_PART, name, rank) != 0)
+        return SL_ENOTFOUND;
+    return sl_store_part_held(part, rank, held);
+}
+
+/* ---- readers, small files ---- */
+
+static int d_r_open(sl_sstore *base, const char *job, const char *file, sl_sreader **out,
+                    uint64_t *size, char *msg, size_t msglen)
+{
+    dstore *s = (dstore *)base;
+    char path[PATH_MAX];
+    struct stat st;
+    sl_sreader *r;
+    int fd, err;
+
+    *out = NULL;
+    if (file_path(s, path, sizeof(path), job, file) != 0) {
+        snprintf(msg, msglen, "path too long");
+        return SL_ELIMIT;
+    }
+    fd = sl_store_open(path, O_RDONLY, 0);
+    if (fd < 0) {
+        snprintf(msg, msglen, "%s", sl_store_strerror(fd));
+        return fd == -ENOENT ? SL_ENOTFOUND : fd;
+    }
+    if (fstat(fd, &st) != 0) {
+        err = -errno;
+        snprintf(msg, msglen, "%s", sl_strerror(err));
+        close(fd);
+        return err;
+    }
+    r = malloc(sizeof(*r));
+    if (!r) {
+        close(fd);
+        return -ENOMEM;
+    }
+    r->fd = fd;
+    *size = (uint64_t)st.st_size;
+    *out = r;
+    return 0;
+}
+
+static int d_r_read(sl_sreader *r, void *buf, size_t len, uint64_t off, char *msg, size_t msglen)
+{
+    int err = sl_store_pread_all(r->fd, buf, len, off);
+
+    if (err == -EIO) {
+        snprintf(msg, msglen, "file is truncated");
+        return SL_ECORRUPT;
+    }
+    if (err)
+        snprintf(msg, msglen, "%s", sl_strerror(err));
+    return err;
+}
+
+static void d_r_close(sl_sreader *r)
+{
+    if (!r)
+        return;
+    close(r->fd);
+    free(r);
+}
+
+static int d_put(sl_sstore *base, const char *job, const char *file, const void *buf, size_t len,
+                 char *msg, size_t msglen)
+{
+    dstore *s = (dstore *)base;
+    char dir[PATH_MAX];
+    int err;
+
+    if (job_dir(s, dir, sizeof(dir), job) != 0) {
+        snprintf(msg, msglen, "path too long");
+        return SL_ELIMIT;
+    }
+    err = sl_store_write_file(dir, file, buf, len);
+    if (err)
+        snprintf(msg, msglen, "cannot write %s in %s: %s", file, dir, sl_store_strerror(err));
+    return err;
+}
+
+static int d_stat(sl_sstore *base, const char *job, const char *file, uint64_t *size)
+{
+    dstore *s = (dstore *)base;
+    char path[PATH_MAX];
+    struct stat st;
+    int err;
+
+    if (file_path(s, path, sizeof(path), job, file) != 0)
+        return SL_ELIMIT;
+    err = sl_store_stat(path, &st);
+    if (err)
+        return err == -ENOENT ? SL_ENOTFOUND : err;
+    if (!S_ISREG(st.st_mode))
+        return SL_ENOTFOUND;
+    *size = (uint64_t)st.st_size;
+    return 0;
+}
+
+static int d_remove(sl_sstore *base, const char *job, const char *file)
+{
+    dstore *s = (dstore *)base;
+    char path[PATH_MAX];
+
+    if (file_path(s, path, sizeof(path), job, file) != 0)
+        return SL_ELIMIT;
+    return sl_store_unlink(path);
+}
+
+static int d_remove_ckpt(sl_sstore *base, const char *job, const char *name, int32_t world_size)
+{
+    dstore *s = (dstore *)base;
+    char dir[PATH_MAX];
+
+    if (job_dir(s, dir, sizeof(dir), job) != 0)
+        return SL_ELIMIT;
+    return sl_store_remove_ckpt(dir, name, world_size);
+}
+
+static int d_free_bytes(sl_sstore *base, uint64_t *out)
+{
+    return sl_store_free_bytes(((dstore *)base)->root, out);
+}
+
+/* ---- sweeps ---- */
+
+typedef struct dsweep {
+    dstore *s;
+    const char *job, *dir;
+    sl_sstore_verdict_fn verdict;
+    void *arg;
+    int moved;
+} dsweep;
+
+/* sl_store_sweep only removes; a file to quarantine is moved here and kept for the sweep. It
+ * leaves the directory while the sweep reads it, which POSIX allows (it is not read again). A
+ * file that cannot be moved stays. */
+static int d_keep(const char *file, const struct stat *st, void *arg)
+{
+    dsweep *c = arg;
+    int64_t mtime_ms = (int64_t)st->st_mtim.tv_sec * 1000 + st->st_mtim.tv_nsec / 1000000;
+    int v = c->verdict(c->job, file, mtime_ms, c->arg);
+
+    if (v == SL_SSTORE_REMOVE)
+        return 0;
+    if (v == SL_SSTORE_QUARANTINE && c->s->quar &&
+        sl_quar_move(c->s->quar, c->dir, file, "checkpoint file the catalog does not know") == 0)
+        c->moved++;
+    return 1;
+}
+
+static int d_sweep(sl_sstore *base, sl_sstore_verdict_fn verdict, void *arg, int *removed,
+                   int *moved)
+{
+    dstore *s = (dstore *)base;
+    struct dirent *e;
+    DIR *d;
+    int err = 0;
+
+    *removed = *moved = 0;
+    if ((err = sl_store_opendir(&d, s->root)) != 0)
+        return err;
+    while ((e = readdir(d)) != NULL) {
+        char dir[PATH_MAX];
+        dsweep c = {s, e->d_name, dir, verdict, arg, 0};
+        int n = 0, e2;
+
+        if (sl_shard_name_check(e->d_name) != 0 || job_dir(s, dir, sizeof(dir), e->d_name) != 0)
+            continue;
+        e2 = sl_store_sweep(dir, d_keep, &c, &n);
+        if (e2)
+            sl_log_warn("ckpt_sweep_failed", "dir=%s error=\"%s\"", dir, sl_strerror(e2));
+        /* Quarantined files left the directory: make that durable, as sl_store_sweep does after
+         * removals. */
+        if (c.moved && !n && (e2 = sl_store_fsync_dir(dir)) != 0)
+            sl_log_warn("ckpt_sweep_failed", "dir=%s error=\"%s\"", dir, sl_strerror(e2));
+        if (e2 && !err)
+            err = e2;
+        *removed += n;
+        *moved += c.moved;
+    }
+    closedir(d);
+    return err;
+}
+
+static void d_free(sl_sstore *base)
+{
+    free(base);
+}
+
+static const sl_sstore_ops dir_ops = {
+    .kind = "dir",
+    .remote = 0,
+    .w_open = d_w_open,
+    .w_write = d_w_write,
+    .w_finish = d_w_finish,
+    .w_release = d_w_release,
+    .w_close = d_w_close,
+    .held = d_held,
+    .r_open = d_r_open,
+    .r_read = d_r_read,
+    .r_close = d_r_close,
+    .put = d_put,
+    .stat = d_stat,
+    .remove = d_remove,
+    .remove_ckpt = d_remove_ckpt,
+    .free_bytes = d_free_bytes,
+    .sweep = d_sweep,
+    .free = d_free,
+};
+
+int sl_sstore_dir_new(sl_sstore **out, const char *root, sl_quar *quarantine)
+{
+    dstore *s = calloc(1, sizeof(*s));
+    int n, err;
+
+    *out = NULL;
+    if (!s)
+        return -ENOMEM;
+    s->base.ops = &dir_ops;
+    s->quar = quarantine;
+    n = snprintf(s->root, sizeof(s->root), "%s", root);
+    if (n < 0 || (size_t)n >= sizeof(s->root)) {
+        free(s);
+        return -ENAMETOOLONG;
+    }
+    err = sl_store_mkdirs(s->root);
+    if (err) {
+        sl_log_error("ckpt_dir_failed", "path=%s error=\"%s\"", s->root, sl_strerror(err));
+        free(s);
+        return err;
+    }
+    *out = &s->base;
+    return 0;
+}
