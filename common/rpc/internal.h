@@ -1,4 +1,4 @@
-/* Glue between protobuf-c and grpc_byte_buffer, shared by server.c and client.c.
+/* Glue between protobuf-c and grpc_byte_buffer, shared by the server (server*.c) and client.c.
  * Private to common/rpc/. */
 #ifndef SL_RPC_INTERNAL_H
 #define SL_RPC_INTERNAL_H
