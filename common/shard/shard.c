@@ -1,3 +1,7 @@
+/* SHA256_Init and friends are deprecated in OpenSSL 3 but kept: unlike EVP they expose the hash
+ * state, which a resumable upload to object storage saves and loads (sl_sha256_save). They run
+ * the same block function as EVP's SHA-256. */
+#define OPENSSL_SUPPRESS_DEPRECATED
 #include "shard.h"
 
 #include "err.h"
@@ -7,13 +11,14 @@
 #include <errno.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 struct sl_sha256 {
-    EVP_MD_CTX *ctx;
+    SHA256_CTX c;
 };
 
 static void put_u32(uint8_t *p, uint32_t v)
@@ -123,11 +128,6 @@ int sl_sha256_new(sl_sha256 **out)
     *out = NULL;
     if (!h)
         return -ENOMEM;
-    h->ctx = EVP_MD_CTX_new();
-    if (!h->ctx) {
-        free(h);
-        return -ENOMEM;
-    }
     if (sl_sha256_reset(h) != 0) {
         sl_sha256_free(h);
         return SL_EUNAVAILABLE;
@@ -138,26 +138,25 @@ int sl_sha256_new(sl_sha256 **out)
 
 int sl_sha256_reset(sl_sha256 *h)
 {
-    if (EVP_DigestInit_ex(h->ctx, EVP_sha256(), NULL) != 1)
-        return ossl_fail("digest_init");
+    if (SHA256_Init(&h->c) != 1)
+        return ossl_fail("sha256_init");
     return 0;
 }
 
 int sl_sha256_update(sl_sha256 *h, const void *buf, size_t len)
 {
-    if (len && EVP_DigestUpdate(h->ctx, buf, len) != 1)
-        return ossl_fail("digest_update");
+    if (len && SHA256_Update(&h->c, buf, len) != 1)
+        return ossl_fail("sha256_update");
     return 0;
 }
 
 int sl_sha256_final(sl_sha256 *h, char hex[SL_SHARD_HEX_LEN + 1])
 {
     static const char digits[] = "0123456789abcdef";
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
+    unsigned char md[SHA256_DIGEST_LENGTH];
 
-    if (EVP_DigestFinal_ex(h->ctx, md, &n) != 1 || n != 32)
-        return ossl_fail("digest_final");
+    if (SHA256_Final(md, &h->c) != 1)
+        return ossl_fail("sha256_final");
     for (unsigned i = 0; i < 32; i++) {
         hex[2 * i] = digits[md[i] >> 4];
         hex[2 * i + 1] = digits[md[i] & 15];
@@ -166,11 +165,37 @@ int sl_sha256_final(sl_sha256 *h, char hex[SL_SHARD_HEX_LEN + 1])
     return 0;
 }
 
+/* The saved state: the eight chaining words, the bit count (low, high), the bytes buffered and
+ * the buffer, all little-endian. */
+void sl_sha256_save(const sl_sha256 *h, uint8_t out[SL_SHA256_STATE_LEN])
+{
+    for (int i = 0; i < 8; i++)
+        put_u32(out + 4 * i, h->c.h[i]);
+    put_u32(out + 32, h->c.Nl);
+    put_u32(out + 36, h->c.Nh);
+    put_u32(out + 40, h->c.num);
+    memcpy(out + 44, h->c.data, 64);
+}
+
+int sl_sha256_load(sl_sha256 *h, const uint8_t in[SL_SHA256_STATE_LEN])
+{
+    uint32_t num = get_u32(in + 40);
+
+    if (num >= 64 || (get_u32(in + 32) & 7) != 0 || (get_u32(in + 32) >> 3) % 64 != num)
+        return SL_ECORRUPT;
+    if (sl_sha256_reset(h) != 0)
+        return SL_EUNAVAILABLE;
+    for (int i = 0; i < 8; i++)
+        h->c.h[i] = get_u32(in + 4 * i);
+    h->c.Nl = get_u32(in + 32);
+    h->c.Nh = get_u32(in + 36);
+    h->c.num = num;
+    memcpy(h->c.data, in + 44, 64);
+    return 0;
+}
+
 void sl_sha256_free(sl_sha256 *h)
 {
-    if (!h)
-        return;
-    EVP_MD_CTX_free(h->ctx);
     free(h);
 }
 

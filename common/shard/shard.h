@@ -70,6 +70,13 @@ int sl_sha256_update(sl_sha256 *h, const void *buf, size_t len);
  * reset before it is used again. Returns 0 or SL_EUNAVAILABLE. */
 int sl_sha256_final(sl_sha256 *h, char hex[SL_SHARD_HEX_LEN + 1]);
 
+/* The hash state after the bytes hashed so far, to continue later, perhaps in another process
+ * or on another machine (a resumable upload): sl_sha256_save writes it, sl_sha256_load makes `h`
+ * continue from it (SL_ECORRUPT if it is not a state save wrote). */
+#define SL_SHA256_STATE_LEN 108
+void sl_sha256_save(const sl_sha256 *h, uint8_t out[SL_SHA256_STATE_LEN]);
+int sl_sha256_load(sl_sha256 *h, const uint8_t in[SL_SHA256_STATE_LEN]);
+
 /* Free a hasher. Accepts NULL. */
 void sl_sha256_free(sl_sha256 *h);
 
