@@ -36,17 +36,18 @@
 
 typedef struct sl_s3_cfg {
     char bucket[64];
-    char prefix[512];     /* no leading or trailing '/'; may be empty */
-    char endpoint[512];   /* "http(s)://host[:port]"; empty: https://s3.<region>.amazonaws.com */
-    char region[64];      /* default "us-east-1" */
-    int path_style;       /* 1: <endpoint>/<bucket>/<key>; 0: <bucket>.<endpoint host>/<key> */
-    int tls_no_verify;    /* 1: do not verify the store's certificate (tests only) */
-    char ca_file[PATH_MAX];  /* extra CA bundle; empty: the system's */
-    char access_key[256];    /* never logged */
-    char secret_key[256];    /* never logged */
-    char session_token[4096]; /* optional; never logged */
-    uint32_t retry_deadline_ms; /* retry a request this long; 0 means 30000 */
+    char prefix[512];       /* no leading or trailing '/'; may be empty */
+    char endpoint[512];     /* "http(s)://host[:port]"; empty: https://s3.<region>.amazonaws.com */
+    char region[64];        /* default "us-east-1" */
+    int path_style;         /* 1: <endpoint>/<bucket>/<key>; 0: <bucket>.<endpoint host>/<key> */
+    int tls_no_verify;      /* 1: do not verify the store's certificate (tests only) */
+    char ca_file[PATH_MAX]; /* extra CA bundle; empty: the system's */
+    char access_key[256];   /* never logged */
+    char secret_key[256];   /* never logged */
+    char session_token[4096];    /* optional; never logged */
+    uint32_t retry_deadline_ms;  /* retry a request this long; 0 means 30000 */
     uint32_t request_timeout_ms; /* one attempt (low-speed limit, not total size); 0: 60000 */
+    uint32_t list_max_keys;      /* keys per ListObjectsV2 page; 0: the store's (1000) */
 } sl_s3_cfg;
 
 /* Parse "s3://bucket[/prefix]" into cfg->bucket and cfg->prefix (other fields untouched).
@@ -95,8 +96,7 @@ int sl_s3_copy(sl_s3 *c, const char *from, const char *to, char *msg, size_t msg
  * (relative to the configured prefix), its size and Last-Modified; a non-zero return stops the
  * listing and is returned. */
 typedef int (*sl_s3_list_fn)(const char *key, uint64_t size, int64_t mtime_ms, void *arg);
-int sl_s3_list(sl_s3 *c, const char *prefix, sl_s3_list_fn fn, void *arg, char *msg,
-               size_t msglen);
+int sl_s3_list(sl_s3 *c, const char *prefix, sl_s3_list_fn fn, void *arg, char *msg, size_t msglen);
 
 /* Multipart uploads. */
 int sl_s3_mpu_create(sl_s3 *c, const char *key, char upload_id[SL_S3_UPLOAD_MAX], char *msg,
@@ -113,7 +113,6 @@ int sl_s3_mpu_complete(sl_s3 *c, const char *key, const char *upload_id, int npa
                        const char (*etags)[SL_S3_ETAG_MAX], char *msg, size_t msglen);
 /* AbortMultipartUpload: the parts stored are freed. A missing upload is not an error;
  * SL_EUNIMPL where the store does not implement it (s3rver 3.7). */
-int sl_s3_mpu_abort(sl_s3 *c, const char *key, const char *upload_id, char *msg,
-                    size_t msglen);
+int sl_s3_mpu_abort(sl_s3 *c, const char *key, const char *upload_id, char *msg, size_t msglen);
 
 #endif
