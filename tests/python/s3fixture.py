@@ -46,23 +46,29 @@ S3_DIR = os.path.join(ROOT, "tests", "s3")
 S3RVER_JS = os.path.join(S3_DIR, "node_modules", "s3rver", "bin", "s3rver.js")
 
 _install_lock = threading.Lock()
+_install_error = None  # why the install failed, so that it is tried once per process
 
 
 def install_s3rver(timeout=300):
     """Install s3rver if it is missing. Raises RuntimeError saying why it could not (the S3 tests
     then fail: they never skip silently)."""
+    global _install_error
     with _install_lock:
         if os.path.exists(S3RVER_JS):
             return
+        if _install_error:
+            raise RuntimeError(_install_error)
         try:
             r = subprocess.run(["bash", os.path.join(S3_DIR, "install.sh")], capture_output=True,
                                text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise RuntimeError("tests/s3/install.sh did not finish in %d s (registry "
-                               "unreachable?)" % timeout)
+            _install_error = ("s3rver is not installed and tests/s3/install.sh did not finish in "
+                              "%d s (npm registry unreachable?)" % timeout)
+            raise RuntimeError(_install_error)
         if r.returncode != 0 or not os.path.exists(S3RVER_JS):
-            raise RuntimeError("s3rver is not installed and tests/s3/install.sh failed (exit %d): "
-                               "%s" % (r.returncode, (r.stderr or r.stdout).strip()[-2000:]))
+            _install_error = ("s3rver is not installed and tests/s3/install.sh failed (exit %d): "
+                              "%s" % (r.returncode, (r.stderr or r.stdout).strip()[-2000:]))
+            raise RuntimeError(_install_error)
 
 
 class S3Server:

@@ -18,7 +18,16 @@ if ! command -v npm >/dev/null; then
   exit 1
 fi
 cd "$here"
-if ! npm install --no-audit --no-fund --no-package-lock --loglevel=error >&2; then
+# One install at a time (tests running in parallel); few, short retries so that an offline
+# machine fails in seconds, not minutes.
+exec 9>"$here/.install.lock"
+flock -w 300 9
+if [[ -f "$here/node_modules/s3rver/bin/s3rver.js" ]] && grep -q "\"version\": *\"$want\"" \
+     "$here/node_modules/s3rver/package.json"; then
+  exit 0
+fi
+if ! npm install --no-audit --no-fund --no-package-lock --loglevel=error --fetch-retries=1 \
+     --fetch-retry-mintimeout=1000 --fetch-retry-maxtimeout=5000 >&2; then
   echo "install.sh: npm install of s3rver $want failed (offline? registry unreachable?)" >&2
   exit 1
 fi
