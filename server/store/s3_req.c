@@ -6,6 +6,7 @@
 #include "store/s3_internal.h"
 
 #include "err.h"
+#include "log.h"
 #include "util/clock.h"
 
 #include <errno.h>
@@ -297,12 +298,15 @@ static void where(const sl_s3 *c, const s3_req *r, char *out, size_t outlen)
              c->cfg.prefix, c->cfg.prefix[0] && r->key ? "/" : "", r->key ? r->key : "");
 }
 
-/* Printable ASCII only, so a store's answer cannot forge log lines. */
+/* Printable ASCII only and no double quote or backslash, so a store's answer cannot forge or
+ * break a log line. */
 static void clean(char *s)
 {
     for (; *s; s++)
-        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e || *s == '\\')
             *s = '?';
+        else if (*s == '"')
+            *s = '\'';
 }
 
 static int retry_code(const char *code)
@@ -490,6 +494,9 @@ int s3_perform(sl_s3 *c, s3_req *req, char *msg, size_t msglen)
                      req->op, at, tries, spent, deadline_ms, o.what);
             return SL_EUNAVAILABLE;
         }
+        sl_log_limited(SL_LOG_WARN, 1000, "s3_retry",
+                       "op=%s object=\"%s\" attempt=%d wait_ms=%" PRIu64 " failure=\"%s\"", req->op,
+                       at, tries, wait, o.what);
         sleep_ms(wait);
     }
     if (o.rc != 0)
