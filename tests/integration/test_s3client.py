@@ -162,6 +162,21 @@ class S3ClientTest(unittest.TestCase):
         self.assertIn("gave up", log)
 
 
+class S3TlsTest(unittest.TestCase):
+    """TLS to the store: verified by default, against the system's CAs or ca_file."""
+
+    def test_tls(self):
+        with S3Server(tls=True) as s3:
+            rc, log = run(["put", "tls/k", 100], s3.endpoint, SL_S3_DEADLINE_MS=2000)
+            self.assertEqual(rc, 1, log)
+            self.assertIn("rc=SL_EAUTH", log)  # not the store it claims to be
+            self.assertIn("certificate", log)
+            rc, log = run(["put", "tls/k", 100], s3.endpoint, SL_S3_CA_FILE=s3.cert)
+            self.assertEqual(rc, 0, log)
+            rc, log = run(["get", "tls/k", 100], s3.endpoint, SL_S3_TLS_NO_VERIFY=1)
+            self.assertEqual(rc, 0, log)
+
+
 class S3FaultTest(unittest.TestCase):
     """Faults from the proxy: retried until they stop, or until the deadline."""
 

@@ -78,8 +78,10 @@ class S3Server:
     secret_key = "S3RVER"
     region = "us-east-1"
 
-    def __init__(self, bucket="sluice", start_timeout=30.0):
+    def __init__(self, bucket="sluice", start_timeout=30.0, tls=False):
         self.bucket = bucket
+        self.tls = tls
+        self.cert = None  # with tls: a self-signed certificate for 127.0.0.1 and localhost
         self.start_timeout = start_timeout
         self.proc = None
         self.port = None
@@ -87,7 +89,7 @@ class S3Server:
 
     @property
     def endpoint(self):
-        return "http://127.0.0.1:%d" % self.port
+        return "%s://127.0.0.1:%d" % ("https" if self.tls else "http", self.port)
 
     @property
     def directory(self):
@@ -107,6 +109,14 @@ class S3Server:
         # the OpenSSL 3 in node >= 17 provides only there.
         cmd = [node, "--openssl-legacy-provider", S3RVER_JS, "-d", self.directory, "-a", "127.0.0.1", "-p", "0", "--silent",
                "--service-endpoint", "localhost", "--configure-bucket", self.bucket]
+        if self.tls:
+            self.cert = os.path.join(self._tmp, "cert.pem")
+            key = os.path.join(self._tmp, "key.pem")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days",
+                            "2", "-subj", "/CN=localhost", "-keyout", key, "-out", self.cert,
+                            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                           check=True, capture_output=True, timeout=60)
+            cmd += ["--key", key, "--cert", self.cert]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
                                      start_new_session=True)
         log.close()
@@ -139,7 +149,11 @@ class S3Server:
         while True:
             try:
                 # Any answer (403 without a signature) means it serves requests.
-                urllib.request.urlopen(self.endpoint + "/", timeout=2).close()
+                ctx = None
+                if self.tls:
+                    import ssl
+                    ctx = ssl.create_default_context(cafile=self.cert)
+                urllib.request.urlopen(self.endpoint + "/", timeout=2, context=ctx).close()
                 return
             except urllib.error.HTTPError as e:
                 e.close()

@@ -1,7 +1,8 @@
 /* The S3 client (server/store/s3.h) against a real S3 server: tests/integration/test_s3client.py
  * starts s3rver (and a fault-injecting proxy) and runs this program with the store in the
  * environment: SL_S3_ENDPOINT, SL_S3_BUCKET, SL_S3_PREFIX, SL_S3_PATH_STYLE (default 1),
- * SL_S3_DEADLINE_MS, SL_S3_TIMEOUT_MS, SL_S3_OUT (a directory for the bytes written, which the
+ * SL_S3_DEADLINE_MS, SL_S3_TIMEOUT_MS, SL_S3_LIST_MAX_KEYS, SL_S3_CA_FILE, SL_S3_TLS_NO_VERIFY,
+ * SL_S3_OUT (a directory for the bytes written, which the
  * test reads back with boto3) and the credentials in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
  *
  *   s3_test offline          configuration parsing and the XML reader, no server
@@ -51,6 +52,8 @@ static int make_client(sl_s3 **out)
     cfg.retry_deadline_ms = (uint32_t)atoi(env("SL_S3_DEADLINE_MS", "20000"));
     cfg.request_timeout_ms = (uint32_t)atoi(env("SL_S3_TIMEOUT_MS", "10000"));
     cfg.list_max_keys = (uint32_t)atoi(env("SL_S3_LIST_MAX_KEYS", "0"));
+    cfg.tls_no_verify = atoi(env("SL_S3_TLS_NO_VERIFY", "0"));
+    snprintf(cfg.ca_file, sizeof(cfg.ca_file), "%s", env("SL_S3_CA_FILE", ""));
     return sl_s3_new(out, &cfg, msg, sizeof(msg));
 }
 
