@@ -5,8 +5,10 @@
 
 #include "err.h"
 
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 static int upload_id_check(const char *op, const char *key, const char *id, char *msg,
                            size_t msglen)
@@ -112,6 +114,72 @@ static int complete_body(sl_buf *b, int nparts, const char (*etags)[SL_S3_ETAG_M
     return rc;
 }
 
+static int hexval(char ch)
+{
+    return ch >= '0' && ch <= '9'   ? ch - '0'
+           : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+           : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                    : -1;
+}
+
+/* The ETag S3 gives an object made of these parts: the MD5 of the parts' binary MD5s, "-N".
+ * Returns 0, or SL_EINVAL if a part's ETag is not a quoted MD5. */
+static int multipart_etag(int nparts, const char (*etags)[SL_S3_ETAG_MAX], char out[SL_S3_ETAG_MAX])
+{
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned dl = 0;
+    int rc = md && EVP_DigestInit_ex(md, EVP_md5(), NULL) == 1 ? 0 : SL_EINVAL;
+    for (int i = 0; rc == 0 && i < nparts; i++) {
+        unsigned char bin[16];
+        const char *e = etags[i];
+        if (strlen(e) != 34 || e[0] != '"' || e[33] != '"')
+            rc = SL_EINVAL;
+        for (int k = 0; rc == 0 && k < 16; k++) {
+            int hi = hexval(e[1 + 2 * k]), lo = hexval(e[2 + 2 * k]);
+            if (hi < 0 || lo < 0)
+                rc = SL_EINVAL;
+            bin[k] = (unsigned char)(hi << 4 | lo);
+        }
+        if (rc == 0 && EVP_DigestUpdate(md, bin, 16) != 1)
+            rc = SL_EINVAL;
+    }
+    if (rc == 0 && (EVP_DigestFinal_ex(md, d, &dl) != 1 || dl != 16))
+        rc = SL_EINVAL;
+    if (rc == 0) {
+        char *o = out;
+        *o++ = '"';
+        for (unsigned k = 0; k < 16; k++)
+            o += sprintf(o, "%02x", d[k]);
+        snprintf(o, SL_S3_ETAG_MAX - 33, "-%d\"", nparts);
+    }
+    EVP_MD_CTX_free(md);
+    return rc;
+}
+
+/* A Complete that found no upload: an earlier attempt (ours, or curl's own resend on a reused
+ * connection) may have completed it with its answer lost. It did if the object is there with the
+ * multipart ETag of these parts; otherwise the error stands, saying what was found. */
+static int complete_landed(sl_s3 *c, const char *key, int nparts,
+                           const char (*etags)[SL_S3_ETAG_MAX], char *msg, size_t msglen)
+{
+    char want[SL_S3_ETAG_MAX], m[256];
+    size_t used = strlen(msg);
+    if (multipart_etag(nparts, etags, want) != 0)
+        return SL_ENOTFOUND;
+    s3_req r;
+    s3_req_init(&r, "HeadObject", "HEAD", key);
+    if (s3_perform(c, &r, m, sizeof(m)) == 0 && strcasecmp(r.etag, want) == 0) {
+        msg[0] = '\0';
+        return 0;
+    }
+    if (used + 1 < msglen)
+        snprintf(msg + used, msglen - used,
+                 " (the object %s, not with ETag %s: no earlier attempt completed it)",
+                 r.status == 200 ? "exists" : "is missing", want);
+    return SL_ENOTFOUND;
+}
+
 int sl_s3_mpu_complete(sl_s3 *c, const char *key, const char *upload_id, int nparts,
                        const char (*etags)[SL_S3_ETAG_MAX], char *msg, size_t msglen)
 {
@@ -151,6 +219,8 @@ int sl_s3_mpu_complete(sl_s3 *c, const char *key, const char *upload_id, int npa
     r.out = &body;
     r.retry_error_body = 1;
     rc = s3_perform(c, &r, msg, msglen);
+    if (rc == SL_ENOTFOUND)
+        rc = complete_landed(c, key, nparts, etags, msg, msglen);
     const char *vs, *ve;
     if (rc == 0 && !s3_xml_find(body.p ? body.p : "", body.p ? body.p + body.len : "",
                                 "CompleteMultipartUploadResult", &vs, &ve)) {

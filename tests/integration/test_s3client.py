@@ -256,6 +256,21 @@ class S3FaultTest(unittest.TestCase):
         size = self.s3.boto3_client().head_object(Bucket="sluice", Key="f/mpu")["ContentLength"]
         self.assertEqual(size, 5 * MiB + 1000)
 
+    def test_complete_answer_lost(self):
+        # The Complete is done by the store but its answer lost: the retry finds no upload (as
+        # S3 answers; s3rver would fail with a 500), and the client looks for the object with
+        # the multipart ETag of its parts (S3's rule; s3rver gives another ETag, so here the
+        # error stands and says what it found).
+        self.proxy.set(drop_answer=1, match="POST /sluice/f/lost?uploadId=")
+        self.proxy.set(no_such_upload=1, after=1, match="POST /sluice/f/lost?uploadId=")
+        rc, log = self.run_c(["mpu", "f/lost", 5 * MiB], timeout=120)
+        self.assertEqual(self.proxy.seen("POST", "/sluice/f/lost?uploadId="), 2)
+        self.assertEqual(self.proxy.seen("HEAD", "/sluice/f/lost"), 1)
+        self.assertIn("rc=SL_ENOTFOUND", log)
+        self.assertIn("NoSuchUpload", log)
+        self.assertIn("the object exists, not with ETag", log)
+        self.assertRegex(log, r'ETag "[0-9a-f]{32}-2"')
+
     def test_part_etag_checked(self):
         # A wrong ETag once: the part is sent again and the upload completes.
         self.proxy.set(bad_etag=1, match="partNumber=1&")

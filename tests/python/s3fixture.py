@@ -11,8 +11,9 @@ hashes, nor the ETags named by CompleteMultipartUpload, and it does not verify S
 FaultProxy is an HTTP/1.1 proxy (one upstream connection per client connection, the bytes passed
 through unchanged, so SigV4 signatures stay valid) whose faults are switched at run time: answer
 503 SlowDown to the next N requests, reset the next N connections (RST after reading the request),
-answer 200 with an InternalError body (as S3 may for CompleteMultipartUpload), rewrite the ETag
-of the next N answers, delay every answer by X ms. It logs (method, path?query) of every request.
+answer 200 with an InternalError body (as S3 may for CompleteMultipartUpload), forward a request
+but lose its answer (reset), answer 404 NoSuchUpload (as S3 does to a Complete retried after it
+succeeded), rewrite the ETag of the next N answers, delay every answer by X ms. It logs (method, path?query) of every request.
 With verify=(access_key, secret_key[, session_token]) it checks every request as S3 does: the SigV4
 signature (recomputed here from the request as received, every x-amz-* header signed), that
 x-amz-content-sha256 is the SHA-256 of the body and that Content-MD5 is its MD5; a request that
@@ -336,7 +337,8 @@ class FaultProxy:
         self.rejected = []  # (method, target, code) of requests refused by the verification
         self.lock = threading.Lock()
         self.requests = []
-        self.faults = {name: [0, None] for name in self.FAULTS}  # name -> [count, match]
+        # name -> [count, match, requests to let by first]
+        self.faults = {name: [0, None, 0] for name in self.FAULTS}
         self.delay_ms = 0
         self.sock = None
         self.port = None
@@ -348,23 +350,24 @@ class FaultProxy:
     def endpoint(self):
         return "http://127.0.0.1:%d" % self.port
 
-    FAULTS = ("slowdown", "reset", "error200", "bad_etag")
+    FAULTS = ("slowdown", "reset", "error200", "bad_etag", "drop_answer", "no_such_upload")
 
     def set(self, slowdown=None, reset=None, error200=None, bad_etag=None, delay_ms=None,
-            match=None):
+            match=None, drop_answer=None, no_such_upload=None, after=0):
         """Switch faults: the counts given apply to the next requests (only to those whose
-        "METHOD target" contains `match`, e.g. "uploadId=", when given); delay_ms to every
-        answer."""
-        given = dict(slowdown=slowdown, reset=reset, error200=error200, bad_etag=bad_etag)
+        "METHOD target" contains `match`, e.g. "uploadId=", when given; and only after `after`
+        such requests went by); delay_ms to every answer."""
+        given = dict(slowdown=slowdown, reset=reset, error200=error200, bad_etag=bad_etag,
+                     drop_answer=drop_answer, no_such_upload=no_such_upload)
         with self.lock:
             for name, n in given.items():
                 if n is not None:
-                    self.faults[name] = [n, match]
+                    self.faults[name] = [n, match, after]
             if delay_ms is not None:
                 self.delay_ms = delay_ms
 
     def passthrough(self):
-        self.set(slowdown=0, reset=0, error200=0, bad_etag=0, delay_ms=0)
+        self.set(slowdown=0, reset=0, error200=0, bad_etag=0, drop_answer=0, delay_ms=0)
 
     def clear_log(self):
         with self.lock:
@@ -425,8 +428,11 @@ class FaultProxy:
     def _take(self, what, method, target):
         """Use one count of a fault, if it applies to this request."""
         with self.lock:
-            n, match = self.faults[what]
+            n, match, after = self.faults[what]
             if n <= 0 or (match and match not in "%s %s" % (method, target)):
+                return False
+            if after > 0:
+                self.faults[what][2] = after - 1
                 return False
             self.faults[what][0] = n - 1
             return True
@@ -471,6 +477,12 @@ class FaultProxy:
                                  b"</Code><Message>Please reduce your request rate.</Message>"
                                  b"</Error>")
                     continue
+                if self._take("no_such_upload", method, target):
+                    self._answer(conn, method, 404, "Not Found",
+                                 b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>"
+                                 b"NoSuchUpload</Code><Message>The specified upload does not "
+                                 b"exist.</Message></Error>")
+                    continue
                 if self._take("error200", method, target):
                     self._answer(conn, method, 200, "OK",
                                  b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>"
@@ -486,6 +498,12 @@ class FaultProxy:
                     return
                 status = int(rhead[0].split(b" ")[1])
                 rbody = _read_body(uf, rhead, method == "HEAD" or status in (204, 304))
+                if self._take("drop_answer", method, target):
+                    # The store did the request; its answer is lost (a reset instead).
+                    if rbody is None:
+                        uf.read()
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
                 if self._take("bad_etag", method, target):
                     rhead = [(b'ETag: "0123456789abcdef0123456789abcdef"\r\n'
                               if line.lower().startswith(b"etag:") else line) for line in rhead]
