@@ -53,6 +53,7 @@ int sl_s3_new(sl_s3 **out, const sl_s3_cfg *cfg, char *msg, size_t msglen)
     sl_s3 *c = calloc(1, sizeof(*c));
     if (!c)
         return -ENOMEM;
+    pthread_mutex_init(&c->lock, NULL);
     c->cfg = *cfg;
     if (!c->cfg.region[0])
         snprintf(c->cfg.region, sizeof(c->cfg.region), "us-east-1");
@@ -68,7 +69,6 @@ int sl_s3_new(sl_s3 **out, const sl_s3_cfg *cfg, char *msg, size_t msglen)
         sl_s3_free(c);
         return rc;
     }
-    pthread_mutex_init(&c->lock, NULL);
     *out = c;
     return 0;
 }
@@ -79,8 +79,7 @@ void sl_s3_free(sl_s3 *c)
         return;
     for (int i = 0; i < c->nidle; i++)
         curl_easy_cleanup(c->idle[i]);
-    if (c->sigv4[0] && c->base[0])
-        pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->lock);
     explicit_bzero(&c->cfg, sizeof(c->cfg));
     free(c);
 }

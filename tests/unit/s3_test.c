@@ -152,6 +152,38 @@ static void test_cfg_credentials(void)
     free(ak);
 }
 
+static void test_new(void)
+{
+    sl_s3_cfg cfg = {0};
+    sl_s3 *c = NULL;
+    CHECK(sl_s3_new(&c, &cfg, msg, sizeof(msg)) == SL_EINVAL && !c);
+    CHECK(strstr(msg, "bucket") != NULL);
+    snprintf(cfg.bucket, sizeof(cfg.bucket), "b-1");
+    CHECK(sl_s3_new(&c, &cfg, msg, sizeof(msg)) == SL_EINVAL && !c);
+    CHECK(strstr(msg, "credentials") != NULL);
+    snprintf(cfg.access_key, sizeof(cfg.access_key), "AK");
+    snprintf(cfg.secret_key, sizeof(cfg.secret_key), "SECRETVALUE");
+    const char *bad[] = {"ftp://h", "http://", "http://h/path", "http://user@h", "h:9000"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(cfg.endpoint, sizeof(cfg.endpoint), "%s", bad[i]);
+        CHECK(sl_s3_new(&c, &cfg, msg, sizeof(msg)) == SL_EINVAL && !c);
+        CHECK(strstr(msg, "endpoint") != NULL && strstr(msg, "SECRETVALUE") == NULL);
+    }
+    snprintf(cfg.endpoint, sizeof(cfg.endpoint), "http://127.0.0.1:9/");
+    snprintf(cfg.region, sizeof(cfg.region), "us east");
+    CHECK(sl_s3_new(&c, &cfg, msg, sizeof(msg)) == SL_EINVAL && !c);
+    CHECK(strstr(msg, "region") != NULL);
+    cfg.region[0] = '\0';
+    CHECK(sl_s3_new(&c, &cfg, msg, sizeof(msg)) == 0 && c);
+    sl_s3_free(c);
+    c = NULL;
+    cfg.endpoint[0] = '\0'; /* AWS, virtual host */
+    CHECK(sl_s3_new(&c, &cfg, msg, sizeof(msg)) == 0 && c);
+    CHECK(c && strcmp(c->base, "https://b-1.s3.us-east-1.amazonaws.com") == 0);
+    sl_s3_free(c);
+    sl_s3_free(NULL);
+}
+
 static void test_xml(void)
 {
     const char *x = "<?xml version=\"1.0\"?><ListBucketResult xmlns=\"http://s3\"><Prefix/>"
@@ -433,6 +465,7 @@ int main(int argc, char **argv)
     if (strcmp(mode, "offline") == 0) {
         test_cfg_url();
         test_cfg_credentials();
+        test_new();
         test_xml();
         goto done;
     }
