@@ -483,7 +483,8 @@ int s3_perform(sl_s3 *c, s3_req *req, char *msg, size_t msglen)
         }
         if (!o.retry)
             break;
-        uint64_t cap = BACKOFF_BASE_MS << (tries < 6 ? tries : 6);
+        /* Full jitter: a wait drawn from [0, min(2 s, 50 ms * 2^(attempt - 1))]. */
+        uint64_t cap = (uint64_t)BACKOFF_BASE_MS << (tries - 1 < 6 ? tries - 1 : 6);
         uint64_t wait =
             (uint64_t)rand_r(&seed) % ((cap < BACKOFF_CAP_MS ? cap : BACKOFF_CAP_MS) + 1);
         uint64_t spent = (sl_mono_ns() - t0) / 1000000;
