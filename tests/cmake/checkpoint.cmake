@@ -58,3 +58,16 @@ add_test(NAME ckpt_save_bench_smoke
          COMMAND ${SL_PYTHON} "${CMAKE_CURRENT_SOURCE_DIR}/bench/ckpt_save_bench.py" --smoke)
 set_tests_properties(ckpt_save_bench_smoke PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120
                      LABELS bench)
+
+# The S3 client (server/store/s3*.c) against s3rver (installed by tests/s3/install.sh) and a
+# fault-injecting proxy; boto3 reads back what the client wrote.
+add_executable(s3_test unit/s3_test.c)
+target_link_libraries(s3_test PRIVATE sl_server_core)
+add_test(NAME s3_unit COMMAND s3_test offline)
+set_tests_properties(s3_unit PROPERTIES TIMEOUT 60 LABELS "checkpoint;s3")
+add_test(NAME s3client_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_s3client
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(s3client_integration PROPERTIES
+                     ENVIRONMENT "${SL_TEST_ENV};SL_S3_TEST=$<TARGET_FILE:s3_test>"
+                     TIMEOUT 300 LABELS "checkpoint;s3")

@@ -1,0 +1,522 @@
+"""A real S3 server for the tests, and a fault-injecting proxy to put in front of it.
+
+S3Server starts s3rver (tests/s3/package.json pins the version; tests/s3/install.sh installs it
+into tests/s3/node_modules with the system's npm) on 127.0.0.1 at a free port with a temporary
+directory and one bucket, waits until it answers, and stops it (bounded: killed if it does not
+exit). s3rver's credentials are its fixed defaults, S3RVER / S3RVER. s3rver 3.7.1 does not
+implement ListMultipartUploads, ListParts or AbortMultipartUpload (405), does not check payload
+hashes, nor the ETags named by CompleteMultipartUpload, and it does not verify SigV4 signatures
+(only that the access key exists): FaultProxy(verify=...) does, independently of the client.
+
+FaultProxy is an HTTP/1.1 proxy (one upstream connection per client connection, the bytes passed
+through unchanged, so SigV4 signatures stay valid) whose faults are switched at run time: answer
+503 SlowDown to the next N requests, reset the next N connections (RST after reading the request),
+answer 200 with an InternalError body (as S3 may for CompleteMultipartUpload), forward a request
+but lose its answer (reset), answer 404 NoSuchUpload (as S3 does to a Complete retried after it
+succeeded), rewrite the ETag of the next N answers, delay every answer by X ms. It logs (method, path?query) of every request.
+With verify=(access_key, secret_key[, session_token]) it checks every request as S3 does: the SigV4
+signature (recomputed here from the request as received, every x-amz-* header signed), that
+x-amz-content-sha256 is the SHA-256 of the body and that Content-MD5 is its MD5; a request that
+fails gets S3's answer (403 SignatureDoesNotMatch, 400 XAmzContentSHA256Mismatch, 400 BadDigest)
+and is not forwarded.
+
+Both are context managers:
+
+    with S3Server() as s3, FaultProxy(s3.port) as proxy:
+        proxy.set(slowdown=2)
+        ... point the client at proxy.endpoint ...
+        assert ("DELETE", "/bucket/key?uploadId=...") in proxy.requests
+"""
+import hashlib
+import hmac
+import os
+import re
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+S3_DIR = os.path.join(ROOT, "tests", "s3")
+S3RVER_JS = os.path.join(S3_DIR, "node_modules", "s3rver", "bin", "s3rver.js")
+
+_install_lock = threading.Lock()
+_install_error = None  # why the install failed, so that it is tried once per process
+
+
+def install_s3rver(timeout=300):
+    """Install s3rver if it is missing. Raises RuntimeError saying why it could not (the S3 tests
+    then fail: they never skip silently)."""
+    global _install_error
+    with _install_lock:
+        if os.path.exists(S3RVER_JS):
+            return
+        if _install_error:
+            raise RuntimeError(_install_error)
+        try:
+            r = subprocess.run(["bash", os.path.join(S3_DIR, "install.sh")], capture_output=True,
+                               text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _install_error = ("s3rver is not installed and tests/s3/install.sh did not finish in "
+                              "%d s (npm registry unreachable?)" % timeout)
+            raise RuntimeError(_install_error)
+        if r.returncode != 0 or not os.path.exists(S3RVER_JS):
+            _install_error = ("s3rver is not installed and tests/s3/install.sh failed (exit %d): "
+                              "%s" % (r.returncode, (r.stderr or r.stdout).strip()[-2000:]))
+            raise RuntimeError(_install_error)
+
+
+class S3Server:
+    """s3rver on 127.0.0.1, a free port, a temporary directory and one bucket."""
+
+    access_key = "S3RVER"
+    secret_key = "S3RVER"
+    region = "us-east-1"
+
+    def __init__(self, bucket="sluice", start_timeout=30.0, tls=False):
+        self.bucket = bucket
+        self.tls = tls
+        self.cert = None  # with tls: a self-signed certificate for 127.0.0.1 and localhost
+        self.start_timeout = start_timeout
+        self.proc = None
+        self.port = None
+        self._tmp = None
+
+    @property
+    def endpoint(self):
+        return "%s://127.0.0.1:%d" % ("https" if self.tls else "http", self.port)
+
+    @property
+    def directory(self):
+        return os.path.join(self._tmp, "data")
+
+    def start(self):
+        install_s3rver()
+        node = shutil.which("node") or shutil.which("nodejs")
+        if not node:
+            raise RuntimeError("node not found: run deploy/scripts/deps.sh --test")
+        self._tmp = tempfile.mkdtemp(prefix="sluice-s3-")
+        self.log_path = os.path.join(self._tmp, "s3rver.log")
+        log = open(self.log_path, "wb")
+        # --service-endpoint localhost: <bucket>.localhost:<port> reaches the bucket (virtual
+        # hosts; curl resolves *.localhost to the loopback address itself).
+        # --openssl-legacy-provider: s3rver's ListObjectsV2 continuation tokens use DES, which
+        # the OpenSSL 3 in node >= 17 provides only there.
+        cmd = [node, "--openssl-legacy-provider", S3RVER_JS, "-d", self.directory, "-a", "127.0.0.1", "-p", "0", "--silent",
+               "--service-endpoint", "localhost", "--configure-bucket", self.bucket]
+        if self.tls:
+            self.cert = os.path.join(self._tmp, "cert.pem")
+            key = os.path.join(self._tmp, "key.pem")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days",
+                            "2", "-subj", "/CN=localhost", "-keyout", key, "-out", self.cert,
+                            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                           check=True, capture_output=True, timeout=60)
+            cmd += ["--key", key, "--cert", self.cert]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
+                                     start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + self.start_timeout
+        out = b""
+        try:
+            while self.port is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError("s3rver did not say where it listens in %.0f s:\n%s"
+                                       % (self.start_timeout, self.log()))
+                ready, _, _ = select.select([self.proc.stdout], [], [], left)
+                if not ready:
+                    continue
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk:
+                    raise RuntimeError("s3rver exited with %s:\n%s"
+                                       % (self.proc.wait(5), self.log()))
+                out += chunk
+                m = re.search(rb"listening on [\d.]+:(\d+)", out)
+                if m:
+                    self.port = int(m.group(1))
+            self._wait_answers(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_answers(self, deadline):
+        while True:
+            try:
+                # Any answer (403 without a signature) means it serves requests.
+                ctx = None
+                if self.tls:
+                    import ssl
+                    ctx = ssl.create_default_context(cafile=self.cert)
+                urllib.request.urlopen(self.endpoint + "/", timeout=2, context=ctx).close()
+                return
+            except urllib.error.HTTPError as e:
+                e.close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("s3rver does not answer on %s:\n%s"
+                                       % (self.endpoint, self.log()))
+                time.sleep(0.05)
+
+    def log(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-4000:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self):
+        """Kill s3rver at once (SIGKILL), keeping its directory (a crash of the store)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self, timeout=5.0):
+        if self.proc:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout)
+            if self.proc.stdout:
+                self.proc.stdout.close()
+            self.proc = None
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def boto3_client(self, endpoint=None):
+        """A boto3 S3 client for this server (the independent reader of what sluice wrote)."""
+        import boto3
+        from botocore.config import Config
+        return boto3.client("s3", endpoint_url=endpoint or self.endpoint,
+                            aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key, region_name=self.region,
+                            config=Config(s3={"addressing_style": "path"},
+                                          retries={"max_attempts": 2}))
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _read_head(f):
+    """Read an HTTP message's start line and headers; None at a clean end of stream."""
+    lines = []
+    while True:
+        line = f.readline(65536)
+        if not line:
+            if lines:
+                raise ConnectionError("connection closed inside a message head")
+            return None
+        if line in (b"\r\n", b"\n"):
+            if not lines:
+                continue
+            return lines
+        lines.append(line)
+
+
+def _header(lines, name):
+    name = name.lower() + b":"
+    for line in lines[1:]:
+        if line.lower().startswith(name):
+            return line.split(b":", 1)[1].strip()
+    return None
+
+
+def _read_body(f, lines, no_body=False):
+    """The body bytes of a message, as sent (chunked framing included)."""
+    if no_body:
+        return b""
+    te = _header(lines, b"Transfer-Encoding")
+    if te and b"chunked" in te.lower():
+        out = b""
+        while True:
+            size_line = f.readline(65536)
+            out += size_line
+            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while True:
+                    trailer = f.readline(65536)
+                    out += trailer
+                    if trailer in (b"\r\n", b"\n", b""):
+                        return out
+            out += f.read(size + 2)
+    length = _header(lines, b"Content-Length")
+    if length is not None:
+        return f.read(int(length))
+    return None  # until the connection closes
+
+
+def _uri_encode(s, safe):
+    return urllib.parse.quote(s, safe=safe)
+
+
+def _canonical_query(query):
+    pairs = []
+    for part in query.split("&") if query else []:
+        k, _, v = part.partition("=")
+        pairs.append((_uri_encode(urllib.parse.unquote(k), "~"),
+                      _uri_encode(urllib.parse.unquote(v), "~")))
+    return "&".join("%s=%s" % kv for kv in sorted(pairs))
+
+
+def _hmac(key, text):
+    return hmac.new(key, text.encode(), hashlib.sha256).digest()
+
+
+def sigv4_check(method, target, head_lines, body, access_key, secret_key, session_token=None):
+    """Check a request as S3 would: None if it is good, else (status, code, message)."""
+    headers = {}
+    for line in head_lines[1:]:
+        name, _, value = line.decode("latin-1").partition(":")
+        name = name.strip().lower()
+        value = " ".join(value.strip().split())
+        headers[name] = headers[name] + "," + value if name in headers else value
+    auth = headers.get("authorization", "")
+    m = re.match(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/s3/aws4_request, ?"
+                 r"SignedHeaders=([^,]+), ?Signature=([0-9a-f]{64})$", auth)
+    if not m:
+        return 403, "AccessDenied", "no SigV4 Authorization header"
+    key, date, region, signed, signature = m.groups()
+    if key != access_key:
+        return 403, "InvalidAccessKeyId", "unknown access key"
+    signed_list = signed.split(";")
+    for name in headers:
+        if (name.startswith("x-amz-") or name in ("host", "content-md5")) and \
+                name not in signed_list:
+            return 403, "AccessDenied", "header %s is not signed" % name
+    payload = headers.get("x-amz-content-sha256")
+    if payload is None:
+        return 400, "InvalidRequest", "missing x-amz-content-sha256"
+    if payload != "UNSIGNED-PAYLOAD" and payload != hashlib.sha256(body).hexdigest():
+        return 400, "XAmzContentSHA256Mismatch", "x-amz-content-sha256 is not the body's"
+    if "content-md5" in headers:
+        import base64
+        if headers["content-md5"] != base64.b64encode(hashlib.md5(body).digest()).decode():
+            return 400, "BadDigest", "Content-MD5 is not the body's"
+    if session_token is not None and headers.get("x-amz-security-token") != session_token:
+        return 403, "InvalidToken", "wrong or missing x-amz-security-token"
+    path, _, query = target.partition("?")
+    canonical = "\n".join([
+        method, _uri_encode(urllib.parse.unquote(path), "/~"), _canonical_query(query),
+        "".join("%s:%s\n" % (n, headers.get(n, "")) for n in signed_list), signed, payload])
+    amz_date = headers.get("x-amz-date", "")
+    scope = "%s/%s/s3/aws4_request" % (date, region)
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope,
+                         hashlib.sha256(canonical.encode()).hexdigest()])
+    k = _hmac(("AWS4" + secret_key).encode(), date)
+    k = _hmac(_hmac(_hmac(k, region), "s3"), "aws4_request")
+    if not hmac.compare_digest(hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest(),
+                               signature):
+        return 403, "SignatureDoesNotMatch", ("The request signature we calculated does not "
+                                              "match the signature you provided.")
+    return None
+
+
+class FaultProxy:
+    """A fault-injecting HTTP proxy on 127.0.0.1 in front of 127.0.0.1:<upstream_port>."""
+
+    def __init__(self, upstream_port, upstream_host="127.0.0.1", verify=None):
+        self.upstream = (upstream_host, upstream_port)
+        self.verify = verify
+        self.rejected = []  # (method, target, code) of requests refused by the verification
+        self.lock = threading.Lock()
+        self.requests = []
+        # name -> [count, match, requests to let by first]
+        self.faults = {name: [0, None, 0] for name in self.FAULTS}
+        self.delay_ms = 0
+        self.sock = None
+        self.port = None
+        self._threads = []
+        self._conns = set()
+        self._stopping = False
+
+    @property
+    def endpoint(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    FAULTS = ("slowdown", "reset", "error200", "bad_etag", "drop_answer", "no_such_upload")
+
+    def set(self, slowdown=None, reset=None, error200=None, bad_etag=None, delay_ms=None,
+            match=None, drop_answer=None, no_such_upload=None, after=0):
+        """Switch faults: the counts given apply to the next requests (only to those whose
+        "METHOD target" contains `match`, e.g. "uploadId=", when given; and only after `after`
+        such requests went by); delay_ms to every answer."""
+        given = dict(slowdown=slowdown, reset=reset, error200=error200, bad_etag=bad_etag,
+                     drop_answer=drop_answer, no_such_upload=no_such_upload)
+        with self.lock:
+            for name, n in given.items():
+                if n is not None:
+                    self.faults[name] = [n, match, after]
+            if delay_ms is not None:
+                self.delay_ms = delay_ms
+
+    def passthrough(self):
+        self.set(slowdown=0, reset=0, error200=0, bad_etag=0, drop_answer=0, delay_ms=0)
+
+    def clear_log(self):
+        with self.lock:
+            self.requests = []
+
+    def seen(self, method, contains=""):
+        """How many requests with this method and a target containing `contains` were seen."""
+        with self.lock:
+            return sum(1 for m, t in self.requests if m == method and contains in t)
+
+    def start(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self._threads.append(t)
+        return self
+
+    def stop(self):
+        self._stopping = True
+        if self.sock:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+        with self.lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for t in self._threads:
+            t.join(5)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _accept(self):
+        while not self._stopping:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            t.start()
+            with self.lock:
+                self._conns.add(conn)
+                self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    def _take(self, what, method, target):
+        """Use one count of a fault, if it applies to this request."""
+        with self.lock:
+            n, match, after = self.faults[what]
+            if n <= 0 or (match and match not in "%s %s" % (method, target)):
+                return False
+            if after > 0:
+                self.faults[what][2] = after - 1
+                return False
+            self.faults[what][0] = n - 1
+            return True
+
+    @staticmethod
+    def _answer(conn, method, status, reason, body):
+        head = ("HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n"
+                % (status, reason, len(body)))
+        conn.sendall(head.encode() + (b"" if method == "HEAD" else body))
+
+    def _serve(self, conn):
+        up = None
+        try:
+            f = conn.makefile("rb")
+            while True:
+                head = _read_head(f)
+                if head is None:
+                    return
+                method, target = head[0].split(b" ")[:2]
+                method, target = method.decode(), target.decode()
+                body = _read_body(f, head) or b""
+                with self.lock:
+                    self.requests.append((method, target))
+                    delay = self.delay_ms
+                if self.verify:
+                    bad = sigv4_check(method, target, head, body, *self.verify)
+                    if bad:
+                        with self.lock:
+                            self.rejected.append((method, target, bad[1]))
+                        self._answer(conn, method, bad[0], "Refused", (
+                            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>%s</Code>"
+                            "<Message>%s</Message></Error>" % (bad[1], bad[2])).encode())
+                        continue
+                if self._take("reset", method, target):
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
+                if delay:
+                    time.sleep(delay / 1000.0)
+                if self._take("slowdown", method, target):
+                    self._answer(conn, method, 503, "Slow Down",
+                                 b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown"
+                                 b"</Code><Message>Please reduce your request rate.</Message>"
+                                 b"</Error>")
+                    continue
+                if self._take("no_such_upload", method, target):
+                    self._answer(conn, method, 404, "Not Found",
+                                 b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>"
+                                 b"NoSuchUpload</Code><Message>The specified upload does not "
+                                 b"exist.</Message></Error>")
+                    continue
+                if self._take("error200", method, target):
+                    self._answer(conn, method, 200, "OK",
+                                 b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>"
+                                 b"InternalError</Code><Message>We encountered an internal error. "
+                                 b"Please try again.</Message></Error>")
+                    continue
+                if up is None:
+                    up = socket.create_connection(self.upstream, timeout=60)
+                    uf = up.makefile("rb")
+                up.sendall(b"".join(head) + b"\r\n" + body)
+                rhead = _read_head(uf)
+                if rhead is None:
+                    return
+                status = int(rhead[0].split(b" ")[1])
+                rbody = _read_body(uf, rhead, method == "HEAD" or status in (204, 304))
+                if self._take("drop_answer", method, target):
+                    # The store did the request; its answer is lost (a reset instead).
+                    if rbody is None:
+                        uf.read()
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
+                if self._take("bad_etag", method, target):
+                    rhead = [(b'ETag: "0123456789abcdef0123456789abcdef"\r\n'
+                              if line.lower().startswith(b"etag:") else line) for line in rhead]
+                if rbody is None:  # delimited by the end of the connection
+                    rbody = uf.read()
+                    conn.sendall(b"".join(rhead) + b"\r\n" + rbody)
+                    return
+                conn.sendall(b"".join(rhead) + b"\r\n" + rbody)
+        except (OSError, ValueError, IndexError):
+            return
+        finally:
+            with self.lock:
+                self._conns.discard(conn)
+            conn.close()
+            if up is not None:
+                up.close()
