@@ -103,6 +103,34 @@ static const setting settings[] = {
      "                     any of them could plant links or replace files in it; without\n"
      "                     this sluiced refuses such a dir (environment and config file:\n"
      "                     true or false)"},
+    {"store", "SLUICE_STORE", STR(store, 1),
+     "URL         where checkpoint shards go: s3://BUCKET[/PREFIX] for S3-compatible\n"
+     "                     object storage (see the s3-* settings); default: <data "
+     "dir>/checkpoints"},
+    {"s3-endpoint", "SLUICE_S3_ENDPOINT", STR(s3_endpoint, 1),
+     "URL   the S3 endpoint, http(s)://HOST[:PORT] (default: AWS for --s3-region)"},
+    {"s3-region", "SLUICE_S3_REGION", STR(s3_region, 0),
+     "NAME    the region requests are signed for (default us-east-1)"},
+    {"s3-addressing", "SLUICE_S3_ADDRESSING", STR(s3_addressing, 0),
+     "A   path (ENDPOINT/BUCKET/KEY), virtual (BUCKET.HOST/KEY) or auto: path\n"
+     "                     with --s3-endpoint, virtual without (default auto)"},
+    {"s3-credentials-file", "SLUICE_S3_CREDENTIALS_FILE", STR(s3_credentials_file, 1),
+     "FILE 'access_key_id = ...', 'secret_access_key = ...', optional\n"
+     "                     'session_token = ...', not readable by others; default: the\n"
+     "                     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN variables"},
+    {"s3-ca-file", "SLUICE_S3_CA_FILE", STR(s3_ca_file, 1),
+     "FILE    PEM CAs the store's certificate is checked against (default: the system's)"},
+    {"s3-tls-verify", "SLUICE_S3_TLS_VERIFY", K_BOOL, offsetof(sl_config, s3_tls_verify), 0, 0, 0,
+     0, "     verify the store's TLS certificate (default true; =false for tests only)"},
+    {"s3-part-size", "SLUICE_S3_PART_SIZE", K_BYTES, offsetof(sl_config, s3_part_size), 0, 5 << 20,
+     5LL << 30, 0, "N   multipart part size, 5 MiB to 5 GiB (default 8388608)"},
+    {"s3-parts-in-flight", "SLUICE_S3_PARTS_IN_FLIGHT", K_INT,
+     offsetof(sl_config, s3_parts_in_flight), 0, 1, 64, 0,
+     "N parts of one upload sent at once (default 4)"},
+    {"s3-retry-deadline", "SLUICE_S3_RETRY_DEADLINE", K_SECONDS,
+     offsetof(sl_config, s3_retry_deadline_ms), 0, 1, 3600, 0,
+     "S request retries (5xx, SlowDown, resets) with backoff for S seconds,\n"
+     "                     then the upload fails with UNAVAILABLE and can resume (default 30)"},
 };
 
 #define N_SETTINGS (sizeof(settings) / sizeof(settings[0]))
@@ -350,6 +378,12 @@ static void set_defaults(sl_config *cfg)
     cfg->max_peer_calls = 4096;
     cfg->max_connection_idle_ms = 300 * 1000;
     cfg->self_check_ms = 10 * 1000;
+    strcpy(cfg->s3_region, "us-east-1");
+    strcpy(cfg->s3_addressing, "auto");
+    cfg->s3_tls_verify = 1;
+    cfg->s3_part_size = 8 << 20;
+    cfg->s3_parts_in_flight = 4;
+    cfg->s3_retry_deadline_ms = 30 * 1000;
 }
 
 int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)

@@ -36,7 +36,18 @@ typedef struct sl_config {
     uint64_t max_connection_age_ms;  /* max-connection-age (seconds): 0 = never */
     uint64_t self_check_ms;          /* self-check-interval (seconds): 10 s, 0 = off */
     int allow_shared_data_dir;       /* allow-shared-data-dir: use a data dir others can write */
-    int check_config;                /* --check-config */
+    char store[1024];       /* store: "" = <data dir>/checkpoints, or s3://BUCKET[/PREFIX] */
+    char s3_endpoint[512];  /* s3-endpoint: "" = AWS for the region */
+    char s3_region[64];     /* s3-region, "us-east-1" */
+    char s3_addressing[16]; /* s3-addressing: path, virtual or auto (path with an
+                             * endpoint, virtual without) */
+    char s3_credentials_file[PATH_MAX]; /* s3-credentials-file: "" = AWS_* environment */
+    char s3_ca_file[PATH_MAX];          /* s3-ca-file: "" = the system's CAs */
+    int s3_tls_verify;                  /* s3-tls-verify, true */
+    uint64_t s3_part_size;              /* s3-part-size, 8 MiB */
+    int s3_parts_in_flight;             /* s3-parts-in-flight: per upload, 4 */
+    uint64_t s3_retry_deadline_ms;      /* s3-retry-deadline (seconds), 30 s */
+    int check_config;                   /* --check-config */
 } sl_config;
 
 /* Outcome of parsing beyond success. */

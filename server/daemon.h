@@ -25,6 +25,7 @@ typedef struct sl_daemon {
     sl_rpc_server *rpc;
     sl_ckpt_svc *ckpt;
     struct sl_sstore *store; /* the shard store the checkpoint service writes to */
+    char store_desc[2048];   /* where it is, for GetInfo and the logs (no credentials) */
     sl_feed *feed;
     sl_quar *quar; /* <data dir>/quarantine */
     uint64_t start_ms;

@@ -4,6 +4,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "store/s3.h"
 #include "store/sstore.h"
 #include "store/store.h"
 
@@ -162,15 +163,77 @@ static int open_catalog(sl_daemon *d)
     return 0;
 }
 
+/* Object storage from the s3-* settings; every error names what is wrong (never a secret). */
+static int open_s3_store(sl_daemon *d)
+{
+    const sl_config *c = &d->cfg;
+    sl_s3_cfg s3;
+    char msg[512] = "";
+    int err;
+
+    memset(&s3, 0, sizeof(s3));
+    err = sl_s3_cfg_url(&s3, c->store, msg, sizeof(msg));
+    if (!err && strcmp(c->s3_addressing, "path") != 0 && strcmp(c->s3_addressing, "virtual") != 0 &&
+        strcmp(c->s3_addressing, "auto") != 0) {
+        snprintf(msg, sizeof(msg), "s3-addressing '%.32s': path, virtual or auto",
+                 c->s3_addressing);
+        err = SL_EINVAL;
+    }
+    if (!err) {
+        snprintf(s3.endpoint, sizeof(s3.endpoint), "%s", c->s3_endpoint);
+        snprintf(s3.region, sizeof(s3.region), "%s", c->s3_region);
+        snprintf(s3.ca_file, sizeof(s3.ca_file), "%s", c->s3_ca_file);
+        s3.path_style = strcmp(c->s3_addressing, "path") == 0 ||
+                        (strcmp(c->s3_addressing, "auto") == 0 && c->s3_endpoint[0]);
+        s3.tls_no_verify = !c->s3_tls_verify;
+        s3.retry_deadline_ms = (uint32_t)c->s3_retry_deadline_ms;
+        err = sl_s3_cfg_credentials(&s3, c->s3_credentials_file, msg, sizeof(msg));
+    }
+    if (!err && (err = sl_s3_global_init()) != 0)
+        snprintf(msg, sizeof(msg), "libcurl did not initialize");
+    if (!err)
+        err = sl_sstore_s3_new(&d->store, &s3, c->s3_part_size, c->s3_parts_in_flight, msg,
+                               sizeof(msg));
+    explicit_bzero(&s3, sizeof(s3));
+    if (err)
+        sl_log_error("store_failed", "store=%s error=\"%s\"", c->store,
+                     msg[0] ? msg : sl_strerror(err));
+    else
+        sl_log_info("store_ready", "store=%s endpoint=%s", c->store,
+                    c->s3_endpoint[0] ? c->s3_endpoint : "aws");
+    snprintf(d->store_desc, sizeof(d->store_desc), "%.1000s at %.512s", c->store,
+             c->s3_endpoint[0] ? c->s3_endpoint : "AWS");
+    return err;
+}
+
+/* The shard store: <data dir>/checkpoints, or object storage (--store s3://...). */
+static int open_store(sl_daemon *d)
+{
+    char root[PATH_MAX];
+    int n;
+
+    if (strncmp(d->cfg.store, "s3://", 5) == 0)
+        return open_s3_store(d);
+    if (d->cfg.store[0]) {
+        sl_log_error("store_failed",
+                     "store=%s error=\"not a store URL: s3://BUCKET[/PREFIX], or leave it empty "
+                     "for <data dir>/checkpoints\"",
+                     d->cfg.store);
+        return SL_EINVAL;
+    }
+    n = snprintf(root, sizeof(root), "%s/checkpoints", d->data_dir);
+    if (n < 0 || (size_t)n >= sizeof(root))
+        return -ENAMETOOLONG;
+    snprintf(d->store_desc, sizeof(d->store_desc), "%.2000s", root);
+    return sl_sstore_dir_new(&d->store, root, d->quar);
+}
+
 /* The Checkpoints service with the configured limits; its sweeps watch the data dir's LOCK. */
 static int open_ckpt(sl_daemon *d)
 {
-    char root[PATH_MAX];
-    int n = snprintf(root, sizeof(root), "%s/checkpoints", d->data_dir), err;
+    int err = open_store(d);
 
-    if (n < 0 || (size_t)n >= sizeof(root))
-        return -ENAMETOOLONG;
-    if ((err = sl_sstore_dir_new(&d->store, root, d->quar)) != 0)
+    if (err)
         return err;
     sl_ckpt_opts o = {
         .max_shard_bytes = d->cfg.max_shard_bytes,
@@ -349,6 +412,7 @@ out:
     sl_ops_free(&d.ops);
     /* After the loop ran out: no worker job uses the store any more. */
     sl_sstore_free(d.store);
+    sl_s3_global_cleanup();
     /* After the metrics endpoint stopped: its thread reads the quarantine's counters. */
     sl_quar_free(d.quar);
     if (uv_loop_close(&d.loop) != 0)

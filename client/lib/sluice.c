@@ -164,6 +164,8 @@ int sl_client_info_store(sl_client *c, sl_info *info, sl_store_info *store)
         store->quarantine_bytes = resp->quarantine_bytes;
         copy_str(store->quarantine_dir, sizeof(store->quarantine_dir), resp->quarantine_dir);
         copy_str(store->catalog_problem, sizeof(store->catalog_problem), resp->catalog_problem);
+        if (store->version >= 2)
+            copy_str(store->shard_store, sizeof(store->shard_store), resp->shard_store);
     }
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     return 0;

@@ -74,7 +74,7 @@ typedef struct sl_info {
     char listen[300];
 } sl_info;
 
-#define SL_STORE_INFO_VERSION 1
+#define SL_STORE_INFO_VERSION 2
 
 /* What Admin.GetInfo says about the daemon's storage (sl_client_info_store). It begins with a
  * version, as the option structs do (set it with SL_STORE_INFO_INIT): a later libsluice may add
@@ -88,6 +88,9 @@ typedef struct sl_store_info {
     /* "" while the catalog file is the one the daemon opened; else what happened to it (the
      * daemon then refuses writes until it is restarted). */
     char catalog_problem[4608];
+    /* Version 2: where checkpoint shards are stored (a directory, or "s3://bucket/prefix at
+     * ENDPOINT"); "" from a daemon that does not say. */
+    char shard_store[2048];
 } sl_store_info;
 
 #define SL_STORE_INFO_INIT                                                                         \

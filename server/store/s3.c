@@ -400,3 +400,20 @@ int sl_s3_list(sl_s3 *c, const char *prefix, sl_s3_list_fn fn, void *arg, char *
     sl_buf_free(&body);
     return rc;
 }
+
+static int g_inits;
+
+int sl_s3_global_init(void)
+{
+    if (g_inits++ == 0 && curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        g_inits = 0;
+        return SL_EUNAVAILABLE;
+    }
+    return 0;
+}
+
+void sl_s3_global_cleanup(void)
+{
+    if (g_inits > 0 && --g_inits == 0)
+        curl_global_cleanup();
+}

@@ -62,7 +62,14 @@ int sl_s3_cfg_credentials(sl_s3_cfg *cfg, const char *file, char *msg, size_t ms
 
 typedef struct sl_s3 sl_s3;
 
-/* Make a client (curl_global_init is the caller's, once, before threads start). cfg is copied.
+/* libcurl's global state: init once per process before the first client is made (and before
+ * threads that use it start), cleanup after the last client is freed. Counted: every init needs
+ * one cleanup; a cleanup without an init does nothing. Not thread-safe. Returns 0 or
+ * SL_EUNAVAILABLE. */
+int sl_s3_global_init(void);
+void sl_s3_global_cleanup(void);
+
+/* Make a client (sl_s3_global_init is the caller's, once, before threads start). cfg is copied.
  * Returns 0 and *out, SL_EINVAL (msg) or -ENOMEM. */
 int sl_s3_new(sl_s3 **out, const sl_s3_cfg *cfg, char *msg, size_t msglen);
 void sl_s3_free(sl_s3 *c); /* accepts NULL */

@@ -123,4 +123,12 @@ static inline void sl_sstore_free(sl_sstore *s)
 struct sl_quar;
 int sl_sstore_dir_new(sl_sstore **out, const char *root, struct sl_quar *quarantine);
 
+/* The object-storage backend on the bucket and prefix of `cfg` (copied), parts of part_size
+ * bytes (at least 5 MiB; larger where a shard would need more than 10,000 parts), at most
+ * `inflight` parts of one upload sent at once. The bucket is checked (HEAD) before it returns:
+ * a wrong endpoint, key or bucket is an error with msg. Returns 0 and *out, or an error. */
+struct sl_s3_cfg;
+int sl_sstore_s3_new(sl_sstore **out, const struct sl_s3_cfg *cfg, uint64_t part_size, int inflight,
+                     char *msg, size_t msglen);
+
 #endif
