@@ -607,6 +607,9 @@ static void s_w_release(sl_swriter *w)
     (void)w; /* nothing is reserved in a bucket */
 }
 
+/* Waits for the parts in flight and, with `discard`, removes what the upload stored: network
+ * requests. The checkpoint service calls it on a worker, except for an upload whose call was
+ * freed without a cancel (rare), which it closes on the loop. */
 static void s_w_close(sl_swriter *w, int discard)
 {
     char msg[256];
@@ -853,8 +856,20 @@ static int s_act(sl_sstore *base, const char *job, const char *file, int64_t mti
     if (now_ms / 1000 != mtime_ms / 1000)
         return SL_ESTATE;
     if (action == SL_SSTORE_QUARANTINE) {
+        char name[NAME_MAX + 1];
+        int32_t rank;
         if (snprintf(to, sizeof(to), "quarantine/%s/%s", job, file) >= (int)sizeof(to))
             return SL_ELIMIT;
+        /* A partial upload the catalog does not know: its state and head objects go to the
+         * quarantine and its multipart upload is left as it is (not aborted): with the upload
+         * id and ETags of the state, an operator can still complete it. */
+        if (sl_store_classify(file, name, sizeof(name), &rank) == SL_STORE_PART) {
+            char hfrom[SL_S3_KEY_MAX], hto[SL_S3_KEY_MAX];
+            if (snprintf(hfrom, sizeof(hfrom), "%s%s", key, HEAD_SUFFIX) < (int)sizeof(hfrom) &&
+                snprintf(hto, sizeof(hto), "%s%s", to, HEAD_SUFFIX) < (int)sizeof(hto) &&
+                sl_s3_copy(s->c, hfrom, hto, msg, sizeof(msg)) == 0)
+                sl_s3_delete(s->c, hfrom, msg, sizeof(msg));
+        }
         err = sl_s3_copy(s->c, key, to, msg, sizeof(msg));
         if (err) {
             sl_log_warn("s3_quarantine_failed", "key=%s error=\"%s\"", key, msg);
