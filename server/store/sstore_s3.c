@@ -326,6 +326,7 @@ int sl_sstore_s3_new(sl_sstore **out, const sl_s3_cfg *cfg, uint64_t part_size, 
         err = sl_s3_check(s->c, msg, msglen);
     /* Parts of several uploads travel at once: twice one upload's share. */
     s->nthreads = 2 * s->inflight;
+    s->queue_max = 2 * s->nthreads;
     if (!err && !(s->threads = calloc((size_t)s->nthreads, sizeof(*s->threads))))
         err = -ENOMEM;
     for (int i = 0; !err && i < s->nthreads; i++) {

@@ -29,6 +29,7 @@ typedef struct s3store {
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
     pjob *q_head, *q_tail;
+    int queued, queue_max; /* parts queued or on their way, all uploads: at most queue_max */
     int stop, nthreads;
     pthread_t *threads;
 } s3store;
@@ -64,7 +65,8 @@ struct sl_swriter {
     int next_part;                 /* the part being filled (1: the head) */
     uint64_t data_pos;             /* data bytes accepted */
     sl_sha256 *run;                /* the hash of the accepted data, for the state object */
-    char (*etags)[SL_S3_ETAG_MAX]; /* [PARTS_MAX + 1] by part number */
+    char (*etags)[SL_S3_ETAG_MAX]; /* [max_part + 1] by part number */
+    int max_part;                  /* the number of parts this shard needs */
     int done_upto;                 /* parts 2..done_upto stored */
     uint64_t data_done;            /* data bytes stored (head and parts 2..done_upto) */
     uint8_t done_state[SL_SHA256_STATE_LEN];
@@ -103,10 +105,11 @@ typedef struct ustate {
 
 /* Write the writer's state object (its errmsg on failure). */
 int s3s_state_save(sl_swriter *w);
-/* Read the state object at key; etags (may be NULL) receives the parts' ETags by part number.
+/* Read the state object at key; etags (may be NULL) receives the parts' ETags by part number,
+ * parts above max_part making the state SL_ECORRUPT.
  * SL_ENOTFOUND if there is none, SL_ECORRUPT if it does not parse. */
-int s3s_state_load(s3store *s, const char *key, ustate *u, char (*etags)[SL_S3_ETAG_MAX], char *msg,
-                   size_t msglen);
+int s3s_state_load(s3store *s, const char *key, ustate *u, char (*etags)[SL_S3_ETAG_MAX],
+                   int max_part, char *msg, size_t msglen);
 /* Abort the multipart upload a state object names and remove it with its head object. */
 void s3s_state_discard(s3store *s, const char *state_key);
 /* sl_sstore_ops.held. */

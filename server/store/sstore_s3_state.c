@@ -71,7 +71,7 @@ int s3s_state_save(sl_swriter *w)
 }
 
 /* Parse a state object (NUL-terminated text); etags (may be NULL) receives the parts' ETags. */
-static int state_parse(char *text, ustate *u, char (*etags)[SL_S3_ETAG_MAX])
+static int state_parse(char *text, ustate *u, char (*etags)[SL_S3_ETAG_MAX], int max_part)
 {
     int seen = 0;
     char *save = NULL;
@@ -108,7 +108,7 @@ static int state_parse(char *text, ustate *u, char (*etags)[SL_S3_ETAG_MAX])
         } else if (strcmp(line, "part") == 0) {
             char *end;
             long p = strtol(v, &end, 10);
-            if (p != u->last_part + 1 || p > PARTS_MAX || *end != ' ' ||
+            if (p != u->last_part + 1 || p > max_part || *end != ' ' ||
                 strlen(end + 1) >= SL_S3_ETAG_MAX)
                 return SL_ECORRUPT;
             if (etags)
@@ -120,8 +120,8 @@ static int state_parse(char *text, ustate *u, char (*etags)[SL_S3_ETAG_MAX])
 }
 
 /* Read the state object at key into *u. SL_ENOTFOUND if there is none. */
-int s3s_state_load(s3store *s, const char *key, ustate *u, char (*etags)[SL_S3_ETAG_MAX], char *msg,
-                   size_t msglen)
+int s3s_state_load(s3store *s, const char *key, ustate *u, char (*etags)[SL_S3_ETAG_MAX],
+                   int max_part, char *msg, size_t msglen)
 {
     sl_buf b;
     int err;
@@ -129,7 +129,7 @@ int s3s_state_load(s3store *s, const char *key, ustate *u, char (*etags)[SL_S3_E
     sl_buf_init(&b, STATE_MAX + 1);
     err = sl_s3_get_all(s->c, key, STATE_MAX, &b, msg, msglen);
     if (!err && (err = sl_buf_add(&b, "", 1)) == 0) /* NUL-terminate */
-        err = state_parse(b.p, u, etags);
+        err = state_parse(b.p, u, etags, etags ? max_part : PARTS_MAX);
     if (err == SL_ECORRUPT)
         snprintf(msg, msglen, "the upload state %s does not parse", key);
     sl_buf_free(&b);
@@ -143,7 +143,7 @@ void s3s_state_discard(s3store *s, const char *state_key)
     char msg[256], head_key[SL_S3_KEY_MAX];
     ustate u;
 
-    if (s3s_state_load(s, state_key, &u, NULL, msg, sizeof(msg)) == 0 && u.upload_id[0]) {
+    if (s3s_state_load(s, state_key, &u, NULL, 0, msg, sizeof(msg)) == 0 && u.upload_id[0]) {
         int err = sl_s3_mpu_abort(s->c, state_key, u.upload_id, msg, sizeof(msg));
         if (err && err != SL_EUNIMPL)
             sl_log_warn("s3_abort_failed", "key=%s error=\"%s\"", state_key, msg);
@@ -164,7 +164,7 @@ int s3s_held(sl_sstore *base, const char *job, const char *name, int32_t rank, u
     if (sl_store_file_name(part, sizeof(part), SL_STORE_PART, name, rank) != 0 ||
         obj_key(key, sizeof(key), job, part, NULL) != 0)
         return SL_ENOTFOUND;
-    err = s3s_state_load(s, key, &u, NULL, msg, sizeof(msg));
+    err = s3s_state_load(s, key, &u, NULL, 0, msg, sizeof(msg));
     if (err)
         return err == SL_ECORRUPT ? SL_ENOTFOUND : err;
     if (u.rank != rank)

@@ -1,7 +1,8 @@
-/* Writers of the object-storage backend (sstore_s3.c has the design): the head kept in memory
- * and stored once complete, parts handed to the part threads (at most `inflight` per upload on
- * their way), the state object written as the stored prefix grows, part 1 with the header and
- * CompleteMultipartUpload at the end. One thread at a time per writer (the upload's write lane). */
+/* Writers of the object-storage backend (sstore_s3.c has the design): the head gathered in
+ * memory and stored once complete (then freed: part 1 reads it back at the end), parts handed to
+ * the part threads (at most `inflight` per upload on their way), the state object written as the
+ * stored prefix grows, part 1 with the header and CompleteMultipartUpload at the end. One thread at
+ * a time per writer (the upload's write lane). */
 #include "sstore_s3_internal.h"
 
 #include "layout.h"
@@ -41,15 +42,21 @@ void *s3s_pool_main(void *arg)
         pthread_mutex_lock(&s->mu);
         j->err = err;
         j->done = 1;
+        s->queued--;
         pthread_cond_broadcast(&s->done_cv);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
+/* Queue a part; waits while queue_max parts of all uploads are queued or on their way, so that
+ * memory for parts in flight is bounded for the whole store, not per upload only. */
 static void pool_submit(s3store *s, pjob *j)
 {
     pthread_mutex_lock(&s->mu);
+    while (s->queued >= s->queue_max)
+        pthread_cond_wait(&s->done_cv, &s->mu);
+    s->queued++;
     j->next = NULL;
     if (s->q_tail)
         s->q_tail->next = j;
@@ -150,6 +157,10 @@ static int w_store_head(sl_swriter *w)
 
     if (err)
         return err;
+    /* Stored: the memory goes, so that a running upload holds one part being filled and its parts
+     * in flight; part 1 reads the head back at the end. */
+    free(w->head);
+    w->head = NULL;
     w->head_stored = 1;
     w->data_done = w->head_len;
     w->done_upto = 1;
@@ -187,11 +198,27 @@ static int w_start(sl_swriter *w, char *msg, size_t msglen)
 static int w_resume(sl_swriter *w, uint64_t from, sl_sha256 *sha, char *msg, size_t msglen)
 {
     ustate u;
-    int err = s3s_state_load(w->s, w->state_key, &u, w->etags, msg, msglen);
+    int err = s3s_state_load(w->s, w->state_key, &u, NULL, 0, msg, msglen);
 
     if (err == 0 && (u.rank != w->rank || u.data_size != w->data_size ||
                      u.tensor_count != w->tensor_count || u.data_done != from))
         err = SL_ESTATE;
+    if (err == 0 && u.part_size != w->part_size) {
+        /* Stored with another part size (the setting changed since): its parts decide. */
+        char(*etags)[SL_S3_ETAG_MAX];
+        w->part_size = u.part_size;
+        w->head_len = w->part_size - SL_SHARD_HEADER_SIZE;
+        if (w->head_len > w->data_size)
+            w->head_len = w->data_size;
+        w->max_part = 1 + (int)((w->data_size - w->head_len + w->part_size - 1) / w->part_size);
+        if (!(etags = calloc((size_t)w->max_part + 1, sizeof(*etags))))
+            return -ENOMEM;
+        free(w->etags);
+        w->etags = etags;
+    }
+    /* Again with the ETags, into a table sized for this part size. */
+    if (err == 0)
+        err = s3s_state_load(w->s, w->state_key, &u, w->etags, w->max_part, msg, msglen);
     if (err) {
         snprintf(msg, msglen,
                  "cannot resume at offset %" PRIu64
@@ -208,9 +235,22 @@ static int w_resume(sl_swriter *w, uint64_t from, sl_sha256 *sha, char *msg, siz
         snprintf(msg, msglen, "the upload state's hash does not load");
         return SL_ESTATE;
     }
-    err = sl_s3_get(w->s->c, w->head_key, 0, w->head, w->head_len, msg, msglen);
-    if (err)
-        return err == SL_ENOTFOUND || err == SL_ECORRUPT ? SL_ESTATE : err;
+    {
+        uint64_t size = 0;
+        err = sl_s3_head(w->s->c, w->head_key, &size, NULL, msg, msglen);
+        if (!err && size != w->head_len)
+            err = SL_ECORRUPT;
+        if (err) {
+            if (err == SL_ENOTFOUND || err == SL_ECORRUPT)
+                snprintf(msg, msglen,
+                         "cannot resume at offset %" PRIu64
+                         ": the store lost the first part's data (start again from 0)",
+                         from);
+            return err == SL_ENOTFOUND || err == SL_ECORRUPT ? SL_ESTATE : err;
+        }
+    }
+    free(w->head);
+    w->head = NULL;
     w->head_stored = 1;
     w->done_upto = u.last_part;
     w->next_part = u.last_part + 1;
@@ -263,7 +303,9 @@ int s3s_w_open(sl_sstore *base, const sl_swriter_spec *spec, sl_sha256 *sha, sl_
     /* The head is at most one part: memory for it and the etag table is what an upload costs
      * besides its parts in flight. */
     w->head = malloc(w->head_len ? w->head_len : 1);
-    w->etags = calloc(PARTS_MAX + 1, sizeof(*w->etags));
+    /* Parts: part 1 with the head, then the rest in part_size pieces (at most PARTS_MAX). */
+    w->max_part = 1 + (int)((w->data_size - w->head_len + w->part_size - 1) / w->part_size);
+    w->etags = calloc((size_t)w->max_part + 1, sizeof(*w->etags));
     if (!w->head || !w->etags || sl_sha256_new(&w->run) != 0) {
         w_free(w);
         return -ENOMEM;
@@ -334,7 +376,11 @@ int s3s_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen)
         err = -ENOMEM;
     if (!err) {
         w_header(w, sha_hex, part1);
-        memcpy(part1 + SL_SHARD_HEADER_SIZE, w->head, w->head_len);
+        if (w->head)
+            memcpy(part1 + SL_SHARD_HEADER_SIZE, w->head, w->head_len);
+        else if (w->head_len)
+            err = sl_s3_get(w->s->c, w->head_key, 0, part1 + SL_SHARD_HEADER_SIZE, w->head_len, msg,
+                            msglen);
     }
     if (!err && !w->upload_id[0]) {
         /* One part: one PutObject. */
