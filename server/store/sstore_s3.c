@@ -286,6 +286,7 @@ static void s_free(sl_sstore *base)
 static const sl_sstore_ops s3_ops = {
     .kind = "s3",
     .remote = 1,
+    .hashes = 1,
     .w_open = s3s_w_open,
     .w_write = s3s_w_write,
     .w_finish = s3s_w_finish,

@@ -62,9 +62,9 @@ struct sl_swriter {
     uint8_t *head;                    /* head_len bytes */
     uint8_t *buf;                     /* the part being filled (parts 2..n) */
     size_t fill;
-    int next_part;                 /* the part being filled (1: the head) */
-    uint64_t data_pos;             /* data bytes accepted */
-    sl_sha256 *run;                /* the hash of the accepted data, for the state object */
+    int next_part;     /* the part being filled (1: the head) */
+    uint64_t data_pos; /* data bytes accepted */
+    sl_sha256 *run;    /* the upload's hasher (w_open's sha, not owned): the data is hashed here */
     char (*etags)[SL_S3_ETAG_MAX]; /* [max_part + 1] by part number */
     int max_part;                  /* the number of parts this shard needs */
     int done_upto;                 /* parts 2..done_upto stored */

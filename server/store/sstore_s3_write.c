@@ -231,7 +231,7 @@ static int w_resume(sl_swriter *w, uint64_t from, sl_sha256 *sha, char *msg, siz
     if (w->head_len > w->data_size)
         w->head_len = w->data_size;
     snprintf(w->upload_id, sizeof(w->upload_id), "%s", u.upload_id);
-    if ((err = sl_sha256_load(sha, u.sha)) != 0 || (err = sl_sha256_load(w->run, u.sha)) != 0) {
+    if ((err = sl_sha256_load(w->run, u.sha)) != 0) {
         snprintf(msg, msglen, "the upload state's hash does not load");
         return SL_ESTATE;
     }
@@ -265,7 +265,6 @@ static void w_free(sl_swriter *w)
     free(w->head);
     free(w->buf);
     free(w->etags);
-    sl_sha256_free(w->run);
     free(w);
 }
 
@@ -306,7 +305,10 @@ int s3s_w_open(sl_sstore *base, const sl_swriter_spec *spec, sl_sha256 *sha, sl_
     /* Parts: part 1 with the head, then the rest in part_size pieces (at most PARTS_MAX). */
     w->max_part = 1 + (int)((w->data_size - w->head_len + w->part_size - 1) / w->part_size);
     w->etags = calloc((size_t)w->max_part + 1, sizeof(*w->etags));
-    if (!w->head || !w->etags || sl_sha256_new(&w->run) != 0) {
+    /* The data is hashed here, into the upload's hasher (ops.hashes): the state saved at part
+     * boundaries is that hash's, and the checkpoint service runs no hash lane of its own. */
+    w->run = sha;
+    if (!w->head || !w->etags) {
         w_free(w);
         return -ENOMEM;
     }
