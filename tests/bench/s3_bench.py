@@ -14,7 +14,8 @@ before and after), of the client (the CLI's rusage, this process's for boto3) an
 its CPU share = its CPU seconds / the wall time: near 1.0 it is the bottleneck, its JavaScript
 runs on one thread). The CLI hashes the file locally (its default, the receipt check). Then,
 unless --no-tune, (b) again with each --s3-parts-in-flight x --s3-part-size of --tune-inflight
-and --tune-part-mib (--tune-runs rounds, the settings interleaved in each), and the best.
+and --tune-part-mib (--tune-runs rounds, the settings interleaved in each, with one boto3
+upload_file per round as the reference of the same moment), and the best.
 
     s3_bench.py [--size-mib N] [--runs R] [--dir DIR] [--store-dir DIR] [--no-tune]
                 [--tune-inflight 1,4,8] [--tune-part-mib 8,16,32] [--tune-runs R] [--smoke]
@@ -202,7 +203,7 @@ def main():
                 sd.stop()
             report(a, res, gib)
             if not a.no_tune:
-                tune(a, store, s3, s3pid, data, gib)
+                tune(a, store, s3, s3pid, client, data, gib)
         finally:
             s3.stop()
     finally:
@@ -305,15 +306,20 @@ def report(a, res, gib):
                                else "NOT met"))
 
 
-def tune(a, store, s3, s3pid, data, gib):
+def tune(a, store, s3, s3pid, client, data, gib):
     """(b) with each setting, --tune-runs rounds, the settings interleaved in each round (a fresh
     daemon for each upload)."""
     configs = [(i, p) for i in parse_list(a.tune_inflight) for p in parse_list(a.tune_part_mib)]
     print("\n(b) with other settings (%d round%s, the settings interleaved; medians):"
           % (a.tune_runs, "s" if a.tune_runs > 1 else ""), flush=True)
     ms = {c: [] for c in configs}
+    ref = []  # boto3 upload_file in each round, the reference of the same moment
     n = 0
     for _ in range(a.tune_runs):
+        with Measure(s3rver=s3pid) as m:
+            client.upload_file(data, BUCKET, "direct/tune.bin")
+        ref.append(m)
+        client.delete_object(Bucket=BUCKET, Key="direct/tune.bin")
         for c in configs:
             d = s3_daemon(store, s3, *c)
             try:
@@ -331,12 +337,18 @@ def tune(a, store, s3, s3pid, data, gib):
                  max(m.wall for m in ms[c]), median_of(ms[c], lambda m: m.cpu["daemon"]) / gib,
                  median_of(ms[c], lambda m: m.cpu["s3rver"]) / gib,
                  median_of(ms[c], lambda m: m.cpu["s3rver"] / m.wall)))
+    rw = median_of(ref, lambda m: m.wall)
+    print("  boto3 upload_file in the same rounds:          %6.2f s %6.3f GiB/s (%.2f-%.2f s), "
+          "s3rver %.2f CPU-s/GiB (share %.2f)"
+          % (rw, gib / rw, min(m.wall for m in ref), max(m.wall for m in ref),
+             median_of(ref, lambda m: m.cpu["s3rver"]) / gib,
+             median_of(ref, lambda m: m.cpu["s3rver"] / m.wall)))
     best = min(configs, key=lambda c: wall[c])
     line = "best: --s3-parts-in-flight %d --s3-part-size %d MiB (%.3f GiB/s" % (
         best[0], best[1], gib / wall[best])
     if (4, 8) in wall:
         line += ", %.2fx the default 4 x 8 MiB" % (wall[(4, 8)] / wall[best])
-    print(line + ")")
+    print(line + "; %.2fx boto3's rate)" % (rw / wall[best]))
 
 
 if __name__ == "__main__":
