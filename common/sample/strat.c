@@ -1,6 +1,9 @@
 /* Sampling with classes and weights: labels grouped by class, largest-remainder splits and the
  * stratified / class-balanced layout of an epoch (the interleave tree is in mix.c). See
  * docs/sampling.md "Stratified shares". */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE /* madvise */
+#endif
 #include "internal.h"
 
 #include "err.h"
@@ -11,8 +14,33 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 /* ---- labels ---- */
+
+/* The grouped index is read at random places, one read per index a stream produces: above a few
+ * MiB most of those reads miss the TLB as well as the caches, and on a virtual machine a TLB miss
+ * walks two page tables. So it is allocated on a 2 MiB boundary and the kernel is asked for
+ * transparent huge pages there (only a hint: without THP, or elsewhere, nothing changes). */
+#define GROUPED_HUGE_MIN   (4u << 20)
+#define GROUPED_HUGE_ALIGN (2u << 20)
+
+static void *grouped_alloc(size_t bytes)
+{
+    void *p = NULL;
+
+    if (bytes < GROUPED_HUGE_MIN)
+        return malloc(bytes);
+    bytes = (bytes + GROUPED_HUGE_ALIGN - 1) & ~(size_t)(GROUPED_HUGE_ALIGN - 1);
+    if (posix_memalign(&p, GROUPED_HUGE_ALIGN, bytes) != 0)
+        return NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
 
 int sl_sample_labels_new(sl_sample_labels **out, const uint32_t *labels, uint64_t n, char *msg,
                          size_t len)
@@ -43,9 +71,9 @@ int sl_sample_labels_new(sl_sample_labels **out, const uint32_t *labels, uint64_
     if (!(l->off = calloc((size_t)l->classes + 1, sizeof(*l->off))))
         goto nomem;
     if (n <= (uint64_t)UINT32_MAX + 1)
-        l->by32 = malloc(n * sizeof(*l->by32));
+        l->by32 = grouped_alloc(n * sizeof(*l->by32));
     else
-        l->by64 = malloc(n * sizeof(*l->by64));
+        l->by64 = grouped_alloc(n * sizeof(*l->by64));
     if (!l->by32 && !l->by64)
         goto nomem;
     /* Counting sort: off[c + 1] counts class c, then prefix sums give each class's start. */
@@ -267,28 +295,113 @@ static uint64_t leaf_used(const sl_strat *st, uint32_t leaf)
     return end > st->pre[leaf] ? end - st->pre[leaf] : 0;
 }
 
+/* A class's order in one pass. Classes of at most SMALL_CLASS samples are shuffled by a keyed
+ * Fisher-Yates table instead of the Feistel network, whose smallest domain is 16: a class of 2
+ * would cycle-walk about 8 times (96 rounds) per draw, and with 10,000 classes most classes are
+ * that small. Larger classes use the epoch's precomputed key schedule when the pass is the one
+ * cached (strat_keys), else set one up. Lives on the stack: fp may point into it. */
+#define SMALL_CLASS 16u
+
+typedef struct class_perm {
+    uint64_t nc;
+    int small;
+    uint8_t tab[SMALL_CLASS];
+    sl_feistel f;
+    const sl_feistel *fp;
+} class_perm;
+
+/* g / d and g % d, with one 64-bit division when g fits (always, but for epochs past 2^64 /
+ * draws): the 128-bit division is a library call, several times slower, once per run. */
+static inline void divmod128(uint64_t *q, uint64_t *rem, unsigned __int128 g, uint64_t d)
+{
+    if ((uint64_t)(g >> 64) == 0) {
+        *q = (uint64_t)g / d;
+        *rem = (uint64_t)g % d;
+    } else {
+        *q = (uint64_t)(g / d);
+        *rem = (uint64_t)(g % d);
+    }
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static void class_perm_init(class_perm *cp, const sl_strat *st, uint32_t leaf, uint64_t pass)
+{
+    uint32_t c = st->leaf_class[leaf];
+
+    cp->nc = st->lab->off[c + 1] - st->lab->off[c];
+    cp->small = cp->nc <= SMALL_CLASS;
+    if (cp->small) {
+        uint64_t h = 0;
+        for (uint32_t i = 0; i < cp->nc; i++)
+            cp->tab[i] = (uint8_t)i;
+        if (cp->nc > 1)
+            h = mix64(st->seed ^ mix64((uint64_t)c + 1) ^ (pass * 0x9E3779B97F4A7C15ULL));
+        for (uint32_t i = (uint32_t)cp->nc; i > 1; i--) {
+            uint32_t k = (uint32_t)(mix64(h + i) % i);
+            uint8_t t = cp->tab[i - 1];
+            cp->tab[i - 1] = cp->tab[k];
+            cp->tab[k] = t;
+        }
+    } else if (st->fk && st->fk_pass[leaf] == pass) {
+        cp->fp = &st->fk[leaf];
+    } else {
+        sl_feistel_init(&cp->f, cp->nc, st->seed, pass, 1 + (uint64_t)c);
+        cp->fp = &cp->f;
+    }
+}
+
+/* out[k] = the image of start + k * stride for k < m (all below the class size). */
+static void class_perm_seq(const class_perm *cp, uint64_t *out, uint64_t start, uint64_t stride,
+                           size_t m)
+{
+    if (cp->small) {
+        for (size_t k = 0; k < m; k++)
+            out[k] = cp->tab[start + k * stride];
+    } else if (m < 8) { /* the vector path's set-up costs more than it saves */
+        for (size_t k = 0; k < m; k++)
+            out[k] = sl_feistel_at(cp->fp, start + k * stride);
+    } else {
+        sl_feistel_map_seq(cp->fp, out, start, stride, m);
+    }
+}
+
+/* Where draw j of leaf `leaf` this epoch falls in the class's stream: the pass and the place in
+ * it. Class-balanced epochs run a class's draws on across epochs (pass k is a fresh order of the
+ * class, so no sample repeats before the class is exhausted); stratified ones draw each sample
+ * of the class once, in the epoch's order. */
+static void class_place(uint64_t *pass, uint64_t *jj, const sl_strat *st, uint32_t leaf, uint64_t j)
+{
+    uint32_t c = st->leaf_class[leaf];
+    uint64_t nc = st->lab->off[c + 1] - st->lab->off[c];
+
+    if (st->balance) {
+        divmod128(pass, jj, (unsigned __int128)st->epoch * leaf_used(st, leaf) + j, nc);
+    } else {
+        *pass = st->epoch;
+        *jj = j;
+    }
+}
+
 /* Draw j of leaf `leaf` this epoch -> sample index. */
 static uint64_t class_sample(const sl_strat *st, uint32_t leaf, uint64_t j)
 {
-    uint32_t c = st->leaf_class[leaf];
-    uint64_t base = st->lab->off[c], nc = st->lab->off[c + 1] - base, pass = st->epoch, jj = j;
-    sl_feistel f;
-    const sl_feistel *fp = &f;
+    uint64_t base = st->lab->off[st->leaf_class[leaf]], pass, jj, v;
+    class_perm cp;
 
-    if (st->balance) {
-        /* The class's draws run on across epochs: pass k is a fresh order of the class, so no
-         * sample repeats before the class is exhausted. */
-        unsigned __int128 g = (unsigned __int128)st->epoch * leaf_used(st, leaf) + j;
-        pass = (uint64_t)(g / nc);
-        jj = (uint64_t)(g % nc);
-    }
+    class_place(&pass, &jj, st, leaf, j);
     if (st->shuffle == SL_SAMPLE_SHUFFLE_NONE)
         return sl_labels_member(st->lab, base + jj);
-    if (st->fk && st->fk_pass[leaf] == pass)
-        fp = &st->fk[leaf];
-    else
-        sl_feistel_init(&f, nc, st->seed, pass, 1 + (uint64_t)c);
-    return sl_labels_member(st->lab, base + sl_feistel_at(fp, jj));
+    class_perm_init(&cp, st, leaf, pass);
+    class_perm_seq(&cp, &v, jj, 1, 1);
+    return sl_labels_member(st->lab, base + v);
 }
 
 static uint64_t grouped_sample(const sl_strat *st, uint64_t p)
@@ -333,40 +446,63 @@ typedef struct fill_ctx {
     uint64_t *val; /* [FILL_BLOCK] */
 } fill_ctx;
 
+/* Draws j0 + k * stride (k < m) of leaf `leaf` into out[slot[k]]: cut where the class's stream
+ * enters a new pass (class-balanced epochs), each run mapped with one permutation, then one
+ * gather from the grouped labels, prefetched ahead (at large N each read is a cache miss). */
+static void fill_run(fill_ctx *fc, uint32_t leaf, uint64_t j0, uint64_t stride,
+                     const uint32_t *slot, uint32_t m)
+{
+    const sl_strat *st = fc->st;
+    uint32_t c = st->leaf_class[leaf];
+    uint64_t base = st->lab->off[c], nc = st->lab->off[c + 1] - base, pass, jj, *val = fc->val;
+    class_perm cp;
+
+    class_place(&pass, &jj, st, leaf, j0);
+    for (uint32_t k = 0; k < m;) {
+        uint64_t run = (nc - 1 - jj) / stride + 1;
+        if (run > m - k)
+            run = m - k;
+        if (st->shuffle == SL_SAMPLE_SHUFFLE_NONE) {
+            for (uint64_t t = 0; t < run; t++)
+                val[k + t] = jj + t * stride;
+        } else {
+            class_perm_init(&cp, st, leaf, pass);
+            class_perm_seq(&cp, val + k, jj, stride, (size_t)run);
+        }
+        k += (uint32_t)run;
+        /* The next draw: run * stride further along the class's stream. */
+        uint64_t more;
+        divmod128(&more, &jj, (unsigned __int128)jj + (unsigned __int128)run * stride, nc);
+        pass += more;
+    }
+    if (st->lab->by32) {
+        const uint32_t *by = st->lab->by32 + base;
+        for (uint32_t k = 0; k < m; k++) {
+            if (k + 24 < m)
+                __builtin_prefetch(by + val[k + 24]);
+            fc->out[slot[k]] = by[val[k]];
+        }
+    } else {
+        for (uint32_t k = 0; k < m; k++)
+            fc->out[slot[k]] = st->lab->by64[base + val[k]];
+    }
+}
+
 /* Positions [o0, o0 + m) of leaf `leaf` (this rank's ordinals) into out[slot[k]]. */
 static void fill_leaf(fill_ctx *fc, uint32_t leaf, uint64_t o0, const uint32_t *slot, uint32_t m)
 {
     const sl_strat *st = fc->st;
-    uint32_t r = fc->rc.r, c = st->leaf_class[leaf];
+    uint32_t r = fc->rc.r;
     uint64_t d0 = deal_prefix(st, r, st->pre[leaf]) + o0, start = st->pre[leaf];
-    uint64_t base = st->lab->off[c], nc = st->lab->off[c + 1] - base;
-    sl_feistel f;
-    const sl_feistel *fp = &f;
 
-    if (st->balance || st->weighted) {
+    if (st->weighted) {
         for (uint32_t k = 0; k < m; k++)
             fc->out[slot[k]] = class_sample(st, leaf, deal_select(st, r, d0 + k) - start);
         return;
     }
-    /* Stratified, equal shares: rank r's ord-th dealt position is r + ord x R. */
-    if (st->shuffle == SL_SAMPLE_SHUFFLE_NONE) {
-        for (uint32_t k = 0; k < m; k++)
-            fc->out[slot[k]] = sl_labels_member(st->lab, base + r + (d0 + k) * st->R - start);
-        return;
-    }
-    if (st->fk && st->fk_pass[leaf] == st->epoch)
-        fp = &st->fk[leaf];
-    else
-        sl_feistel_init(&f, nc, st->seed, st->epoch, 1 + (uint64_t)c);
-    sl_feistel_map_seq(fp, fc->val, r + d0 * st->R - start, st->R, m);
-    if (st->lab->by32) {
-        const uint32_t *by = st->lab->by32 + base;
-        for (uint32_t k = 0; k < m; k++)
-            fc->out[slot[k]] = by[fc->val[k]];
-    } else {
-        for (uint32_t k = 0; k < m; k++)
-            fc->out[slot[k]] = st->lab->by64[base + fc->val[k]];
-    }
+    /* Equal shares: rank r's ord-th dealt position is r + ord x R, so the leaf's draws form one
+     * arithmetic sequence. */
+    fill_run(fc, leaf, r + d0 * st->R - start, st->R, slot, m);
 }
 
 static void fill_node(fill_ctx *fc, uint32_t nd, uint64_t s0, uint32_t *slot, uint32_t m)
@@ -386,22 +522,24 @@ static void fill_node(fill_ctx *fc, uint32_t nd, uint64_t s0, uint32_t *slot, ui
     kl = rank_count(&fc->rc, t, t->node[nd].left);
     /* L(s) = floor((s x kl + floor(k / 2)) / k); position s goes left iff L(s + 1) > L(s). */
     num = (unsigned __int128)s0 * kl + k / 2;
-    q = (uint64_t)(num / k);
-    rem = (uint64_t)(num % k);
+    divmod128(&q, &rem, num, k);
     l0 = q;
+    /* Left slots are compacted in place, right ones parked in tmp and appended. */
     for (uint32_t i = 0; i < m; i++) {
         rem += kl;
         if (rem >= k) {
             rem -= k;
-            fc->tmp[nl++] = slot[i];
+            slot[nl++] = slot[i];
         } else {
-            slot[nr++] = slot[i];
+            fc->tmp[nr++] = slot[i];
         }
     }
-    memmove(slot + nl, slot, (size_t)nr * sizeof(*slot));
-    memcpy(slot, fc->tmp, (size_t)nl * sizeof(*slot));
-    fill_node(fc, t->node[nd].left, l0, slot, nl);
-    fill_node(fc, t->node[nd].right, s0 - l0, slot + nl, nr);
+    for (uint32_t i = 0; i < nr; i++)
+        slot[nl + i] = fc->tmp[i];
+    if (nl)
+        fill_node(fc, t->node[nd].left, l0, slot, nl);
+    if (nr)
+        fill_node(fc, t->node[nd].right, s0 - l0, slot + nl, nr);
 }
 
 void sl_strat_fill(uint64_t *out, const sl_strat *st, uint32_t r, const uint64_t *cnt, uint64_t pos,
@@ -509,7 +647,8 @@ static int strat_keys(sl_strat *st)
         if (st->balance)
             pass = (uint64_t)((unsigned __int128)st->epoch * leaf_used(st, i) / nc);
         st->fk_pass[i] = pass;
-        sl_feistel_init(&st->fk[i], nc, st->seed, pass, 1 + (uint64_t)c);
+        if (nc > SMALL_CLASS) /* small classes use class_perm's table */
+            sl_feistel_init(&st->fk[i], nc, st->seed, pass, 1 + (uint64_t)c);
     }
     return 0;
 }
