@@ -218,8 +218,9 @@ static int call(const sl_cli *cli, sl_client *c, const job_opts *o, const char *
     } else if (strcmp(verb, "show") == 0)
         err = sl_job_get(c, name, &out);
     else
-        err =
-            sl_job_resize(c, name, o->spec.world_size, o->mesh_given ? &o->spec.mesh : NULL, &out);
+        err = sl_job_resize_weighted(c, name, o->spec.world_size,
+                                     o->mesh_given ? &o->spec.mesh : NULL, o->rank_w.v,
+                                     (uint32_t)o->rank_w.n, &out);
     if (err)
         return sl_cli_call_fail(cli, "job");
     print_job(cli, &out);
@@ -296,7 +297,7 @@ const sl_cli_cmd sl_cli_job = {
         "       sluice job ls [--dataset D] [options]\n"
         "       sluice job show NAME [options]\n"
         "       sluice job rm NAME [options]\n"
-        "       sluice job resize NAME --world-size R [--mesh DP,TP,CP,PP] [options]\n"
+        "       sluice job resize NAME --world-size R [--mesh DP,TP,CP,PP] [--rank-weights W,...]\n"
         "\n"
         "Manage training jobs (sluice.v1.Jobs). Resizing mid-epoch redistributes the rest of the\n"
         "epoch over the new world exactly once.\n"

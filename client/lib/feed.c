@@ -353,12 +353,21 @@ int sl_job_delete(sl_client *c, const char *name)
 int sl_job_resize(sl_client *c, const char *name, uint32_t world_size, const sl_job_mesh *mesh,
                   sl_job *out)
 {
+    return sl_job_resize_weighted(c, name, world_size, mesh, NULL, 0, out);
+}
+
+int sl_job_resize_weighted(sl_client *c, const char *name, uint32_t world_size,
+                           const sl_job_mesh *mesh, const double *rank_weights,
+                           uint32_t n_rank_weights, sl_job *out)
+{
     Sluice__V1__ResizeJobRequest req = SLUICE__V1__RESIZE_JOB_REQUEST__INIT;
     Sluice__V1__Mesh m;
     Sluice__V1__Job *resp = NULL;
 
     req.name = (char *)name;
     req.world_size = world_size;
+    req.rank_weights = (double *)rank_weights;
+    req.n_rank_weights = rank_weights ? n_rank_weights : 0;
     if (mesh) {
         to_mesh(&m, mesh);
         req.mesh = &m;

@@ -275,10 +275,14 @@ static inline const Sluice__V1__Job *feed_job_plan_spec(const fjob *j, uint32_t 
  * message. */
 int feed_job_batch_src(fjob *j, char *msg, size_t len);
 
-/* Resize to a new world (and mesh). Any number of times in an epoch: mid-epoch, what every dp
- * rank has not consumed yet is redistributed over the new world (index jobs: the indices; batch
- * jobs: the batches, equal counts per rank). */
-int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char *msg, size_t len);
+/* Resize to a new world (and mesh), with new rank weights (weights[0..nw), one per new dp rank)
+ * or none (nw 0: the job's weights stay while the dp world keeps its size). Any number of times
+ * in an epoch: mid-epoch, what every dp rank has not consumed yet is redistributed over the new
+ * world (index jobs: the indices, in proportion to the weights; batch jobs: the batches, equal
+ * counts per rank; a batch job with rank weights, old or new, only before anyone progressed in
+ * the epoch). The weights are copied. */
+int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const double *weights,
+                    size_t nw, char *msg, size_t len);
 
 /* Put the job back to a checkpoint's state in memory (the catalog already has it): `spec`
  * (owned from now on), `epoch`, its elastic state and each dp rank's position, reported. Ends

@@ -327,7 +327,7 @@ int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_
     feed_job_plan_ready(j);
     if (resize) {
         char why[256];
-        err = feed_job_resize(j, req->world, req->mesh, why, sizeof(why));
+        err = feed_job_resize(j, req->world, req->mesh, NULL, 0, why, sizeof(why));
         if (err) {
             snprintf(msg, len,
                      "feed job '%s' was restored to epoch %" PRIu64 " in its world of %u, but "

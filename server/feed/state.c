@@ -665,12 +665,14 @@ int feed_job_report_apply(fjob *j, uint32_t dp, uint64_t position, int *advanced
     return 0;
 }
 
-int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char *msg, size_t len)
+int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const double *weights,
+                    size_t nw, char *msg, size_t len)
 {
     Sluice__V1__Job *nspec = NULL;
     Sluice__V1__Mesh *saved_mesh = j->spec->mesh;
     uint32_t saved_world = j->spec->world_size;
     size_t saved_nw = j->spec->n_rank_weights;
+    double *saved_w = j->spec->rank_weights;
     uint8_t *spec_buf = NULL, *blob = NULL;
     size_t spec_len, blob_len = 0;
     sl_sample_config ncfg;
@@ -685,19 +687,28 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
                  j->name);
         return SL_EINVAL;
     }
-    /* Build the new spec by packing the old one with the new world and mesh. Rank weights are
-     * kept while the dp world keeps its size; another size makes the shares even (Resize
-     * carries no weights). */
+    if (nw > FEED_MAX_WORLD) {
+        snprintf(msg, len, "%zu rank weights: at most %u", nw, FEED_MAX_WORLD);
+        return SL_EINVAL;
+    }
+    /* Build the new spec by packing the old one with the new world, mesh and weights. Without
+     * new weights the job's are kept while the dp world keeps its size; another size makes the
+     * shares even. A wrong count of new weights is refused by the config check below. */
     j->spec->world_size = world;
     j->spec->mesh = feed_mesh_set(mesh) ? (Sluice__V1__Mesh *)mesh : NULL;
-    if (saved_nw && saved_nw != (feed_mesh_set(mesh) ? mesh->dp : world))
+    if (nw) {
+        j->spec->rank_weights = (double *)weights;
+        j->spec->n_rank_weights = nw;
+    } else if (saved_nw && saved_nw != (feed_mesh_set(mesh) ? mesh->dp : world)) {
         j->spec->n_rank_weights = 0;
+    }
     spec_len = sluice__v1__job__get_packed_size(j->spec);
     spec_buf = malloc(spec_len ? spec_len : 1);
     if (spec_buf)
         sluice__v1__job__pack(j->spec, spec_buf);
     j->spec->world_size = saved_world;
     j->spec->mesh = saved_mesh;
+    j->spec->rank_weights = saved_w;
     j->spec->n_rank_weights = saved_nw;
     if (!spec_buf)
         return -ENOMEM;
@@ -713,11 +724,12 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
     if ((err = sl_sample_dp_rank(&dpi, &ndp, &ncfg, msg, len)) != 0)
         goto out;
     if (j->spec->batching && (any || j->chain) &&
-        (saved_nw || (j->chain && j->chain->spec->n_rank_weights))) {
+        (saved_nw || nw || (j->chain && j->chain->spec->n_rank_weights))) {
         snprintf(msg, len,
-                 "job '%s' streams batches sized by rank weights: it can be resized only before "
-                 "any rank reported progress in an epoch",
-                 j->name);
+                 "job '%s' streams batches sized by rank weights%s: it can be resized only "
+                 "before any rank reported progress in an epoch (the rest of the epoch's batches "
+                 "keep the budgets they were planned with)",
+                 j->name, saved_nw ? "" : " (new ones given)");
         err = SL_ESTATE;
         goto out;
     }

@@ -192,6 +192,65 @@ class FeedResizeTest(unittest.TestCase):
         self.assertEqual(code, C.FAILED_PRECONDITION)
         self.assertIn("rank weights", msg)
 
+    def test_resize_carries_rank_weights(self):
+        """Index jobs: a resize with new weights shares exactly what is left in proportion to
+        them, chained; bad weights leave the job as it was."""
+        c = self.c
+        rnd = random.Random(29)
+        n = 6000
+        c.create_dataset("ds", n)
+        for t, (w0, steps) in enumerate((((), [(2, 1, 1, 0.5), (1, 3)]),
+                                         ((1, 2, 1), [(1, 1, 1, 1, 1), (3, 1, 2)]))):
+            job = "iw%d" % t
+            kw = dict(shuffle="feistel", seed=t, drop_last=True)
+            world = max(len(w0), 3)
+            create(c, job, "ds", world, rank_weights=w0, **kw)
+            epoch = sorted(i for r in range(world) for i in indices(c, job, r))
+            consumed = []
+            for w in steps:
+                self.consume(job, world, rnd, False, consumed)
+                for bad, what in (((1,) * (len(w) + 1), "rank weights for a dp world of %d"
+                                   % len(w)),
+                                  ((1, 0) + (1,) * (len(w) - 2), "rank weight 1 is 0")):
+                    code, msg = self.code(c.resize_job, job, len(w), rank_weights=bad)
+                    self.assertEqual(code, C.INVALID_ARGUMENT, msg)
+                    self.assertIn(what, msg)
+                    self.assertEqual(c.get_job(job).world_size, world)
+                world = len(w)
+                got = c.resize_job(job, world, rank_weights=w)
+                self.assertEqual(list(got.rank_weights), list(w))
+            rest = [indices(c, job, r) for r in range(world)]
+            self.assertEqual(sorted(consumed + [i for x in rest for i in x]), epoch)  # once
+            left = sum(len(x) for x in rest)
+            for r in range(world):
+                want = left * w[r] / sum(w)
+                self.assertLess(abs(len(rest[r]) - want), 1, (rest, w))
+            self.restart()  # the weights of the chain survive a restart
+            c = self.c
+            self.assertEqual([indices(c, job, r) for r in range(world)], rest)
+
+    def test_weighted_batch_job_takes_new_weights_between_epochs(self):
+        c = self.c
+        rnd = random.Random(8)
+        lengths = [rnd.randint(1, 200) for _ in range(4000)]
+        c.create_dataset("tok", len(lengths))
+        c.upload_lengths("tok", lengths)
+        bc = dict(strategy="dynamic", max_batch_size=64, max_seq_len=256, max_tokens=4096)
+        create(c, "w", "tok", 2, batching=bc, seed=3)
+        # Before anyone progressed: new world, new weights, new budgets.
+        self.assertEqual(list(c.resize_job("w", 3, rank_weights=(1, 0.5, 0.5)).rank_weights),
+                         [1, 0.5, 0.5])
+        per = [batches(c, "w", r) for r in range(3)]
+        self.assertEqual(len({len(p) for p in per}), 1)  # lockstep
+        toks = [sum(lengths[i] for b in p for i in b) for p in per]
+        self.assertAlmostEqual(toks[1] / toks[0], 0.5, delta=0.05)
+        # Mid-epoch, batches keep the budgets they were planned with: refused, named.
+        c.report_progress("w", 0, 0, 1)
+        code, msg = self.code(c.resize_job, "w", 2, rank_weights=(1, 2))
+        self.assertEqual(code, C.FAILED_PRECONDITION)
+        self.assertIn("rank weights", msg)
+        self.assertEqual(c.get_job("w").world_size, 3)
+
 
 if __name__ == "__main__":
     unittest.main()
