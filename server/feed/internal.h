@@ -306,6 +306,13 @@ int feed_spec_wants_labels(const Sluice__V1__Job *spec);
  * is not the catalog's), -errno or -ENOMEM with msg. Release with flabels_unref. */
 int feed_labels_get(flabels **out, sl_feed *f, const char *dataset, char *msg, size_t len);
 const sl_sample_labels *flabels_of(const flabels *fl);
+/* Read and group a stored labels file: fd open for reading, n labels (one u32 little-endian per
+ * sample) whose SHA-256 must be `sha256` (lowercase hex). The size is checked before anything is
+ * allocated. Returns 0 and *out (free with sl_sample_labels_free), SL_ECORRUPT (size or checksum
+ * not the catalog's), SL_EINVAL (a class id of 2^20 or more), -errno or -ENOMEM, with msg.
+ * Any thread (also the fuzz target tests/fuzz/fuzz_read_labels.c). */
+int feed_labels_read(sl_sample_labels **out, int fd, uint64_t n, const char *sha256, char *msg,
+                     size_t len);
 /* Release a reference. Accepts NULL. */
 void flabels_unref(sl_feed *f, flabels *fl);
 
