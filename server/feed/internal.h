@@ -71,6 +71,15 @@ typedef struct fshare {
 } fshare;
 
 /* A batch plan for one (job, epoch), computed on the worker pool and shared by all ranks. */
+/* One re-plan of a weighted batch job resized mid-epoch (plan.c): the rest of the previous
+ * plan's batches, after what each of its ranks consumed, planned again for the new world. */
+typedef struct fplan_step {
+    sl_batch_config cfg; /* cfg.rank_weights points to w */
+    double *w;
+    uint64_t *consumed; /* [n_consumed] = the previous plan's world */
+    uint32_t n_consumed;
+} fplan_step;
+
 typedef struct fplan {
     int refs;
     int state; /* 0 computing, 1 ready, -1 failed */
@@ -89,6 +98,8 @@ typedef struct fplan {
     sl_sample_config scfg;
     char path[4200];
     char sha256[65];
+    fplan_step *steps; /* re-plans after the epoch's first plan (feed_job_replans), or NULL */
+    uint32_t nsteps;
 } fplan;
 
 /* The resizes of the current epoch: the spec it began with and one step per mid-epoch resize
@@ -257,6 +268,23 @@ int feed_job_advance(fjob *j);
 
 /* The plan_ready hook: advance the epoch if reports recorded before the plan complete it. */
 void feed_job_plan_ready(fjob *j);
+
+/* Whether a batch job resized mid-epoch re-plans the rest of its epoch (its batches carry rank
+ * weights, the epoch's first ones or a resize's): each resize's rest — the previous plan's
+ * batches after what each rank consumed — is planned again for the new world and weights, so
+ * budgets follow the new ranks. Unweighted batch jobs redistribute the plan's batches as they
+ * are (elastic shares, feed_job_batch_src). */
+static inline int feed_job_replans(const fjob *j)
+{
+    if (!j->spec->batching || !j->chain)
+        return 0;
+    if (j->chain->spec->n_rank_weights)
+        return 1;
+    for (uint32_t k = 0; k < j->chain->n; k++)
+        if (j->chain->steps[k].n_weights)
+            return 1;
+    return 0;
+}
 
 /* The plan and dp world a batch job's epoch plan is made for: the epoch's first spec when it
  * was resized mid-epoch (the rest of its batches is redistributed), else the job's own. */

@@ -280,7 +280,8 @@ int feed_job_batch_src(fjob *j, char *msg, size_t len)
     uint64_t count = 0;
     int err;
 
-    if (!j->spec->batching || !j->chain || j->src || !j->plan || j->plan->state != 1)
+    if (!j->spec->batching || !j->chain || j->src || !j->plan || j->plan->state != 1 ||
+        feed_job_replans(j)) /* its plan is the re-plan of the rest: no elastic shares */
         return 0;
     err = batch_chain_plan(j->chain, sl_batch_plan_batches_per_rank(j->plan->plan),
                            j->spec->batching->pad_remainder, &e, &count, msg, len);
@@ -534,7 +535,7 @@ void feed_job_describe(const fjob *j, Sluice__V1__Job *out, Sluice__V1__Mesh *me
     out->epoch = j->epoch;
     out->created_ms = (uint64_t)j->created_ms;
     out->dp_size = j->dp_size;
-    out->resized_in_epoch = j->src != NULL;
+    out->resized_in_epoch = j->src != NULL || feed_job_replans(j);
     out->n_rank_weights = s->n_rank_weights;
     out->rank_weights = s->rank_weights;
 }
@@ -555,9 +556,10 @@ int feed_job_dp_rank(const fjob *j, uint32_t rank, uint32_t *dp, char *msg, size
 int feed_job_count(const fjob *j, uint32_t dp, uint64_t *count)
 {
     if (j->spec->batching) {
-        if (!j->plan || j->plan->state != 1 || (j->chain && !j->src))
+        int elastic = j->chain && !feed_job_replans(j);
+        if (!j->plan || j->plan->state != 1 || (elastic && !j->src))
             return SL_ESTATE;
-        *count = j->chain ? j->bcount : sl_batch_plan_batches_per_rank(j->plan->plan);
+        *count = elastic ? j->bcount : sl_batch_plan_batches_per_rank(j->plan->plan);
         return 0;
     }
     *count = j->counts[dp];
@@ -723,16 +725,6 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const
     ncfg.rank = 0;
     if ((err = sl_sample_dp_rank(&dpi, &ndp, &ncfg, msg, len)) != 0)
         goto out;
-    if (j->spec->batching && (any || j->chain) &&
-        (saved_nw || nw || (j->chain && j->chain->spec->n_rank_weights))) {
-        snprintf(msg, len,
-                 "job '%s' streams batches sized by rank weights%s: it can be resized only "
-                 "before any rank reported progress in an epoch (the rest of the epoch's batches "
-                 "keep the budgets they were planned with)",
-                 j->name, saved_nw ? "" : " (new ones given)");
-        err = SL_ESTATE;
-        goto out;
-    }
     if (j->chain || any) {
         /* The epoch's chain of resizes, copied (the job keeps its own until this commits). */
         err = -ENOMEM;
@@ -781,7 +773,7 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const
         free((void *)chain->steps[chain->n - 1].weights);
         chain->steps[chain->n - 1].weights = NULL;
         chain->steps[chain->n - 1].n_weights = 0;
-        if (nspec->n_rank_weights == ndp && !nspec->batching) {
+        if (nspec->n_rank_weights == ndp) {
             double *w = malloc(8 * (size_t)ndp);
             if (!w)
                 goto out;
