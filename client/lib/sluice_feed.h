@@ -139,9 +139,9 @@ SL_API int sl_job_resize(sl_client *c, const char *name, uint32_t world_size,
 
 /* Jobs.Resize with new rank weights: rank_weights[0..n_rank_weights), one per dp rank of the new
  * world (> 0, finite; borrowed for the call), or none (n_rank_weights 0: like sl_job_resize).
- * Index jobs share the rest of the epoch in proportion to them; batch jobs take them from the
- * next epoch plan (a batch job with rank weights resizes only before any rank progressed in an
- * epoch: SL_ESTATE). Returns like sl_job_resize; SL_EINVAL for bad weights. */
+ * Index jobs share the rest of the epoch in proportion to them; batch jobs re-plan the rest of
+ * the epoch's batches with budgets by them (docs/feeding.md "Resize"). Returns like
+ * sl_job_resize; SL_EINVAL for bad weights. */
 SL_API int sl_job_resize_weighted(sl_client *c, const char *name, uint32_t world_size,
                                   const sl_job_mesh *mesh, const double *rank_weights,
                                   uint32_t n_rank_weights, sl_job *out);

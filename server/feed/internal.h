@@ -307,8 +307,8 @@ int feed_job_batch_src(fjob *j, char *msg, size_t len);
  * or none (nw 0: the job's weights stay while the dp world keeps its size). Any number of times
  * in an epoch: mid-epoch, what every dp rank has not consumed yet is redistributed over the new
  * world (index jobs: the indices, in proportion to the weights; batch jobs: the batches, equal
- * counts per rank; a batch job with rank weights, old or new, only before anyone progressed in
- * the epoch). The weights are copied. */
+ * counts per rank, re-planned for the new budgets when weights are involved, feed_job_replans).
+ * The weights are copied. */
 int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const double *weights,
                     size_t nw, char *msg, size_t len);
 
