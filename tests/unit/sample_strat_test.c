@@ -45,7 +45,8 @@ static uint64_t rnd_below(uint64_t n)
  * positions of a rank's share, for every W, class c's count differs from W times its proportion
  * in the share by less than S_c = the sum over c's leaf and its ancestors below the root of the
  * rank's count of c over the node's count (tree_bound below). S_c = 1 (strict +-1) for a class
- * the root splits off; over these random configurations S_c stays below this constant. A strict
+ * the root splits off; over these random configurations S_c stays below this constant (it is
+ * not a proven bound: 2.93 is the largest seen over 3,000 configurations). A strict
  * +-1 for every class and every W does not exist for some shares (test_window_impossible). */
 #define WINDOW_BOUND 3.0
 
