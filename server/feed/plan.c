@@ -37,32 +37,41 @@ void fplan_unref(fplan *p)
     }
 }
 
-/* The rest of `prev` after consumed[r] batches of each rank r, as an order of samples: step by
- * step, rank by rank, each batch's samples as planned. *out (caller frees) may be empty. */
-static int rest_order(uint64_t **out, size_t *n, const sl_batch_plan *prev, const fplan_step *st)
+/* Visit the rest of `prev` after consumed[r] batches of each rank r: step by step, rank by rank,
+ * each batch's samples as planned, written to v when it is not NULL. Returns how many samples
+ * that is. */
+static size_t rest_walk(uint64_t *v, const sl_batch_plan *prev, const fplan_step *st)
 {
     uint32_t D = sl_batch_plan_replicas(prev);
-    uint64_t B = sl_batch_plan_batches_per_rank(prev), *v = NULL;
-    size_t total = 0, at = 0;
+    uint64_t B = sl_batch_plan_batches_per_rank(prev);
+    size_t at = 0;
     sl_batch b;
+
+    for (uint64_t i = 0; i < B; i++)
+        for (uint32_t r = 0; r < D; r++) {
+            if (i < st->consumed[r] || sl_batch_plan_get(prev, r, i, &b) != 0)
+                continue;
+            for (uint32_t k = 0; v && k < b.count; k++)
+                v[at + k] = b.indices[k];
+            at += b.count;
+        }
+    return at;
+}
+
+/* The rest of `prev` after what each rank consumed as an order of samples, *out (caller frees,
+ * never NULL on success) with *n entries, possibly none. */
+static int rest_order(uint64_t **out, size_t *n, const sl_batch_plan *prev, const fplan_step *st)
+{
+    size_t total;
 
     *out = NULL;
     *n = 0;
-    if (st->n_consumed != D)
+    if (st->n_consumed != sl_batch_plan_replicas(prev))
         return SL_ECORRUPT;
-    for (int pass = 0; pass < 2; pass++) {
-        for (uint64_t i = 0; i < B; i++)
-            for (uint32_t r = 0; r < D; r++) {
-                if (i < st->consumed[r] || sl_batch_plan_get(prev, r, i, &b) != 0)
-                    continue;
-                for (uint32_t k = 0; pass && k < b.count; k++)
-                    v[at++] = b.indices[k];
-                total += pass ? 0 : b.count;
-            }
-        if (!pass && !(v = malloc((total ? total : 1) * sizeof(*v))))
-            return -ENOMEM;
-    }
-    *out = v;
+    total = rest_walk(NULL, prev, st);
+    if (!(*out = malloc((total ? total : 1) * sizeof(**out))))
+        return -ENOMEM;
+    rest_walk(*out, prev, st);
     *n = total;
     return 0;
 }
@@ -76,12 +85,10 @@ static void replan(fplan *p, const uint32_t *lengths, uint64_t n)
         uint64_t *order = NULL;
         size_t m = 0;
 
+        /* A rest of nothing (every rank consumed its share) plans into no batches. */
         p->err = rest_order(&order, &m, p->plan, &p->steps[k]);
         if (p->err) {
             snprintf(p->msg, sizeof(p->msg), "resize %u: %s", k + 1, sl_strerror(p->err));
-        } else if (m == 0) {
-            p->err = SL_ESTATE;
-            snprintf(p->msg, sizeof(p->msg), "resize %u: no batch left to plan again", k + 1);
         } else {
             p->err = sl_batch_plan_new(&next, &p->steps[k].cfg, lengths, (size_t)n, order, m,
                                        p->msg, sizeof(p->msg));

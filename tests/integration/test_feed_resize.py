@@ -264,6 +264,13 @@ class FeedResizeTest(unittest.TestCase):
             c.report_progress("w", r, 0, len(per[r]))
         self.assertEqual(c.get_job("w").epoch, 1)
         self.assertEqual(c.get_epoch("w").dp_size, 3)
+        # Everything consumed (manual advance keeps the epoch open): the rest plans into none.
+        create(c, "m", "tok", 2, rank_weights=(1, 0.5), batching=bc, manual_advance=True)
+        for r in range(2):
+            c.report_progress("m", r, 0, len(batches(c, "m", r)))
+        c.resize_job("m", 3, rank_weights=(1, 1, 1))
+        self.assertEqual([batches(c, "m", r) for r in range(3)], [[], [], []])
+        self.assertEqual([x.count for x in c.get_epoch("m").ranks], [0, 0, 0])
 
 
 if __name__ == "__main__":
