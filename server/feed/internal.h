@@ -269,21 +269,17 @@ int feed_job_advance(fjob *j);
 /* The plan_ready hook: advance the epoch if reports recorded before the plan complete it. */
 void feed_job_plan_ready(fjob *j);
 
-/* Whether a batch job resized mid-epoch re-plans the rest of its epoch (its batches carry rank
- * weights, the epoch's first ones or a resize's): each resize's rest — the previous plan's
- * batches after what each rank consumed — is planned again for the new world and weights, so
- * budgets follow the new ranks. Unweighted batch jobs redistribute the plan's batches as they
- * are (elastic shares, feed_job_batch_src). */
+/* Whether a batch job resized mid-epoch re-plans the rest of its epoch: decided by the epoch's
+ * start, its first spec's rank weights or its first resize's. Each resize's rest — the previous
+ * plan's batches after what each rank consumed — is then planned again for the new world and
+ * weights, so budgets follow the new ranks. Otherwise the plan's batches are dealt out as they
+ * are (elastic shares, feed_job_batch_src), and a later resize may not bring weights (state.c
+ * refuses such a chain). */
 static inline int feed_job_replans(const fjob *j)
 {
     if (!j->spec->batching || !j->chain)
         return 0;
-    if (j->chain->spec->n_rank_weights)
-        return 1;
-    for (uint32_t k = 0; k < j->chain->n; k++)
-        if (j->chain->steps[k].n_weights)
-            return 1;
-    return 0;
+    return j->chain->spec->n_rank_weights || (j->chain->n && j->chain->steps[0].n_weights);
 }
 
 /* The plan and dp world a batch job's epoch plan is made for: the epoch's first spec when it

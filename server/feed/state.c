@@ -274,6 +274,19 @@ static int batch_chain_plan(const fchain *c, uint64_t per_rank, int pad, sl_samp
     return 0;
 }
 
+/* A batch job's chain whose first steps dealt the plan's batches out as they are (no weights
+ * then) and whose later step brings weights: re-planning is decided for the whole epoch by its
+ * start (feed_job_replans), so such a chain cannot be served. */
+static int chain_mixes_modes(const fchain *c)
+{
+    if (c->spec->n_rank_weights || c->n == 0 || c->steps[0].n_weights)
+        return 0;
+    for (uint32_t k = 1; k < c->n; k++)
+        if (c->steps[k].n_weights)
+            return 1;
+    return 0;
+}
+
 int feed_job_batch_src(fjob *j, char *msg, size_t len)
 {
     sl_sample_elastic *e = NULL;
@@ -782,6 +795,15 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const
             chain->steps[chain->n - 1].n_weights = ndp;
         }
         err = chain_config(j, chain, &(sl_sample_config){0}, msg, len);
+        if (!err && j->spec->batching && chain_mixes_modes(chain)) {
+            snprintf(msg, len,
+                     "job '%s' was resized in this epoch without rank weights: its ranks hold "
+                     "the plan's batches as they were sized, so new rank weights apply from the "
+                     "next epoch (resize without them now, or at the epoch boundary)",
+                     j->name);
+            err = SL_ESTATE;
+            goto out;
+        }
         if (!err && !j->spec->batching) {
             /* Check the index plan now, so that a refused chain leaves the job as it was. */
             sl_sample_elastic *e = NULL;

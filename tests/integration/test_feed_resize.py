@@ -271,6 +271,18 @@ class FeedResizeTest(unittest.TestCase):
         c.resize_job("m", 3, rank_weights=(1, 1, 1))
         self.assertEqual([batches(c, "m", r) for r in range(3)], [[], [], []])
         self.assertEqual([x.count for x in c.get_epoch("m").ranks], [0, 0, 0])
+        # An epoch whose batches were dealt out as they are (unweighted resize) does not switch
+        # to re-planning halfway: weights then wait for the next epoch, the job as it was.
+        create(c, "u", "tok", 2, batching=bc)
+        self.consume("u", 2, rnd, True, [])
+        c.report_progress("u", 0, 0, 1)
+        c.resize_job("u", 3)
+        c.report_progress("u", 1, 0, 1)
+        code, msg = self.code(c.resize_job, "u", 2, rank_weights=(1, 2))
+        self.assertEqual(code, C.FAILED_PRECONDITION)
+        self.assertIn("new rank weights apply from the next epoch", msg)
+        self.assertEqual(c.get_job("u").world_size, 3)
+        c.resize_job("u", 2)
 
 
 if __name__ == "__main__":
