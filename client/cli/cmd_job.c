@@ -116,6 +116,28 @@ static const sl_cli_opt job_table[] = {
     SL_CLI_OPTS_END,
 };
 
+/* ,"name":[w0,w1,...] when the job reported its weights (%.17g: they read back exactly). */
+static void print_weights_json(const char *name, const double *w, uint32_t n)
+{
+    if (!w)
+        return;
+    printf(",\"%s\":[", name);
+    for (uint32_t i = 0; i < n; i++)
+        printf("%s%.17g", i ? "," : "", w[i]);
+    printf("]");
+}
+
+/* The weights in text: all of them up to 16, else the first 16 and the count. */
+static void print_weights(const char *label, const double *w, uint32_t n)
+{
+    printf("%s", label);
+    for (uint32_t i = 0; w && i < n && i < 16; i++)
+        printf("%s%g", i ? "," : " ", w[i]);
+    if (!w || n > 16)
+        printf(" (%u)", n);
+    printf("\n");
+}
+
 static void print_job_json(const sl_job *j)
 {
     printf("{\"name\":");
@@ -133,6 +155,8 @@ static void print_job_json(const sl_job *j)
         ",\"n_rank_weights\":%u",
         j->stratify ? "true" : "false", j->balance_classes ? "true" : "false", j->n_class_weights,
         j->epoch_length, j->n_rank_weights);
+    print_weights_json("class_weights", j->class_weights, j->n_class_weights);
+    print_weights_json("rank_weights", j->rank_weights, j->n_rank_weights);
     if (j->mesh.dp || j->mesh.tp || j->mesh.cp || j->mesh.pp)
         printf(",\"mesh\":{\"dp\":%u,\"tp\":%u,\"cp\":%u,\"pp\":%u,\"order\":\"%s\"}", j->mesh.dp,
                j->mesh.tp, j->mesh.cp, j->mesh.pp, j->mesh.order);
@@ -166,8 +190,10 @@ static void print_job(const sl_cli *cli, const sl_job *j)
     if (j->balance_classes || j->n_class_weights)
         printf("classes:     balanced epochs (%u class weights, epoch length %" PRIu64 ")\n",
                j->n_class_weights, j->epoch_length);
+    if (j->n_class_weights)
+        print_weights("class weights:", j->class_weights, j->n_class_weights);
     if (j->n_rank_weights)
-        printf("weights:     %u rank weights\n", j->n_rank_weights);
+        print_weights("rank weights:", j->rank_weights, j->n_rank_weights);
 }
 
 static int list(const sl_cli *cli, sl_client *c, const char *dataset)
@@ -218,11 +244,13 @@ static int call(const sl_cli *cli, sl_client *c, const job_opts *o, const char *
     } else if (strcmp(verb, "show") == 0)
         err = sl_job_get(c, name, &out);
     else
-        err =
-            sl_job_resize(c, name, o->spec.world_size, o->mesh_given ? &o->spec.mesh : NULL, &out);
+        err = sl_job_resize_weighted(c, name, o->spec.world_size,
+                                     o->mesh_given ? &o->spec.mesh : NULL, o->rank_w.v,
+                                     (uint32_t)o->rank_w.n, &out);
     if (err)
         return sl_cli_call_fail(cli, "job");
     print_job(cli, &out);
+    sl_job_clear(&out);
     return SL_CLI_OK;
 }
 
@@ -296,7 +324,7 @@ const sl_cli_cmd sl_cli_job = {
         "       sluice job ls [--dataset D] [options]\n"
         "       sluice job show NAME [options]\n"
         "       sluice job rm NAME [options]\n"
-        "       sluice job resize NAME --world-size R [--mesh DP,TP,CP,PP] [options]\n"
+        "       sluice job resize NAME --world-size R [--mesh DP,TP,CP,PP] [--rank-weights W,...]\n"
         "\n"
         "Manage training jobs (sluice.v1.Jobs). Resizing mid-epoch redistributes the rest of the\n"
         "epoch over the new world exactly once.\n"

@@ -238,15 +238,41 @@ static void from_job(sl_job *out, const Sluice__V1__Job *j)
     out->n_rank_weights = (uint32_t)j->n_rank_weights;
 }
 
-static void conv_job(void *dst, const void *src)
+/* The job's weights copied to store (n_class_weights + n_rank_weights entries): class weights
+ * first, then rank weights; the job's pointers set into it (NULL where there are none). */
+static void job_weights(sl_job *out, const Sluice__V1__Job *j, double *store)
 {
-    from_job(dst, src);
+    if (j->n_class_weights) {
+        memcpy(store, j->class_weights, j->n_class_weights * sizeof(*store));
+        out->class_weights = store;
+    }
+    if (j->n_rank_weights) {
+        memcpy(store + j->n_class_weights, j->rank_weights, j->n_rank_weights * sizeof(*store));
+        out->rank_weights = store + j->n_class_weights;
+    }
+}
+
+void sl_job_clear(sl_job *j)
+{
+    if (!j)
+        return;
+    /* One block holds both arrays (job_reply): it starts at the class weights if any. */
+    free((void *)(j->class_weights ? j->class_weights : j->rank_weights));
+    j->class_weights = j->rank_weights = NULL;
 }
 
 static int job_reply(int err, Sluice__V1__Job *resp, sl_job *out)
 {
-    if (!err && out)
+    if (!err && out) {
+        size_t nw = resp->n_class_weights + resp->n_rank_weights;
+        double *w = nw ? malloc(nw * sizeof(*w)) : NULL;
+
         from_job(out, resp);
+        if (nw && !w)
+            err = sl_client_set_error(-ENOMEM, "out of memory");
+        else if (nw)
+            job_weights(out, resp, w);
+    }
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
     return err;
@@ -337,8 +363,25 @@ int sl_job_list(sl_client *c, const char *dataset, sl_job **out, size_t *n)
                 (ProtobufCMessage **)&resp);
     if (err)
         return err;
-    return copy_list((void **)out, n, sizeof(**out), (void *const *)resp->jobs, resp->n_jobs,
-                     conv_job, &resp->base);
+    /* The jobs and all their weights in one block, so that free() of the array frees them. */
+    size_t nw = 0, at = 0, count = resp->n_jobs;
+    for (size_t i = 0; i < resp->n_jobs; i++)
+        nw += resp->jobs[i]->n_class_weights + resp->jobs[i]->n_rank_weights;
+    sl_job *v = calloc(1, (resp->n_jobs + 1) * sizeof(*v) + nw * sizeof(double));
+    if (v) {
+        double *w = (double *)(void *)(v + resp->n_jobs + 1);
+        for (size_t i = 0; i < resp->n_jobs; i++) {
+            from_job(&v[i], resp->jobs[i]);
+            job_weights(&v[i], resp->jobs[i], w + at);
+            at += resp->jobs[i]->n_class_weights + resp->jobs[i]->n_rank_weights;
+        }
+    }
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    if (!v)
+        return sl_client_set_error(-ENOMEM, "out of memory");
+    *out = v;
+    *n = count;
+    return 0;
 }
 
 int sl_job_delete(sl_client *c, const char *name)
@@ -353,12 +396,21 @@ int sl_job_delete(sl_client *c, const char *name)
 int sl_job_resize(sl_client *c, const char *name, uint32_t world_size, const sl_job_mesh *mesh,
                   sl_job *out)
 {
+    return sl_job_resize_weighted(c, name, world_size, mesh, NULL, 0, out);
+}
+
+int sl_job_resize_weighted(sl_client *c, const char *name, uint32_t world_size,
+                           const sl_job_mesh *mesh, const double *rank_weights,
+                           uint32_t n_rank_weights, sl_job *out)
+{
     Sluice__V1__ResizeJobRequest req = SLUICE__V1__RESIZE_JOB_REQUEST__INIT;
     Sluice__V1__Mesh m;
     Sluice__V1__Job *resp = NULL;
 
     req.name = (char *)name;
     req.world_size = world_size;
+    req.rank_weights = (double *)rank_weights;
+    req.n_rank_weights = rank_weights ? n_rank_weights : 0;
     if (mesh) {
         to_mesh(&m, mesh);
         req.mesh = &m;

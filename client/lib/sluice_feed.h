@@ -92,8 +92,11 @@ typedef struct sl_job {
     sl_job_batching batching;
     /* Sampling II (docs/sampling.md). Stratified shares or class-balanced epochs (class weights,
      * one per class id, or balance_classes for uniform ones) need the dataset's labels; rank
-     * weights, one per dp rank, size the shares. The weight arrays are borrowed on input; on
-     * output (sl_job_get, sl_job_list) they are NULL and only their counts are reported. */
+     * weights, one per dp rank, size the shares. The weight arrays are borrowed on input. On
+     * output they hold the job's weights (NULL when it has none): from sl_job_create, sl_job_get
+     * and sl_job_resize* they belong to the job, which the caller releases with sl_job_clear;
+     * in sl_job_list's array they live in the array's own allocation (free() frees them; do not
+     * call sl_job_clear on its elements). */
     int stratify;
     int balance_classes;
     uint64_t epoch_length; /* class-balanced samples per epoch; 0 = N */
@@ -112,9 +115,14 @@ typedef struct sl_job {
  * SL_ENOTFOUND (no such dataset), SL_EINVAL (a bad setting) or another negative error. */
 SL_API int sl_job_create(sl_client *c, const sl_job *spec, sl_job *out);
 
-/* Jobs.Get: job `name` into the caller's *out (not NULL). Returns 0, SL_ENOTFOUND or another
- * negative error. */
+/* Jobs.Get: job `name` into the caller's *out (not NULL), weights included (release them with
+ * sl_job_clear). Returns 0, SL_ENOTFOUND or another negative error. */
 SL_API int sl_job_get(sl_client *c, const char *name, sl_job *out);
+
+/* Release the weights an output sl_job holds (sl_job_create, sl_job_get, sl_job_resize*) and set
+ * its weight pointers to NULL. Accepts NULL and a job without weights; never call it on a spec
+ * whose arrays the caller owns, nor on an element of sl_job_list's array. Thread-safe. */
+SL_API void sl_job_clear(sl_job *j);
 
 /* Jobs.List: the jobs of `dataset` (NULL or "": all). Returns 0 with *out an array of *n jobs,
  * which the caller frees with free() (also when *n is 0); on error *out is NULL and *n 0. */
@@ -128,6 +136,15 @@ SL_API int sl_job_delete(sl_client *c, const char *name);
  * the resize; a negative error otherwise. */
 SL_API int sl_job_resize(sl_client *c, const char *name, uint32_t world_size,
                          const sl_job_mesh *mesh, sl_job *out);
+
+/* Jobs.Resize with new rank weights: rank_weights[0..n_rank_weights), one per dp rank of the new
+ * world (> 0, finite; borrowed for the call), or none (n_rank_weights 0: like sl_job_resize).
+ * Index jobs share the rest of the epoch in proportion to them; batch jobs re-plan the rest of
+ * the epoch's batches with budgets by them (docs/feeding.md "Resize"). Returns like
+ * sl_job_resize; SL_EINVAL for bad weights. */
+SL_API int sl_job_resize_weighted(sl_client *c, const char *name, uint32_t world_size,
+                                  const sl_job_mesh *mesh, const double *rank_weights,
+                                  uint32_t n_rank_weights, sl_job *out);
 
 typedef struct sl_epoch_rank {
     uint32_t dp_rank;

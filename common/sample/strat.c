@@ -1,6 +1,9 @@
-/* Sampling with classes and weights: labels grouped by class, largest-remainder splits, the
- * interleave tree, and the stratified / class-balanced layout of an epoch. See
+/* Sampling with classes and weights: labels grouped by class, largest-remainder splits and the
+ * stratified / class-balanced layout of an epoch (the interleave tree is in mix.c). See
  * docs/sampling.md "Stratified shares". */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE /* madvise */
+#endif
 #include "internal.h"
 
 #include "err.h"
@@ -11,8 +14,33 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 /* ---- labels ---- */
+
+/* The grouped index is read at random places, one read per index a stream produces: above a few
+ * MiB most of those reads miss the TLB as well as the caches, and on a virtual machine a TLB miss
+ * walks two page tables. So it is allocated on a 2 MiB boundary and the kernel is asked for
+ * transparent huge pages there (only a hint: without THP, or elsewhere, nothing changes). */
+#define GROUPED_HUGE_MIN   (4u << 20)
+#define GROUPED_HUGE_ALIGN (2u << 20)
+
+static void *grouped_alloc(size_t bytes)
+{
+    void *p = NULL;
+
+    if (bytes < GROUPED_HUGE_MIN)
+        return malloc(bytes);
+    bytes = (bytes + GROUPED_HUGE_ALIGN - 1) & ~(size_t)(GROUPED_HUGE_ALIGN - 1);
+    if (posix_memalign(&p, GROUPED_HUGE_ALIGN, bytes) != 0)
+        return NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
 
 int sl_sample_labels_new(sl_sample_labels **out, const uint32_t *labels, uint64_t n, char *msg,
                          size_t len)
@@ -43,9 +71,9 @@ int sl_sample_labels_new(sl_sample_labels **out, const uint32_t *labels, uint64_
     if (!(l->off = calloc((size_t)l->classes + 1, sizeof(*l->off))))
         goto nomem;
     if (n <= (uint64_t)UINT32_MAX + 1)
-        l->by32 = malloc(n * sizeof(*l->by32));
+        l->by32 = grouped_alloc(n * sizeof(*l->by32));
     else
-        l->by64 = malloc(n * sizeof(*l->by64));
+        l->by64 = grouped_alloc(n * sizeof(*l->by64));
     if (!l->by32 && !l->by64)
         goto nomem;
     /* Counting sort: off[c + 1] counts class c, then prefix sums give each class's start. */
@@ -193,260 +221,6 @@ int sl_sample_weights_parse(double *out, size_t *n, size_t max, const char *s, c
     return 0;
 }
 
-/* ---- the interleave tree ---- */
-
-static uint64_t bres(uint64_t s, uint64_t kl, uint64_t k)
-{
-    return (uint64_t)(((unsigned __int128)s * kl + k / 2) / k);
-}
-
-typedef struct mix_build {
-    sl_mix *t;
-    const uint64_t *pre;
-} mix_build;
-
-/* Split point of [a, b) (b - a >= 2) where the two sides' weights are closest. */
-static uint32_t mix_split(const uint64_t *pre, uint32_t a, uint32_t b)
-{
-    uint64_t half = pre[a] + (pre[b] - pre[a]) / 2;
-    uint32_t lo = a + 1, hi = b - 1; /* the first m in [a+1, b-1] with pre[m] >= half */
-
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (pre[mid] >= half)
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    if (lo > a + 1) {
-        uint64_t big_lo = pre[lo] - pre[a] > pre[b] - pre[lo] ? pre[lo] - pre[a] : pre[b] - pre[lo];
-        uint64_t m1 = lo - 1;
-        uint64_t big_m1 = pre[m1] - pre[a] > pre[b] - pre[m1] ? pre[m1] - pre[a] : pre[b] - pre[m1];
-        if (big_m1 < big_lo)
-            lo = (uint32_t)m1;
-    }
-    return lo;
-}
-
-static uint32_t mix_node(mix_build *mb, uint32_t a, uint32_t b, uint32_t parent)
-{
-    sl_mix *t = mb->t;
-    uint32_t id = t->nnode++;
-    sl_mix_node *nd = &t->node[id];
-
-    nd->a = a;
-    nd->b = b;
-    nd->parent = parent;
-    nd->left = nd->right = SL_MIX_NONE;
-    if (b - a == 1) {
-        t->leaf[a] = id;
-        return id;
-    }
-    uint32_t m = mix_split(mb->pre, a, b);
-    uint32_t l = mix_node(mb, a, m, id);
-    uint32_t r = mix_node(mb, m, b, id);
-    t->node[id].left = l;
-    t->node[id].right = r;
-    return id;
-}
-
-int sl_mix_build(sl_mix *t, const uint64_t *pre, uint32_t nleaf)
-{
-    mix_build mb = {t, pre};
-
-    memset(t, 0, sizeof(*t));
-    if (nleaf == 0)
-        return 0;
-    t->node = malloc((2 * (size_t)nleaf) * sizeof(*t->node));
-    t->leaf = malloc((size_t)nleaf * sizeof(*t->leaf));
-    if (!t->node || !t->leaf) {
-        sl_mix_close(t);
-        return -ENOMEM;
-    }
-    t->nleaf = nleaf;
-    t->root = mix_node(&mb, 0, nleaf, SL_MIX_NONE);
-    return 0;
-}
-
-typedef struct mix_sets {
-    sl_mix *t;
-    const uint64_t *w;
-    uint32_t *order, *tmp;
-    uint32_t next; /* leaves placed so far */
-} mix_sets;
-
-/* Node over items[0..k), sorted by weight, heaviest first. Splits so that the children's
- * weights are as even as the greedy rule gets them (a class heavier than all others together
- * alone), which keeps the product of ratios along every path small: that product is what the
- * window bound adds up (docs/sampling.md). The heaviest item's side goes right, so the heaviest
- * item overall is the last leaf. */
-static uint32_t mix_set_node(mix_sets *ms, uint32_t *items, uint32_t k, uint32_t parent)
-{
-    sl_mix *t = ms->t;
-    uint32_t id = t->nnode++, nl = 0, nr = 0, a = ms->next;
-    uint64_t total = 0, wl = 0, wr = 0;
-
-    t->node[id].parent = parent;
-    t->node[id].left = t->node[id].right = SL_MIX_NONE;
-    if (k == 1) {
-        ms->order[a] = items[0];
-        t->leaf[a] = id;
-        t->node[id].a = a;
-        t->node[id].b = ++ms->next;
-        return id;
-    }
-    for (uint32_t i = 0; i < k; i++)
-        total += ms->w[items[i]];
-    /* tmp[0..nl) collects the left side, tmp[k - nr..k) the right side (reversed). */
-    int alone = ms->w[items[0]] * 2 >= total;
-    for (uint32_t i = 0; i < k; i++) {
-        /* The heaviest goes right; then each item to the lighter side (all left if the
-         * heaviest outweighs the rest). */
-        int right = i == 0 || (!alone && wr < wl);
-        if (right) {
-            ms->tmp[k - 1 - nr++] = items[i];
-            wr += ms->w[items[i]];
-        } else {
-            ms->tmp[nl++] = items[i];
-            wl += ms->w[items[i]];
-        }
-    }
-    memcpy(items, ms->tmp, nl * sizeof(*items));
-    for (uint32_t i = 0; i < nr; i++)
-        items[nl + i] = ms->tmp[k - 1 - i];
-    uint32_t l = mix_set_node(ms, items, nl, id);
-    uint32_t r = mix_set_node(ms, items + nl, nr, id);
-    t->node[id].left = l;
-    t->node[id].right = r;
-    t->node[id].a = a;
-    t->node[id].b = ms->next;
-    return id;
-}
-
-static int weight_desc(const void *pa, const void *pb, const uint64_t *w)
-{
-    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
-
-    if (w[a] != w[b])
-        return w[a] > w[b] ? -1 : 1;
-    return a < b ? -1 : a > b;
-}
-
-/* qsort has no context argument in C11: sort ids by weight with a small merge sort instead. */
-static void sort_by_weight(uint32_t *v, uint32_t *tmp, uint32_t n, const uint64_t *w)
-{
-    if (n < 2)
-        return;
-    uint32_t h = n / 2, i = 0, j = h, k = 0;
-    sort_by_weight(v, tmp, h, w);
-    sort_by_weight(v + h, tmp, n - h, w);
-    while (i < h && j < n)
-        tmp[k++] = weight_desc(&v[j], &v[i], w) < 0 ? v[j++] : v[i++];
-    while (i < h)
-        tmp[k++] = v[i++];
-    while (j < n)
-        tmp[k++] = v[j++];
-    memcpy(v, tmp, n * sizeof(*v));
-}
-
-int sl_mix_build_sets(sl_mix *t, uint32_t *order, const uint64_t *w, uint32_t n)
-{
-    mix_sets ms = {t, w, order, NULL, 0};
-    uint32_t *items = malloc(((size_t)n + 1) * sizeof(*items));
-    int err = 0;
-
-    memset(t, 0, sizeof(*t));
-    ms.tmp = malloc(((size_t)n + 1) * sizeof(*ms.tmp));
-    t->node = malloc((2 * (size_t)n + 1) * sizeof(*t->node));
-    t->leaf = malloc(((size_t)n + 1) * sizeof(*t->leaf));
-    if (!items || !ms.tmp || !t->node || !t->leaf) {
-        sl_mix_close(t);
-        err = -ENOMEM;
-        goto out;
-    }
-    t->nleaf = n;
-    if (n == 0)
-        goto out;
-    for (uint32_t i = 0; i < n; i++)
-        items[i] = i;
-    sort_by_weight(items, ms.tmp, n, w);
-    t->root = mix_set_node(&ms, items, n, SL_MIX_NONE);
-out:
-    free(items);
-    free(ms.tmp);
-    return err;
-}
-
-void sl_mix_close(sl_mix *t)
-{
-    free(t->node);
-    free(t->leaf);
-    memset(t, 0, sizeof(*t));
-}
-
-void sl_mix_at(uint32_t *leaf, uint64_t *ord, const sl_mix *t, uint64_t pos, sl_mix_count_fn fn,
-               const void *ctx)
-{
-    uint32_t nd = t->root;
-
-    while (t->node[nd].left != SL_MIX_NONE) {
-        uint64_t k = fn(ctx, t, nd), kl = fn(ctx, t, t->node[nd].left);
-        uint64_t l0 = bres(pos, kl, k), l1 = bres(pos + 1, kl, k);
-        if (l1 > l0) {
-            pos = l0;
-            nd = t->node[nd].left;
-        } else {
-            pos -= l0;
-            nd = t->node[nd].right;
-        }
-    }
-    *leaf = t->node[nd].a;
-    *ord = pos;
-}
-
-uint64_t sl_mix_select(const sl_mix *t, uint32_t leaf, uint64_t ord, sl_mix_count_fn fn,
-                       const void *ctx)
-{
-    uint32_t nd = t->leaf[leaf];
-
-    while (t->node[nd].parent != SL_MIX_NONE) {
-        uint32_t p = t->node[nd].parent;
-        uint64_t k = fn(ctx, t, p), kl = fn(ctx, t, t->node[p].left), h = k / 2;
-        unsigned __int128 x;
-        if (t->node[p].left == nd) {
-            /* The smallest s with L(s + 1) >= ord + 1. */
-            x = (unsigned __int128)(ord + 1) * k - h;
-            ord = (uint64_t)((x + kl - 1) / kl) - 1;
-        } else {
-            /* Right prefix R(s) = s - L(s) = ceil((s*kr - h) / k): the smallest s with
-             * R(s + 1) >= ord + 1 is floor((ord*k + h) / kr). */
-            x = (unsigned __int128)ord * k + h;
-            ord = (uint64_t)(x / (k - kl));
-        }
-        nd = p;
-    }
-    return ord;
-}
-
-uint64_t sl_mix_prefix(const sl_mix *t, uint32_t leaf, uint64_t x, sl_mix_count_fn fn,
-                       const void *ctx)
-{
-    uint32_t nd = t->root;
-
-    while (t->node[nd].left != SL_MIX_NONE && x) {
-        uint32_t l = t->node[nd].left;
-        uint64_t lx = bres(x, fn(ctx, t, l), fn(ctx, t, nd));
-        if (leaf < t->node[l].b) {
-            x = lx;
-            nd = l;
-        } else {
-            x -= lx;
-            nd = t->node[nd].right;
-        }
-    }
-    return x;
-}
-
 /* ---- the stratified / class-balanced layout ---- */
 
 /* Static counts: a node's count is the weight of its leaf range (the rank tree). */
@@ -521,28 +295,113 @@ static uint64_t leaf_used(const sl_strat *st, uint32_t leaf)
     return end > st->pre[leaf] ? end - st->pre[leaf] : 0;
 }
 
+/* A class's order in one pass. Classes of at most SMALL_CLASS samples are shuffled by a keyed
+ * Fisher-Yates table instead of the Feistel network, whose smallest domain is 16: a class of 2
+ * would cycle-walk about 8 times (96 rounds) per draw, and with 10,000 classes most classes are
+ * that small. Larger classes use the epoch's precomputed key schedule when the pass is the one
+ * cached (strat_keys), else set one up. Lives on the stack: fp may point into it. */
+#define SMALL_CLASS 16u
+
+typedef struct class_perm {
+    uint64_t nc;
+    int small;
+    uint8_t tab[SMALL_CLASS];
+    sl_feistel f;
+    const sl_feistel *fp;
+} class_perm;
+
+/* g / d and g % d, with one 64-bit division when g fits (always, but for epochs past 2^64 /
+ * draws): the 128-bit division is a library call, several times slower, once per run. */
+static inline void divmod128(uint64_t *q, uint64_t *rem, unsigned __int128 g, uint64_t d)
+{
+    if ((uint64_t)(g >> 64) == 0) {
+        *q = (uint64_t)g / d;
+        *rem = (uint64_t)g % d;
+    } else {
+        *q = (uint64_t)(g / d);
+        *rem = (uint64_t)(g % d);
+    }
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static void class_perm_init(class_perm *cp, const sl_strat *st, uint32_t leaf, uint64_t pass)
+{
+    uint32_t c = st->leaf_class[leaf];
+
+    cp->nc = st->lab->off[c + 1] - st->lab->off[c];
+    cp->small = cp->nc <= SMALL_CLASS;
+    if (cp->small) {
+        uint64_t h = 0;
+        for (uint32_t i = 0; i < cp->nc; i++)
+            cp->tab[i] = (uint8_t)i;
+        if (cp->nc > 1)
+            h = mix64(st->seed ^ mix64((uint64_t)c + 1) ^ (pass * 0x9E3779B97F4A7C15ULL));
+        for (uint32_t i = (uint32_t)cp->nc; i > 1; i--) {
+            uint32_t k = (uint32_t)(mix64(h + i) % i);
+            uint8_t t = cp->tab[i - 1];
+            cp->tab[i - 1] = cp->tab[k];
+            cp->tab[k] = t;
+        }
+    } else if (st->fk && st->fk_pass[leaf] == pass) {
+        cp->fp = &st->fk[leaf];
+    } else {
+        sl_feistel_init(&cp->f, cp->nc, st->seed, pass, 1 + (uint64_t)c);
+        cp->fp = &cp->f;
+    }
+}
+
+/* out[k] = the image of start + k * stride for k < m (all below the class size). */
+static void class_perm_seq(const class_perm *cp, uint64_t *out, uint64_t start, uint64_t stride,
+                           size_t m)
+{
+    if (cp->small) {
+        for (size_t k = 0; k < m; k++)
+            out[k] = cp->tab[start + k * stride];
+    } else if (m < 8) { /* the vector path's set-up costs more than it saves */
+        for (size_t k = 0; k < m; k++)
+            out[k] = sl_feistel_at(cp->fp, start + k * stride);
+    } else {
+        sl_feistel_map_seq(cp->fp, out, start, stride, m);
+    }
+}
+
+/* Where draw j of leaf `leaf` this epoch falls in the class's stream: the pass and the place in
+ * it. Class-balanced epochs run a class's draws on across epochs (pass k is a fresh order of the
+ * class, so no sample repeats before the class is exhausted); stratified ones draw each sample
+ * of the class once, in the epoch's order. */
+static void class_place(uint64_t *pass, uint64_t *jj, const sl_strat *st, uint32_t leaf, uint64_t j)
+{
+    uint32_t c = st->leaf_class[leaf];
+    uint64_t nc = st->lab->off[c + 1] - st->lab->off[c];
+
+    if (st->balance) {
+        divmod128(pass, jj, (unsigned __int128)st->epoch * leaf_used(st, leaf) + j, nc);
+    } else {
+        *pass = st->epoch;
+        *jj = j;
+    }
+}
+
 /* Draw j of leaf `leaf` this epoch -> sample index. */
 static uint64_t class_sample(const sl_strat *st, uint32_t leaf, uint64_t j)
 {
-    uint32_t c = st->leaf_class[leaf];
-    uint64_t base = st->lab->off[c], nc = st->lab->off[c + 1] - base, pass = st->epoch, jj = j;
-    sl_feistel f;
-    const sl_feistel *fp = &f;
+    uint64_t base = st->lab->off[st->leaf_class[leaf]], pass, jj, v;
+    class_perm cp;
 
-    if (st->balance) {
-        /* The class's draws run on across epochs: pass k is a fresh order of the class, so no
-         * sample repeats before the class is exhausted. */
-        unsigned __int128 g = (unsigned __int128)st->epoch * leaf_used(st, leaf) + j;
-        pass = (uint64_t)(g / nc);
-        jj = (uint64_t)(g % nc);
-    }
+    class_place(&pass, &jj, st, leaf, j);
     if (st->shuffle == SL_SAMPLE_SHUFFLE_NONE)
         return sl_labels_member(st->lab, base + jj);
-    if (st->fk && st->fk_pass[leaf] == pass)
-        fp = &st->fk[leaf];
-    else
-        sl_feistel_init(&f, nc, st->seed, pass, 1 + (uint64_t)c);
-    return sl_labels_member(st->lab, base + sl_feistel_at(fp, jj));
+    class_perm_init(&cp, st, leaf, pass);
+    class_perm_seq(&cp, &v, jj, 1, 1);
+    return sl_labels_member(st->lab, base + v);
 }
 
 static uint64_t grouped_sample(const sl_strat *st, uint64_t p)
@@ -587,40 +446,63 @@ typedef struct fill_ctx {
     uint64_t *val; /* [FILL_BLOCK] */
 } fill_ctx;
 
+/* Draws j0 + k * stride (k < m) of leaf `leaf` into out[slot[k]]: cut where the class's stream
+ * enters a new pass (class-balanced epochs), each run mapped with one permutation, then one
+ * gather from the grouped labels, prefetched ahead (at large N each read is a cache miss). */
+static void fill_run(fill_ctx *fc, uint32_t leaf, uint64_t j0, uint64_t stride,
+                     const uint32_t *slot, uint32_t m)
+{
+    const sl_strat *st = fc->st;
+    uint32_t c = st->leaf_class[leaf];
+    uint64_t base = st->lab->off[c], nc = st->lab->off[c + 1] - base, pass, jj, *val = fc->val;
+    class_perm cp;
+
+    class_place(&pass, &jj, st, leaf, j0);
+    for (uint32_t k = 0; k < m;) {
+        uint64_t run = (nc - 1 - jj) / stride + 1;
+        if (run > m - k)
+            run = m - k;
+        if (st->shuffle == SL_SAMPLE_SHUFFLE_NONE) {
+            for (uint64_t t = 0; t < run; t++)
+                val[k + t] = jj + t * stride;
+        } else {
+            class_perm_init(&cp, st, leaf, pass);
+            class_perm_seq(&cp, val + k, jj, stride, (size_t)run);
+        }
+        k += (uint32_t)run;
+        /* The next draw: run * stride further along the class's stream. */
+        uint64_t more;
+        divmod128(&more, &jj, (unsigned __int128)jj + (unsigned __int128)run * stride, nc);
+        pass += more;
+    }
+    if (st->lab->by32) {
+        const uint32_t *by = st->lab->by32 + base;
+        for (uint32_t k = 0; k < m; k++) {
+            if (k + 24 < m)
+                __builtin_prefetch(by + val[k + 24]);
+            fc->out[slot[k]] = by[val[k]];
+        }
+    } else {
+        for (uint32_t k = 0; k < m; k++)
+            fc->out[slot[k]] = st->lab->by64[base + val[k]];
+    }
+}
+
 /* Positions [o0, o0 + m) of leaf `leaf` (this rank's ordinals) into out[slot[k]]. */
 static void fill_leaf(fill_ctx *fc, uint32_t leaf, uint64_t o0, const uint32_t *slot, uint32_t m)
 {
     const sl_strat *st = fc->st;
-    uint32_t r = fc->rc.r, c = st->leaf_class[leaf];
+    uint32_t r = fc->rc.r;
     uint64_t d0 = deal_prefix(st, r, st->pre[leaf]) + o0, start = st->pre[leaf];
-    uint64_t base = st->lab->off[c], nc = st->lab->off[c + 1] - base;
-    sl_feistel f;
-    const sl_feistel *fp = &f;
 
-    if (st->balance || st->weighted) {
+    if (st->weighted) {
         for (uint32_t k = 0; k < m; k++)
             fc->out[slot[k]] = class_sample(st, leaf, deal_select(st, r, d0 + k) - start);
         return;
     }
-    /* Stratified, equal shares: rank r's ord-th dealt position is r + ord x R. */
-    if (st->shuffle == SL_SAMPLE_SHUFFLE_NONE) {
-        for (uint32_t k = 0; k < m; k++)
-            fc->out[slot[k]] = sl_labels_member(st->lab, base + r + (d0 + k) * st->R - start);
-        return;
-    }
-    if (st->fk && st->fk_pass[leaf] == st->epoch)
-        fp = &st->fk[leaf];
-    else
-        sl_feistel_init(&f, nc, st->seed, st->epoch, 1 + (uint64_t)c);
-    sl_feistel_map_seq(fp, fc->val, r + d0 * st->R - start, st->R, m);
-    if (st->lab->by32) {
-        const uint32_t *by = st->lab->by32 + base;
-        for (uint32_t k = 0; k < m; k++)
-            fc->out[slot[k]] = by[fc->val[k]];
-    } else {
-        for (uint32_t k = 0; k < m; k++)
-            fc->out[slot[k]] = st->lab->by64[base + fc->val[k]];
-    }
+    /* Equal shares: rank r's ord-th dealt position is r + ord x R, so the leaf's draws form one
+     * arithmetic sequence. */
+    fill_run(fc, leaf, r + d0 * st->R - start, st->R, slot, m);
 }
 
 static void fill_node(fill_ctx *fc, uint32_t nd, uint64_t s0, uint32_t *slot, uint32_t m)
@@ -640,22 +522,24 @@ static void fill_node(fill_ctx *fc, uint32_t nd, uint64_t s0, uint32_t *slot, ui
     kl = rank_count(&fc->rc, t, t->node[nd].left);
     /* L(s) = floor((s x kl + floor(k / 2)) / k); position s goes left iff L(s + 1) > L(s). */
     num = (unsigned __int128)s0 * kl + k / 2;
-    q = (uint64_t)(num / k);
-    rem = (uint64_t)(num % k);
+    divmod128(&q, &rem, num, k);
     l0 = q;
+    /* Left slots are compacted in place, right ones parked in tmp and appended. */
     for (uint32_t i = 0; i < m; i++) {
         rem += kl;
         if (rem >= k) {
             rem -= k;
-            fc->tmp[nl++] = slot[i];
+            slot[nl++] = slot[i];
         } else {
-            slot[nr++] = slot[i];
+            fc->tmp[nr++] = slot[i];
         }
     }
-    memmove(slot + nl, slot, (size_t)nr * sizeof(*slot));
-    memcpy(slot, fc->tmp, (size_t)nl * sizeof(*slot));
-    fill_node(fc, t->node[nd].left, l0, slot, nl);
-    fill_node(fc, t->node[nd].right, s0 - l0, slot + nl, nr);
+    for (uint32_t i = 0; i < nr; i++)
+        slot[nl + i] = fc->tmp[i];
+    if (nl)
+        fill_node(fc, t->node[nd].left, l0, slot, nl);
+    if (nr)
+        fill_node(fc, t->node[nd].right, s0 - l0, slot + nl, nr);
 }
 
 void sl_strat_fill(uint64_t *out, const sl_strat *st, uint32_t r, const uint64_t *cnt, uint64_t pos,
@@ -763,7 +647,8 @@ static int strat_keys(sl_strat *st)
         if (st->balance)
             pass = (uint64_t)((unsigned __int128)st->epoch * leaf_used(st, i) / nc);
         st->fk_pass[i] = pass;
-        sl_feistel_init(&st->fk[i], nc, st->seed, pass, 1 + (uint64_t)c);
+        if (nc > SMALL_CLASS) /* small classes use class_perm's table */
+            sl_feistel_init(&st->fk[i], nc, st->seed, pass, 1 + (uint64_t)c);
     }
     return 0;
 }

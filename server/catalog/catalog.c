@@ -261,7 +261,8 @@ out:
     return err;
 }
 
-static int migrate(sl_cat *cat)
+/* Migrate up to schema version `target` (<= N_MIGRATIONS). */
+static int migrate(sl_cat *cat, int target)
 {
     char sql[64];
     int version, err;
@@ -283,7 +284,7 @@ static int migrate(sl_cat *cat)
         sl_log_error("catalog_too_new", "schema_version=%d supported=%d", version, N_MIGRATIONS);
         return SL_ESTATE;
     }
-    while (version < N_MIGRATIONS) {
+    while (version < target) {
         err = exec(cat, "BEGIN IMMEDIATE", "begin");
         if (err)
             return err;
@@ -427,6 +428,11 @@ void sl_cat_on_lost(sl_cat *cat, sl_cat_lost_fn fn, void *arg)
 
 int sl_cat_open(sl_cat **out, const char *path)
 {
+    return sl_cat_open_upto(out, path, N_MIGRATIONS);
+}
+
+int sl_cat_open_upto(sl_cat **out, const char *path, int version)
+{
     sl_cat *cat = calloc(1, sizeof(*cat));
     int rc, err = 0;
 
@@ -454,7 +460,7 @@ int sl_cat_open(sl_cat **out, const char *path)
                "pragmas");
     if (err)
         goto out;
-    err = migrate(cat);
+    err = version < 0 || version > N_MIGRATIONS ? SL_EINVAL : migrate(cat, version);
 out:
     if (err) {
         sl_cat_close(cat);

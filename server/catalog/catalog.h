@@ -32,6 +32,11 @@ typedef void (*sl_cat_lost_fn)(const char *problem, void *arg);
  * sluiced, SL_EDB for any SQLite failure (logged with SQLite's message). Loop thread. */
 int sl_cat_open(sl_cat **out, const char *path);
 
+/* sl_cat_open migrating no further than schema `version` (0 .. sl_cat_latest_version()): a
+ * catalog as an older sluiced left it, for the tests of migrations. SL_EINVAL for a version out
+ * of range. Loop thread. */
+int sl_cat_open_upto(sl_cat **out, const char *path, int version);
+
 /* Close the catalog. Accepts NULL. Loop thread. */
 void sl_cat_close(sl_cat *cat);
 

@@ -71,6 +71,15 @@ typedef struct fshare {
 } fshare;
 
 /* A batch plan for one (job, epoch), computed on the worker pool and shared by all ranks. */
+/* One re-plan of a weighted batch job resized mid-epoch (plan.c): the rest of the previous
+ * plan's batches, after what each of its ranks consumed, planned again for the new world. */
+typedef struct fplan_step {
+    sl_batch_config cfg; /* cfg.rank_weights points to w */
+    double *w;
+    uint64_t *consumed; /* [n_consumed] = the previous plan's world */
+    uint32_t n_consumed;
+} fplan_step;
+
 typedef struct fplan {
     int refs;
     int state; /* 0 computing, 1 ready, -1 failed */
@@ -89,6 +98,8 @@ typedef struct fplan {
     sl_sample_config scfg;
     char path[4200];
     char sha256[65];
+    fplan_step *steps; /* re-plans after the epoch's first plan (feed_job_replans), or NULL */
+    uint32_t nsteps;
 } fplan;
 
 /* The resizes of the current epoch: the spec it began with and one step per mid-epoch resize
@@ -258,6 +269,19 @@ int feed_job_advance(fjob *j);
 /* The plan_ready hook: advance the epoch if reports recorded before the plan complete it. */
 void feed_job_plan_ready(fjob *j);
 
+/* Whether a batch job resized mid-epoch re-plans the rest of its epoch: decided by the epoch's
+ * start, its first spec's rank weights or its first resize's. Each resize's rest — the previous
+ * plan's batches after what each rank consumed — is then planned again for the new world and
+ * weights, so budgets follow the new ranks. Otherwise the plan's batches are dealt out as they
+ * are (elastic shares, feed_job_batch_src), and a later resize may not bring weights (state.c
+ * refuses such a chain). */
+static inline int feed_job_replans(const fjob *j)
+{
+    if (!j->spec->batching || !j->chain)
+        return 0;
+    return j->chain->spec->n_rank_weights || (j->chain->n && j->chain->steps[0].n_weights);
+}
+
 /* The plan and dp world a batch job's epoch plan is made for: the epoch's first spec when it
  * was resized mid-epoch (the rest of its batches is redistributed), else the job's own. */
 static inline const Sluice__V1__Job *feed_job_plan_spec(const fjob *j, uint32_t *dp_size)
@@ -275,10 +299,14 @@ static inline const Sluice__V1__Job *feed_job_plan_spec(const fjob *j, uint32_t 
  * message. */
 int feed_job_batch_src(fjob *j, char *msg, size_t len);
 
-/* Resize to a new world (and mesh). Any number of times in an epoch: mid-epoch, what every dp
- * rank has not consumed yet is redistributed over the new world (index jobs: the indices; batch
- * jobs: the batches, equal counts per rank). */
-int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char *msg, size_t len);
+/* Resize to a new world (and mesh), with new rank weights (weights[0..nw), one per new dp rank)
+ * or none (nw 0: the job's weights stay while the dp world keeps its size). Any number of times
+ * in an epoch: mid-epoch, what every dp rank has not consumed yet is redistributed over the new
+ * world (index jobs: the indices, in proportion to the weights; batch jobs: the batches, equal
+ * counts per rank, re-planned for the new budgets when weights are involved, feed_job_replans).
+ * The weights are copied. */
+int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const double *weights,
+                    size_t nw, char *msg, size_t len);
 
 /* Put the job back to a checkpoint's state in memory (the catalog already has it): `spec`
  * (owned from now on), `epoch`, its elastic state and each dp rank's position, reported. Ends
@@ -302,6 +330,13 @@ int feed_spec_wants_labels(const Sluice__V1__Job *spec);
  * is not the catalog's), -errno or -ENOMEM with msg. Release with flabels_unref. */
 int feed_labels_get(flabels **out, sl_feed *f, const char *dataset, char *msg, size_t len);
 const sl_sample_labels *flabels_of(const flabels *fl);
+/* Read and group a stored labels file: fd open for reading, n labels (one u32 little-endian per
+ * sample) whose SHA-256 must be `sha256` (lowercase hex). The size is checked before anything is
+ * allocated. Returns 0 and *out (free with sl_sample_labels_free), SL_ECORRUPT (size or checksum
+ * not the catalog's), SL_EINVAL (a class id of 2^20 or more), -errno or -ENOMEM, with msg.
+ * Any thread (also the fuzz target tests/fuzz/fuzz_read_labels.c). */
+int feed_labels_read(sl_sample_labels **out, int fd, uint64_t n, const char *sha256, char *msg,
+                     size_t len);
 /* Release a reference. Accepts NULL. */
 void flabels_unref(sl_feed *f, flabels *fl);
 

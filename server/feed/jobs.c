@@ -236,7 +236,8 @@ static void job_resize(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 
     if (!j)
         return;
-    err = feed_job_resize(j, req->world_size, req->mesh, msg, sizeof(msg));
+    err = feed_job_resize(j, req->world_size, req->mesh, req->rank_weights, req->n_rank_weights,
+                          msg, sizeof(msg));
     if (err) {
         sl_rpc_call_fail(call, err, "%s", msg);
         return;

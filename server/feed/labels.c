@@ -67,39 +67,56 @@ static int read_labels(uint32_t *v, int fd, uint64_t n, const char *sha256, char
     return err;
 }
 
+int feed_labels_read(sl_sample_labels **out, int fd, uint64_t n, const char *sha256, char *msg,
+                     size_t len)
+{
+    uint32_t *v = NULL;
+    struct stat st;
+    int err;
+
+    *out = NULL;
+    /* The size first: a count from the catalog is trusted only as far as the file bears it out,
+     * so nothing is allocated for a file that cannot hold it. */
+    if (fstat(fd, &st) != 0) {
+        err = -errno;
+        snprintf(msg, len, "labels file: %s", sl_strerror(err));
+        return err;
+    }
+    if (n == 0 || n > SL_SAMPLE_MAX_N || n > SIZE_MAX / 4 || (uint64_t)st.st_size != n * 4) {
+        snprintf(msg, len, "labels file has %lld bytes, not %llu (4 per sample)",
+                 (long long)st.st_size, n > UINT64_MAX / 4 ? 0ull : (unsigned long long)n * 4);
+        return SL_ECORRUPT;
+    }
+    if (!(v = malloc((size_t)n * 4))) {
+        snprintf(msg, len, "out of memory for %llu labels", (unsigned long long)n);
+        return -ENOMEM;
+    }
+    err = read_labels(v, fd, n, sha256, msg, len);
+    if (!err)
+        err = sl_sample_labels_new(out, v, n, msg, len);
+    free(v);
+    return err;
+}
+
 /* Load the labels file of dataset d (which has labels). */
 static int load(sl_sample_labels **out, sl_feed *f, const sl_cat_dataset *d, char *msg, size_t len)
 {
-    char path[4300];
-    uint32_t *v = NULL;
-    struct stat st;
-    int fd = -1, err = feed_labels_path(f, d->name, path, sizeof(path));
+    char path[4300], why[256];
+    int fd, err = feed_labels_path(f, d->name, path, sizeof(path));
 
     if (err) {
         snprintf(msg, len, "labels path of dataset '%s' too long", d->name);
         return err;
     }
-    if (d->samples > SIZE_MAX / 4 || !(v = malloc((size_t)d->samples * 4))) {
-        snprintf(msg, len, "out of memory for %llu labels", (unsigned long long)d->samples);
-        return -ENOMEM;
-    }
     fd = sl_store_open(path, O_RDONLY, 0);
     if (fd < 0) {
-        err = fd;
         snprintf(msg, len, "cannot open the labels of dataset '%s': %s", d->name,
-                 sl_store_strerror(err));
-    } else if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != d->samples * 4) {
-        err = SL_ECORRUPT;
-        snprintf(msg, len, "labels file of dataset '%s' has %lld bytes, not %llu", d->name,
-                 (long long)st.st_size, (unsigned long long)d->samples * 4);
-    } else {
-        err = read_labels(v, fd, d->samples, d->labels_sha256, msg, len);
+                 sl_store_strerror(fd));
+        return fd;
     }
-    if (!err)
-        err = sl_sample_labels_new(out, v, d->samples, msg, len);
-    if (fd >= 0)
-        close(fd);
-    free(v);
+    if ((err = feed_labels_read(out, fd, d->samples, d->labels_sha256, why, sizeof(why))) != 0)
+        snprintf(msg, len, "dataset '%s': %s", d->name, why);
+    close(fd);
     return err;
 }
 

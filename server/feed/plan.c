@@ -18,12 +18,86 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static void steps_free(fplan_step *st, uint32_t n)
+{
+    for (uint32_t k = 0; st && k < n; k++) {
+        free(st[k].w);
+        free(st[k].consumed);
+    }
+    free(st);
+}
+
 void fplan_unref(fplan *p)
 {
     if (p && --p->refs == 0) {
         sl_batch_plan_free(p->plan);
         free(p->rank_weights);
+        steps_free(p->steps, p->nsteps);
         free(p);
+    }
+}
+
+/* Visit the rest of `prev` after consumed[r] batches of each rank r: step by step, rank by rank,
+ * each batch's samples as planned, written to v when it is not NULL. Returns how many samples
+ * that is. */
+static size_t rest_walk(uint64_t *v, const sl_batch_plan *prev, const fplan_step *st)
+{
+    uint32_t D = sl_batch_plan_replicas(prev);
+    uint64_t B = sl_batch_plan_batches_per_rank(prev);
+    size_t at = 0;
+    sl_batch b;
+
+    for (uint64_t i = 0; i < B; i++)
+        for (uint32_t r = 0; r < D; r++) {
+            if (i < st->consumed[r] || sl_batch_plan_get(prev, r, i, &b) != 0)
+                continue;
+            for (uint32_t k = 0; v && k < b.count; k++)
+                v[at + k] = b.indices[k];
+            at += b.count;
+        }
+    return at;
+}
+
+/* The rest of `prev` after what each rank consumed as an order of samples, *out (caller frees,
+ * never NULL on success) with *n entries, possibly none. */
+static int rest_order(uint64_t **out, size_t *n, const sl_batch_plan *prev, const fplan_step *st)
+{
+    size_t total;
+
+    *out = NULL;
+    *n = 0;
+    if (st->n_consumed != sl_batch_plan_replicas(prev))
+        return SL_ECORRUPT;
+    total = rest_walk(NULL, prev, st);
+    if (!(*out = malloc((total ? total : 1) * sizeof(**out))))
+        return -ENOMEM;
+    rest_walk(*out, prev, st);
+    *n = total;
+    return 0;
+}
+
+/* The re-plans of a weighted batch job resized mid-epoch, on the worker: each step plans the
+ * rest of the plan before it for its world and weights. */
+static void replan(fplan *p, const uint32_t *lengths, uint64_t n)
+{
+    for (uint32_t k = 0; k < p->nsteps && !p->err; k++) {
+        sl_batch_plan *next = NULL;
+        uint64_t *order = NULL;
+        size_t m = 0;
+
+        /* A rest of nothing (every rank consumed its share) plans into no batches. */
+        p->err = rest_order(&order, &m, p->plan, &p->steps[k]);
+        if (p->err) {
+            snprintf(p->msg, sizeof(p->msg), "resize %u: %s", k + 1, sl_strerror(p->err));
+        } else {
+            p->err = sl_batch_plan_new(&next, &p->steps[k].cfg, lengths, (size_t)n, order, m,
+                                       p->msg, sizeof(p->msg));
+        }
+        free(order);
+        if (!p->err) {
+            sl_batch_plan_free(p->plan);
+            p->plan = next;
+        }
     }
 }
 
@@ -59,6 +133,8 @@ static void plan_work(uv_work_t *w)
     }
     p->err = sl_batch_plan_new(&p->plan, &p->cfg, lengths, (size_t)n, order, (size_t)n, p->msg,
                                sizeof(p->msg));
+    if (!p->err)
+        replan(p, lengths, n);
 out:
     free(lengths);
     free(order);
@@ -87,6 +163,42 @@ static void plan_done(uv_work_t *w, int status)
     if (j && p->state == 1)
         p->f->hooks.plan_ready(j);
     fplan_unref(p);
+}
+
+/* The worker's copies of the chain's steps (the job's may change while it plans): per step the
+ * batch config of its world and weights, and what the world before consumed. */
+static int replan_inputs(fplan *p, fjob *j, char *msg, size_t len)
+{
+    const fchain *c = j->chain;
+    int err = 0;
+
+    if (!(p->steps = calloc(c->n, sizeof(*p->steps))))
+        return -ENOMEM;
+    p->nsteps = c->n;
+    for (uint32_t k = 0; k < c->n && !err; k++) {
+        const sl_sample_resize *rs = &c->steps[k];
+        Sluice__V1__Job spec = *c->spec;
+        fplan_step *st = &p->steps[k];
+
+        spec.rank_weights = (double *)rs->weights;
+        spec.n_rank_weights = rs->n_weights;
+        err = feed_spec_batch_config(&st->cfg, &spec, rs->new_replicas, j->cfg.seed, j->epoch, msg,
+                                     len);
+        if (err)
+            break;
+        st->consumed = malloc(rs->n_consumed * sizeof(*st->consumed));
+        st->w = rs->n_weights ? malloc(rs->n_weights * sizeof(*st->w)) : NULL;
+        if (!st->consumed || (rs->n_weights && !st->w)) {
+            err = -ENOMEM;
+            break;
+        }
+        memcpy(st->consumed, rs->consumed, rs->n_consumed * sizeof(*st->consumed));
+        st->n_consumed = (uint32_t)rs->n_consumed;
+        if (rs->n_weights)
+            memcpy(st->w, rs->weights, rs->n_weights * sizeof(*st->w));
+        st->cfg.rank_weights = st->w;
+    }
+    return err;
 }
 
 int feed_plan_request(fjob *j, char *msg, size_t len)
@@ -130,10 +242,13 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
             memcpy(p->rank_weights, p->cfg.rank_weights, p->cfg.n_rank_weights * sizeof(double));
         p->cfg.rank_weights = p->rank_weights;
     }
+    if (!err && feed_job_replans(j))
+        err = replan_inputs(p, j, msg, len);
     if (!err)
         err = feed_lengths_path(j->feed, j->dataset, p->path, sizeof(p->path));
     if (err) {
         free(p->rank_weights);
+        steps_free(p->steps, p->nsteps);
         free(p);
         return err;
     }
@@ -148,6 +263,7 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
     err = uv_queue_work(j->feed->loop, &p->work, plan_work, plan_done);
     if (err) {
         free(p->rank_weights);
+        steps_free(p->steps, p->nsteps);
         free(p);
         snprintf(msg, len, "cannot queue the batch plan");
         return SL_EUNAVAILABLE;

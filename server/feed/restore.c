@@ -175,43 +175,18 @@ out:
     return err;
 }
 
-/* 1 if the state consumed every share of its epoch, so restoring it begins the next epoch: known
- * before the restore for an index job without an elastic remainder (a batch job's share sizes
- * come from its plan, an elastic epoch's from its remainder plan: 0, unknown). */
-static int state_ends_epoch(const Sluice__V1__Job *spec, const Sluice__V1__FeedState *fs,
-                            const sl_cat_blob *el, const sl_sample_labels *labels, uint64_t samples)
-{
-    sl_sample_config c;
-    uint32_t dp, dp_size;
-    uint64_t n;
-    char msg[256];
-
-    if (spec->batching || spec->manual_advance || el->len ||
-        feed_spec_config(&c, spec, labels, samples, fs->epoch, msg, sizeof(msg)) != 0)
-        return 0;
-    for (uint32_t r = 0; r < c.replicas; r++) {
-        c.rank = r;
-        if (sl_sample_dp_rank(&dp, &dp_size, &c, msg, sizeof(msg)) != 0 ||
-            dp_size != fs->n_positions || sl_sample_share_count(&n, &c, msg, sizeof(msg)) != 0 ||
-            fs->positions[dp] < n)
-            return 0;
-    }
-    return 1;
-}
-
 /* Whether Resize can take the restored job (its checkpoint's `spec`) into `world` and `mesh`,
  * checked before anything is written so that a refused resize leaves the job as it was: the
  * new world and mesh must make a valid spec. Mid-epoch resizes chain (an epoch resized before
- * is resized again) and batch jobs resize mid-epoch too, except those with rank weights (their
- * batches are sized for their ranks). */
+ * is resized again) and batch jobs resize mid-epoch too (weighted ones re-plan the rest). */
 static int resize_possible(const fjob *j, Sluice__V1__Job *spec, const Sluice__V1__FeedState *fs,
-                           const sl_cat_blob *el, uint32_t world, Sluice__V1__Mesh *mesh, char *msg,
-                           size_t len)
+                           uint32_t world, Sluice__V1__Mesh *mesh, char *msg, size_t len)
 {
     Sluice__V1__Mesh *saved_mesh = spec->mesh;
     uint32_t saved_world = spec->world_size, dp, dp_size;
+    size_t saved_nw = spec->n_rank_weights;
     sl_sample_config c;
-    int any = 0, err;
+    int err;
 
     if (feed_mesh_set(spec->mesh) && !feed_mesh_set(mesh)) {
         snprintf(msg, len, "job '%s' has a mesh: give the new mesh (its product = world_size)",
@@ -220,25 +195,19 @@ static int resize_possible(const fjob *j, Sluice__V1__Job *spec, const Sluice__V
     }
     spec->world_size = world;
     spec->mesh = feed_mesh_set(mesh) ? mesh : NULL;
+    /* As the resize will: rank weights stay only while the dp world keeps its size. */
+    if (saved_nw && saved_nw != (feed_mesh_set(mesh) ? mesh->dp : world))
+        spec->n_rank_weights = 0;
     err = feed_spec_config(&c, spec, flabels_of(j->labels), j->samples, fs->epoch, msg, len);
     if (!err)
         err = sl_sample_dp_rank(&dp, &dp_size, &c, msg, len);
     spec->world_size = saved_world;
     spec->mesh = saved_mesh;
+    spec->n_rank_weights = saved_nw;
     if (err)
         return err;
-    for (size_t d = 0; d < fs->n_positions; d++)
-        any |= fs->positions[d] > 0;
-    if (!any || state_ends_epoch(spec, fs, el, flabels_of(j->labels), j->samples))
-        return 0;
-    (void)el;
-    if (spec->batching && spec->n_rank_weights) {
-        snprintf(msg, len,
-                 "job '%s' streams batches sized by rank weights: a checkpoint taken mid-epoch "
-                 "can be restored only into its own world of %u",
-                 j->name, fs->world_size);
-        return SL_ESTATE;
-    }
+    /* Mid-epoch, the resize adds a step to the epoch's chain like Jobs.Resize: index jobs and
+     * unweighted batch jobs redistribute the rest, weighted batch jobs re-plan it. */
     return 0;
 }
 
@@ -307,8 +276,8 @@ int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_
     }
     resize = req->world && (req->world != spec->world_size ||
                             (feed_mesh_set(req->mesh) && !mesh_same(req->mesh, spec->mesh)));
-    if (resize && (err = resize_possible(j, spec, fs, req->elastic, req->world,
-                                         (Sluice__V1__Mesh *)req->mesh, msg, len)) != 0)
+    if (resize && (err = resize_possible(j, spec, fs, req->world, (Sluice__V1__Mesh *)req->mesh,
+                                         msg, len)) != 0)
         goto out;
     err = sl_cat_job_restore(f->cat, j->name, req->spec->p, req->spec->len, spec->world_size,
                              fs->epoch, req->elastic->p, req->elastic->len, fs->positions,
@@ -327,7 +296,7 @@ int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_
     feed_job_plan_ready(j);
     if (resize) {
         char why[256];
-        err = feed_job_resize(j, req->world, req->mesh, why, sizeof(why));
+        err = feed_job_resize(j, req->world, req->mesh, NULL, 0, why, sizeof(why));
         if (err) {
             snprintf(msg, len,
                      "feed job '%s' was restored to epoch %" PRIu64 " in its world of %u, but "

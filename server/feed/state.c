@@ -274,13 +274,27 @@ static int batch_chain_plan(const fchain *c, uint64_t per_rank, int pad, sl_samp
     return 0;
 }
 
+/* A batch job's chain whose first steps dealt the plan's batches out as they are (no weights
+ * then) and whose later step brings weights: re-planning is decided for the whole epoch by its
+ * start (feed_job_replans), so such a chain cannot be served. */
+static int chain_mixes_modes(const fchain *c)
+{
+    if (c->spec->n_rank_weights || c->n == 0 || c->steps[0].n_weights)
+        return 0;
+    for (uint32_t k = 1; k < c->n; k++)
+        if (c->steps[k].n_weights)
+            return 1;
+    return 0;
+}
+
 int feed_job_batch_src(fjob *j, char *msg, size_t len)
 {
     sl_sample_elastic *e = NULL;
     uint64_t count = 0;
     int err;
 
-    if (!j->spec->batching || !j->chain || j->src || !j->plan || j->plan->state != 1)
+    if (!j->spec->batching || !j->chain || j->src || !j->plan || j->plan->state != 1 ||
+        feed_job_replans(j)) /* its plan is the re-plan of the rest: no elastic shares */
         return 0;
     err = batch_chain_plan(j->chain, sl_batch_plan_batches_per_rank(j->plan->plan),
                            j->spec->batching->pad_remainder, &e, &count, msg, len);
@@ -534,7 +548,7 @@ void feed_job_describe(const fjob *j, Sluice__V1__Job *out, Sluice__V1__Mesh *me
     out->epoch = j->epoch;
     out->created_ms = (uint64_t)j->created_ms;
     out->dp_size = j->dp_size;
-    out->resized_in_epoch = j->src != NULL;
+    out->resized_in_epoch = j->src != NULL || feed_job_replans(j);
     out->n_rank_weights = s->n_rank_weights;
     out->rank_weights = s->rank_weights;
 }
@@ -555,9 +569,10 @@ int feed_job_dp_rank(const fjob *j, uint32_t rank, uint32_t *dp, char *msg, size
 int feed_job_count(const fjob *j, uint32_t dp, uint64_t *count)
 {
     if (j->spec->batching) {
-        if (!j->plan || j->plan->state != 1 || (j->chain && !j->src))
+        int elastic = j->chain && !feed_job_replans(j);
+        if (!j->plan || j->plan->state != 1 || (elastic && !j->src))
             return SL_ESTATE;
-        *count = j->chain ? j->bcount : sl_batch_plan_batches_per_rank(j->plan->plan);
+        *count = elastic ? j->bcount : sl_batch_plan_batches_per_rank(j->plan->plan);
         return 0;
     }
     *count = j->counts[dp];
@@ -665,12 +680,14 @@ int feed_job_report_apply(fjob *j, uint32_t dp, uint64_t position, int *advanced
     return 0;
 }
 
-int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char *msg, size_t len)
+int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const double *weights,
+                    size_t nw, char *msg, size_t len)
 {
     Sluice__V1__Job *nspec = NULL;
     Sluice__V1__Mesh *saved_mesh = j->spec->mesh;
     uint32_t saved_world = j->spec->world_size;
     size_t saved_nw = j->spec->n_rank_weights;
+    double *saved_w = j->spec->rank_weights;
     uint8_t *spec_buf = NULL, *blob = NULL;
     size_t spec_len, blob_len = 0;
     sl_sample_config ncfg;
@@ -685,19 +702,28 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
                  j->name);
         return SL_EINVAL;
     }
-    /* Build the new spec by packing the old one with the new world and mesh. Rank weights are
-     * kept while the dp world keeps its size; another size makes the shares even (Resize
-     * carries no weights). */
+    if (nw > FEED_MAX_WORLD) {
+        snprintf(msg, len, "%zu rank weights: at most %u", nw, FEED_MAX_WORLD);
+        return SL_EINVAL;
+    }
+    /* Build the new spec by packing the old one with the new world, mesh and weights. Without
+     * new weights the job's are kept while the dp world keeps its size; another size makes the
+     * shares even. A wrong count of new weights is refused by the config check below. */
     j->spec->world_size = world;
     j->spec->mesh = feed_mesh_set(mesh) ? (Sluice__V1__Mesh *)mesh : NULL;
-    if (saved_nw && saved_nw != (feed_mesh_set(mesh) ? mesh->dp : world))
+    if (nw) {
+        j->spec->rank_weights = (double *)weights;
+        j->spec->n_rank_weights = nw;
+    } else if (saved_nw && saved_nw != (feed_mesh_set(mesh) ? mesh->dp : world)) {
         j->spec->n_rank_weights = 0;
+    }
     spec_len = sluice__v1__job__get_packed_size(j->spec);
     spec_buf = malloc(spec_len ? spec_len : 1);
     if (spec_buf)
         sluice__v1__job__pack(j->spec, spec_buf);
     j->spec->world_size = saved_world;
     j->spec->mesh = saved_mesh;
+    j->spec->rank_weights = saved_w;
     j->spec->n_rank_weights = saved_nw;
     if (!spec_buf)
         return -ENOMEM;
@@ -712,15 +738,6 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
     ncfg.rank = 0;
     if ((err = sl_sample_dp_rank(&dpi, &ndp, &ncfg, msg, len)) != 0)
         goto out;
-    if (j->spec->batching && (any || j->chain) &&
-        (saved_nw || (j->chain && j->chain->spec->n_rank_weights))) {
-        snprintf(msg, len,
-                 "job '%s' streams batches sized by rank weights: it can be resized only before "
-                 "any rank reported progress in an epoch",
-                 j->name);
-        err = SL_ESTATE;
-        goto out;
-    }
     if (j->chain || any) {
         /* The epoch's chain of resizes, copied (the job keeps its own until this commits). */
         err = -ENOMEM;
@@ -769,7 +786,7 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
         free((void *)chain->steps[chain->n - 1].weights);
         chain->steps[chain->n - 1].weights = NULL;
         chain->steps[chain->n - 1].n_weights = 0;
-        if (nspec->n_rank_weights == ndp && !nspec->batching) {
+        if (nspec->n_rank_weights == ndp) {
             double *w = malloc(8 * (size_t)ndp);
             if (!w)
                 goto out;
@@ -778,6 +795,15 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, char 
             chain->steps[chain->n - 1].n_weights = ndp;
         }
         err = chain_config(j, chain, &(sl_sample_config){0}, msg, len);
+        if (!err && j->spec->batching && chain_mixes_modes(chain)) {
+            snprintf(msg, len,
+                     "job '%s' was resized in this epoch without rank weights: its ranks hold "
+                     "the plan's batches as they were sized, so new rank weights apply from the "
+                     "next epoch (resize without them now, or at the epoch boundary)",
+                     j->name);
+            err = SL_ESTATE;
+            goto out;
+        }
         if (!err && !j->spec->batching) {
             /* Check the index plan now, so that a refused chain leaves the job as it was. */
             sl_sample_elastic *e = NULL;

@@ -293,8 +293,9 @@ static void start_batches(fstream *s)
         end_stream(s, sl_rpc_code_from_err(s->plan->err), s->plan->msg);
         return;
     }
-    if (s->plan == j->plan && j->chain) {
-        /* Resized mid-epoch: this rank's elastic share of the rest of the plan's batches. */
+    if (s->plan == j->plan && j->chain && !feed_job_replans(j)) {
+        /* Resized mid-epoch: this rank's elastic share of the rest of the plan's batches (a
+         * weighted job's plan is the re-plan of the rest itself). */
         char msg[256] = "";
         int err = feed_job_batch_src(j, msg, sizeof(msg));
 

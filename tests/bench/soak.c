@@ -865,6 +865,8 @@ static void *unary_main(void *arg)
             sl_job jj;
             kind = K_JOB_GET;
             err = sl_job_get(w->c, j->name, &jj);
+            if (!err)
+                sl_job_clear(&jj);
             break;
         }
         case 3: {

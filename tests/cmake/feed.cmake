@@ -56,6 +56,11 @@ add_executable(feed_state_test unit/feed_state_test.c)
 target_link_libraries(feed_state_test PRIVATE sl_server_core)
 add_test(NAME feed_state_unit COMMAND feed_state_test)
 set_tests_properties(feed_state_unit PROPERTIES TIMEOUT 60)
+# server/feed/labels.c and catalog migration 6 (dataset labels).
+add_executable(feed_labels_test unit/feed_labels_test.c)
+target_link_libraries(feed_labels_test PRIVATE sl_server_core)
+add_test(NAME feed_labels_unit COMMAND feed_labels_test)
+set_tests_properties(feed_labels_unit PROPERTIES TIMEOUT 60)
 
 # Sampling II through the daemon (issue 17): labels, stratified / class-balanced / weighted jobs,
 # a restart mid-epoch and the comparison with scikit-learn's StratifiedKFold.

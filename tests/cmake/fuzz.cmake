@@ -37,5 +37,7 @@ sl_fuzz_target(fuzz_feed_rpc sl_server_core)
 sl_fuzz_target(fuzz_ckpt_rpc sl_server_core)
 # sl_lengths_read (common/util/lengths_read.c): the daemon's lengths-file reader.
 sl_fuzz_target(fuzz_read_lengths sl_server_core)
+# feed_labels_read (server/feed/labels.c): the daemon's stored labels-file reader.
+sl_fuzz_target(fuzz_read_labels sl_server_core)
 # sluiced's flags and SLUICE_* environment (server/config.c).
 sl_fuzz_target(fuzz_flags sl_server_core)

@@ -70,6 +70,7 @@ static void feed(sl_client *c)
     spec.seed = 7;
     check(sl_job_create(c, &spec, &job) == 0, "create a job");
     check(job.world_size == 2 && job.epoch == 0, "the job is as created");
+    sl_job_clear(&job);
 
     /* Rank 0 with an _INIT struct, rank 1 with a zeroed one: version 0 reads as version 1. */
     so.max_chunk = 16;

@@ -191,6 +191,28 @@ def read_lengths():
     put("fuzz_read_lengths", "no_file", head(16) + data)
 
 
+def read_labels():
+    # The layout of read_lengths (see fuzz_read_labels.c); bit 4 makes the file a directory.
+    def head(mode, param=0, u=0):
+        return bytes([mode, param]) + struct.pack("<Q", u)
+    data = struct.pack("<6I", 0, 2, 1, 0, 1048575, 2)
+    put("fuzz_read_labels", "valid", head(0) + data)
+    put("fuzz_read_labels", "one_class", head(0) + struct.pack("<3I", 7, 7, 7))
+    put("fuzz_read_labels", "empty", head(0))
+    put("fuzz_read_labels", "label_over_max", head(0) + struct.pack("<2I", 1, 1048576))
+    put("fuzz_read_labels", "one_more", head(1, 1) + data)
+    put("fuzz_read_labels", "one_less", head(1, 0xff) + data)
+    put("fuzz_read_labels", "odd_size", head(0) + data + b"\x07")
+    put("fuzz_read_labels", "count_given", head(2, 0, 6) + data)
+    put("fuzz_read_labels", "count_huge", head(2, 0, 1 << 62) + data)
+    put("fuzz_read_labels", "count_top_bits", head(3, 0, 0x40) + data)
+    put("fuzz_read_labels", "upper_hash", head(4) + data)
+    put("fuzz_read_labels", "given_hash", head(8) + hashlib.sha256(data).hexdigest().encode()
+        + data)
+    put("fuzz_read_labels", "changed_hash", head(12, 63) + data)
+    put("fuzz_read_labels", "directory", head(16) + data)
+
+
 def flags():
     # NUL-separated argv tokens and SLUICE_*=value variables; after a 0x01 byte, a config file.
     def args(*tokens, config=None):
@@ -244,4 +266,5 @@ if __name__ == "__main__":
     feed()
     ckpt()
     read_lengths()
+    read_labels()
     flags()

@@ -3,7 +3,7 @@
 #
 # Usage: tests/fuzz/run.sh <target> <minutes> [libFuzzer flags...]
 #   targets: fuzz_shard fuzz_lengths fuzz_config fuzz_feed_rpc fuzz_ckpt_rpc fuzz_read_lengths
-#            fuzz_flags
+#            fuzz_read_labels fuzz_flags
 #
 # Builds into build/fuzz (its own build dir; FUZZ_BUILD=<dir> picks another), starts from a copy
 # of the committed seeds in build/fuzz/corpus/<target> (new inputs stay there, not in the

@@ -341,6 +341,35 @@ class PositionTest(unittest.TestCase):
         self.assertLess(len(every) - len(served), 3)
         self.assertEqual(self.feed.get_epoch("run").ranks[2].count, len(rest[0]))
 
+    def test_weighted_batch_job_restores_into_another_world(self):
+        # A batch job with rank weights restored mid-epoch into another world re-plans the rest
+        # of its epoch for the new ranks (their weights dropped: the dp size changed), equal
+        # counts per rank, nothing served twice.
+        lengths = [1 + (i * 7) % 60 for i in range(N)]
+        self.feed.create_dataset("tok", N)
+        self.feed.upload_lengths("tok", lengths)
+        self.feed.create_job("run", "tok", world_size=2, shuffle="feistel", seed=5, batching={
+            "strategy": "dynamic", "max_batch_size": 8, "max_seq_len": 64, "max_tokens": 256},
+            rank_weights=[1, 0.5])
+        plan = [self.steps(r, epoch=0, step=0) for r in range(2)]
+        self.save("w", [(0, 3), (0, 2)])
+        self.wait_complete("w")
+        self.restore("w", world_size=3)
+        job = self.feed.get_job("run")
+        self.assertEqual((job.world_size, list(job.rank_weights)), (3, []))
+        rest = [self.steps(r) for r in range(3)]
+        self.assertEqual(len({len(x) for x in rest}), 1)
+        self.assertEqual([x[0][0] for x in rest], [0, 0, 0])  # steps restart at 0
+        for x in rest:
+            for _, b in x:
+                self.assertLessEqual(len(b) * max(lengths[i] for i in b), 256)
+        served = [i for r, k in ((0, 3), (1, 2)) for _, b in plan[r][:k] for i in b] + \
+            [i for x in rest for _, b in x for i in b]
+        every = {i for r in range(2) for _, b in plan[r] for i in b}
+        self.assertEqual(len(served), len(set(served)))
+        self.assertTrue(set(served) <= every)
+        self.assertGreater(len(served), 0.9 * len(every))
+
     def test_cli_restore(self):
         self.job()
         self.save("s", [(0, 40), (0, 60)])

@@ -180,17 +180,109 @@ class FeedResizeTest(unittest.TestCase):
             # The next epoch is planned for the new world, whole.
             self.assertEqual(c.get_epoch(job).dp_size, world)
 
-    def test_weighted_batch_job_resizes_at_epoch_boundaries(self):
+    def test_resize_carries_rank_weights(self):
+        """Index jobs: a resize with new weights shares exactly what is left in proportion to
+        them, chained; bad weights leave the job as it was."""
         c = self.c
-        c.create_dataset("tok", 400)
-        c.upload_lengths("tok", [1 + i % 50 for i in range(400)])
-        bc = dict(strategy="dynamic", max_batch_size=16, max_seq_len=64, max_tokens=512)
-        create(c, "w", "tok", 2, rank_weights=(1, 0.5), batching=bc)
-        batches(c, "w", 0)
-        c.report_progress("w", 0, 0, 1)
-        code, msg = self.code(c.resize_job, "w", 3)
+        rnd = random.Random(29)
+        n = 6000
+        c.create_dataset("ds", n)
+        for t, (w0, steps) in enumerate((((), [(2, 1, 1, 0.5), (1, 3)]),
+                                         ((1, 2, 1), [(1, 1, 1, 1, 1), (3, 1, 2)]))):
+            job = "iw%d" % t
+            kw = dict(shuffle="feistel", seed=t, drop_last=True)
+            world = max(len(w0), 3)
+            create(c, job, "ds", world, rank_weights=w0, **kw)
+            epoch = sorted(i for r in range(world) for i in indices(c, job, r))
+            consumed = []
+            for w in steps:
+                self.consume(job, world, rnd, False, consumed)
+                for bad, what in (((1,) * (len(w) + 1), "rank weights for a dp world of %d"
+                                   % len(w)),
+                                  ((1, 0) + (1,) * (len(w) - 2), "rank weight 1 is 0")):
+                    code, msg = self.code(c.resize_job, job, len(w), rank_weights=bad)
+                    self.assertEqual(code, C.INVALID_ARGUMENT, msg)
+                    self.assertIn(what, msg)
+                    self.assertEqual(c.get_job(job).world_size, world)
+                world = len(w)
+                got = c.resize_job(job, world, rank_weights=w)
+                self.assertEqual(list(got.rank_weights), list(w))
+            rest = [indices(c, job, r) for r in range(world)]
+            self.assertEqual(sorted(consumed + [i for x in rest for i in x]), epoch)  # once
+            left = sum(len(x) for x in rest)
+            for r in range(world):
+                want = left * w[r] / sum(w)
+                self.assertLess(abs(len(rest[r]) - want), 1, (rest, w))
+            self.restart()  # the weights of the chain survive a restart
+            c = self.c
+            self.assertEqual([indices(c, job, r) for r in range(world)], rest)
+
+    def test_weighted_batch_job_resizes_mid_epoch(self):
+        """Weighted batch jobs re-plan the rest of the epoch at each mid-epoch resize: equal
+        counts per rank, token budgets of the new weights, no sample served twice."""
+        c = self.c
+        rnd = random.Random(8)
+        lengths = [rnd.randint(1, 200) for _ in range(4000)]
+        c.create_dataset("tok", len(lengths))
+        c.upload_lengths("tok", lengths)
+        bc = dict(strategy="dynamic", max_batch_size=64, max_seq_len=256, max_tokens=4096)
+        # Before anyone progressed: a plain change of world and weights.
+        create(c, "w", "tok", 2, batching=bc, seed=3)
+        self.assertEqual(list(c.resize_job("w", 3, rank_weights=(1, 0.5, 0.5)).rank_weights),
+                         [1, 0.5, 0.5])
+        plan = [tuple(b) for r in range(3) for b in batches(c, "w", r)]
+        consumed = []
+        for step, (world, w) in enumerate(((3, None), (2, (1, 2)), (4, (1, 1, 0.5, 0.25)),
+                                           (3, None))):
+            per = [batches(c, "w", r) for r in range(world)]
+            self.assertEqual(len({len(p) for p in per}), 1, w)  # lockstep
+            weights = list(c.get_job("w").rank_weights) or [1] * world
+            toks = [sum(lengths[i] for b in p for i in b) for p in per]
+            for r in range(world):
+                budget = 4096 * weights[r] / max(weights)
+                for b in per[r]:
+                    self.assertLessEqual(len(b) * max(lengths[i] for i in b), budget + 1e-9)
+                if len(per[0]) >= 8:  # tokens follow the weights (the rest is not tiny)
+                    self.assertAlmostEqual(toks[r] / toks[0], weights[r] / weights[0],
+                                           delta=0.15 * weights[r] / weights[0], msg=(w, toks))
+            if step == 3:
+                break
+            self.consume("w", world, rnd, True, consumed)
+            nworld, nw = ((2, (1, 2)), (4, (1, 1, 0.5, 0.25)), (3, None))[step]
+            got = c.resize_job("w", nworld, rank_weights=nw)
+            self.assertEqual(list(got.rank_weights), list(nw or ()))
+            if step == 1:
+                self.restart()  # the re-plans are recomputed from the stored chain
+                c = self.c
+        rest = [tuple(b) for p in per for b in p]
+        served = [i for b in consumed + rest for i in b]
+        self.assertEqual(len(served), len(set(served)))  # never twice
+        # Each re-plan drops fewer than a world's batches (the plan's remainder rule).
+        self.assertGreater(len(served), 0.9 * sum(len(b) for b in plan))
+        self.assertTrue(set(served) <= {i for b in plan for i in b})
+        for r in range(world):
+            c.report_progress("w", r, 0, len(per[r]))
+        self.assertEqual(c.get_job("w").epoch, 1)
+        self.assertEqual(c.get_epoch("w").dp_size, 3)
+        # Everything consumed (manual advance keeps the epoch open): the rest plans into none.
+        create(c, "m", "tok", 2, rank_weights=(1, 0.5), batching=bc, manual_advance=True)
+        for r in range(2):
+            c.report_progress("m", r, 0, len(batches(c, "m", r)))
+        c.resize_job("m", 3, rank_weights=(1, 1, 1))
+        self.assertEqual([batches(c, "m", r) for r in range(3)], [[], [], []])
+        self.assertEqual([x.count for x in c.get_epoch("m").ranks], [0, 0, 0])
+        # An epoch whose batches were dealt out as they are (unweighted resize) does not switch
+        # to re-planning halfway: weights then wait for the next epoch, the job as it was.
+        create(c, "u", "tok", 2, batching=bc)
+        self.consume("u", 2, rnd, True, [])
+        c.report_progress("u", 0, 0, 1)
+        c.resize_job("u", 3)
+        c.report_progress("u", 1, 0, 1)
+        code, msg = self.code(c.resize_job, "u", 2, rank_weights=(1, 2))
         self.assertEqual(code, C.FAILED_PRECONDITION)
-        self.assertIn("rank weights", msg)
+        self.assertIn("new rank weights apply from the next epoch", msg)
+        self.assertEqual(c.get_job("u").world_size, 3)
+        c.resize_job("u", 2)
 
 
 if __name__ == "__main__":

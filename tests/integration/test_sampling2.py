@@ -195,7 +195,23 @@ class Sampling2Test(unittest.TestCase):
         j = json.loads(r.stdout)
         self.assertEqual((j["n_class_weights"], j["epoch_length"], j["n_rank_weights"]),
                          (3, 16, 2))
+        # The weights themselves, through libsluice (sl_job_get / sl_job_list) and the CLI.
+        self.assertEqual((j["class_weights"], j["rank_weights"]), ([1, 1, 2], [3, 1]))
         self.assertEqual(sorted(len(s) for s in self.shares("k", 2)), [4, 12])
+        r = cli("--json", "job", "show", "k", addr=self.d.addr)
+        self.assertEqual(json.loads(r.stdout)["rank_weights"], [3, 1], r.stderr)
+        r = cli("job", "show", "k", addr=self.d.addr)
+        self.assertIn("rank weights: 3,1", r.stdout)
+        self.assertIn("class weights: 1,1,2", r.stdout)
+        r = cli("--json", "job", "ls", addr=self.d.addr)
+        ks = [x for x in json.loads(r.stdout) if x["name"] == "k"]
+        self.assertEqual([x.get("rank_weights") for x in ks], [[3, 1]], r.stdout)
+        # A resize carries new weights (between epochs here: the shares of the next epoch).
+        r = cli("--json", "job", "resize", "k", "--world-size", "2", "--rank-weights", "1,0.25",
+                addr=self.d.addr)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["rank_weights"], [1, 0.25])
+        self.assertEqual([len(s) for s in self.shares("k", 2)], [13, 3])
 
     # ---- jobs ----
 

@@ -127,7 +127,7 @@ static void test_group_position_and_checks(sl_cat *cat)
     CHECK(feed_job_report_check(j, 1, 0, 25, msg, sizeof(msg)) == 0);
     /* A resize mid-epoch redistributes the rest (0 + 5 + 0 + 1 = 6 indices) over two
      * ranks, positions restart at 0, and the group position with them. */
-    CHECK(feed_job_resize(j, 2, NULL, msg, sizeof(msg)) == 0);
+    CHECK(feed_job_resize(j, 2, NULL, NULL, 0, msg, sizeof(msg)) == 0);
     CHECK(j->dp_size == 2 && j->src != NULL);
     CHECK(j->counts[0] + j->counts[1] == 6);
     CHECK(feed_job_group_position(j) == 0 && !j->reported[0] && !j->reported[1]);
@@ -178,15 +178,15 @@ static void test_chained_resize_and_old_blob(sl_cat *cat)
     CHECK(j->dp_size == 2 && j->counts[0] == 3 && j->counts[1] == 3);
     /* Progress on the elastic shares, then a second resize: the 5 left go to 3 ranks. */
     CHECK(report(j, 0, 1) == 0);
-    CHECK(feed_job_resize(j, 3, NULL, msg, sizeof(msg)) == 0);
+    CHECK(feed_job_resize(j, 3, NULL, NULL, 0, msg, sizeof(msg)) == 0);
     CHECK(j->dp_size == 3 && j->chain && j->chain->n == 2);
     CHECK(j->counts[0] + j->counts[1] + j->counts[2] == 5);
     CHECK(j->elastic_len > 4 && memcmp(j->elastic_blob, "SLE2", 4) == 0);
     /* Nobody progressed since: a third resize re-plans the last step, no new one. */
-    CHECK(feed_job_resize(j, 2, NULL, msg, sizeof(msg)) == 0);
+    CHECK(feed_job_resize(j, 2, NULL, NULL, 0, msg, sizeof(msg)) == 0);
     CHECK(j->chain && j->chain->n == 2 && j->counts[0] + j->counts[1] == 5);
     CHECK(report(j, 1, 1) == 0);
-    CHECK(feed_job_resize(j, 3, NULL, msg, sizeof(msg)) == 0);
+    CHECK(feed_job_resize(j, 3, NULL, NULL, 0, msg, sizeof(msg)) == 0);
     CHECK(j->chain && j->chain->n == 3);
     c0 = j->counts[0];
     c1 = j->counts[1];

@@ -41,10 +41,13 @@ static uint64_t rnd_below(uint64_t n)
     return rnd() % n;
 }
 
-/* The documented window bound (docs/sampling.md): in every window of W consecutive positions of
- * a rank's share, each class's count differs from W times its proportion in the share by less
- * than this, for every W. Two classes stay below 1 (one Bresenham split); the largest seen over
- * these configurations is about 2.6 (many classes of equal size). */
+/* The window property (docs/sampling.md "The window property"): in every window of W consecutive
+ * positions of a rank's share, for every W, class c's count differs from W times its proportion
+ * in the share by less than S_c = the sum over c's leaf and its ancestors below the root of the
+ * rank's count of c over the node's count (tree_bound below). S_c = 1 (strict +-1) for a class
+ * the root splits off; over these random configurations S_c stays below this constant (it is
+ * not a proven bound: 2.93 is the largest seen over 3,000 configurations). A strict
+ * +-1 for every class and every W does not exist for some shares (test_window_impossible). */
 #define WINDOW_BOUND 3.0
 
 /* Random labels: C classes, sizes from balanced to 1:max_ratio, shuffled over [0, n). */
@@ -133,7 +136,85 @@ static double window_dev(const uint64_t *v, uint64_t M, const uint32_t *lab, uin
     return worst;
 }
 
-static double max_window_dev;
+static double max_window_dev, max_tree_bound;
+static uint64_t classes_seen, classes_within_one;
+
+/* S_c of each drawn class for rank r: sum over the leaf and its ancestors below the root of
+ * count(leaf) / count(node), from the rank's node counts, leaving out nodes whose parent sends
+ * the rank's positions all one way. bound[c] is 0 for a class the rank
+ * does not hold. */
+static void tree_bound(double *bound, const sl_strat *st, uint32_t r, uint32_t C)
+{
+    uint64_t *cnt = calloc(st->ctree.nnode + 1, sizeof(*cnt));
+
+    sl_strat_counts(cnt, st, r);
+    for (uint32_t c = 0; c < C; c++)
+        bound[c] = 0;
+    for (uint32_t i = 0; i < st->nleaf; i++) {
+        uint32_t nd = st->ctree.leaf[i];
+        uint64_t k = cnt[nd];
+        double b = 0;
+        for (; k && nd != st->ctree.root; nd = st->ctree.node[nd].parent) {
+            const sl_mix_node *pn = &st->ctree.node[st->ctree.node[nd].parent];
+            /* A split that sends all of the node's positions one way is exact. */
+            if (cnt[pn->left] && cnt[pn->right])
+                b += (double)k / (double)cnt[nd];
+        }
+        bound[st->leaf_class[i]] = b;
+    }
+    free(cnt);
+}
+
+/* Whether some order of M positions holding counts[c] of each class keeps every class within
+ * +-1 of W * p_c in every window (the range of the prefix deviation D(t) = P(t) - t*p at most
+ * 1, in units of 1/M to stay exact). Exhaustive, for tiny M only. */
+static int exists_balanced(uint32_t *left, const uint32_t *counts, uint32_t C, uint32_t M,
+                           uint32_t t, int64_t *P, int64_t *lo, int64_t *hi)
+{
+    if (t == M)
+        return 1;
+    for (uint32_t c = 0; c < C; c++) {
+        int64_t slo[8], shi[8], ok = 1;
+        if (!left[c])
+            continue;
+        left[c]--;
+        P[c]++;
+        for (uint32_t k = 0; k < C; k++) {
+            int64_t d = P[k] * (int64_t)M - (int64_t)(t + 1) * counts[k];
+            slo[k] = lo[k];
+            shi[k] = hi[k];
+            lo[k] = d < lo[k] ? d : lo[k];
+            hi[k] = d > hi[k] ? d : hi[k];
+            ok &= hi[k] - lo[k] <= (int64_t)M;
+        }
+        if (ok && exists_balanced(left, counts, C, M, t + 1, P, lo, hi))
+            return 1;
+        memcpy(lo, slo, C * sizeof(*lo));
+        memcpy(hi, shi, C * sizeof(*hi));
+        P[c]--;
+        left[c]++;
+    }
+    return 0;
+}
+
+/* Why the window property is S_c and not +-1 for every class: a share of 11 with 1, 2 and 8 of
+ * three classes (or 2, 3, 6) has no order at all in which every window of every length holds
+ * each class within +-1 of its proportion, while two classes always have one (Bresenham). */
+static void test_window_impossible(void)
+{
+    static const uint32_t cases[][3] = {{1, 2, 8}, {2, 3, 6}, {3, 8, 0}, {5, 6, 0}, {3, 3, 3}};
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint32_t left[3], C = cases[i][2] ? 3 : 2, M = 0;
+        int64_t P[3] = {0}, lo[3] = {0}, hi[3] = {0};
+        for (uint32_t c = 0; c < C; c++)
+            M += left[c] = cases[i][c];
+        int want = i >= 2;
+        CHECK(exists_balanced(left, cases[i], C, M, 0, P, lo, hi) == want,
+              "counts %u,%u,%u: an order within +-1 %s", cases[i][0], cases[i][1], cases[i][2],
+              want ? "exists" : "does not exist");
+    }
+}
 
 static void test_stratified_random(int rounds)
 {
@@ -145,8 +226,9 @@ static void test_stratified_random(int rounds)
         sl_sample_config cfg;
         char msg[256];
         int weighted = rnd_below(3) == 0;
-        double w[64];
-        uint64_t total = 0, padding = 0, expect_total;
+        double w[64], *bound;
+        uint64_t total = 0, padding = 0, expect_total, q[64];
+        sl_strat st;
 
         CHECK(sl_sample_labels_new(&L, lab, n, msg, sizeof(msg)) == 0, "%s", msg);
         sl_sample_config_init(&cfg);
@@ -171,12 +253,17 @@ static void test_stratified_random(int rounds)
         hits = calloc(n, sizeof(*hits));
         ccount = calloc(C, sizeof(*ccount));
         rank_cls = calloc((size_t)C * R, sizeof(*rank_cls));
+        bound = calloc(C, sizeof(*bound));
         for (uint32_t c = 0; c < C; c++)
             ccount[c] = sl_sample_labels_class_size(L, c);
+        if (weighted)
+            CHECK(sl_weights_quantize(q, w, R, "rank", msg, sizeof(msg)) == 0, "%s", msg);
+        CHECK(sl_strat_init(&st, &cfg, R, weighted ? q : NULL, msg, sizeof(msg)) == 0, "%s", msg);
         for (uint32_t r = 0; r < R; r++) {
             uint64_t M, real;
             cfg.rank = r;
             uint64_t *v = full_share(&cfg, &M);
+            tree_bound(bound, &st, r, C);
             if (weighted || cfg.drop_last)
                 real = M;
             else
@@ -206,9 +293,15 @@ static void test_stratified_random(int rounds)
                 double d = window_dev(v, real, lab, c);
                 if (d > max_window_dev)
                     max_window_dev = d;
-                CHECK(d < WINDOW_BOUND,
-                      "rank %u class %u window deviation %.3f (R %u C %u n %" PRIu64 ")", r, c, d,
-                      R, C, n);
+                if (bound[c] > max_tree_bound)
+                    max_tree_bound = bound[c];
+                classes_seen += bound[c] > 0;
+                classes_within_one += bound[c] > 0 && d <= 1;
+                CHECK(d < bound[c] + 1e-9 || (bound[c] == 0 && d == 0),
+                      "rank %u class %u window deviation %.3f over its bound %.3f (R %u C %u n "
+                      "%" PRIu64 ")",
+                      r, c, d, bound[c], R, C, n);
+                CHECK(bound[c] < WINDOW_BOUND, "rank %u class %u bound %.3f", r, c, bound[c]);
             }
             free(v);
         }
@@ -240,7 +333,9 @@ static void test_stratified_random(int rounds)
         free(hits);
         free(ccount);
         free(rank_cls);
+        free(bound);
         free(lab);
+        sl_strat_close(&st);
         sl_sample_labels_free(L);
     }
 }
@@ -653,13 +748,16 @@ static void test_fill_matches_at(int rounds)
 int main(void)
 {
     test_bad_input();
+    test_window_impossible();
     test_mix();
     test_weighted_random(300);
     test_stratified_random(300);
     test_balanced_random(120);
     test_chain_random(300);
     test_fill_matches_at(300);
-    printf("largest window deviation seen: %.3f (bound %.1f)\n", max_window_dev, WINDOW_BOUND);
+    printf("largest window deviation seen: %.3f, largest S_c %.3f (bound %.1f); classes within "
+           "+-1 in every window: %" PRIu64 " of %" PRIu64 "\n",
+           max_window_dev, max_tree_bound, WINDOW_BOUND, classes_within_one, classes_seen);
     if (failures) {
         fprintf(stderr, "sample_strat_test: %d failure(s)\n", failures);
         return 1;

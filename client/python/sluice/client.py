@@ -114,10 +114,14 @@ class Client:
     def delete_job(self, name):
         self.jobs.Delete(feed_pb2.DeleteJobRequest(name=name), **self._kw())
 
-    def resize_job(self, name, world_size, mesh=None):
+    def resize_job(self, name, world_size, mesh=None, rank_weights=None):
+        """Resize job ``name`` to ``world_size`` (mid-epoch too: the rest of the epoch is
+        redistributed). ``rank_weights``: one per new dp rank, shares in proportion to them."""
         req = feed_pb2.ResizeJobRequest(name=name, world_size=world_size)
         if mesh:
             req.mesh.CopyFrom(feed_pb2.Mesh(**mesh))
+        if rank_weights:
+            req.rank_weights.extend(rank_weights)
         return self.jobs.Resize(req, **self._kw())
 
     # ---- epochs ----
