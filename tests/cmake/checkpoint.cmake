@@ -19,6 +19,14 @@ add_test(NAME checkpoint_integration
          COMMAND ${SL_PYTHON} -m unittest -v test_checkpoints
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
 set_tests_properties(checkpoint_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
+# The same tests with the shards in object storage (one s3rver per test process,
+# tests/python/sltest.py with SL_TEST_STORE=s3); ~35 s.
+add_test(NAME checkpoint_integration_s3
+         COMMAND ${SL_PYTHON} -m unittest -v test_checkpoints
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(checkpoint_integration_s3 PROPERTIES
+                     ENVIRONMENT "${SL_TEST_ENV};SL_TEST_STORE=s3" TIMEOUT 300
+                     LABELS "checkpoint;s3")
 
 # The benchmark (tests/bench/ckpt_bench.c); ctest runs a small smoke round only.
 add_executable(ckpt_bench bench/ckpt_bench.c)

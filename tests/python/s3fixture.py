@@ -197,6 +197,32 @@ class S3Server:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
+    def drop_torn_objects(self, prefix="", settle=0.3):
+        """Remove the objects of PUTs that never completed (their client died mid-body), as S3
+        would never have made them visible. s3rver 3.7.1 writes a PUT's bytes in place under the
+        object's name and its metadata file only when the body is complete; an aborted request
+        leaves the partial bytes there, listed and readable (and its CopyObject answers 500).
+        Call it once the writers are dead (sluiced killed, or s3rver killed and restarted); waits
+        `settle` s for s3rver to notice the aborted requests. Returns the keys removed."""
+        time.sleep(settle)
+        root = os.path.join(self.directory, self.bucket)
+        suffix = "._S3rver_object"
+        dropped = []
+        for dirpath, _, names in os.walk(os.path.join(root, prefix) if prefix else root):
+            for n in names:
+                if not n.endswith(suffix):
+                    continue
+                base = os.path.join(dirpath, n[:-len(suffix)])
+                if os.path.exists(base + "._S3rver_metadata.json"):
+                    continue
+                for tail in (suffix, suffix + ".md5"):
+                    try:
+                        os.unlink(base + tail)
+                    except FileNotFoundError:
+                        pass
+                dropped.append(os.path.relpath(base, root))
+        return dropped
+
     def boto3_client(self, endpoint=None):
         """A boto3 S3 client for this server (the independent reader of what sluice wrote)."""
         import boto3
