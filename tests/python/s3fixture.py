@@ -197,6 +197,12 @@ class S3Server:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
+    def set_mtime(self, key, when):
+        """Make an object look last modified at `when` (seconds since the epoch): s3rver answers
+        an object's Last-Modified (HEAD, GET, listings) from its data file's mtime."""
+        path = os.path.join(self.directory, self.bucket, key + "._S3rver_object")
+        os.utime(path, (when, when))
+
     def drop_torn_objects(self, prefix="", settle=0.3):
         """Remove the objects of PUTs that never completed (their client died mid-body), as S3
         would never have made them visible. s3rver 3.7.1 writes a PUT's bytes in place under the

@@ -248,6 +248,14 @@ class Daemon:
         with open(self.store_key(job, name), "r+b") as f:
             f.truncate(size)
 
+    def store_set_mtime(self, job, name, when):
+        """Make a file look last changed at `when` (seconds since the epoch), as the sweeps see
+        it (a file's mtime; an object's Last-Modified)."""
+        if self.store == "s3":
+            self.s3.set_mtime(self.store_key(job, name), when)
+        else:
+            os.utime(self.store_key(job, name), (when, when))
+
     def store_append(self, job, name, data):
         self.store_write(job, name, self.store_read(job, name) + data)
 
