@@ -101,14 +101,17 @@ class S3Server:
         node = shutil.which("node") or shutil.which("nodejs")
         if not node:
             raise RuntimeError("node not found: run deploy/scripts/deps.sh --test")
-        self._tmp = tempfile.mkdtemp(prefix="sluice-s3-")
+        again = self._tmp is not None  # restart(): the same directory and port
+        if not again:
+            self._tmp = tempfile.mkdtemp(prefix="sluice-s3-")
         self.log_path = os.path.join(self._tmp, "s3rver.log")
-        log = open(self.log_path, "wb")
+        log = open(self.log_path, "ab")
         # --service-endpoint localhost: <bucket>.localhost:<port> reaches the bucket (virtual
         # hosts; curl resolves *.localhost to the loopback address itself).
         # --openssl-legacy-provider: s3rver's ListObjectsV2 continuation tokens use DES, which
         # the OpenSSL 3 in node >= 17 provides only there.
-        cmd = [node, "--openssl-legacy-provider", S3RVER_JS, "-d", self.directory, "-a", "127.0.0.1", "-p", "0", "--silent",
+        cmd = [node, "--openssl-legacy-provider", S3RVER_JS, "-d", self.directory, "-a", "127.0.0.1",
+               "-p", str(self.port if again else 0), "--silent",
                "--service-endpoint", "localhost", "--configure-bucket", self.bucket]
         if self.tls:
             self.cert = os.path.join(self._tmp, "cert.pem")
@@ -123,8 +126,9 @@ class S3Server:
         log.close()
         deadline = time.monotonic() + self.start_timeout
         out = b""
+        port = None
         try:
-            while self.port is None:
+            while port is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RuntimeError("s3rver did not say where it listens in %.0f s:\n%s"
@@ -139,10 +143,15 @@ class S3Server:
                 out += chunk
                 m = re.search(rb"listening on [\d.]+:(\d+)", out)
                 if m:
-                    self.port = int(m.group(1))
+                    port = self.port = int(m.group(1))
             self._wait_answers(deadline)
         except BaseException:
-            self.stop()
+            if again:  # keep the directory for another try
+                self.kill()
+                self.proc.stdout.close()
+                self.proc = None
+            else:
+                self.stop()
             raise
         return self
 
@@ -180,6 +189,25 @@ class S3Server:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+    def restart(self, timeout=10.0):
+        """Kill s3rver (a crash) and start it again on the same directory and port, its objects
+        kept (those of PUTs it was receiving dropped, as S3 never shows them). The port may be
+        taken meanwhile by another process: then it fails (rare with a kernel's ephemeral
+        ports)."""
+        self.kill()
+        if self.proc and self.proc.stdout:
+            self.proc.stdout.close()
+        self.proc = None
+        self.drop_torn_objects(settle=0)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.start()
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def stop(self, timeout=5.0):
         if self.proc:
