@@ -367,6 +367,42 @@ class S3StoreTest(unittest.TestCase):
                          pb.COMPLETE)
         self.deep_ok("dl", "ck")
 
+    def test_resume_of_vanished_upload(self):
+        """A partial upload whose multipart upload the store no longer has (completed by a
+        daemon killed before it removed the state, or aborted by a lifecycle rule): S3 answers
+        NoSuchUpload to its parts. The resume fails with FAILED_PRECONDITION (a resume that
+        does not match), the useless state is dropped (held 0), and the client that asks
+        UploadStatus again finishes the shard."""
+        self.start(PART_ARGS, via_proxy=True)
+        self.stub.Begin(pb.BeginRequest(job="v", name="ck", world_size=1), timeout=10)
+        data = shard_bytes(0, 2 * PART + MiB)
+        held, fut = self.hold_until_part_stored("v", "ck", 0, data, PART + MiB)
+        held.cut = True
+        held.release.set()
+        with self.assertRaises(grpc.RpcError):
+            fut.result(timeout=30)
+        upload_id = re.search(r"^upload_id (\S+)$", self.d.store_read(
+            "v", ".ck_shard_0.shard.part").decode(), re.M).group(1)
+        self.proxy.set(no_such_upload=10 ** 6, match="uploadId=" + upload_id)
+        st = self.status("v", "ck", 0)
+        self.assertGreater(st.held_bytes, 0)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.upload("v", "ck", 0, data, offset=st.held_bytes)
+        # A resume that does not match (ask UploadStatus), not NOT_FOUND (the checkpoint is).
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION,
+                         e.exception.details())
+        self.assertIn("NoSuchUpload", e.exception.details())
+        with self.proxy.lock:
+            self.assertLess(self.proxy.faults["no_such_upload"][0], 10 ** 6, "never answered")
+        wait_for("the state dropped", lambda: not self.d.store_files("v"))
+        st = self.status("v", "ck", 0)
+        self.assertEqual((st.held_bytes, st.stored), (0, False))
+        done = self.upload("v", "ck", 0, data, offset=st.held_bytes)
+        self.assertEqual(done.sha256, hashlib.sha256(data).hexdigest())
+        self.assertEqual(self.stub.Commit(pb.CheckpointRef(job="v", name="ck"), timeout=30).state,
+                         pb.COMPLETE)
+        self.deep_ok("v", "ck")
+
     def test_abandoned_upload_swept(self):
         """A partial multipart upload idle past --upload-timeout is swept: its multipart upload
         aborted (DELETE ?uploadId=), its state and head objects removed."""

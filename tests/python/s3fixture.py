@@ -391,9 +391,11 @@ def sigv4_check(method, target, head_lines, body, access_key, secret_key, sessio
 class FaultProxy:
     """A fault-injecting HTTP proxy on 127.0.0.1 in front of 127.0.0.1:<upstream_port>."""
 
-    def __init__(self, upstream_port, upstream_host="127.0.0.1", verify=None):
+    def __init__(self, upstream_port, upstream_host="127.0.0.1", verify=None, s3rver=None):
         self.upstream = (upstream_host, upstream_port)
         self.verify = verify
+        # An S3Server: answer as S3 does where s3rver 3.7.1 does not (see _unknown_upload).
+        self.s3rver = s3rver
         self.rejected = []  # (method, target, code) of requests refused by the verification
         self.lock = threading.Lock()
         self.requests = []
@@ -497,6 +499,19 @@ class FaultProxy:
             self.faults[what][0] = n - 1
             return True
 
+    def _unknown_upload(self, method, target):
+        """A part or a Complete for an upload s3rver does not have (completed or never made):
+        S3 answers 404 NoSuchUpload; s3rver 3.7.1 stores the part anyway and answers the
+        Complete 500 (its upload directory is gone), so a client's resume of an upload that
+        an earlier life of it completed would be retried as a server error until its deadline."""
+        if self.s3rver is None or method not in ("PUT", "POST"):
+            return False
+        m = re.search(r"[?&]uploadId=([0-9a-fA-F]+)", target)
+        if not m:
+            return False
+        return not os.path.exists(os.path.join(self.s3rver.directory, self.s3rver.bucket,
+                                               "._S3rver_uploads", m.group(1), "key"))
+
     @staticmethod
     def _answer(conn, method, status, reason, body):
         head = ("HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n"
@@ -537,7 +552,8 @@ class FaultProxy:
                                  b"</Code><Message>Please reduce your request rate.</Message>"
                                  b"</Error>")
                     continue
-                if self._take("no_such_upload", method, target):
+                if self._take("no_such_upload", method, target) or \
+                        self._unknown_upload(method, target):
                     self._answer(conn, method, 404, "Not Found",
                                  b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>"
                                  b"NoSuchUpload</Code><Message>The specified upload does not "

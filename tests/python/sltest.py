@@ -30,26 +30,33 @@ if STORE not in ("dir", "s3"):
 
 _s3_lock = threading.Lock()
 _s3_server = None
+_s3_proxy = None
 
 
 def shared_s3():
-    """The s3rver of this test process: started on first use (bounded by S3Server's start
-    timeout), started again if it died, stopped at exit."""
-    global _s3_server
-    from s3fixture import S3Server
+    """The s3rver of this test process, behind a FaultProxy that answers NoSuchUpload where S3
+    would (s3fixture.FaultProxy._unknown_upload): started on first use (bounded by S3Server's
+    start timeout), started again if it died, stopped at exit. Returns (server, proxy)."""
+    global _s3_server, _s3_proxy
+    from s3fixture import FaultProxy, S3Server
     with _s3_lock:
         if _s3_server is None or not _s3_server.alive():
             if _s3_server is not None:
+                _s3_proxy.stop()
                 _s3_server.stop()
             else:
                 atexit.register(_stop_shared_s3)
             _s3_server = S3Server().start()
-        return _s3_server
+            _s3_proxy = FaultProxy(_s3_server.port, s3rver=_s3_server).start()
+        return _s3_server, _s3_proxy
 
 
 def _stop_shared_s3():
-    global _s3_server
+    global _s3_server, _s3_proxy
     with _s3_lock:
+        if _s3_proxy is not None:
+            _s3_proxy.stop()
+            _s3_proxy = None
         if _s3_server is not None:
             _s3_server.stop()
             _s3_server = None
@@ -76,7 +83,10 @@ class Daemon:
         self._boto = None
         store_args, store_env = [], {}
         if self.store == "s3":
-            self.s3 = s3 or shared_s3()
+            if s3 is None:
+                s3, proxy = shared_s3()
+                s3_endpoint = s3_endpoint or proxy.endpoint
+            self.s3 = s3
             self.s3_prefix = "t" + hashlib.sha256(
                 os.path.abspath(data_dir).encode()).hexdigest()[:16]
             self.s3_endpoint = s3_endpoint or self.s3.endpoint
