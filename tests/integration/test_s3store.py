@@ -297,6 +297,7 @@ class S3StoreTest(unittest.TestCase):
         datas = [shard_bytes(r, 2000 + r) for r in range(2)]
         for r in range(2):
             self.upload("sc", "ck", r, datas[r])
+        self.proxy.clear_log()
         self.proxy.set(delay_ms=800)
         out = {}
 
