@@ -461,8 +461,18 @@ static int w_resume(sl_swriter *w, uint64_t from, sl_sha256 *sha, char *msg, siz
         return SL_ESTATE;
     }
     err = sl_s3_get(w->s->c, w->head_key, 0, w->head, w->head_len, msg, msglen);
+    if (err == SL_ENOTFOUND || err == SL_ECORRUPT) {
+        /* A state without its head (a kill between the two removals that end an upload) can
+         * never be resumed: it goes, so that UploadStatus stops offering its bytes. */
+        state_discard(w->s, w->state_key);
+        snprintf(msg, msglen,
+                 "cannot resume at offset %" PRIu64
+                 ": the partial upload lost its head object and was discarded (ask UploadStatus)",
+                 from);
+        return SL_ESTATE;
+    }
     if (err)
-        return err == SL_ENOTFOUND || err == SL_ECORRUPT ? SL_ESTATE : err;
+        return err;
     w->head_stored = 1;
     w->done_upto = u.last_part;
     w->next_part = u.last_part + 1;

@@ -404,6 +404,33 @@ class S3StoreTest(unittest.TestCase):
                          pb.COMPLETE)
         self.deep_ok("v", "ck")
 
+    def test_resume_without_head(self):
+        """A state object whose head object is gone (a kill between the two removals that end an
+        upload: the head goes first): the resume is FAILED_PRECONDITION and drops the state, so
+        that UploadStatus says 0 and the client's next upload finishes the shard."""
+        self.start(PART_ARGS)
+        self.stub.Begin(pb.BeginRequest(job="h", name="ck", world_size=1), timeout=10)
+        data = shard_bytes(0, 2 * PART + MiB)
+        held, fut = self.hold_until_part_stored("h", "ck", 0, data, PART + MiB)
+        held.cut = True
+        held.release.set()
+        with self.assertRaises(grpc.RpcError):
+            fut.result(timeout=30)
+        self.d.store_remove("h", ".ck_shard_0.shard.part.head")
+        st = self.status("h", "ck", 0)
+        self.assertGreater(st.held_bytes, 0)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.upload("h", "ck", 0, data, offset=st.held_bytes)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION,
+                         e.exception.details())
+        st = self.status("h", "ck", 0)
+        self.assertEqual((st.held_bytes, st.stored), (0, False))
+        self.assertEqual(self.d.store_files("h"), [])
+        self.upload("h", "ck", 0, data, offset=st.held_bytes)
+        self.assertEqual(self.stub.Commit(pb.CheckpointRef(job="h", name="ck"), timeout=30).state,
+                         pb.COMPLETE)
+        self.deep_ok("h", "ck")
+
     def test_abandoned_upload_swept(self):
         """A partial multipart upload idle past --upload-timeout is swept: its multipart upload
         aborted (DELETE ?uploadId=), its state and head objects removed."""
