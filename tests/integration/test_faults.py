@@ -466,7 +466,12 @@ class KillTest(unittest.TestCase):
         for f in files:
             if f.startswith("."):
                 if self.d.store == "s3" and f.endswith(".shard.part.head"):
-                    self.assertIn(f[:-len(".head")], files, "head without its state: " + f)
+                    # With its state, or alone where s3rver lost the state: a kill during an
+                    # overwrite of the state tears it in s3rver (S3 keeps the old one), and
+                    # drop_torn_objects can only remove it. A new upload of the rank removes
+                    # the head.
+                    name = f[1:-len(".shard.part.head")].rsplit("_shard_", 1)[0]
+                    self.assertEqual(cat[name].state, cpb.WRITING, f)
                     continue
                 self.assertTrue(f.endswith(".shard.part"), "temp file left: " + f)
                 name, rank = f[1:-len(".shard.part")].rsplit("_shard_", 1)

@@ -152,11 +152,16 @@ class S3StoreTest(unittest.TestCase):
         return int(m.group(1)) if m else 0
 
     def hold_until_part_stored(self, job, name, rank, data, upto, timeout=30):
-        """Start an upload that stops after `upto` bytes, wait until the daemon stored data
-        beyond the first part (the state object says so); returns (held stream, future)."""
+        """Start an upload that stops after `upto` bytes (at least the head's), wait until the
+        state object says the head's data is stored; returns (held stream, future). The daemon
+        records the parts after it only when more data arrives (it collects finished parts on
+        the next write), so no state is being written while the stream waits and the test
+        strikes (a kill of s3rver during that PUT would tear the state)."""
         held = Held(job, name, rank, data, upto)
         fut = self.stub.UploadShard.future(iter(held), timeout=timeout)
-        wait_for("a part stored", lambda: self.stored_bytes(job, name, rank) > 0)
+        want = PART - HEADER
+        self.assertGreaterEqual(upto, want)
+        wait_for("%d bytes stored" % want, lambda: self.stored_bytes(job, name, rank) >= want)
         return held, fut
 
     # -- tests --
