@@ -309,6 +309,11 @@ int main(int argc, char **argv)
     if (d.cfg.check_config)
         return sl_ops_check_config(&d.cfg, stdout) == 0 ? 0 : 1;
     signal(SIGPIPE, SIG_IGN);
+    /* With object storage, upload write lanes, removals and verifies wait on the network in
+     * libuv's worker pool (4 threads by default): give it more, unless the operator chose. Set
+     * before the pool's first use. */
+    if (strncmp(d.cfg.store, "s3://", 5) == 0)
+        setenv("UV_THREADPOOL_SIZE", "16", 0);
     /* Upload chunks are 1-4 MiB messages allocated and freed many times a second: served from
      * the heap instead of fresh mmap()s, they cost no page faults (measured: about 10% of the
      * daemon's CPU during a 1 GiB upload). */

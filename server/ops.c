@@ -4,6 +4,7 @@
 #include "daemon.h"
 #include "err.h"
 #include "log.h"
+#include "store/s3.h"
 #include "store/store.h"
 
 #include <dirent.h>
@@ -226,6 +227,37 @@ static int check_pem(const char *what, const char *path)
     return 0;
 }
 
+/* The store settings as the daemon would use them, without connecting: the URL, the
+ * addressing, the credentials (file or environment). */
+static int check_store(const sl_config *cfg)
+{
+    char msg[512] = "";
+    sl_s3_cfg s3;
+    int err = 0;
+
+    memset(&s3, 0, sizeof(s3));
+    if (strncmp(cfg->store, "s3://", 5) != 0) {
+        snprintf(msg, sizeof(msg), "--store '%.256s' is not s3://BUCKET[/PREFIX]", cfg->store);
+        err = SL_EINVAL;
+    }
+    if (!err)
+        err = sl_s3_cfg_url(&s3, cfg->store, msg, sizeof(msg));
+    if (!err && strcmp(cfg->s3_addressing, "path") != 0 &&
+        strcmp(cfg->s3_addressing, "virtual") != 0 && strcmp(cfg->s3_addressing, "auto") != 0) {
+        snprintf(msg, sizeof(msg), "--s3-addressing '%.32s' is not path, virtual or auto",
+                 cfg->s3_addressing);
+        err = SL_EINVAL;
+    }
+    if (!err)
+        err = sl_s3_cfg_credentials(&s3, cfg->s3_credentials_file, msg, sizeof(msg));
+    if (!err && cfg->s3_ca_file[0])
+        err = check_pem("--s3-ca-file", cfg->s3_ca_file);
+    explicit_bzero(&s3, sizeof(s3));
+    if (err && msg[0])
+        fprintf(stderr, "sluiced: %s\n", msg);
+    return err;
+}
+
 int sl_ops_check_config(const sl_config *cfg, FILE *out)
 {
     char msg[512];
@@ -252,6 +284,8 @@ int sl_ops_check_config(const sl_config *cfg, FILE *out)
             return err;
         }
     }
+    if (cfg->store[0] && (err = check_store(cfg)) != 0)
+        return err;
     sl_config_print(cfg, out);
     return 0;
 }

@@ -194,12 +194,6 @@ const sl_rpc_service *sl_ckpt_service(sl_ckpt_svc *s)
     return &s->svc;
 }
 
-void ckpt_svc_release(sl_ckpt_svc *s)
-{
-    if (s->stopping && !s->timer_open && !s->rsweep)
-        free(s);
-}
-
 static void svc_closed(uv_handle_t *h)
 {
     sl_ckpt_svc *s = h->data;

@@ -317,7 +317,10 @@ static void up_pump(upload *up)
         up->write_end = up->seq_tail;
         up_write_lane(up, ckpt_up_write_work);
     }
-    if (up->seq_hash == up->hash_end && up->seq_hash < up->seq_tail) {
+    if (s->opts.store->ops->hashes) {
+        /* The store's writer hashes what the write lane gives it: no hash lane. */
+        up->seq_hash = up->hash_end = up->seq_tail;
+    } else if (up->seq_hash == up->hash_end && up->seq_hash < up->seq_tail) {
         up->hash_end = up->seq_tail;
         up->herr = 0;
         up_lane(up, &up->hwork, ckpt_up_hash_work, up_after_hash);

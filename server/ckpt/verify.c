@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -60,25 +61,154 @@ static void verify_free(verify *v)
     free(v);
 }
 
-/* Deep: the data section must hash to the catalog's checksum, read in blocks (1 MiB from a
- * directory, 8 MiB ranged GETs from object storage), the cancel flag checked before each.
- * Returns the verdict. */
+/* Object storage: FETCHERS threads GET the next blocks (ranged GETs of FETCH_BLOCK bytes) into
+ * FETCH_BUFS buffers while the worker hashes the earlier ones in order, so the network and the
+ * hash overlap. A block is fetched only once the hash is within FETCH_BUFS blocks of it. */
+#define FETCHERS    2
+#define FETCH_BUFS  4
+#define FETCH_BLOCK (8u << 20)
+
+typedef struct fetch {
+    const sl_sstore *st;
+    sl_sreader *r;
+    uint64_t data_size;
+    uint64_t nblocks;
+    uint8_t *buf[FETCH_BUFS];
+    int ready[FETCH_BUFS]; /* 1: block `slot_block[i]` is in buf[i] */
+    uint64_t slot_block[FETCH_BUFS];
+    uint64_t claim;  /* the next block a fetcher takes */
+    uint64_t hashed; /* blocks hashed */
+    int err, quit;
+    char why[160];
+    const atomic_int *stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} fetch;
+
+static size_t fetch_len(const fetch *f, uint64_t b)
+{
+    uint64_t pos = b * FETCH_BLOCK;
+
+    return f->data_size - pos < FETCH_BLOCK ? (size_t)(f->data_size - pos) : FETCH_BLOCK;
+}
+
+static void *fetch_main(void *arg)
+{
+    fetch *f = arg;
+    char why[160];
+
+    pthread_mutex_lock(&f->mu);
+    for (;;) {
+        uint64_t b;
+        int slot, err;
+        while (!f->quit && !f->err && f->claim < f->nblocks && f->claim >= f->hashed + FETCH_BUFS)
+            pthread_cond_wait(&f->cv, &f->mu);
+        if (f->quit || f->err || f->claim >= f->nblocks)
+            break;
+        b = f->claim++;
+        slot = (int)(b % FETCH_BUFS);
+        pthread_mutex_unlock(&f->mu);
+        why[0] = '\0';
+        err = atomic_load(f->stop)
+                  ? SL_ECANCELLED
+                  : f->st->ops->r_read(f->r, f->buf[slot], fetch_len(f, b),
+                                       SL_SHARD_HEADER_SIZE + b * FETCH_BLOCK, why, sizeof(why));
+        pthread_mutex_lock(&f->mu);
+        if (err && !f->err) {
+            f->err = err;
+            snprintf(f->why, sizeof(f->why), "%s", why);
+        }
+        f->slot_block[slot] = b;
+        f->ready[slot] = 1;
+        pthread_cond_broadcast(&f->cv);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+/* Hash the data of a remote shard into sha with the fetchers. Returns 0 or the error (why). */
+static int hash_remote(const sl_sstore *st, sl_sreader *r, uint64_t data_size, sl_sha256 *sha,
+                       const atomic_int *stop, char *why, size_t whylen)
+{
+    fetch f;
+    pthread_t th[FETCHERS];
+    int started = 0, err = 0;
+
+    memset(&f, 0, sizeof(f));
+    f.st = st;
+    f.r = r;
+    f.data_size = data_size;
+    f.nblocks = (data_size + FETCH_BLOCK - 1) / FETCH_BLOCK;
+    f.stop = stop;
+    pthread_mutex_init(&f.mu, NULL);
+    pthread_cond_init(&f.cv, NULL);
+    for (int i = 0; i < FETCH_BUFS && !err; i++)
+        if (!(f.buf[i] = malloc(FETCH_BLOCK)))
+            err = -ENOMEM;
+    for (int i = 0; i < FETCHERS && !err && (uint64_t)i < f.nblocks; i++) {
+        if (pthread_create(&th[i], NULL, fetch_main, &f) != 0)
+            break;
+        started++;
+    }
+    if (!err && !started && f.nblocks)
+        err = -EAGAIN;
+    for (uint64_t b = 0; !err && b < f.nblocks; b++) {
+        int slot = (int)(b % FETCH_BUFS);
+        pthread_mutex_lock(&f.mu);
+        while (!f.err && !(f.ready[slot] && f.slot_block[slot] == b))
+            pthread_cond_wait(&f.cv, &f.mu);
+        err = f.err;
+        pthread_mutex_unlock(&f.mu);
+        if (!err && atomic_load(stop))
+            err = SL_ECANCELLED;
+        if (!err)
+            err = sl_sha256_update(sha, f.buf[slot], fetch_len(&f, b));
+        pthread_mutex_lock(&f.mu);
+        f.ready[slot] = 0;
+        f.hashed = b + 1;
+        pthread_cond_broadcast(&f.cv);
+        pthread_mutex_unlock(&f.mu);
+    }
+    pthread_mutex_lock(&f.mu);
+    f.quit = 1;
+    pthread_cond_broadcast(&f.cv);
+    pthread_mutex_unlock(&f.mu);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    if (f.err)
+        snprintf(why, whylen, "%s", f.why);
+    for (int i = 0; i < FETCH_BUFS; i++)
+        free(f.buf[i]);
+    pthread_cond_destroy(&f.cv);
+    pthread_mutex_destroy(&f.mu);
+    return err;
+}
+
+/* Deep: the data section must hash to the catalog's checksum. From a directory it is read in
+ * 1 MiB blocks, the cancel flag checked before each; from object storage with ranged GETs that
+ * overlap the hashing (hash_remote). Returns the verdict. */
 static int vjob_hash(vjob *j, sl_sreader *r)
 {
     const sl_sstore *st = j->v->svc->opts.store;
-    size_t block = sl_sstore_remote(st) ? (8u << 20) : (1u << 20);
+    size_t block = 1u << 20;
     char got[SL_SHARD_HEX_LEN + 1], why[160] = "";
     sl_sha256 *sha = NULL;
-    uint8_t *buf = malloc(block);
-    int err = buf ? sl_sha256_new(&sha) : -ENOMEM;
+    uint8_t *buf = NULL;
+    int err = sl_sha256_new(&sha);
 
-    for (uint64_t pos = 0; !err && pos < j->data_size; pos += block) {
-        size_t n = j->data_size - pos < block ? (size_t)(j->data_size - pos) : block;
-        if (atomic_load(&j->v->cancelled))
-            err = SL_ECANCELLED;
-        else if ((err = st->ops->r_read(r, buf, n, SL_SHARD_HEADER_SIZE + pos, why, sizeof(why))) ==
-                 0)
-            err = sl_sha256_update(sha, buf, n);
+    if (!err && sl_sstore_remote(st)) {
+        err = hash_remote(st, r, j->data_size, sha, &j->v->cancelled, why, sizeof(why));
+    } else if (!err && !(buf = malloc(block))) {
+        err = -ENOMEM;
+    } else {
+        for (uint64_t pos = 0; !err && pos < j->data_size; pos += block) {
+            size_t n = j->data_size - pos < block ? (size_t)(j->data_size - pos) : block;
+            if (atomic_load(&j->v->cancelled))
+                err = SL_ECANCELLED;
+            else if ((err = st->ops->r_read(r, buf, n, SL_SHARD_HEADER_SIZE + pos, why,
+                                            sizeof(why))) == 0)
+                err = sl_sha256_update(sha, buf, n);
+        }
     }
     if (!err)
         err = sl_sha256_final(sha, got);

@@ -133,11 +133,13 @@ int s3_put_body(sl_s3 *c, s3_req *r, const struct iovec *iov, int n, char *msg, 
     uint64_t len = 0;
     for (int i = 0; i < n; i++)
         len += iov[i].iov_len;
-    int rc = s3_digests(iov, n, r->sha256, md5_b64, md5_hex);
+    int rc = s3_digests(iov, n, r->unsigned_payload ? NULL : r->sha256, md5_b64, md5_hex);
     if (rc != 0) {
         snprintf(msg, msglen, "%s %s: hashing the body failed", r->op, r->key);
         return rc;
     }
+    if (r->unsigned_payload)
+        snprintf(r->sha256, sizeof(r->sha256), "UNSIGNED-PAYLOAD");
     r->iov = iov;
     r->iovn = n;
     r->body_len = len;

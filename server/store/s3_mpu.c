@@ -85,6 +85,7 @@ int sl_s3_mpu_part(sl_s3 *c, const char *key, const char *upload_id, int part_no
         s3_req r;
         s3_req_init(&r, "UploadPart", "PUT", key);
         r.query = sl_buf_str(&q);
+        r.unsigned_payload = 1;
         rc = s3_put_body(c, &r, iov, n, msg, msglen);
         if (rc == 0)
             memcpy(etag, r.etag, SL_S3_ETAG_MAX);

@@ -50,17 +50,18 @@ int s3_digests(const struct iovec *iov, int n, char sha256[S3_HEX_SHA256], char 
         rc = -ENOMEM;
         goto out;
     }
-    if (EVP_DigestInit_ex(sh, EVP_sha256(), NULL) != 1 ||
+    if ((sha256 && EVP_DigestInit_ex(sh, EVP_sha256(), NULL) != 1) ||
         EVP_DigestInit_ex(md, EVP_md5(), NULL) != 1)
         goto out;
     for (int i = 0; i < n; i++)
-        if (EVP_DigestUpdate(sh, iov[i].iov_base, iov[i].iov_len) != 1 ||
+        if ((sha256 && EVP_DigestUpdate(sh, iov[i].iov_base, iov[i].iov_len) != 1) ||
             EVP_DigestUpdate(md, iov[i].iov_base, iov[i].iov_len) != 1)
             goto out;
-    if (EVP_DigestFinal_ex(sh, ds, &ls) != 1 || EVP_DigestFinal_ex(md, dm, &lm) != 1 || ls != 32 ||
-        lm != 16)
+    if ((sha256 && (EVP_DigestFinal_ex(sh, ds, &ls) != 1 || ls != 32)) ||
+        EVP_DigestFinal_ex(md, dm, &lm) != 1 || lm != 16)
         goto out;
-    to_hex(ds, ls, sha256);
+    if (sha256)
+        to_hex(ds, ls, sha256);
     if (md5_hex)
         to_hex(dm, lm, md5_hex);
     EVP_EncodeBlock((unsigned char *)md5_b64, dm, (int)lm); /* 24 characters + NUL */

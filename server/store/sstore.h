@@ -50,10 +50,15 @@ typedef int (*sl_sstore_verdict_fn)(const char *job, const char *file, int64_t m
 typedef struct sl_sstore_ops {
     const char *kind; /* "dir", "s3" */
     int remote;       /* calls wait on the network */
+    /* The writer hashes the data it is given into the `sha` of w_open (from the resumed
+     * prefix's state on), one thread at a time with its writes: the caller then hashes nothing
+     * itself. A backend that saves the hash state (object storage) saves a pass over the data. */
+    int hashes;
     /* Writers (one thread at a time per writer). open: a new partial upload, or the kept one
      * resumed (its prefix of resume_from bytes hashed into `sha` again, or its saved hash
      * state loaded into `sha`): SL_ESTATE with msg if there is no matching partial upload.
-     * write: the n ranges at data offset `off`, in order, offsets contiguous. finish: the header
+     * write: the n ranges at data offset `off`, in order, offsets contiguous (hashed into `sha`
+     * with ops.hashes; `sha` must then outlive the writer). finish: the header
      * with checksum `sha_hex` written and the shard durable under its name (an older shard of
      * the rank replaced); nothing is visible under the name before. release: give back room
      * reserved ahead of the written bytes (the written bytes stay for a resume). close: free

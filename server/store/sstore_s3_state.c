@@ -1,0 +1,190 @@
+/* The state object of a partial upload in a bucket (sstore_s3.c has the design): written after
+ * each part that extends the stored prefix, read back by a resume and UploadStatus. Plain text,
+ * one "key value" per line; parts as "part N ETAG". */
+#include "sstore_s3_internal.h"
+
+#include "layout.h"
+
+#include "err.h"
+#include "log.h"
+#include "util/buf.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the state object ---- */
+
+static int hex_put(sl_buf *b, const uint8_t *p, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    int err = 0;
+
+    for (size_t i = 0; i < n && !err; i++) {
+        char two[2] = {digits[p[i] >> 4], digits[p[i] & 15]};
+        err = sl_buf_add(b, two, 2);
+    }
+    return err;
+}
+
+static int hex_get(const char *hex, uint8_t *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int v = 0;
+        for (int k = 0; k < 2; k++) {
+            char ch = hex[2 * i + k];
+            int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+            if (d < 0)
+                return SL_ECORRUPT;
+            v = v * 16 + d;
+        }
+        out[i] = (uint8_t)v;
+    }
+    return hex[2 * n] == '\0' ? 0 : SL_ECORRUPT;
+}
+
+/* Write the state object: what is stored so far. */
+int s3s_state_save(sl_swriter *w)
+{
+    sl_buf b;
+    int err;
+
+    sl_buf_init(&b, STATE_MAX);
+    err = sl_buf_printf(
+        &b,
+        "sluice-upload 1\nupload_id %s\nrank %d\ndata_size %" PRIu64
+        "\ntensor_count %u\npart_size %" PRIu64 "\ndata_done %" PRIu64 "\nsha_state ",
+        w->upload_id, w->rank, w->data_size, w->tensor_count, w->part_size, w->data_done);
+    if (!err)
+        err = hex_put(&b, w->done_state, sizeof(w->done_state));
+    if (!err)
+        err = sl_buf_addstr(&b, "\n");
+    for (int p = 2; p <= w->done_upto && !err; p++)
+        err = sl_buf_printf(&b, "part %d %s\n", p, w->etags[p]);
+    if (!err)
+        err = sl_s3_put(w->s->c, w->state_key, b.p, b.len, w->errmsg, sizeof(w->errmsg));
+    sl_buf_free(&b);
+    return err;
+}
+
+/* Parse a state object (NUL-terminated text); etags (may be NULL) receives the parts' ETags. */
+static int state_parse(char *text, ustate *u, char (*etags)[SL_S3_ETAG_MAX], int max_part)
+{
+    int seen = 0;
+    char *save = NULL;
+
+    memset(u, 0, sizeof(*u));
+    u->last_part = 1;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *sp = strchr(line, ' ');
+        const char *v;
+        if (!sp)
+            return SL_ECORRUPT;
+        *sp = '\0';
+        v = sp + 1;
+        if (strcmp(line, "sluice-upload") == 0) {
+            seen |= strcmp(v, "1") == 0;
+        } else if (strcmp(line, "upload_id") == 0) {
+            if (strlen(v) >= sizeof(u->upload_id))
+                return SL_ECORRUPT;
+            snprintf(u->upload_id, sizeof(u->upload_id), "%s", v);
+        } else if (strcmp(line, "rank") == 0) {
+            u->rank = (int32_t)strtol(v, NULL, 10);
+        } else if (strcmp(line, "data_size") == 0) {
+            u->data_size = strtoull(v, NULL, 10);
+        } else if (strcmp(line, "tensor_count") == 0) {
+            u->tensor_count = (uint32_t)strtoul(v, NULL, 10);
+        } else if (strcmp(line, "part_size") == 0) {
+            u->part_size = strtoull(v, NULL, 10);
+        } else if (strcmp(line, "data_done") == 0) {
+            u->data_done = strtoull(v, NULL, 10);
+        } else if (strcmp(line, "sha_state") == 0) {
+            if (strlen(v) != 2 * SL_SHA256_STATE_LEN || hex_get(v, u->sha, sizeof(u->sha)) != 0)
+                return SL_ECORRUPT;
+            seen |= 2;
+        } else if (strcmp(line, "part") == 0) {
+            char *end;
+            long p = strtol(v, &end, 10);
+            if (p != u->last_part + 1 || p > max_part || *end != ' ' ||
+                strlen(end + 1) >= SL_S3_ETAG_MAX)
+                return SL_ECORRUPT;
+            if (etags)
+                snprintf(etags[p], SL_S3_ETAG_MAX, "%s", end + 1);
+            u->last_part = (int)p;
+        }
+    }
+    return seen == 3 && u->upload_id[0] && u->part_size >= PART_MIN ? 0 : SL_ECORRUPT;
+}
+
+/* Read the state object at key into *u. SL_ENOTFOUND if there is none. */
+int s3s_state_load(s3store *s, const char *key, ustate *u, char (*etags)[SL_S3_ETAG_MAX],
+                   int max_part, char *msg, size_t msglen)
+{
+    sl_buf b;
+    int err;
+
+    sl_buf_init(&b, STATE_MAX + 1);
+    err = sl_s3_get_all(s->c, key, STATE_MAX, &b, msg, msglen);
+    if (!err && (err = sl_buf_add(&b, "", 1)) == 0) /* NUL-terminate */
+        err = state_parse(b.p, u, etags, etags ? max_part : PARTS_MAX);
+    if (err == SL_ECORRUPT)
+        snprintf(msg, msglen, "the upload state %s does not parse", key);
+    sl_buf_free(&b);
+    return err;
+}
+
+/* The shard's key of the state object "<job>/.<file>.part": "<job>/<file>", the key its
+ * multipart upload was started on (an abort names the upload by that key and its id). */
+static int state_shard_key(const char *state_key, char *out, size_t len)
+{
+    const char *slash = strrchr(state_key, '/');
+    const char *base = slash ? slash + 1 : state_key;
+    size_t blen = strlen(base), sfx = strlen(".part");
+
+    if (base[0] != '.' || blen <= 1 + sfx || strcmp(base + blen - sfx, ".part") != 0)
+        return SL_EINVAL;
+    int n = snprintf(out, len, "%.*s%.*s", (int)(base - state_key), state_key,
+                     (int)(blen - 1 - sfx), base + 1);
+    return n < 0 || (size_t)n >= len ? SL_ELIMIT : 0;
+}
+
+/* Abort the multipart upload a state object names and remove it with its head object. Best
+ * effort: what stays is the sweeps'. */
+void s3s_state_discard(s3store *s, const char *state_key)
+{
+    char msg[256], head_key[SL_S3_KEY_MAX], key[SL_S3_KEY_MAX];
+    ustate u;
+
+    if (s3s_state_load(s, state_key, &u, NULL, 0, msg, sizeof(msg)) == 0 && u.upload_id[0] &&
+        state_shard_key(state_key, key, sizeof(key)) == 0) {
+        int err = sl_s3_mpu_abort(s->c, key, u.upload_id, msg, sizeof(msg));
+        if (err && err != SL_EUNIMPL)
+            sl_log_warn("s3_abort_failed", "key=%s error=\"%s\"", state_key, msg);
+    }
+    if (snprintf(head_key, sizeof(head_key), "%s%s", state_key, HEAD_SUFFIX) <
+        (int)sizeof(head_key))
+        sl_s3_delete(s->c, head_key, msg, sizeof(msg));
+    sl_s3_delete(s->c, state_key, msg, sizeof(msg));
+}
+
+int s3s_held(sl_sstore *base, const char *job, const char *name, int32_t rank, uint64_t *held)
+{
+    s3store *s = (s3store *)base;
+    char part[NAME_MAX + 1], key[SL_S3_KEY_MAX], msg[256];
+    ustate u;
+    int err;
+
+    if (sl_store_file_name(part, sizeof(part), SL_STORE_PART, name, rank) != 0 ||
+        obj_key(key, sizeof(key), job, part, NULL) != 0)
+        return SL_ENOTFOUND;
+    err = s3s_state_load(s, key, &u, NULL, 0, msg, sizeof(msg));
+    if (err)
+        return err == SL_ECORRUPT ? SL_ENOTFOUND : err;
+    if (u.rank != rank)
+        return SL_ENOTFOUND;
+    *held = u.data_done;
+    return 0;
+}
