@@ -102,9 +102,11 @@ static int w_reap(sl_swriter *w, int keep)
             } else if (!j->err) {
                 memcpy(w->etags[j->part_no], j->etag, SL_S3_ETAG_MAX);
                 w->done_upto = j->part_no;
-                w->data_done = j->data_end;
-                memcpy(w->done_state, j->sha_state, sizeof(w->done_state));
-                grew = 1;
+                if (!j->no_state) {
+                    w->data_done = j->data_end;
+                    memcpy(w->done_state, j->sha_state, sizeof(w->done_state));
+                    grew = 1;
+                }
             }
             free(j->buf);
             free(j);
@@ -135,7 +137,9 @@ static int w_send_part(sl_swriter *w)
     j->buf = w->buf;
     j->len = w->fill;
     j->data_end = w->data_pos;
-    sl_sha256_save(w->run, j->sha_state);
+    j->no_state = w->finishing;
+    if (!j->no_state)
+        sl_sha256_save(w->run, j->sha_state);
     w->buf = NULL;
     w->fill = 0;
     pthread_mutex_lock(&w->s->mu);
@@ -394,8 +398,14 @@ int s3s_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen)
         err = sl_s3_put(w->s->c, w->key, part1, SL_SHARD_HEADER_SIZE + w->head_len, msg, msglen);
     } else if (!err) {
         struct iovec iov = {part1, SL_SHARD_HEADER_SIZE + w->head_len};
-        if (w->fill)
+        /* The parts before the last one are recorded first; the last, partly filled one is
+         * not: the caller finalized the hasher to give sha_hex, so there is no state to record
+         * after it (a resume after a crash sends it again). */
+        err = w_reap(w, 0);
+        if (!err && w->fill) {
+            w->finishing = 1;
             err = w_send_part(w);
+        }
         if (!err)
             err = w_reap(w, 0);
         if (!err)

@@ -436,6 +436,33 @@ class S3StoreTest(unittest.TestCase):
                          pb.COMPLETE)
         self.deep_ok("h", "ck")
 
+    def test_resume_after_kill_before_complete(self):
+        """Every part stored, sluiced killed while CompleteMultipartUpload is retried: after the
+        restart the upload resumes from what UploadStatus holds. The state recorded when the
+        last, partly filled part was stored must be one a resume can load (the service has
+        finalized the hasher by then)."""
+        self.start(PART_ARGS, via_proxy=True)
+        self.stub.Begin(pb.BeginRequest(job="fc", name="ck", world_size=1), timeout=10)
+        data = shard_bytes(0, 2 * PART + 12345)
+        self.proxy.faults["reset"] = [10 ** 6, "POST ", 1]  # Create goes by, Complete never
+        fut = self.stub.UploadShard.future(upload_requests(
+            "fc", "ck", 0, data, tensors=[], sha=hashlib.sha256(data).hexdigest()), timeout=60)
+        wait_for("a CompleteMultipartUpload", lambda: self.proxy.seen("POST", "uploadId="))
+        self.kill_daemon()
+        with self.assertRaises(grpc.RpcError):
+            fut.result(timeout=30)
+        self.proxy.passthrough()
+        self.d.start()
+        self.connect()
+        st = self.status("fc", "ck", 0)
+        self.assertGreater(st.held_bytes, 0)
+        rec = self.upload("fc", "ck", 0, data, offset=st.held_bytes)
+        self.assertEqual(rec.sha256, hashlib.sha256(data).hexdigest())
+        self.assertEqual(self.stub.Commit(pb.CheckpointRef(job="fc", name="ck"), timeout=30).state,
+                         pb.COMPLETE)
+        self.deep_ok("fc", "ck")
+        self.check_object("fc", "ck", 0, data)
+
     def test_abandoned_upload_swept(self):
         """A partial multipart upload idle past --upload-timeout is swept: its multipart upload
         aborted (DELETE ?uploadId=), its state and head objects removed."""
