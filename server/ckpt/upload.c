@@ -64,7 +64,13 @@ static int up_active(const upload *up)
 
 static int io_err_status(int err)
 {
-    /* Out of space is a limit, not corruption. */
+    /* Out of space is a limit, not corruption. A store that no longer has what the partial
+     * upload was built on (S3's NoSuchUpload: the multipart upload completed by an earlier life
+     * of the daemon, or aborted) is a resume that does not match: the partial upload is
+     * discarded, the client asks UploadStatus and sends again (NOT_FOUND would say the
+     * checkpoint is missing). */
+    if (err == SL_ENOTFOUND)
+        return SL_ESTATE;
     return err == -ENOSPC || err == -EDQUOT ? SL_ELIMIT : err;
 }
 

@@ -45,6 +45,7 @@ struct pjob {
     size_t len;
     uint64_t data_end; /* data bytes held once this part is stored */
     uint8_t sha_state[SL_SHA256_STATE_LEN];
+    int no_state; /* the last part, sent by finish: the hasher is final, nothing to record */
     char etag[SL_S3_ETAG_MAX];
     int done, err;
     char msg[256];
@@ -71,6 +72,7 @@ struct sl_swriter {
     uint64_t data_done;            /* data bytes stored (head and parts 2..done_upto) */
     uint8_t done_state[SL_SHA256_STATE_LEN];
     int head_stored, finished;
+    int finishing; /* in finish: the caller finalized the hasher (its state means nothing) */
     pjob *jobs, *jobs_tail;
     int njobs;
     int err;

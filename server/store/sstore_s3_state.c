@@ -136,15 +136,31 @@ int s3s_state_load(s3store *s, const char *key, ustate *u, char (*etags)[SL_S3_E
     return err;
 }
 
+/* The shard's key of the state object "<job>/.<file>.part": "<job>/<file>", the key its
+ * multipart upload was started on (an abort names the upload by that key and its id). */
+static int state_shard_key(const char *state_key, char *out, size_t len)
+{
+    const char *slash = strrchr(state_key, '/');
+    const char *base = slash ? slash + 1 : state_key;
+    size_t blen = strlen(base), sfx = strlen(".part");
+
+    if (base[0] != '.' || blen <= 1 + sfx || strcmp(base + blen - sfx, ".part") != 0)
+        return SL_EINVAL;
+    int n = snprintf(out, len, "%.*s%.*s", (int)(base - state_key), state_key,
+                     (int)(blen - 1 - sfx), base + 1);
+    return n < 0 || (size_t)n >= len ? SL_ELIMIT : 0;
+}
+
 /* Abort the multipart upload a state object names and remove it with its head object. Best
  * effort: what stays is the sweeps'. */
 void s3s_state_discard(s3store *s, const char *state_key)
 {
-    char msg[256], head_key[SL_S3_KEY_MAX];
+    char msg[256], head_key[SL_S3_KEY_MAX], key[SL_S3_KEY_MAX];
     ustate u;
 
-    if (s3s_state_load(s, state_key, &u, NULL, 0, msg, sizeof(msg)) == 0 && u.upload_id[0]) {
-        int err = sl_s3_mpu_abort(s->c, state_key, u.upload_id, msg, sizeof(msg));
+    if (s3s_state_load(s, state_key, &u, NULL, 0, msg, sizeof(msg)) == 0 && u.upload_id[0] &&
+        state_shard_key(state_key, key, sizeof(key)) == 0) {
+        int err = sl_s3_mpu_abort(s->c, key, u.upload_id, msg, sizeof(msg));
         if (err && err != SL_EUNIMPL)
             sl_log_warn("s3_abort_failed", "key=%s error=\"%s\"", state_key, msg);
     }

@@ -102,9 +102,11 @@ static int w_reap(sl_swriter *w, int keep)
             } else if (!j->err) {
                 memcpy(w->etags[j->part_no], j->etag, SL_S3_ETAG_MAX);
                 w->done_upto = j->part_no;
-                w->data_done = j->data_end;
-                memcpy(w->done_state, j->sha_state, sizeof(w->done_state));
-                grew = 1;
+                if (!j->no_state) {
+                    w->data_done = j->data_end;
+                    memcpy(w->done_state, j->sha_state, sizeof(w->done_state));
+                    grew = 1;
+                }
             }
             free(j->buf);
             free(j);
@@ -135,7 +137,9 @@ static int w_send_part(sl_swriter *w)
     j->buf = w->buf;
     j->len = w->fill;
     j->data_end = w->data_pos;
-    sl_sha256_save(w->run, j->sha_state);
+    j->no_state = w->finishing;
+    if (!j->no_state)
+        sl_sha256_save(w->run, j->sha_state);
     w->buf = NULL;
     w->fill = 0;
     pthread_mutex_lock(&w->s->mu);
@@ -240,14 +244,19 @@ static int w_resume(sl_swriter *w, uint64_t from, sl_sha256 *sha, char *msg, siz
         err = sl_s3_head(w->s->c, w->head_key, &size, NULL, msg, msglen);
         if (!err && size != w->head_len)
             err = SL_ECORRUPT;
-        if (err) {
-            if (err == SL_ENOTFOUND || err == SL_ECORRUPT)
-                snprintf(msg, msglen,
-                         "cannot resume at offset %" PRIu64
-                         ": the store lost the first part's data (start again from 0)",
-                         from);
-            return err == SL_ENOTFOUND || err == SL_ECORRUPT ? SL_ESTATE : err;
+        if (err == SL_ENOTFOUND || err == SL_ECORRUPT) {
+            /* A state without its head (a kill between the two removals that end an upload)
+             * can never be resumed: it goes, so that UploadStatus stops offering its bytes. */
+            s3s_state_discard(w->s, w->state_key);
+            snprintf(msg, msglen,
+                     "cannot resume at offset %" PRIu64
+                     ": the store lost the first part's data; the partial upload was discarded "
+                     "(start again from 0)",
+                     from);
+            return SL_ESTATE;
         }
+        if (err)
+            return err;
     }
     free(w->head);
     w->head = NULL;
@@ -389,8 +398,14 @@ int s3s_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen)
         err = sl_s3_put(w->s->c, w->key, part1, SL_SHARD_HEADER_SIZE + w->head_len, msg, msglen);
     } else if (!err) {
         struct iovec iov = {part1, SL_SHARD_HEADER_SIZE + w->head_len};
-        if (w->fill)
+        /* The parts before the last one are recorded first; the last, partly filled one is
+         * not: the caller finalized the hasher to give sha_hex, so there is no state to record
+         * after it (a resume after a crash sends it again). */
+        err = w_reap(w, 0);
+        if (!err && w->fill) {
+            w->finishing = 1;
             err = w_send_part(w);
+        }
         if (!err)
             err = w_reap(w, 0);
         if (!err)

@@ -101,14 +101,17 @@ class S3Server:
         node = shutil.which("node") or shutil.which("nodejs")
         if not node:
             raise RuntimeError("node not found: run deploy/scripts/deps.sh --test")
-        self._tmp = tempfile.mkdtemp(prefix="sluice-s3-")
+        again = self._tmp is not None  # restart(): the same directory and port
+        if not again:
+            self._tmp = tempfile.mkdtemp(prefix="sluice-s3-")
         self.log_path = os.path.join(self._tmp, "s3rver.log")
-        log = open(self.log_path, "wb")
+        log = open(self.log_path, "ab")
         # --service-endpoint localhost: <bucket>.localhost:<port> reaches the bucket (virtual
         # hosts; curl resolves *.localhost to the loopback address itself).
         # --openssl-legacy-provider: s3rver's ListObjectsV2 continuation tokens use DES, which
         # the OpenSSL 3 in node >= 17 provides only there.
-        cmd = [node, "--openssl-legacy-provider", S3RVER_JS, "-d", self.directory, "-a", "127.0.0.1", "-p", "0", "--silent",
+        cmd = [node, "--openssl-legacy-provider", S3RVER_JS, "-d", self.directory, "-a", "127.0.0.1",
+               "-p", str(self.port if again else 0), "--silent",
                "--service-endpoint", "localhost", "--configure-bucket", self.bucket]
         if self.tls:
             self.cert = os.path.join(self._tmp, "cert.pem")
@@ -123,8 +126,9 @@ class S3Server:
         log.close()
         deadline = time.monotonic() + self.start_timeout
         out = b""
+        port = None
         try:
-            while self.port is None:
+            while port is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RuntimeError("s3rver did not say where it listens in %.0f s:\n%s"
@@ -139,10 +143,15 @@ class S3Server:
                 out += chunk
                 m = re.search(rb"listening on [\d.]+:(\d+)", out)
                 if m:
-                    self.port = int(m.group(1))
+                    port = self.port = int(m.group(1))
             self._wait_answers(deadline)
         except BaseException:
-            self.stop()
+            if again:  # keep the directory for another try
+                self.kill()
+                self.proc.stdout.close()
+                self.proc = None
+            else:
+                self.stop()
             raise
         return self
 
@@ -181,6 +190,25 @@ class S3Server:
             self.proc.kill()
             self.proc.wait(10)
 
+    def restart(self, timeout=10.0):
+        """Kill s3rver (a crash) and start it again on the same directory and port, its objects
+        kept (those of PUTs it was receiving dropped, as S3 never shows them). The port may be
+        taken meanwhile by another process: then it fails (rare with a kernel's ephemeral
+        ports)."""
+        self.kill()
+        if self.proc and self.proc.stdout:
+            self.proc.stdout.close()
+        self.proc = None
+        self.drop_torn_objects(settle=0)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.start()
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
     def stop(self, timeout=5.0):
         if self.proc:
             if self.proc.poll() is None:
@@ -196,6 +224,38 @@ class S3Server:
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+
+    def set_mtime(self, key, when):
+        """Make an object look last modified at `when` (seconds since the epoch): s3rver answers
+        an object's Last-Modified (HEAD, GET, listings) from its data file's mtime."""
+        path = os.path.join(self.directory, self.bucket, key + "._S3rver_object")
+        os.utime(path, (when, when))
+
+    def drop_torn_objects(self, prefix="", settle=0.3):
+        """Remove the objects of PUTs that never completed (their client died mid-body), as S3
+        would never have made them visible. s3rver 3.7.1 writes a PUT's bytes in place under the
+        object's name and its metadata file only when the body is complete; an aborted request
+        leaves the partial bytes there, listed and readable (and its CopyObject answers 500).
+        Call it once the writers are dead (sluiced killed, or s3rver killed and restarted); waits
+        `settle` s for s3rver to notice the aborted requests. Returns the keys removed."""
+        time.sleep(settle)
+        root = os.path.join(self.directory, self.bucket)
+        suffix = "._S3rver_object"
+        dropped = []
+        for dirpath, _, names in os.walk(os.path.join(root, prefix) if prefix else root):
+            for n in names:
+                if not n.endswith(suffix):
+                    continue
+                base = os.path.join(dirpath, n[:-len(suffix)])
+                if os.path.exists(base + "._S3rver_metadata.json"):
+                    continue
+                for tail in (suffix, suffix + ".md5"):
+                    try:
+                        os.unlink(base + tail)
+                    except FileNotFoundError:
+                        pass
+                dropped.append(os.path.relpath(base, root))
+        return dropped
 
     def boto3_client(self, endpoint=None):
         """A boto3 S3 client for this server (the independent reader of what sluice wrote)."""
@@ -331,9 +391,11 @@ def sigv4_check(method, target, head_lines, body, access_key, secret_key, sessio
 class FaultProxy:
     """A fault-injecting HTTP proxy on 127.0.0.1 in front of 127.0.0.1:<upstream_port>."""
 
-    def __init__(self, upstream_port, upstream_host="127.0.0.1", verify=None):
+    def __init__(self, upstream_port, upstream_host="127.0.0.1", verify=None, s3rver=None):
         self.upstream = (upstream_host, upstream_port)
         self.verify = verify
+        # An S3Server: answer as S3 does where s3rver 3.7.1 does not (see _unknown_upload).
+        self.s3rver = s3rver
         self.rejected = []  # (method, target, code) of requests refused by the verification
         self.lock = threading.Lock()
         self.requests = []
@@ -437,6 +499,19 @@ class FaultProxy:
             self.faults[what][0] = n - 1
             return True
 
+    def _unknown_upload(self, method, target):
+        """A part or a Complete for an upload s3rver does not have (completed or never made):
+        S3 answers 404 NoSuchUpload; s3rver 3.7.1 stores the part anyway and answers the
+        Complete 500 (its upload directory is gone), so a client's resume of an upload that
+        an earlier life of it completed would be retried as a server error until its deadline."""
+        if self.s3rver is None or method not in ("PUT", "POST"):
+            return False
+        m = re.search(r"[?&]uploadId=([0-9a-fA-F]+)", target)
+        if not m:
+            return False
+        return not os.path.exists(os.path.join(self.s3rver.directory, self.s3rver.bucket,
+                                               "._S3rver_uploads", m.group(1), "key"))
+
     @staticmethod
     def _answer(conn, method, status, reason, body):
         head = ("HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n"
@@ -477,7 +552,8 @@ class FaultProxy:
                                  b"</Code><Message>Please reduce your request rate.</Message>"
                                  b"</Error>")
                     continue
-                if self._take("no_such_upload", method, target):
+                if self._take("no_such_upload", method, target) or \
+                        self._unknown_upload(method, target):
                     self._answer(conn, method, 404, "Not Found",
                                  b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>"
                                  b"NoSuchUpload</Code><Message>The specified upload does not "

@@ -1,13 +1,19 @@
 """Helpers for tests that run the real sluiced and the real clients.
 
 Environment (set by ctest through SL_TEST_ENV): SLUICED, SLUICE_CLI, and PYTHONPATH including the
-build's python dir (generated stubs + the sluice package).
+build's python dir (generated stubs + the sluice package). SL_TEST_STORE=s3 makes every Daemon
+store its checkpoint shards in object storage (one s3rver per test process, s3fixture.py) instead
+of the data dir; the store-view methods of Daemon (store_files, store_read, ...) read and damage
+what the daemon stored on either store, so one test runs against both.
 """
+import atexit
+import hashlib
 import os
 import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 
 SLUICED = os.environ.get("SLUICED", "sluiced")
@@ -17,19 +23,84 @@ SLUICE_CLI = os.environ.get("SLUICE_CLI", "sluice")
 SANITIZER_RE = re.compile(r"ERROR: (Address|Leak|Thread)Sanitizer|runtime error:|SUMMARY: \w+Sanitizer")
 
 
-class Daemon:
-    """A sluiced on 127.0.0.1 with port 0 and a temporary data dir (or a given one)."""
+# The shard store the Daemons of this process use unless told: "dir" (the data dir) or "s3".
+STORE = os.environ.get("SL_TEST_STORE", "dir")
+if STORE not in ("dir", "s3"):
+    raise RuntimeError("SL_TEST_STORE=%r: want dir or s3" % STORE)
 
-    def __init__(self, data_dir=None, args=(), env=None, grace=2.0):
+_s3_lock = threading.Lock()
+_s3_server = None
+_s3_proxy = None
+
+
+def shared_s3():
+    """The s3rver of this test process, behind a FaultProxy that answers NoSuchUpload where S3
+    would (s3fixture.FaultProxy._unknown_upload): started on first use (bounded by S3Server's
+    start timeout), started again if it died, stopped at exit. Returns (server, proxy)."""
+    global _s3_server, _s3_proxy
+    from s3fixture import FaultProxy, S3Server
+    with _s3_lock:
+        if _s3_server is None or not _s3_server.alive():
+            if _s3_server is not None:
+                _s3_proxy.stop()
+                _s3_server.stop()
+            else:
+                atexit.register(_stop_shared_s3)
+            _s3_server = S3Server().start()
+            _s3_proxy = FaultProxy(_s3_server.port, s3rver=_s3_server).start()
+        return _s3_server, _s3_proxy
+
+
+def _stop_shared_s3():
+    global _s3_server, _s3_proxy
+    with _s3_lock:
+        if _s3_proxy is not None:
+            _s3_proxy.stop()
+            _s3_proxy = None
+        if _s3_server is not None:
+            _s3_server.stop()
+            _s3_server = None
+
+
+class Daemon:
+    """A sluiced on 127.0.0.1 with port 0 and a temporary data dir (or a given one).
+
+    store: "dir" or "s3" (default SL_TEST_STORE). With s3 the shards go to the bucket of `s3` (an
+    S3Server; default the process's shared one) under a prefix derived from the data dir, so a
+    restart on the same data dir finds the same objects; `s3_endpoint` (e.g. a FaultProxy's)
+    replaces the server's own endpoint."""
+
+    def __init__(self, data_dir=None, args=(), env=None, grace=2.0, store=None, s3=None,
+                 s3_endpoint=None):
         self._tmp = None
         if data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="sluice-test-")
             data_dir = os.path.join(self._tmp.name, "data")
         self.data_dir = data_dir
+        self.store = store or STORE
+        self.s3 = None
+        self.s3_prefix = None
+        self._boto = None
+        store_args, store_env = [], {}
+        if self.store == "s3":
+            if s3 is None:
+                s3, proxy = shared_s3()
+                s3_endpoint = s3_endpoint or proxy.endpoint
+            self.s3 = s3
+            self.s3_prefix = "t" + hashlib.sha256(
+                os.path.abspath(data_dir).encode()).hexdigest()[:16]
+            self.s3_endpoint = s3_endpoint or self.s3.endpoint
+            store_args = ["--store", "s3://%s/%s" % (self.s3.bucket, self.s3_prefix),
+                          "--s3-endpoint", self.s3_endpoint]
+            store_env = {"AWS_ACCESS_KEY_ID": self.s3.access_key,
+                         "AWS_SECRET_ACCESS_KEY": self.s3.secret_key}
+        elif self.store != "dir":
+            raise ValueError("store %r: want dir or s3" % self.store)
         self.port_file = os.path.join(os.path.dirname(os.path.abspath(data_dir)),
                                       "port-%d" % os.getpid())
-        self.args = list(args)
-        self.env = dict(os.environ, **(env or {}))
+        self.args = store_args + list(args)
+        self.env = dict(os.environ, **store_env)
+        self.env.update(env or {})
         self.grace = grace
         self.proc = None
         self.signalled = False
@@ -85,6 +156,9 @@ class Daemon:
             rc = self.proc.wait()
         self._err.close()
         self.proc = None
+        if self.s3 is not None and rc is not None and rc < 0 and self.s3.alive():
+            # Killed: a PUT it had on its way is torn, which S3 never shows (s3rver does).
+            self.s3.drop_torn_objects(self.s3_prefix)
         return rc
 
     def signal(self, sig=signal.SIGTERM):
@@ -92,12 +166,118 @@ class Daemon:
         self.proc.send_signal(sig)
         self.signalled = True
 
+    # -- the store as the daemon left it: files of a job, on either store --
+
+    @property
+    def boto(self):
+        """A boto3 client of the s3 store (None with a directory)."""
+        if self._boto is None and self.s3 is not None:
+            self._boto = self.s3.boto3_client()
+        return self._boto
+
+    def store_key(self, job, name):
+        """The object key (s3) or the path (dir) of file `name` of `job`."""
+        if self.store == "s3":
+            return "%s/%s/%s" % (self.s3_prefix, job, name)
+        return os.path.join(self.data_dir, "checkpoints", job, name)
+
+    def _list_keys(self, prefix):
+        keys, token = [], None
+        while True:
+            kw = dict(Bucket=self.s3.bucket, Prefix=prefix)
+            if token:
+                kw["ContinuationToken"] = token
+            r = self.boto.list_objects_v2(**kw)
+            keys += [o["Key"] for o in r.get("Contents", [])]
+            if not r.get("IsTruncated"):
+                return keys
+            token = r["NextContinuationToken"]
+
+    def store_jobs(self):
+        """The jobs that have a directory (dir) or any object (s3), sorted."""
+        if self.store == "s3":
+            return sorted({k.split("/")[1] for k in self._list_keys(self.s3_prefix + "/")
+                           if k.count("/") == 2})
+        root = os.path.join(self.data_dir, "checkpoints")
+        return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+    def store_files(self, job):
+        """The names of the files of `job` (dot files included), sorted; [] if none."""
+        if self.store == "s3":
+            pre = "%s/%s/" % (self.s3_prefix, job)
+            return sorted(k[len(pre):] for k in self._list_keys(pre) if "/" not in k[len(pre):])
+        d = os.path.join(self.data_dir, "checkpoints", job)
+        return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+    def store_exists(self, job, name):
+        return name in self.store_files(job)
+
+    def store_read(self, job, name):
+        if self.store == "s3":
+            r = self.boto.get_object(Bucket=self.s3.bucket, Key=self.store_key(job, name))
+            with r["Body"] as body:
+                return body.read()
+        with open(self.store_key(job, name), "rb") as f:
+            return f.read()
+
+    def store_write(self, job, name, data):
+        """Write (replace) a file behind the daemon's back."""
+        if self.store == "s3":
+            self.boto.put_object(Bucket=self.s3.bucket, Key=self.store_key(job, name), Body=data)
+            return
+        os.makedirs(os.path.dirname(self.store_key(job, name)), exist_ok=True)
+        with open(self.store_key(job, name), "wb") as f:
+            f.write(data)
+
+    def store_remove(self, job, name):
+        if self.store == "s3":
+            self.boto.delete_object(Bucket=self.s3.bucket, Key=self.store_key(job, name))
+        else:
+            os.unlink(self.store_key(job, name))
+
+    def store_patch(self, job, name, offset, data):
+        """Overwrite bytes at `offset` (in place on a directory, a new object on s3)."""
+        if self.store == "s3":
+            raw = bytearray(self.store_read(job, name))
+            raw[offset:offset + len(data)] = data
+            self.store_write(job, name, bytes(raw))
+            return
+        with open(self.store_key(job, name), "r+b") as f:
+            f.seek(offset)
+            f.write(data)
+
+    def store_flip(self, job, name, offset, mask=0x55):
+        """Flip bits of the byte at `offset`."""
+        b = self.store_read(job, name)[offset]
+        self.store_patch(job, name, offset, bytes([b ^ mask]))
+
+    def store_truncate(self, job, name, size):
+        if self.store == "s3":
+            self.store_write(job, name, self.store_read(job, name)[:size])
+            return
+        with open(self.store_key(job, name), "r+b") as f:
+            f.truncate(size)
+
+    def store_set_mtime(self, job, name, when):
+        """Make a file look last changed at `when` (seconds since the epoch), as the sweeps see
+        it (a file's mtime; an object's Last-Modified)."""
+        if self.store == "s3":
+            self.s3.set_mtime(self.store_key(job, name), when)
+        else:
+            os.utime(self.store_key(job, name), (when, when))
+
+    def store_append(self, job, name, data):
+        self.store_write(job, name, self.store_read(job, name) + data)
+
     def sanitizer_reports(self):
         return SANITIZER_RE.findall(self.log())
 
     def cleanup(self):
         if self.proc is not None:
             self.stop(signal.SIGKILL)
+        if self._boto is not None:
+            self._boto.close()
+            self._boto = None
         if self._tmp is not None:
             self._tmp.cleanup()
 
