@@ -220,8 +220,18 @@ static void rs_work(uv_work_t *w)
     }
     for (size_t i = 0; i < r->n; i++) {
         rs_item *it = &r->items[i];
-        if (it->action == SWEEP_KEEP ||
-            st->ops->act(st, it->job, it->file, it->mtime_ms, it->action) != 0)
+        int err;
+        if (it->action == SWEEP_KEEP)
+            continue;
+        err = st->ops->act(st, it->job, it->file, it->mtime_ms, it->action);
+        /* The store failed after its retries (each up to --s3-retry-deadline): the rest waits
+         * for the next sweep, so that a store that fails on many objects delays the daemon's
+         * start by one deadline, not one per object. */
+        if (err == SL_EUNAVAILABLE) {
+            r->sure = 0;
+            break;
+        }
+        if (err)
             continue;
         if (it->action == SWEEP_REMOVE)
             r->removed++;
