@@ -1,4 +1,5 @@
-/* Internals of the sampling engine shared by perm.c and sample.c. Not part of the API. */
+/* Internals of the sampling engine shared by its files (sample.c, config.c, elastic.c, perm.c,
+ * strat.c, mix.c). Not part of the API. */
 #ifndef SL_SAMPLE_INTERNAL_H
 #define SL_SAMPLE_INTERNAL_H
 
@@ -173,5 +174,61 @@ uint64_t sl_strat_at(const sl_strat *st, uint32_t r, const uint64_t *cnt, uint64
 /* out[k] = sl_strat_at(st, r, cnt, pos + k) for k < m, a block at a time (much faster). */
 void sl_strat_fill(uint64_t *out, const sl_strat *st, uint32_t r, const uint64_t *cnt, uint64_t pos,
                    size_t m);
+
+/* The whole epoch of one config: sizes of every rank's share and the permutations they read. */
+typedef struct layout {
+    sl_sample_config cfg;
+    uint32_t R; /* dp world size */
+    uint64_t n;
+    uint64_t per;      /* interleaved: every rank's count */
+    uint64_t blk;      /* contiguous: block length of ranks 0..R-2 */
+    uint64_t last_len; /* contiguous: the last rank's block length */
+    uint64_t C;        /* chunked: chunk size */
+    uint64_t kfull;    /* chunked: number of full chunks */
+    uint64_t rem;      /* chunked: length of the partial chunk (0 if none or dropped) */
+    uint64_t kuse;     /* chunked: chunk-order positions dealt (partial chunk last) */
+    sl_perm order;     /* interleaved: over n; chunked: over kfull */
+    uint32_t *tab_order, *tab_a, *tab_b; /* torch tables, owned */
+    uint64_t *rpre;  /* weighted shares: [R + 1] offsets of each rank's piece, owned */
+    sl_strat *st;    /* stratified or class-balanced, owned */
+    double *rw, *cw; /* copies of the rank and class weights cfg points to, owned */
+} layout;
+
+struct sl_sample {
+    layout own;
+    const layout *L;
+    const sl_sample_elastic *e;
+    uint32_t r;
+    uint64_t count, pos;
+    uint64_t *cnt; /* stratified: node counts of this rank's interleave tree */
+};
+
+/* One resize: the rest of the previous shares, redistributed. */
+typedef struct elevel {
+    uint32_t old_R, new_R;
+    int interleave;  /* 1: new ranks interleave over the rest; 0: contiguous pieces */
+    int pad;         /* equal counts by wrapping around the rest */
+    uint64_t T;      /* the rest, before padding */
+    uint64_t *start; /* [old_R]: consumed counts */
+    uint64_t *off;   /* [old_R + 1]: prefix sums of the unconsumed lengths */
+    uint64_t *woff;  /* weighted new world: [new_R + 1] offsets of the pieces, or NULL */
+} elevel;
+
+struct sl_sample_elastic {
+    layout L;
+    uint32_t nlev;
+    elevel *lev; /* lev[k] redistributes what lev[k - 1]'s ranks (the epoch's for k = 0) left */
+};
+
+/* config.c: the dp rank of global rank r under cfg's mesh. */
+void smp_dp_of(uint32_t *dp_rank, uint32_t *dp_size, const sl_sample_config *cfg);
+
+/* sample.c: layouts of one config and the levels of elastic plans. */
+int smp_layout_init(layout *L, const sl_sample_config *cfg, char *msg, size_t len);
+uint64_t smp_layout_count(const layout *L, uint32_t r);
+int smp_layout_perms(layout *L, int64_t rank);
+void smp_layout_close(layout *L);
+uint64_t smp_level_count(const elevel *lv, uint32_t s);
+uint64_t smp_level_real(const elevel *lv, uint32_t s);
 
 #endif
