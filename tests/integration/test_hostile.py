@@ -742,7 +742,7 @@ class NulBytesTest(HostileTest):
 
 class EveryLengthSkippedTest(unittest.TestCase):
     """A batching job whose every sequence is over max_seq_len with skip_overlong: the planner
-    sorts an empty window. Found by fuzz_lengths: common/batch/batch.c (now window.c) sort_window called
+    sorts an empty window. Found by fuzz_lengths: sort_window (common/batch/window.c) called
     qsort(NULL, 0, ...), undefined behaviour that UBSan aborts on, so the ASan+UBSan daemon died
     (release builds happened to survive). Fixed: the sort is skipped for fewer than two keys."""
 
