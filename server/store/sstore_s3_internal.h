@@ -62,6 +62,10 @@ struct sl_swriter {
     uint64_t part_size, head_len;     /* head_len: data bytes in part 1 */
     uint8_t *head;                    /* head_len bytes */
     uint8_t *buf;                     /* the part being filled (parts 2..n) */
+    /* One part buffer back from the pool, reused for the next part: a buffer allocated per part
+     * cost page faults (12% more CPU with 32 MiB parts, which glibc maps afresh each time). */
+    uint8_t *spare[1];
+    int nspare;
     size_t fill;
     int next_part;     /* the part being filled (1: the head) */
     uint64_t data_pos; /* data bytes accepted */

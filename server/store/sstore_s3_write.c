@@ -108,7 +108,10 @@ static int w_reap(sl_swriter *w, int keep)
                     grew = 1;
                 }
             }
-            free(j->buf);
+            if (w->nspare < (int)(sizeof(w->spare) / sizeof(w->spare[0])))
+                w->spare[w->nspare++] = j->buf;
+            else
+                free(j->buf);
             free(j);
         }
         if (w->njobs <= keep)
@@ -273,6 +276,8 @@ static void w_free(sl_swriter *w)
 {
     free(w->head);
     free(w->buf);
+    for (int i = 0; i < w->nspare; i++)
+        free(w->spare[i]);
     free(w->etags);
     free(w);
 }
@@ -345,6 +350,8 @@ int s3s_w_write(sl_swriter *w, const struct iovec *iov, int n, uint64_t off, cha
                 k = w->head_len - w->data_pos < left ? (size_t)(w->head_len - w->data_pos) : left;
                 memcpy(w->head + w->data_pos, p, k);
             } else {
+                if (!w->buf && w->nspare)
+                    w->buf = w->spare[--w->nspare];
                 if (!w->buf && !(w->buf = malloc(w->part_size))) {
                     err = -ENOMEM;
                     break;
