@@ -13,7 +13,7 @@ import unittest
 import grpc
 
 from sluice.client import Client
-from sltest import Daemon, cli
+from sltest import DaemonClientTest, cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 C = grpc.StatusCode
@@ -29,32 +29,7 @@ def share(client, job, rank, **kw):
     return epoch, start, out
 
 
-class FeedTest(unittest.TestCase):
-    def setUp(self):
-        self.d = Daemon().start()
-        self.c = Client(self.d.addr)
-
-    def tearDown(self):
-        self.c.close()
-        rc = self.d.stop()
-        reports = self.d.sanitizer_reports()
-        log = self.d.log()
-        self.d.cleanup()
-        self.assertEqual(rc, 0, "sluiced exit code\n" + log)
-        self.assertEqual(reports, [], "sanitizer reports\n" + log)
-
-    def restart(self):
-        self.c.close()
-        self.assertEqual(self.d.stop(), 0, self.d.log())
-        self.d.start()
-        self.c = Client(self.d.addr)
-
-    def code(self, fn, *a, **kw):
-        with self.assertRaises(grpc.RpcError) as e:
-            r = fn(*a, **kw)
-            if hasattr(r, "__iter__") and not hasattr(r, "DESCRIPTOR"):
-                list(r)
-        return e.exception.code(), e.exception.details()
+class FeedTest(DaemonClientTest):
 
     # ---- datasets and jobs ----
 

@@ -6,9 +6,8 @@ import unittest
 
 import grpc
 
-from sluice.client import Client
 from sluice.v1 import feed_pb2
-from sltest import Daemon
+from sltest import DaemonClientTest
 
 C = grpc.StatusCode
 
@@ -29,32 +28,7 @@ def batches(c, job, rank):
     return [list(b.indices) for ch in c.stream_batches(job, rank) for b in ch.batches]
 
 
-class FeedResizeTest(unittest.TestCase):
-    def setUp(self):
-        self.d = Daemon().start()
-        self.c = Client(self.d.addr)
-
-    def tearDown(self):
-        self.c.close()
-        rc = self.d.stop()
-        reports = self.d.sanitizer_reports()
-        log = self.d.log()
-        self.d.cleanup()
-        self.assertEqual(rc, 0, "sluiced exit code\n" + log)
-        self.assertEqual(reports, [], "sanitizer reports\n" + log)
-
-    def restart(self):
-        self.c.close()
-        self.assertEqual(self.d.stop(), 0, self.d.log())
-        self.d.start()
-        self.c = Client(self.d.addr)
-
-    def code(self, fn, *a, **kw):
-        with self.assertRaises(grpc.RpcError) as e:
-            r = fn(*a, **kw)
-            if hasattr(r, "__iter__") and not hasattr(r, "DESCRIPTOR"):
-                list(r)
-        return e.exception.code(), e.exception.details()
+class FeedResizeTest(DaemonClientTest):
 
     def test_weighted_batches_lockstep(self):
         c = self.c

@@ -12,7 +12,7 @@ import unittest
 import grpc
 
 from sluice.client import Client
-from sltest import Daemon, cli
+from sltest import DaemonClientTest, cli
 
 C = grpc.StatusCode
 
@@ -26,32 +26,7 @@ def imbalanced(n, weights, seed=1):
     return labels
 
 
-class Sampling2Test(unittest.TestCase):
-    def setUp(self):
-        self.d = Daemon().start()
-        self.c = Client(self.d.addr)
-
-    def tearDown(self):
-        self.c.close()
-        rc = self.d.stop()
-        reports = self.d.sanitizer_reports()
-        log = self.d.log()
-        self.d.cleanup()
-        self.assertEqual(rc, 0, "sluiced exit code\n" + log)
-        self.assertEqual(reports, [], "sanitizer reports\n" + log)
-
-    def restart(self):
-        self.c.close()
-        self.assertEqual(self.d.stop(), 0, self.d.log())
-        self.d.start()
-        self.c = Client(self.d.addr)
-
-    def code(self, fn, *a, **kw):
-        with self.assertRaises(grpc.RpcError) as e:
-            r = fn(*a, **kw)
-            if hasattr(r, "__iter__") and not hasattr(r, "DESCRIPTOR"):
-                list(r)
-        return e.exception.code(), e.exception.details()
+class Sampling2Test(DaemonClientTest):
 
     def shares(self, job, world, epoch=None):
         out = []

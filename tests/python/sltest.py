@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import unittest
 
 SLUICED = os.environ.get("SLUICED", "sluiced")
 SLUICE_CLI = os.environ.get("SLUICE_CLI", "sluice")
@@ -296,3 +297,38 @@ def cli(*args, addr=None, env=None, timeout=60):
     cmd += list(args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, **(env or {})))
+
+
+class DaemonClientTest(unittest.TestCase):
+    """A test case with a fresh sluiced (self.d) and a sluice.client.Client on it (self.c); the
+    daemon must exit 0 without sanitizer reports at the end."""
+
+    def setUp(self):
+        from sluice.client import Client
+        self.d = Daemon().start()
+        self.c = Client(self.d.addr)
+
+    def tearDown(self):
+        self.c.close()
+        rc = self.d.stop()
+        reports = self.d.sanitizer_reports()
+        log = self.d.log()
+        self.d.cleanup()
+        self.assertEqual(rc, 0, "sluiced exit code\n" + log)
+        self.assertEqual(reports, [], "sanitizer reports\n" + log)
+
+    def restart(self):
+        from sluice.client import Client
+        self.c.close()
+        self.assertEqual(self.d.stop(), 0, self.d.log())
+        self.d.start()
+        self.c = Client(self.d.addr)
+
+    def code(self, fn, *a, **kw):
+        """The gRPC status code and details of calling fn (a stream is read to its end)."""
+        import grpc
+        with self.assertRaises(grpc.RpcError) as e:
+            r = fn(*a, **kw)
+            if hasattr(r, "__iter__") and not hasattr(r, "DESCRIPTOR"):
+                list(r)
+        return e.exception.code(), e.exception.details()
