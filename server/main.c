@@ -171,24 +171,7 @@ static int open_s3_store(sl_daemon *d)
     char msg[512] = "";
     int err;
 
-    memset(&s3, 0, sizeof(s3));
-    err = sl_s3_cfg_url(&s3, c->store, msg, sizeof(msg));
-    if (!err && strcmp(c->s3_addressing, "path") != 0 && strcmp(c->s3_addressing, "virtual") != 0 &&
-        strcmp(c->s3_addressing, "auto") != 0) {
-        snprintf(msg, sizeof(msg), "s3-addressing '%.32s': path, virtual or auto",
-                 c->s3_addressing);
-        err = SL_EINVAL;
-    }
-    if (!err) {
-        snprintf(s3.endpoint, sizeof(s3.endpoint), "%s", c->s3_endpoint);
-        snprintf(s3.region, sizeof(s3.region), "%s", c->s3_region);
-        snprintf(s3.ca_file, sizeof(s3.ca_file), "%s", c->s3_ca_file);
-        s3.path_style = strcmp(c->s3_addressing, "path") == 0 ||
-                        (strcmp(c->s3_addressing, "auto") == 0 && c->s3_endpoint[0]);
-        s3.tls_no_verify = !c->s3_tls_verify;
-        s3.retry_deadline_ms = (uint32_t)c->s3_retry_deadline_ms;
-        err = sl_s3_cfg_credentials(&s3, c->s3_credentials_file, msg, sizeof(msg));
-    }
+    err = sl_ops_s3_cfg(c, &s3, msg, sizeof(msg));
     if (!err && (err = sl_s3_global_init()) != 0)
         snprintf(msg, sizeof(msg), "libcurl did not initialize");
     if (!err)

@@ -229,27 +229,41 @@ static int check_pem(const char *what, const char *path)
 
 /* The store settings as the daemon would use them, without connecting: the URL, the
  * addressing, the credentials (file or environment). */
+int sl_ops_s3_cfg(const sl_config *c, sl_s3_cfg *s3, char *msg, size_t msglen)
+{
+    int err = 0;
+
+    memset(s3, 0, sizeof(*s3));
+    if (strncmp(c->store, "s3://", 5) != 0) {
+        snprintf(msg, msglen, "--store '%.256s' is not s3://BUCKET[/PREFIX]", c->store);
+        err = SL_EINVAL;
+    }
+    if (!err)
+        err = sl_s3_cfg_url(s3, c->store, msg, msglen);
+    if (!err && strcmp(c->s3_addressing, "path") != 0 && strcmp(c->s3_addressing, "virtual") != 0 &&
+        strcmp(c->s3_addressing, "auto") != 0) {
+        snprintf(msg, msglen, "--s3-addressing '%.32s' is not path, virtual or auto",
+                 c->s3_addressing);
+        err = SL_EINVAL;
+    }
+    if (err)
+        return err;
+    snprintf(s3->endpoint, sizeof(s3->endpoint), "%s", c->s3_endpoint);
+    snprintf(s3->region, sizeof(s3->region), "%s", c->s3_region);
+    snprintf(s3->ca_file, sizeof(s3->ca_file), "%s", c->s3_ca_file);
+    s3->path_style = strcmp(c->s3_addressing, "path") == 0 ||
+                     (strcmp(c->s3_addressing, "auto") == 0 && c->s3_endpoint[0]);
+    s3->tls_no_verify = !c->s3_tls_verify;
+    s3->retry_deadline_ms = (uint32_t)c->s3_retry_deadline_ms;
+    return sl_s3_cfg_credentials(s3, c->s3_credentials_file, msg, msglen);
+}
+
 static int check_store(const sl_config *cfg)
 {
     char msg[512] = "";
     sl_s3_cfg s3;
-    int err = 0;
+    int err = sl_ops_s3_cfg(cfg, &s3, msg, sizeof(msg));
 
-    memset(&s3, 0, sizeof(s3));
-    if (strncmp(cfg->store, "s3://", 5) != 0) {
-        snprintf(msg, sizeof(msg), "--store '%.256s' is not s3://BUCKET[/PREFIX]", cfg->store);
-        err = SL_EINVAL;
-    }
-    if (!err)
-        err = sl_s3_cfg_url(&s3, cfg->store, msg, sizeof(msg));
-    if (!err && strcmp(cfg->s3_addressing, "path") != 0 &&
-        strcmp(cfg->s3_addressing, "virtual") != 0 && strcmp(cfg->s3_addressing, "auto") != 0) {
-        snprintf(msg, sizeof(msg), "--s3-addressing '%.32s' is not path, virtual or auto",
-                 cfg->s3_addressing);
-        err = SL_EINVAL;
-    }
-    if (!err)
-        err = sl_s3_cfg_credentials(&s3, cfg->s3_credentials_file, msg, sizeof(msg));
     if (!err && cfg->s3_ca_file[0])
         err = check_pem("--s3-ca-file", cfg->s3_ca_file);
     explicit_bzero(&s3, sizeof(s3));

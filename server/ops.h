@@ -68,6 +68,12 @@ int sl_ops_init(sl_ops *ops, struct sl_daemon *d, int argc, char **argv);
  * (printed to stderr). */
 int sl_ops_check_config(const sl_config *cfg, FILE *out);
 
+/* The S3 client's settings from the configuration (store URL, addressing, endpoint, region,
+ * CA, TLS, retry deadline, credentials), as the daemon and --check-config both use them.
+ * Returns 0, or an error with msg (never a secret). The caller clears *s3 (explicit_bzero). */
+struct sl_s3_cfg;
+int sl_ops_s3_cfg(const sl_config *cfg, struct sl_s3_cfg *s3, char *msg, size_t msglen);
+
 /* Fill the RPC server options that belong to operations: TLS, authorization and the observer. */
 void sl_ops_rpc_opts(sl_ops *ops, sl_rpc_server_opts *opts);
 

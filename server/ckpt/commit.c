@@ -59,12 +59,7 @@ static void remove_files(sl_ckpt_svc *s, const sl_cat_ckpt *c)
     snprintf(r->job, sizeof(r->job), "%s", c->job);
     snprintf(r->name, sizeof(r->name), "%s", c->name);
     r->world_size = c->world_size;
-    if (sl_sstore_remote(r->store)) {
-        uv_queue_work(s->loop, &r->work, removal_work, removal_after);
-    } else {
-        removal_work(&r->work);
-        removal_after(&r->work, 0);
-    }
+    ckpt_store_job(s, &r->work, removal_work, removal_after);
 }
 
 /* ---- Abort, Delete ---- */

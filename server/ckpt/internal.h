@@ -176,6 +176,19 @@ static inline int ckpt_is_committing(const sl_ckpt_svc *s, int64_t id)
     return 0;
 }
 
+/* Run a small store job: on the worker pool with a remote store (the loop never waits on the
+ * network), right here with a local one (fn, then after, as the pool would). */
+static inline void ckpt_store_job(sl_ckpt_svc *s, uv_work_t *w, uv_work_cb fn,
+                                  uv_after_work_cb after)
+{
+    if (sl_sstore_remote(s->opts.store)) {
+        uv_queue_work(s->loop, w, fn, after);
+    } else {
+        fn(w);
+        after(w, 0);
+    }
+}
+
 /* ---- reply.c: checks and answers shared by the handlers ---- */
 
 /* sl_ckpt_check_names; on failure answers the call and returns 0. Returns 1 if valid. */

@@ -265,10 +265,5 @@ void ckpt_upload_status(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     snprintf(j->job, sizeof(j->job), "%s", ck.job);
     snprintf(j->name, sizeof(j->name), "%s", ck.name);
     sl_rpc_call_ref(call);
-    if (sl_sstore_remote(j->store)) {
-        uv_queue_work(s->loop, &j->work, status_work, status_after);
-    } else {
-        status_work(&j->work);
-        status_after(&j->work, 0);
-    }
+    ckpt_store_job(s, &j->work, status_work, status_after);
 }
