@@ -103,6 +103,14 @@ static const setting settings[] = {
      "                     any of them could plant links or replace files in it; without\n"
      "                     this sluiced refuses such a dir (environment and config file:\n"
      "                     true or false)"},
+    {"catalog", "SLUICE_CATALOG", STR(catalog, 1),
+     "SPEC      where the catalog is: sqlite:PATH (default sqlite:<data\n"
+     "                     dir>/catalog.db) or a PostgreSQL URI postgresql://USER@HOST[:PORT]/DB\n"
+     "                     [?sslmode=...] shared by any number of replicas; never with a\n"
+     "                     password (see --catalog-password-file)"},
+    {"catalog-password-file", "SLUICE_CATALOG_PASSWORD_FILE", STR(catalog_password_file, 1),
+     "FILE the PostgreSQL password, its first line; not readable by\n"
+     "                     others (default: libpq's PGPASSFILE or ~/.pgpass)"},
     {"store", "SLUICE_STORE", STR(store, 1),
      "URL         where checkpoint shards go: s3://BUCKET[/PREFIX] for S3-compatible\n"
      "                     object storage (see the s3-* settings); default: <data "

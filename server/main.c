@@ -146,18 +146,28 @@ static void quarantine_stale_wal(sl_daemon *d, const char *cat_path)
         sl_quar_move(d->quar, d->data_dir, "catalog.db-wal", "WAL of a catalog that is gone");
 }
 
-/* The catalog: a stale WAL is moved away first; a file removed or replaced while the daemon
- * runs turns health NOT_SERVING (server/ops.c). */
+/* The catalog: SQLite in the data dir (a stale WAL is moved away first; a file removed or
+ * replaced while the daemon runs turns health NOT_SERVING, server/ops.c), another SQLite file, or
+ * PostgreSQL. */
 static int open_catalog(sl_daemon *d)
 {
+    const char *spec = d->cfg.catalog;
     char path[PATH_MAX + 16];
     int err;
 
-    snprintf(path, sizeof(path), "%s/catalog.db", d->data_dir);
     if ((err = sl_quar_new(&d->quar, d->data_dir)) != 0)
         return err;
-    quarantine_stale_wal(d, path);
-    if ((err = sl_cat_open(&d->cat, path)) != 0)
+    if (!spec[0] || !sl_cat_is_pg(spec)) {
+        if (!spec[0])
+            snprintf(path, sizeof(path), "%s/catalog.db", d->data_dir);
+        else
+            snprintf(path, sizeof(path), "%s", strncmp(spec, "sqlite:", 7) ? spec : spec + 7);
+        quarantine_stale_wal(d, path);
+        spec = path;
+    }
+    err = sl_cat_open_spec(&d->cat, spec,
+                           d->cfg.catalog_password_file[0] ? d->cfg.catalog_password_file : NULL);
+    if (err)
         return err;
     sl_ops_watch_catalog(&d->ops);
     return 0;
@@ -375,8 +385,9 @@ int main(int argc, char **argv)
     uv_signal_start(&d.sigint, on_signal, SIGINT);
 
     sl_health_set_all(d.health, sl_ops_healthy(&d.ops) ? SL_HEALTH_SERVING : SL_HEALTH_NOT_SERVING);
-    sl_log_info("listening", "addr=%s port=%d data_dir=%s version=%s schema_version=%d", d.listen,
-                sl_rpc_server_port(d.rpc), d.data_dir, SLUICE_VERSION,
+    sl_log_info("listening",
+                "addr=%s port=%d data_dir=%s version=%s catalog=%s schema_version=%d", d.listen,
+                sl_rpc_server_port(d.rpc), d.data_dir, SLUICE_VERSION, sl_cat_engine(d.cat),
                 sl_cat_schema_version(d.cat));
     {
         char status[400];

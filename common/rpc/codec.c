@@ -578,6 +578,7 @@ sl_rpc_code sl_rpc_code_from_err(int err)
     case SL_ESHUTDOWN:
     case SL_EUNAVAILABLE:
     case SL_EDBBUSY:
+    case SL_ECATDOWN:
         return SL_RPC_UNAVAILABLE;
     case SL_ECANCELLED:
         return SL_RPC_CANCELLED;

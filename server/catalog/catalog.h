@@ -1,22 +1,30 @@
-/* The SQLite catalog: the only code that includes <sqlite3.h>.
+/* The catalog: datasets, jobs, progress, checkpoints and their shards, in one of two engines
+ * behind one interface: SQLite (the embedded default, server/catalog/sqlite/) or PostgreSQL
+ * (server/catalog/pg/, shared by any number of replicas). The query files (feed.c, ckpt.c) are
+ * written once against the engine-neutral statement layer (db.h).
  *
- * The catalog is one SQLite file in the data dir, in WAL mode with synchronous=FULL, so a
- * committed row survives a crash. Its schema evolves by numbered migrations, applied in order at
- * open, each in its own transaction; the schema_version table records how far it got.
- * A catalog handle belongs to the loop thread.
+ * The schema evolves by numbered migrations, the same numbers for both engines, applied in order
+ * at open, each in its own transaction; the schema_version table records how far it got.
+ * Daemons that open one PostgreSQL catalog at once take turns (an advisory lock). A catalog
+ * handle belongs to the loop thread.
  *
- * A statement that fails returns SL_EDB with SQLite's message logged, except two failures a
- * client can do something about: a full disk (SQLITE_FULL) returns -ENOSPC, answered
- * RESOURCE_EXHAUSTED, and a lock another process held longer than the busy timeout (5 s, during
+ * SQLite: one file in the data dir, in WAL mode with synchronous=FULL, so a committed row
+ * survives a crash. A statement that fails returns SL_EDB with the engine's message logged,
+ * except failures a client can do something about: a full disk returns -ENOSPC, answered
+ * RESOURCE_EXHAUSTED; a lock another process held longer than the busy timeout (5 s, during
  * which the loop thread waits) returns SL_EDBBUSY, answered UNAVAILABLE. Either way the failed
  * transaction is rolled back and the catalog stays as it was.
  *
- * The daemon writes through the file it opened. If that file is removed or another file is put
- * at its path while the daemon runs (a restore done the wrong way, an rm), the writes would go
+ * PostgreSQL: a serialization failure or deadlock returns SL_EDBBUSY, a server that cannot be
+ * reached (or a connection it terminated) SL_ECATDOWN (UNAVAILABLE); the connection is made again
+ * by the next statement.
+ *
+ * The daemon writes through the SQLite file it opened. If that file is removed or another file is
+ * put at its path while the daemon runs (a restore done the wrong way, an rm), the writes would go
  * to a file nobody will ever open again and the next start would find a catalog that does not
  * know them. sl_cat_check notices it (before every write transaction, and on the daemon's timer)
  * and from then on every write fails with SL_ECATLOST (FAILED_PRECONDITION); reads go on from the
- * file still open.
+ * file still open. With PostgreSQL there is no file and sl_cat_check always returns 0.
  */
 #ifndef SL_CATALOG_H
 #define SL_CATALOG_H
@@ -36,6 +44,20 @@ int sl_cat_open(sl_cat **out, const char *path);
  * catalog as an older sluiced left it, for the tests of migrations. SL_EINVAL for a version out
  * of range. Loop thread. */
 int sl_cat_open_upto(sl_cat **out, const char *path, int version);
+
+/* Open the catalog `spec` names: "sqlite:PATH" or a plain path (SQLite), or a PostgreSQL URI
+ * ("postgresql://user@host:port/db?sslmode=..."; "postgresql:" or "pg:" before a key=value
+ * conninfo). The password is never in `spec` (refused: SL_EINVAL): it comes from the first line
+ * of `password_file` (may be NULL) or libpq's PGPASSFILE / ~/.pgpass. Then migrate as
+ * sl_cat_open does. SL_ECATDOWN when the server cannot be reached. Loop thread. */
+int sl_cat_open_spec(sl_cat **out, const char *spec, const char *password_file);
+int sl_cat_open_spec_upto(sl_cat **out, const char *spec, const char *password_file, int version);
+
+/* Whether `spec` names a PostgreSQL catalog. */
+int sl_cat_is_pg(const char *spec);
+
+/* "sqlite" or "postgresql". */
+const char *sl_cat_engine(const sl_cat *cat);
 
 /* Close the catalog. Accepts NULL. Loop thread. */
 void sl_cat_close(sl_cat *cat);
@@ -58,7 +80,8 @@ int sl_cat_check(sl_cat *cat);
 /* Write a consistent copy of the catalog as it is open (VACUUM INTO) to `path`, a new file
  * (mode 0600; an existing file is never touched): how a daemon saves the catalog whose file was
  * removed or replaced under it. Returns 0, -errno (the file could not be created) or SL_EDB
- * (logged; the partial copy is removed). Blocking: reads the whole catalog. Loop thread. */
+ * (logged; the partial copy is removed); SL_EUNIMPL with PostgreSQL. Blocking: reads the whole
+ * catalog. Loop thread. */
 int sl_cat_copy(sl_cat *cat, const char *path);
 
 /* What sl_cat_check found ("catalog /d/catalog.db was removed while sluiced ran (...)"), or NULL

@@ -1,11 +1,9 @@
-/* Checkpoint queries. Statements are prepared per call: these are control-plane operations (a
- * few per checkpoint and rank), so caching them would buy nothing measurable. */
+/* Checkpoint queries (engine-neutral, db.h). */
 #include "ckpt.h"
 
 #include "internal.h"
 
 #include "err.h"
-#include "log.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -30,130 +28,120 @@ const char *sl_cat_ckpt_state_name(int state)
     "SELECT c.id, c.job, c.name, c.step, c.world_size, c.state, c.user_metadata, c.created_ms, "   \
     "c.committed_ms, (SELECT count(*) FROM checkpoint_shards s WHERE s.checkpoint_id = c.id), "    \
     "(SELECT coalesce(sum(data_size), 0) FROM checkpoint_shards s WHERE s.checkpoint_id = c.id), " \
-    "c.feed_job, c.auto_commit, c.feed_state IS NOT NULL "                                         \
+    "c.feed_job, c.auto_commit, CASE WHEN c.feed_state IS NULL THEN 0 ELSE 1 END "                 \
     "FROM checkpoints c "
 
-static void read_ckpt(sl_cat_ckpt *out, sqlite3_stmt *st)
+static void read_ckpt(sl_cat_ckpt *out, sl_db_q *q)
 {
     memset(out, 0, sizeof(*out));
-    out->id = sqlite3_column_int64(st, 0);
-    sl_cat_copy_col(out->job, sizeof(out->job), st, 1);
-    sl_cat_copy_col(out->name, sizeof(out->name), st, 2);
-    out->step = (uint64_t)sqlite3_column_int64(st, 3);
-    out->world_size = sqlite3_column_int(st, 4);
-    out->state = sqlite3_column_int(st, 5);
-    sl_cat_copy_col(out->user_metadata, sizeof(out->user_metadata), st, 6);
-    out->created_ms = sqlite3_column_int64(st, 7);
-    out->committed_ms = sqlite3_column_int64(st, 8);
-    out->shards = (uint32_t)sqlite3_column_int64(st, 9);
-    out->total_bytes = (uint64_t)sqlite3_column_int64(st, 10);
-    sl_cat_copy_col(out->feed_job, sizeof(out->feed_job), st, 11);
-    out->auto_commit = sqlite3_column_int(st, 12);
-    out->has_feed_state = sqlite3_column_int(st, 13);
+    out->id = sl_db_int_col(q, 0);
+    sl_db_copy_text(q, 1, out->job, sizeof(out->job));
+    sl_db_copy_text(q, 2, out->name, sizeof(out->name));
+    out->step = (uint64_t)sl_db_int_col(q, 3);
+    out->world_size = (int32_t)sl_db_int_col(q, 4);
+    out->state = (int)sl_db_int_col(q, 5);
+    sl_db_copy_text(q, 6, out->user_metadata, sizeof(out->user_metadata));
+    out->created_ms = sl_db_int_col(q, 7);
+    out->committed_ms = sl_db_int_col(q, 8);
+    out->shards = (uint32_t)sl_db_int_col(q, 9);
+    out->total_bytes = (uint64_t)sl_db_int_col(q, 10);
+    sl_db_copy_text(q, 11, out->feed_job, sizeof(out->feed_job));
+    out->auto_commit = (int)sl_db_int_col(q, 12);
+    out->has_feed_state = (int)sl_db_int_col(q, 13);
 }
 
-/* Step a statement expected to yield at most one checkpoint row. */
-static int one_ckpt(sl_cat *cat, sqlite3_stmt *st, sl_cat_ckpt *out, const char *op)
+/* Run `sql` (q's parameters bound), expected to yield at most one checkpoint row. */
+static int one_ckpt(sl_db_q *q, const char *sql, sl_cat_ckpt *out)
 {
-    int rc = sqlite3_step(st);
+    int rc, err = sl_db_run(q, sql, 0);
 
-    if (rc == SQLITE_ROW) {
-        read_ckpt(out, st);
-        return 0;
+    if (!err) {
+        rc = sl_db_next(q);
+        if (rc == 1)
+            read_ckpt(out, q);
+        err = rc == 1 ? 0 : rc == 0 ? SL_ENOTFOUND : rc;
     }
-    if (rc == SQLITE_DONE)
-        return SL_ENOTFOUND;
-    return sl_cat_fail(cat, op);
+    sl_db_end(q);
+    return err;
 }
 
 int sl_cat_ckpt_get(sl_cat *cat, sl_cat_ckpt *out, const char *job, const char *name)
 {
-    sqlite3_stmt *st = NULL;
-    int err = sl_cat_prepare(cat, &st, CKPT_COLS "WHERE c.job = ?1 AND c.name = ?2", "ckpt_get");
+    sl_db_q q;
 
-    if (err)
-        return err;
-    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
-    err = one_ckpt(cat, st, out, "ckpt_get");
-    sqlite3_finalize(st);
-    return err;
+    sl_db_q_init(&q, cat, "ckpt_get");
+    sl_db_text(&q, job);
+    sl_db_text(&q, name);
+    return one_ckpt(&q, CKPT_COLS "WHERE c.job = ?1 AND c.name = ?2", out);
 }
 
 int sl_cat_ckpt_latest(sl_cat *cat, sl_cat_ckpt *out, const char *job)
 {
-    sqlite3_stmt *st = NULL;
-    int err =
-        sl_cat_prepare(cat, &st,
-                       CKPT_COLS "WHERE c.job = ?1 AND c.state = 2 "
-                                 "ORDER BY c.step DESC, c.committed_ms DESC, c.id DESC LIMIT 1",
-                       "ckpt_latest");
+    sl_db_q q;
 
-    if (err)
-        return err;
-    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
-    err = one_ckpt(cat, st, out, "ckpt_latest");
-    sqlite3_finalize(st);
-    return err;
+    sl_db_q_init(&q, cat, "ckpt_latest");
+    sl_db_text(&q, job);
+    return one_ckpt(&q,
+                    CKPT_COLS "WHERE c.job = ?1 AND c.state = 2 "
+                              "ORDER BY c.step DESC, c.committed_ms DESC, c.id DESC LIMIT 1",
+                    out);
 }
 
-static int exec_stmt(sl_cat *cat, sqlite3_stmt *st, const char *op)
+/* Run a write of one checkpoint's row: SL_ENOTFOUND when it changed none. */
+static int ckpt_write(sl_db_q *q, const char *sql)
 {
-    int rc = sqlite3_step(st);
+    int64_t changes = 0;
+    int err = sl_db_exec(q, sql, 0, &changes);
 
-    return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : sl_cat_fail(cat, op);
+    return !err && changes == 0 ? SL_ENOTFOUND : err;
 }
 
 int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *job,
                       const char *name, uint64_t step, int32_t world_size, const char *user_md,
                       int64_t now_ms)
 {
-    sqlite3_stmt *st = NULL;
+    sl_db_q q;
     int err;
 
     *created = 0;
     err = sl_cat_ckpt_get(cat, out, job, name);
-    if (err == 0) {
-        if (out->state == SL_CKPT_INCOMPLETE) {
-            err = sl_cat_prepare(
-                cat, &st,
-                "UPDATE checkpoints SET state = 1, world_size = ?2, step = ?3, "
-                "user_metadata = ?4, created_ms = ?5, committed_ms = 0 WHERE id = ?1",
-                "ckpt_reopen");
-            if (err)
-                return err;
-            sqlite3_bind_int64(st, 1, out->id);
-            sqlite3_bind_int(st, 2, world_size);
-            sqlite3_bind_int64(st, 3, (int64_t)step);
-            sqlite3_bind_text(st, 4, user_md ? user_md : "", -1, SQLITE_STATIC);
-            sqlite3_bind_int64(st, 5, now_ms);
-            err = exec_stmt(cat, st, "ckpt_reopen");
-            sqlite3_finalize(st);
-            if (!err)
-                err = sl_cat_ckpt_get(cat, out, job, name);
-            if (!err)
-                *created = 1;
-            return err;
-        }
+    if (err == 0 && out->state != SL_CKPT_INCOMPLETE)
         return out->world_size == world_size && out->step == step ? 0 : SL_EEXIST;
+    if (err != 0 && err != SL_ENOTFOUND)
+        return err;
+    if (err == 0) {
+        sl_db_q_init(&q, cat, "ckpt_reopen");
+        sl_db_int(&q, out->id);
+        sl_db_int(&q, world_size);
+        sl_db_int(&q, (int64_t)step);
+        sl_db_text(&q, user_md ? user_md : "");
+        sl_db_int(&q, now_ms);
+        err = sl_db_exec(&q,
+                         "UPDATE checkpoints SET state = 1, world_size = ?2, step = ?3, "
+                         "user_metadata = ?4, created_ms = ?5, committed_ms = 0 WHERE id = ?1",
+                         0, NULL);
+    } else {
+        sl_db_q_init(&q, cat, "ckpt_insert");
+        sl_db_text(&q, job);
+        sl_db_text(&q, name);
+        sl_db_int(&q, (int64_t)step);
+        sl_db_int(&q, world_size);
+        sl_db_text(&q, user_md ? user_md : "");
+        sl_db_int(&q, now_ms);
+        /* A replica that inserted the same name a moment earlier wins: nothing is inserted
+         * (DO NOTHING: a failed INSERT would end a PostgreSQL transaction), and the caller gets
+         * what that replica made. */
+        int64_t changes = 0;
+        err = sl_db_exec(&q,
+                         "INSERT INTO checkpoints(job, name, step, world_size, state, "
+                         "user_metadata, created_ms) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6) "
+                         "ON CONFLICT (job, name) DO NOTHING",
+                         0, &changes);
+        if (!err && changes == 0) {
+            err = sl_cat_ckpt_get(cat, out, job, name);
+            return err ? err : out->world_size == world_size && out->step == step ? 0 : SL_EEXIST;
+        }
     }
-    if (err != SL_ENOTFOUND)
-        return err;
-    err =
-        sl_cat_prepare(cat, &st,
-                       "INSERT INTO checkpoints(job, name, step, world_size, state, user_metadata, "
-                       "created_ms) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6)",
-                       "ckpt_insert");
-    if (err)
-        return err;
-    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, (int64_t)step);
-    sqlite3_bind_int(st, 4, world_size);
-    sqlite3_bind_text(st, 5, user_md ? user_md : "", -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 6, now_ms);
-    err = exec_stmt(cat, st, "ckpt_insert");
-    sqlite3_finalize(st);
     if (!err)
         err = sl_cat_ckpt_get(cat, out, job, name);
     if (!err)
@@ -163,68 +151,47 @@ int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *j
 
 int sl_cat_ckpt_list(sl_cat *cat, const char *job, int state, sl_cat_ckpt_fn fn, void *arg)
 {
-    sqlite3_stmt *st = NULL;
+    sl_db_q q;
     sl_cat_ckpt c;
-    int rc,
-        err = sl_cat_prepare(cat, &st,
-                             CKPT_COLS "WHERE (?1 = '' OR c.job = ?1) AND (?2 = 0 OR c.state = ?2) "
-                                       "ORDER BY c.job, c.step DESC, c.id DESC",
-                             "ckpt_list");
+    int rc = 0, err;
 
-    if (err)
-        return err;
-    sqlite3_bind_text(st, 1, job ? job : "", -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 2, state);
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        read_ckpt(&c, st);
+    sl_db_q_init(&q, cat, "ckpt_list");
+    sl_db_text(&q, job ? job : "");
+    sl_db_int(&q, state);
+    err = sl_db_run(&q,
+                    CKPT_COLS "WHERE (?1 = '' OR c.job = ?1) AND (?2 = 0 OR c.state = ?2) "
+                              "ORDER BY c.job, c.step DESC, c.id DESC",
+                    0);
+    while (!err && (rc = sl_db_next(&q)) == 1) {
+        read_ckpt(&c, &q);
         err = fn(&c, arg);
-        if (err)
-            break;
     }
-    if (!err && rc != SQLITE_DONE)
-        err = sl_cat_fail(cat, "ckpt_list");
-    sqlite3_finalize(st);
-    return err;
+    sl_db_end(&q);
+    return err ? err : rc;
 }
 
 int sl_cat_ckpt_set_state(sl_cat *cat, int64_t id, int state, int64_t committed_ms)
 {
-    sqlite3_stmt *st = NULL;
-    int err = sl_cat_prepare(cat, &st,
-                             "UPDATE checkpoints SET state = ?2, committed_ms = ?3 WHERE id = ?1",
-                             "ckpt_set_state");
+    sl_db_q q;
 
-    if (err)
-        return err;
-    sqlite3_bind_int64(st, 1, id);
-    sqlite3_bind_int(st, 2, state);
-    sqlite3_bind_int64(st, 3, committed_ms);
-    err = exec_stmt(cat, st, "ckpt_set_state");
-    if (!err && sqlite3_changes(cat->db) == 0)
-        err = SL_ENOTFOUND;
-    sqlite3_finalize(st);
-    return err;
+    sl_db_q_init(&q, cat, "ckpt_set_state");
+    sl_db_int(&q, id);
+    sl_db_int(&q, state);
+    sl_db_int(&q, committed_ms);
+    return ckpt_write(&q, "UPDATE checkpoints SET state = ?2, committed_ms = ?3 WHERE id = ?1");
 }
 
 int sl_cat_ckpt_bind(sl_cat *cat, int64_t id, const char *feed_job, int auto_commit)
 {
-    sqlite3_stmt *st = NULL;
-    int err = sl_cat_prepare(cat, &st,
-                             "UPDATE checkpoints SET feed_job = ?2, auto_commit = ?3, "
-                             "feed_state = NULL, feed_spec = NULL, feed_elastic = NULL "
-                             "WHERE id = ?1",
-                             "ckpt_bind");
+    sl_db_q q;
 
-    if (err)
-        return err;
-    sqlite3_bind_int64(st, 1, id);
-    sqlite3_bind_text(st, 2, feed_job ? feed_job : "", -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 3, auto_commit != 0);
-    err = exec_stmt(cat, st, "ckpt_bind");
-    if (!err && sqlite3_changes(cat->db) == 0)
-        err = SL_ENOTFOUND;
-    sqlite3_finalize(st);
-    return err;
+    sl_db_q_init(&q, cat, "ckpt_bind");
+    sl_db_int(&q, id);
+    sl_db_text(&q, feed_job ? feed_job : "");
+    sl_db_int(&q, auto_commit != 0);
+    return ckpt_write(&q, "UPDATE checkpoints SET feed_job = ?2, auto_commit = ?3, "
+                          "feed_state = NULL, feed_spec = NULL, feed_elastic = NULL "
+                          "WHERE id = ?1");
 }
 
 int sl_cat_ckpt_begin_bound(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *job,
@@ -232,7 +199,7 @@ int sl_cat_ckpt_begin_bound(sl_cat *cat, sl_cat_ckpt *out, int *created, const c
                             const char *user_md, int64_t now_ms, const char *feed_job,
                             int auto_commit)
 {
-    int err = sl_cat_tx_begin(cat);
+    int err = sl_db_tx_begin(cat);
 
     if (err)
         return err;
@@ -243,50 +210,30 @@ int sl_cat_ckpt_begin_bound(sl_cat *cat, sl_cat_ckpt *out, int *created, const c
             err = sl_cat_ckpt_get(cat, out, job, name);
     }
     /* Any error rolls back (SL_EEXIST wrote nothing; *out is the existing checkpoint). */
-    return sl_cat_tx_end(cat, err);
-}
-
-static void bind_blob_or_null(sqlite3_stmt *st, int i, const sl_cat_blob *b)
-{
-    if (b && b->p && b->len)
-        sqlite3_bind_blob(st, i, b->p, (int)b->len, SQLITE_STATIC);
-    else
-        sqlite3_bind_null(st, i);
+    return sl_db_tx_end(cat, err);
 }
 
 int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const sl_cat_blob *state,
                          const sl_cat_blob *spec, const sl_cat_blob *elastic)
 {
-    sqlite3_stmt *st = NULL;
-    int err =
-        sl_cat_prepare(cat, &st,
-                       "UPDATE checkpoints SET state = 2, committed_ms = ?2, feed_state = ?3, "
-                       "feed_spec = ?4, feed_elastic = ?5 WHERE id = ?1",
-                       "ckpt_complete");
+    sl_db_q q;
 
-    if (err)
-        return err;
-    sqlite3_bind_int64(st, 1, id);
-    sqlite3_bind_int64(st, 2, committed_ms);
-    bind_blob_or_null(st, 3, state);
-    bind_blob_or_null(st, 4, spec);
-    bind_blob_or_null(st, 5, elastic);
-    err = exec_stmt(cat, st, "ckpt_complete");
-    if (!err && sqlite3_changes(cat->db) == 0)
-        err = SL_ENOTFOUND;
-    sqlite3_finalize(st);
-    return err;
+    sl_db_q_init(&q, cat, "ckpt_complete");
+    sl_db_int(&q, id);
+    sl_db_int(&q, committed_ms);
+    sl_db_blob_opt(&q, state ? state->p : NULL, state ? state->len : 0);
+    sl_db_blob_opt(&q, spec ? spec->p : NULL, spec ? spec->len : 0);
+    sl_db_blob_opt(&q, elastic ? elastic->p : NULL, elastic ? elastic->len : 0);
+    return ckpt_write(&q, "UPDATE checkpoints SET state = 2, committed_ms = ?2, feed_state = ?3, "
+                          "feed_spec = ?4, feed_elastic = ?5 WHERE id = ?1");
 }
 
 int sl_cat_ckpt_feed_get(sl_cat *cat, int64_t id, sl_cat_blob *state, sl_cat_blob *spec,
                          sl_cat_blob *elastic)
 {
-    sqlite3_stmt *st = NULL;
-    int rc, err = sl_cat_prepare(cat, &st,
-                                 "SELECT feed_state, feed_spec, feed_elastic FROM checkpoints "
-                                 "WHERE id = ?1 AND feed_state IS NOT NULL",
-                                 "ckpt_feed_get");
     sl_cat_blob none[2];
+    sl_db_q q;
+    int rc, err;
 
     state->p = NULL;
     state->len = 0;
@@ -296,20 +243,25 @@ int sl_cat_ckpt_feed_get(sl_cat *cat, int64_t id, sl_cat_blob *state, sl_cat_blo
         elastic = &none[1];
     spec->p = elastic->p = NULL;
     spec->len = elastic->len = 0;
-    if (err)
-        return err;
-    sqlite3_bind_int64(st, 1, id);
-    rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW) {
-        err = sl_cat_copy_blob(state, st, 0);
-        if (!err)
-            err = sl_cat_copy_blob(spec, st, 1);
-        if (!err)
-            err = sl_cat_copy_blob(elastic, st, 2);
-    } else {
-        err = rc == SQLITE_DONE ? SL_ENOTFOUND : sl_cat_fail(cat, "ckpt_feed_get");
+    sl_db_q_init(&q, cat, "ckpt_feed_get");
+    sl_db_int(&q, id);
+    err = sl_db_run(&q,
+                    "SELECT feed_state, feed_spec, feed_elastic FROM checkpoints "
+                    "WHERE id = ?1 AND feed_state IS NOT NULL",
+                    0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        if (rc == 1) {
+            err = sl_db_copy_blob(&q, 0, state);
+            if (!err)
+                err = sl_db_copy_blob(&q, 1, spec);
+            if (!err)
+                err = sl_db_copy_blob(&q, 2, elastic);
+        } else {
+            err = rc == 0 ? SL_ENOTFOUND : rc;
+        }
     }
-    sqlite3_finalize(st);
+    sl_db_end(&q);
     if (err || spec == &none[0])
         sl_cat_blob_free(spec);
     if (err || elastic == &none[1])
@@ -319,47 +271,40 @@ int sl_cat_ckpt_feed_get(sl_cat *cat, int64_t id, sl_cat_blob *state, sl_cat_blo
     return err;
 }
 
-/* Run one statement over a checkpoint id (?1) and a time (?2), each if the statement has it. */
-static int exec_id(sl_cat *cat, const char *sql, int64_t id, int64_t ms, const char *op)
-{
-    sqlite3_stmt *st = NULL;
-    int err = sl_cat_prepare(cat, &st, sql, op);
-
-    if (err)
-        return err;
-    if (sqlite3_bind_parameter_count(st) >= 1)
-        sqlite3_bind_int64(st, 1, id);
-    if (sqlite3_bind_parameter_count(st) >= 2)
-        sqlite3_bind_int64(st, 2, ms);
-    err = exec_stmt(cat, st, op);
-    sqlite3_finalize(st);
-    return err;
-}
-
 /* Record, in the caller's transaction, that the files of checkpoint `id` are to be removed. */
 static int note_removal(sl_cat *cat, int64_t id, int64_t now_ms)
 {
-    return exec_id(cat,
-                   "INSERT OR REPLACE INTO checkpoint_removals(job, name, removed_ms) "
-                   "SELECT job, name, ?2 FROM checkpoints WHERE id = ?1",
-                   id, now_ms, "removal_note");
+    sl_db_q q;
+
+    sl_db_q_init(&q, cat, "removal_note");
+    sl_db_int(&q, id);
+    sl_db_int(&q, now_ms);
+    return sl_db_exec(&q,
+                      "INSERT INTO checkpoint_removals(job, name, removed_ms) "
+                      "SELECT job, name, CAST(?2 AS BIGINT) FROM checkpoints WHERE id = ?1 "
+                      "ON CONFLICT (job, name) DO UPDATE SET removed_ms = excluded.removed_ms",
+                      0, NULL);
 }
 
 int sl_cat_ckpt_delete(sl_cat *cat, int64_t id, int64_t now_ms)
 {
-    int err = sl_cat_tx_begin(cat);
+    sl_db_q q;
+    int err = sl_db_tx_begin(cat);
 
     if (err)
         return err;
     err = note_removal(cat, id, now_ms);
-    if (!err)
-        err = exec_id(cat, "DELETE FROM checkpoints WHERE id = ?1", id, 0, "ckpt_delete");
-    return sl_cat_tx_end(cat, err);
+    if (!err) {
+        sl_db_q_init(&q, cat, "ckpt_delete");
+        sl_db_int(&q, id);
+        err = sl_db_exec(&q, "DELETE FROM checkpoints WHERE id = ?1", 0, NULL);
+    }
+    return sl_db_tx_end(cat, err);
 }
 
 int sl_cat_ckpt_abort(sl_cat *cat, int64_t id, int64_t now_ms)
 {
-    int err = sl_cat_tx_begin(cat);
+    int err = sl_db_tx_begin(cat);
 
     if (err)
         return err;
@@ -368,217 +313,212 @@ int sl_cat_ckpt_abort(sl_cat *cat, int64_t id, int64_t now_ms)
         err = sl_cat_shard_delete(cat, id, -1);
     if (!err)
         err = sl_cat_ckpt_set_state(cat, id, SL_CKPT_INCOMPLETE, 0);
-    return sl_cat_tx_end(cat, err);
+    return sl_db_tx_end(cat, err);
+}
+
+/* Run `sql` (q's parameters bound), yielding at most one row of one integer: *out, or `none`
+ * when there is no row (SL_ENOTFOUND when `none` is NULL). */
+static int one_int(sl_db_q *q, const char *sql, int64_t *out, const int64_t *none)
+{
+    int rc, err = sl_db_run(q, sql, 0);
+
+    if (!err) {
+        rc = sl_db_next(q);
+        if (rc == 1)
+            *out = sl_db_int_col(q, 0);
+        else if (rc == 0 && none)
+            *out = *none;
+        err = rc == 1 || (rc == 0 && none) ? 0 : rc == 0 ? SL_ENOTFOUND : rc;
+    }
+    sl_db_end(q);
+    return err;
 }
 
 int sl_cat_removal_get(sl_cat *cat, const char *job, const char *name, int64_t *removed_ms)
 {
-    sqlite3_stmt *st = NULL;
-    int rc, err = sl_cat_prepare(
-                cat, &st, "SELECT removed_ms FROM checkpoint_removals WHERE job = ?1 AND name = ?2",
-                "removal_get");
+    sl_db_q q;
 
-    if (err)
-        return err;
-    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
-    rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW)
-        *removed_ms = sqlite3_column_int64(st, 0);
-    else
-        err = rc == SQLITE_DONE ? SL_ENOTFOUND : sl_cat_fail(cat, "removal_get");
-    sqlite3_finalize(st);
-    return err;
+    sl_db_q_init(&q, cat, "removal_get");
+    sl_db_text(&q, job);
+    sl_db_text(&q, name);
+    return one_int(&q, "SELECT removed_ms FROM checkpoint_removals WHERE job = ?1 AND name = ?2",
+                   removed_ms, NULL);
 }
 
 int sl_cat_removals_clear(sl_cat *cat)
 {
-    return exec_id(cat, "DELETE FROM checkpoint_removals", 0, 0, "removals_clear");
+    sl_db_q q;
+
+    sl_db_q_init(&q, cat, "removals_clear");
+    return sl_db_exec(&q, "DELETE FROM checkpoint_removals", 0, NULL);
 }
 
 int sl_cat_ckpt_tensor_bytes(sl_cat *cat, uint64_t *out, int64_t ckpt_id, int32_t except_rank)
 {
-    sqlite3_stmt *st = NULL;
-    int rc, err = sl_cat_prepare(cat, &st,
-                                 "SELECT coalesce(sum(length(tensors)), 0) FROM checkpoint_shards "
-                                 "WHERE checkpoint_id = ?1 AND rank != ?2",
-                                 "ckpt_tensor_bytes");
+    static const int64_t zero = 0;
+    int64_t v = 0;
+    sl_db_q q;
+    int err;
 
-    if (err)
-        return err;
-    sqlite3_bind_int64(st, 1, ckpt_id);
-    sqlite3_bind_int(st, 2, except_rank);
-    rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW)
-        *out = (uint64_t)sqlite3_column_int64(st, 0);
-    else
-        err = sl_cat_fail(cat, "ckpt_tensor_bytes");
-    sqlite3_finalize(st);
+    sl_db_q_init(&q, cat, "ckpt_tensor_bytes");
+    sl_db_int(&q, ckpt_id);
+    sl_db_int(&q, except_rank);
+    err = one_int(&q,
+                  "SELECT coalesce(sum(length(tensors)), 0) FROM checkpoint_shards "
+                  "WHERE checkpoint_id = ?1 AND rank != ?2",
+                  &v, &zero);
+    *out = (uint64_t)v;
     return err;
 }
 
 int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms)
 {
-    sqlite3_stmt *st = NULL;
-    int err =
-        sl_cat_prepare(cat, &st,
-                       "INSERT OR REPLACE INTO checkpoint_shards(checkpoint_id, rank, data_size, "
-                       "file_size, sha256, tensor_count, tensors, created_ms, pos_epoch, "
-                       "pos_position, pos_world) "
-                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                       "shard_put");
+    sl_db_q q;
 
-    if (err)
-        return err;
-    sqlite3_bind_int64(st, 1, ckpt_id);
-    sqlite3_bind_int(st, 2, s->rank);
-    sqlite3_bind_int64(st, 3, (int64_t)s->data_size);
-    sqlite3_bind_int64(st, 4, (int64_t)s->file_size);
-    sqlite3_bind_text(st, 5, s->sha256, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 6, s->tensor_count);
-    sqlite3_bind_text(st, 7, s->tensors_json ? s->tensors_json : "[]", -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 8, now_ms);
+    sl_db_q_init(&q, cat, "shard_put");
+    sl_db_int(&q, ckpt_id);
+    sl_db_int(&q, s->rank);
+    sl_db_int(&q, (int64_t)s->data_size);
+    sl_db_int(&q, (int64_t)s->file_size);
+    sl_db_text(&q, s->sha256);
+    sl_db_int(&q, s->tensor_count);
+    sl_db_text(&q, s->tensors_json ? s->tensors_json : "[]");
+    sl_db_int(&q, now_ms);
     if (s->has_pos) {
-        sqlite3_bind_int64(st, 9, (int64_t)s->pos_epoch);
-        sqlite3_bind_int64(st, 10, (int64_t)s->pos_position);
-        sqlite3_bind_int64(st, 11, s->pos_world);
+        sl_db_int(&q, (int64_t)s->pos_epoch);
+        sl_db_int(&q, (int64_t)s->pos_position);
+        sl_db_int(&q, s->pos_world);
+    } else {
+        for (int i = 0; i < 3; i++)
+            sl_db_text(&q, NULL);
     }
-    err = exec_stmt(cat, st, "shard_put");
-    sqlite3_finalize(st);
-    return err;
+    return sl_db_exec(&q,
+                      "INSERT INTO checkpoint_shards(checkpoint_id, rank, data_size, file_size, "
+                      "sha256, tensor_count, tensors, created_ms, pos_epoch, pos_position, "
+                      "pos_world) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, CAST(?9 AS BIGINT), "
+                      "CAST(?10 AS BIGINT), CAST(?11 AS BIGINT)) "
+                      "ON CONFLICT (checkpoint_id, rank) DO UPDATE SET "
+                      "data_size = excluded.data_size, file_size = excluded.file_size, "
+                      "sha256 = excluded.sha256, tensor_count = excluded.tensor_count, "
+                      "tensors = excluded.tensors, created_ms = excluded.created_ms, "
+                      "pos_epoch = excluded.pos_epoch, pos_position = excluded.pos_position, "
+                      "pos_world = excluded.pos_world",
+                      0, NULL);
 }
 
-static void read_shard(sl_cat_shard *out, sqlite3_stmt *st, int with_tensors)
+static void read_shard(sl_cat_shard *out, sl_db_q *q, int with_tensors, int with_pos)
 {
     memset(out, 0, sizeof(*out));
-    out->rank = sqlite3_column_int(st, 0);
-    out->data_size = (uint64_t)sqlite3_column_int64(st, 1);
-    out->file_size = (uint64_t)sqlite3_column_int64(st, 2);
-    sl_cat_copy_col(out->sha256, sizeof(out->sha256), st, 3);
-    out->tensor_count = (uint32_t)sqlite3_column_int64(st, 4);
-    out->tensors_json = with_tensors ? (const char *)sqlite3_column_text(st, 5) : NULL;
-    if (sqlite3_column_count(st) > 6 && sqlite3_column_type(st, 6) != SQLITE_NULL) {
+    out->rank = (int32_t)sl_db_int_col(q, 0);
+    out->data_size = (uint64_t)sl_db_int_col(q, 1);
+    out->file_size = (uint64_t)sl_db_int_col(q, 2);
+    sl_db_copy_text(q, 3, out->sha256, sizeof(out->sha256));
+    out->tensor_count = (uint32_t)sl_db_int_col(q, 4);
+    out->tensors_json = with_tensors ? sl_db_text_col(q, 5) : NULL;
+    if (with_pos && !sl_db_isnull(q, 6)) {
         out->has_pos = 1;
-        out->pos_epoch = (uint64_t)sqlite3_column_int64(st, 6);
-        out->pos_position = (uint64_t)sqlite3_column_int64(st, 7);
-        out->pos_world = (uint32_t)sqlite3_column_int64(st, 8);
+        out->pos_epoch = (uint64_t)sl_db_int_col(q, 6);
+        out->pos_position = (uint64_t)sl_db_int_col(q, 7);
+        out->pos_world = (uint32_t)sl_db_int_col(q, 8);
     }
 }
 
 int sl_cat_shard_get(sl_cat *cat, sl_cat_shard *out, int64_t ckpt_id, int32_t rank)
 {
-    sqlite3_stmt *st = NULL;
-    int rc, err = sl_cat_prepare(cat, &st,
-                                 "SELECT rank, data_size, file_size, sha256, tensor_count, '' FROM "
-                                 "checkpoint_shards WHERE checkpoint_id = ?1 AND rank = ?2",
-                                 "shard_get");
+    sl_db_q q;
+    int rc, err;
 
-    if (err)
-        return err;
-    sqlite3_bind_int64(st, 1, ckpt_id);
-    sqlite3_bind_int(st, 2, rank);
-    rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW)
-        read_shard(out, st, 0);
-    else
-        err = rc == SQLITE_DONE ? SL_ENOTFOUND : sl_cat_fail(cat, "shard_get");
-    sqlite3_finalize(st);
+    sl_db_q_init(&q, cat, "shard_get");
+    sl_db_int(&q, ckpt_id);
+    sl_db_int(&q, rank);
+    err = sl_db_run(&q,
+                    "SELECT rank, data_size, file_size, sha256, tensor_count FROM "
+                    "checkpoint_shards WHERE checkpoint_id = ?1 AND rank = ?2",
+                    0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        if (rc == 1)
+            read_shard(out, &q, 0, 0);
+        err = rc == 1 ? 0 : rc == 0 ? SL_ENOTFOUND : rc;
+    }
+    sl_db_end(&q);
     return err;
 }
 
 int sl_cat_shard_delete(sl_cat *cat, int64_t ckpt_id, int32_t rank)
 {
-    sqlite3_stmt *st = NULL;
-    int err = sl_cat_prepare(cat, &st,
-                             "DELETE FROM checkpoint_shards WHERE checkpoint_id = ?1 AND "
-                             "(?2 < 0 OR rank = ?2)",
-                             "shard_delete");
+    sl_db_q q;
 
-    if (err)
-        return err;
-    sqlite3_bind_int64(st, 1, ckpt_id);
-    sqlite3_bind_int(st, 2, rank);
-    err = exec_stmt(cat, st, "shard_delete");
-    sqlite3_finalize(st);
-    return err;
+    sl_db_q_init(&q, cat, "shard_delete");
+    sl_db_int(&q, ckpt_id);
+    sl_db_int(&q, rank);
+    return sl_db_exec(&q,
+                      "DELETE FROM checkpoint_shards WHERE checkpoint_id = ?1 AND "
+                      "(?2 < 0 OR rank = ?2)",
+                      0, NULL);
 }
 
 int sl_cat_shard_list(sl_cat *cat, int64_t ckpt_id, int with_tensors, sl_cat_shard_fn fn, void *arg)
 {
-    sqlite3_stmt *st = NULL;
+    sl_db_q q;
     sl_cat_shard s;
-    int rc,
-        err = sl_cat_prepare(cat, &st,
-                             "SELECT rank, data_size, file_size, sha256, tensor_count, tensors, "
-                             "pos_epoch, pos_position, pos_world FROM "
-                             "checkpoint_shards WHERE checkpoint_id = ?1 ORDER BY rank",
-                             "shard_list");
+    int rc = 0, err;
 
-    if (err)
-        return err;
-    sqlite3_bind_int64(st, 1, ckpt_id);
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        read_shard(&s, st, with_tensors);
+    sl_db_q_init(&q, cat, "shard_list");
+    sl_db_int(&q, ckpt_id);
+    err = sl_db_run(&q,
+                    "SELECT rank, data_size, file_size, sha256, tensor_count, tensors, "
+                    "pos_epoch, pos_position, pos_world FROM "
+                    "checkpoint_shards WHERE checkpoint_id = ?1 ORDER BY rank",
+                    0);
+    while (!err && (rc = sl_db_next(&q)) == 1) {
+        read_shard(&s, &q, with_tensors, 1);
         err = fn(&s, arg);
-        if (err)
-            break;
     }
-    if (!err && rc != SQLITE_DONE)
-        err = sl_cat_fail(cat, "shard_list");
-    sqlite3_finalize(st);
-    return err;
+    sl_db_end(&q);
+    return err ? err : rc;
 }
 
 int sl_cat_retention_set(sl_cat *cat, const char *job, uint32_t keep_last)
 {
-    sqlite3_stmt *st = NULL;
-    int err = sl_cat_prepare(
-        cat, &st, "INSERT OR REPLACE INTO checkpoint_retention(job, keep_last) VALUES (?1, ?2)",
-        "retention_set");
+    sl_db_q q;
 
-    if (err)
-        return err;
-    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 2, keep_last);
-    err = exec_stmt(cat, st, "retention_set");
-    sqlite3_finalize(st);
-    return err;
+    sl_db_q_init(&q, cat, "retention_set");
+    sl_db_text(&q, job);
+    sl_db_int(&q, keep_last);
+    return sl_db_exec(&q,
+                      "INSERT INTO checkpoint_retention(job, keep_last) VALUES (?1, ?2) "
+                      "ON CONFLICT (job) DO UPDATE SET keep_last = excluded.keep_last",
+                      0, NULL);
 }
 
 int sl_cat_retention_get(sl_cat *cat, const char *job, uint32_t *keep_last)
 {
-    sqlite3_stmt *st = NULL;
-    int rc,
-        err = sl_cat_prepare(cat, &st, "SELECT keep_last FROM checkpoint_retention WHERE job = ?1",
-                             "retention_get");
+    static const int64_t zero = 0;
+    int64_t v = 0;
+    sl_db_q q;
+    int err;
 
-    if (err)
-        return err;
-    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
-    rc = sqlite3_step(st);
-    *keep_last = rc == SQLITE_ROW ? (uint32_t)sqlite3_column_int64(st, 0) : 0;
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        err = sl_cat_fail(cat, "retention_get");
-    sqlite3_finalize(st);
+    sl_db_q_init(&q, cat, "retention_get");
+    sl_db_text(&q, job);
+    err = one_int(&q, "SELECT keep_last FROM checkpoint_retention WHERE job = ?1", &v, &zero);
+    *keep_last = err ? 0 : (uint32_t)v;
     return err;
 }
 
 int sl_cat_ckpt_count_states(sl_cat *cat, uint64_t counts[4])
 {
-    sqlite3_stmt *st = NULL;
-    int rc, err = 0;
+    sl_db_q q;
+    int rc = 0, err;
 
     memset(counts, 0, 4 * sizeof(counts[0]));
-    if (sl_cat_prepare(cat, &st, "SELECT state, COUNT(*) FROM checkpoints GROUP BY state",
-                       "ckpt_count_states") != 0)
-        return SL_EDB;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        int state = sqlite3_column_int(st, 0);
+    sl_db_q_init(&q, cat, "ckpt_count_states");
+    err = sl_db_run(&q, "SELECT state, count(*) FROM checkpoints GROUP BY state", 0);
+    while (!err && (rc = sl_db_next(&q)) == 1) {
+        int64_t state = sl_db_int_col(&q, 0);
         if (state >= SL_CKPT_WRITING && state <= SL_CKPT_INCOMPLETE)
-            counts[state] = (uint64_t)sqlite3_column_int64(st, 1);
+            counts[state] = (uint64_t)sl_db_int_col(&q, 1);
     }
-    if (rc != SQLITE_DONE)
-        err = sl_cat_fail(cat, "ckpt_count_states");
-    sqlite3_finalize(st);
-    return err;
+    sl_db_end(&q);
+    return err ? err : rc;
 }

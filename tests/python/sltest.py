@@ -4,7 +4,9 @@ Environment (set by ctest through SL_TEST_ENV): SLUICED, SLUICE_CLI, and PYTHONP
 build's python dir (generated stubs + the sluice package). SL_TEST_STORE=s3 makes every Daemon
 store its checkpoint shards in object storage (one s3rver per test process, s3fixture.py) instead
 of the data dir; the store-view methods of Daemon (store_files, store_read, ...) read and damage
-what the daemon stored on either store, so one test runs against both.
+what the daemon stored on either store, so one test runs against both. SL_TEST_CATALOG=postgresql
+does the same for the catalog: every Daemon keeps it in a database of its own (named after its
+data dir, so a restart finds it) on one PostgreSQL server per test process (pgfixture.py).
 """
 import atexit
 import hashlib
@@ -28,6 +30,28 @@ SANITIZER_RE = re.compile(r"ERROR: (Address|Leak|Thread)Sanitizer|runtime error:
 STORE = os.environ.get("SL_TEST_STORE", "dir")
 if STORE not in ("dir", "s3"):
     raise RuntimeError("SL_TEST_STORE=%r: want dir or s3" % STORE)
+
+# The catalog the Daemons of this process use unless told: "sqlite" or "postgresql".
+CATALOG = os.environ.get("SL_TEST_CATALOG", "sqlite")
+if CATALOG not in ("sqlite", "postgresql"):
+    raise RuntimeError("SL_TEST_CATALOG=%r: want sqlite or postgresql" % CATALOG)
+
+_pg_lock = threading.Lock()
+_pg_server = None
+
+
+def shared_pg():
+    """The PostgreSQL server of this test process: started on first use, stopped at exit."""
+    global _pg_server
+    from pgfixture import PgServer
+    with _pg_lock:
+        if _pg_server is None:
+            _pg_server = PgServer().start()
+            atexit.register(_pg_server.destroy)
+        elif not _pg_server.alive():
+            _pg_server.start()
+        return _pg_server
+
 
 _s3_lock = threading.Lock()
 _s3_server = None
@@ -69,10 +93,14 @@ class Daemon:
     store: "dir" or "s3" (default SL_TEST_STORE). With s3 the shards go to the bucket of `s3` (an
     S3Server; default the process's shared one) under a prefix derived from the data dir, so a
     restart on the same data dir finds the same objects; `s3_endpoint` (e.g. a FaultProxy's)
-    replaces the server's own endpoint."""
+    replaces the server's own endpoint.
+
+    catalog: "sqlite" or "postgresql" (default SL_TEST_CATALOG). With postgresql the catalog is the
+    database pg_db on `pg` (a PgServer; default the process's shared one), named after the data
+    dir."""
 
     def __init__(self, data_dir=None, args=(), env=None, grace=2.0, store=None, s3=None,
-                 s3_endpoint=None):
+                 s3_endpoint=None, catalog=None, pg=None):
         self._tmp = None
         if data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="sluice-test-")
@@ -97,6 +125,16 @@ class Daemon:
                          "AWS_SECRET_ACCESS_KEY": self.s3.secret_key}
         elif self.store != "dir":
             raise ValueError("store %r: want dir or s3" % self.store)
+        self.catalog = catalog or CATALOG
+        self.pg = self.pg_db = None
+        if self.catalog == "postgresql":
+            self.pg = pg or shared_pg()
+            self.pg_db = self.pg.create_db("t" + hashlib.sha256(
+                os.path.abspath(data_dir).encode()).hexdigest()[:16])
+            store_args += ["--catalog", self.pg.conninfo(self.pg_db),
+                           "--catalog-password-file", self.pg.password_file]
+        elif self.catalog != "sqlite":
+            raise ValueError("catalog %r: want sqlite or postgresql" % self.catalog)
         self.port_file = os.path.join(os.path.dirname(os.path.abspath(data_dir)),
                                       "port-%d" % os.getpid())
         self.args = store_args + list(args)
