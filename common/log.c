@@ -18,6 +18,13 @@ static atomic_int log_format = SL_LOG_LOGFMT;
 
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
 
+static char log_tag[256];
+
+void sl_log_set_tag(const char *fields)
+{
+    snprintf(log_tag, sizeof(log_tag), "%s", fields ? fields : "");
+}
+
 void sl_log_set_level(sl_log_level level)
 {
     atomic_store(&log_level, (int)level);
@@ -148,6 +155,10 @@ static void vlog(sl_log_level level, const char *event, const char *suffix, cons
     if (suffix) {
         size_t b = strlen(body);
         snprintf(body + b, sizeof(body) - b, "%s%s", b ? " " : "", suffix);
+    }
+    if (log_tag[0]) {
+        size_t b = strlen(body);
+        snprintf(body + b, sizeof(body) - b, "%s%s", b ? " " : "", log_tag);
     }
     if (atomic_load(&log_format) == SL_LOG_JSON) {
         n = json_line(line, sizeof(line), ts, level, event, body);

@@ -30,6 +30,10 @@ const char *sl_log_format_name(sl_log_format format);
 /* Set the lowest level that is written. Thread-safe. */
 void sl_log_set_level(sl_log_level level);
 
+/* Fields added to the end of every line from now on (e.g. "replica=host:7700"; "" for none),
+ * cut to 255 bytes. Set it before other threads log. */
+void sl_log_set_tag(const char *fields);
+
 /* Current level. Thread-safe. */
 sl_log_level sl_log_get_level(void);
 

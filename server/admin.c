@@ -26,6 +26,8 @@ static void get_info(sl_rpc_call *call, const ProtobufCMessage *req, void *arg)
     resp.quarantine_dir = (char *)sl_quar_path(d->quar);
     resp.catalog_problem = (char *)(problem ? problem : "");
     resp.shard_store = d->store_desc;
+    resp.replica = d->replica;
+    resp.catalog = d->catalog_desc;
     sl_rpc_call_reply(call, &resp.base);
 }
 

@@ -111,6 +111,11 @@ static const setting settings[] = {
     {"catalog-password-file", "SLUICE_CATALOG_PASSWORD_FILE", STR(catalog_password_file, 1),
      "FILE the PostgreSQL password, its first line; not readable by\n"
      "                     others (default: libpq's PGPASSFILE or ~/.pgpass)"},
+    {"replica-id", "SLUICE_REPLICA_ID", STR(replica_id, 1),
+     "ID     this replica's name in GetInfo, logs and metrics, of letters,\n"
+     "                     digits and . _ : - (default\n"
+     "                     <hostname>:<port>); with a PostgreSQL catalog every line of the log\n"
+     "                     carries it"},
     {"store", "SLUICE_STORE", STR(store, 1),
      "URL         where checkpoint shards go: s3://BUCKET[/PREFIX] for S3-compatible\n"
      "                     object storage (see the s3-* settings); default: <data "

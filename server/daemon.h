@@ -19,6 +19,8 @@ typedef struct sl_daemon {
     sl_config cfg;
     char data_dir[PATH_MAX]; /* absolute */
     char listen[300];        /* with the bound port */
+    char replica[300];       /* replica identity (--replica-id, default <hostname>:<port>) */
+    char catalog_desc[600];  /* the catalog, for GetInfo (never a password) */
     uv_loop_t loop;
     sl_cat *cat;
     sl_health *health;

@@ -8,6 +8,7 @@
 #include "store/sstore.h"
 #include "store/store.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
@@ -70,7 +71,8 @@ static int check_data_dir(const sl_daemon *d)
 }
 
 /* Create the data dir, resolve it, check who may write it, and take its lock so two daemons
- * never share one. */
+ * never share one: exclusively with a SQLite catalog; shared with PostgreSQL, where replicas of
+ * one catalog share the data dir (a SQLite daemon and replicas still exclude each other). */
 static int open_data_dir(sl_daemon *d)
 {
     char lock_path[PATH_MAX + 16];
@@ -95,7 +97,7 @@ static int open_data_dir(sl_daemon *d)
         sl_log_error("data_dir_failed", "path=%s error=\"%s\"", lock_path, sl_store_strerror(err));
         return err;
     }
-    if (flock(d->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    if (flock(d->lock_fd, (sl_cat_is_pg(d->cfg.catalog) ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
         err = -errno;
         sl_log_error("data_dir_locked", "path=%s error=\"%s\" hint=\"another sluiced uses it\"",
                      d->data_dir, sl_strerror(err));
@@ -146,6 +148,79 @@ static void quarantine_stale_wal(sl_daemon *d, const char *cat_path)
         sl_quar_move(d->quar, d->data_dir, "catalog.db-wal", "WAL of a catalog that is gone");
 }
 
+/* Replicas of one PostgreSQL catalog must share one data dir (shard files, lengths, labels): the
+ * catalog holds a token, the first replica writes it to <data dir>/CATALOG-ID, every other one
+ * must find it there. A replica whose data dir is not the shared one (a mount missing, another
+ * catalog's dir) stops at start instead of serving files no other replica can see. */
+static int check_shared_dir(sl_daemon *d)
+{
+    char token[80], want[80], path[PATH_MAX + 16], found[80] = "";
+    unsigned char rnd[16];
+    int fd, err;
+    ssize_t n;
+
+    if (!sl_cat_is_pg(d->cfg.catalog))
+        return 0;
+    if (getentropy(rnd, sizeof(rnd)) != 0)
+        return -errno;
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        snprintf(token + 2 * i, 3, "%02x", rnd[i]);
+    if ((err = sl_cat_meta_claim(d->cat, "data_dir_token", token, want, sizeof(want))) != 0)
+        return err;
+    snprintf(path, sizeof(path), "%s/CATALOG-ID", d->data_dir);
+    fd = sl_store_open(path, O_RDONLY, 0);
+    if (fd >= 0) {
+        n = read(fd, found, sizeof(found) - 1);
+        close(fd);
+        found[n > 0 ? n : 0] = '\0';
+        found[strcspn(found, "\n")] = '\0';
+    } else if (!strcmp(want, token)) {
+        /* This replica made the token: it makes the file. */
+        char text[96];
+        snprintf(text, sizeof(text), "%s\n", want);
+        err = sl_store_write_file(d->data_dir, "CATALOG-ID", text, strlen(text));
+        if (err) {
+            sl_log_error("data_dir_failed", "path=%s error=\"%s\"", path, sl_store_strerror(err));
+            return err;
+        }
+        return 0;
+    }
+    if (strcmp(found, want) != 0) {
+        sl_log_error("data_dir_not_shared",
+                     "path=%s found=\"%s\" catalog_token=%s hint=\"replicas of one catalog "
+                     "share one data dir (a shared filesystem mounted at the same path on each): "
+                     "%s\"",
+                     d->data_dir, found, want,
+                     found[0] ? "this dir belongs to another catalog"
+                              : "this one lacks the CATALOG-ID the first replica wrote");
+        return SL_ESTATE;
+    }
+    return 0;
+}
+
+/* The replica's name: --replica-id, else <hostname>:<port>. With a PostgreSQL catalog every
+ * log line carries it. */
+static void set_replica(sl_daemon *d, int port)
+{
+    char host[256] = "localhost", tag[320];
+
+    if (d->cfg.replica_id[0]) {
+        snprintf(d->replica, sizeof(d->replica), "%s", d->cfg.replica_id);
+    } else {
+        gethostname(host, sizeof(host) - 1);
+        host[sizeof(host) - 1] = '\0';
+        snprintf(d->replica, sizeof(d->replica), "%s:%d", host, port);
+    }
+    /* It becomes a metric label and a log value unquoted. */
+    for (char *c = d->replica; *c; c++)
+        if (!isalnum((unsigned char)*c) && !strchr("._:-", *c))
+            *c = '_';
+    if (sl_cat_is_pg(d->cfg.catalog)) {
+        snprintf(tag, sizeof(tag), "replica=%s", d->replica);
+        sl_log_set_tag(tag);
+    }
+}
+
 /* The catalog: SQLite in the data dir (a stale WAL is moved away first; a file removed or
  * replaced while the daemon runs turns health NOT_SERVING, server/ops.c), another SQLite file, or
  * PostgreSQL. */
@@ -168,6 +243,9 @@ static int open_catalog(sl_daemon *d)
     err = sl_cat_open_spec(&d->cat, spec,
                            d->cfg.catalog_password_file[0] ? d->cfg.catalog_password_file : NULL);
     if (err)
+        return err;
+    sl_cat_describe(d->cat, d->catalog_desc, sizeof(d->catalog_desc));
+    if ((err = check_shared_dir(d)) != 0)
         return err;
     sl_ops_watch_catalog(&d->ops);
     return 0;
@@ -318,6 +396,10 @@ int main(int argc, char **argv)
     if (sl_ops_init(&d.ops, &d, argc, argv) != 0)
         goto out;
     d.start_ms = uv_now(&d.loop);
+    {
+        const char *colon = strrchr(d.cfg.listen, ':');
+        set_replica(&d, colon ? atoi(colon + 1) : 0);
+    }
     if (open_data_dir(&d) != 0)
         goto out;
     if (open_catalog(&d) != 0)
@@ -356,6 +438,7 @@ int main(int argc, char **argv)
         int host_len = colon ? (int)(colon - d.cfg.listen) : (int)strlen(d.cfg.listen);
         snprintf(d.listen, sizeof(d.listen), "%.*s:%d", host_len, d.cfg.listen,
                  sl_rpc_server_port(d.rpc));
+        set_replica(&d, sl_rpc_server_port(d.rpc));
     }
     if (d.cfg.port_file[0]) {
         err = write_port_file(d.cfg.port_file, sl_rpc_server_port(d.rpc));

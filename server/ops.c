@@ -345,7 +345,9 @@ static const struct {
      "Checkpoint verification verdicts per shard and metadata file, by mode."},
     {"sluice_verify_hash_jobs", SL_METRIC_GAUGE,
      "Shards being hashed by deep verifications on the worker pool (at most max-deep-verifies)."},
-    {"sluice_catalog_errors_total", SL_METRIC_COUNTER, "Catalog (SQLite) statements that failed."},
+    {"sluice_catalog_errors_total", SL_METRIC_COUNTER, "Catalog statements that failed."},
+    {"sluice_replica_info", SL_METRIC_GAUGE,
+     "1, labelled with this replica's identity (--replica-id) and its catalog engine."},
     {"sluice_catalog_lost", SL_METRIC_GAUGE,
      "1 once the catalog file was found removed or replaced while the daemon ran (writes are "
      "then refused and health is NOT_SERVING until a restart), else 0."},
@@ -496,6 +498,13 @@ int sl_ops_start(sl_ops *ops)
     uv_timer_start(&ops->refresh, on_refresh, 0, 5000);
     ops->refresh_open = 1;
     sl_metrics_set(ops->metrics, "sluice_catalog_lost", NULL, ops->catalog_lost);
+    {
+        /* The replica id has only [A-Za-z0-9._:-] (checked at start): no escaping needed. */
+        char labels[400];
+        snprintf(labels, sizeof(labels), "replica=\"%s\",catalog=\"%s\"", ops->d->replica,
+                 sl_cat_engine(ops->d->cat));
+        sl_metrics_set(ops->metrics, "sluice_replica_info", labels, 1);
+    }
     uv_timer_init(&ops->d->loop, &ops->catalog_timer);
     ops->catalog_timer.data = ops;
     uv_timer_start(&ops->catalog_timer, on_catalog_check, 1000, 1000);

@@ -293,6 +293,38 @@ int sl_cat_open_spec_upto(sl_cat **out, const char *spec, const char *password_f
     return open_spec(out, spec, password_file, version);
 }
 
+void sl_cat_describe(const sl_cat *cat, char *buf, size_t len)
+{
+    cat->eng->describe(cat, buf, len);
+}
+
+int sl_cat_meta_claim(sl_cat *cat, const char *key, const char *value, char *out, size_t len)
+{
+    sl_db_q q;
+    int rc, err;
+
+    sl_db_q_init(&q, cat, "meta_claim");
+    sl_db_text(&q, key);
+    sl_db_text(&q, value);
+    err = sl_db_exec(&q,
+                     "INSERT INTO catalog_meta(key, value) VALUES (?1, ?2) "
+                     "ON CONFLICT (key) DO NOTHING",
+                     0, NULL);
+    if (err)
+        return err;
+    sl_db_q_init(&q, cat, "meta_claim");
+    sl_db_text(&q, key);
+    err = sl_db_run(&q, "SELECT value FROM catalog_meta WHERE key = ?1", 0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        if (rc == 1)
+            sl_db_copy_text(&q, 0, out, len);
+        err = rc == 1 ? 0 : rc == 0 ? SL_EDB : rc;
+    }
+    sl_db_end(&q);
+    return err;
+}
+
 int sl_cat_check(sl_cat *cat)
 {
     return cat->eng->check(cat);

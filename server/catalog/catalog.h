@@ -29,6 +29,8 @@
 #ifndef SL_CATALOG_H
 #define SL_CATALOG_H
 
+#include <stddef.h>
+
 typedef struct sl_cat sl_cat;
 
 /* Told once that the catalog file was removed or replaced; `problem` says which (a sentence
@@ -58,6 +60,14 @@ int sl_cat_is_pg(const char *spec);
 
 /* "sqlite" or "postgresql". */
 const char *sl_cat_engine(const sl_cat *cat);
+
+/* Where the catalog is, for GetInfo and logs: "sqlite:PATH" or "postgresql host=.. port=..
+ * dbname=.. user=.." (never a password). */
+void sl_cat_describe(const sl_cat *cat, char *buf, size_t len);
+
+/* The value of catalog_meta's `key`, set to `value` first if it had none (the first of several
+ * replicas to ask sets it). */
+int sl_cat_meta_claim(sl_cat *cat, const char *key, const char *value, char *out, size_t len);
 
 /* Close the catalog. Accepts NULL. Loop thread. */
 void sl_cat_close(sl_cat *cat);

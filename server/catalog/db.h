@@ -100,6 +100,7 @@ typedef struct sl_db_engine {
     int (*check)(sl_cat *cat);
     int (*copy)(sl_cat *cat, const char *path);
     const char *(*problem)(const sl_cat *cat);
+    void (*describe)(const sl_cat *cat, char *buf, size_t len);
     void (*close)(sl_cat *cat);
 } sl_db_engine;
 

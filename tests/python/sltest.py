@@ -137,7 +137,9 @@ class Daemon:
             raise ValueError("catalog %r: want sqlite or postgresql" % self.catalog)
         self.port_file = os.path.join(os.path.dirname(os.path.abspath(data_dir)),
                                       "port-%d" % os.getpid())
-        self.args = store_args + list(args)
+        # Where the state lives stays when a test replaces self.args for a restart.
+        self.fixed_args = store_args
+        self.args = list(args)
         self.env = dict(os.environ, **store_env)
         self.env.update(env or {})
         self.grace = grace
@@ -157,7 +159,8 @@ class Daemon:
         self.signalled = False
         self._err = open(self.stderr_path, "ab")
         cmd = [SLUICED, "--listen", "127.0.0.1:0", "--data-dir", self.data_dir,
-               "--port-file", self.port_file, "--grace-period", str(self.grace)] + self.args
+               "--port-file", self.port_file, "--grace-period", str(self.grace)]
+        cmd += self.fixed_args + self.args
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._err,
                                      env=self.env)
         deadline = time.monotonic() + timeout

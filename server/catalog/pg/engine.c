@@ -371,6 +371,14 @@ static const char *problem(const sl_cat *cat)
     return NULL;
 }
 
+static void describe(const sl_cat *cat, char *buf, size_t len)
+{
+    char where[512];
+
+    log_where(((const pg *)cat->conn)->conn, where, sizeof(where));
+    snprintf(buf, len, "postgresql %s", where);
+}
+
 static void pg_close(sl_cat *cat)
 {
     pg *p = PG(cat);
@@ -401,6 +409,7 @@ const sl_db_engine sl_db_pg = {
     .check = check,
     .copy = copy,
     .problem = problem,
+    .describe = describe,
     .close = pg_close,
 };
 

@@ -404,6 +404,11 @@ static const char *problem(const sl_cat *cat)
     return l->lost ? l->problem : NULL;
 }
 
+static void describe(const sl_cat *cat, char *buf, size_t len)
+{
+    snprintf(buf, len, "sqlite:%s", ((const lite *)cat->conn)->path);
+}
+
 static void lite_close(sl_cat *cat)
 {
     lite *l = LITE(cat);
@@ -436,6 +441,7 @@ const sl_db_engine sl_db_sqlite = {
     .check = check,
     .copy = copy,
     .problem = problem,
+    .describe = describe,
     .close = lite_close,
 };
 

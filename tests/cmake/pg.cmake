@@ -1,0 +1,29 @@
+# The feeding and checkpoint integration tests again with the catalog in PostgreSQL
+# (SL_TEST_CATALOG=postgresql: tests/python/pgfixture.py starts a real PostgreSQL 15 per test
+# process, each Daemon gets a database of its own). The torchrun suites run in the release build
+# only (label no_asan), like their SQLite runs' cost would double the sanitized run.
+set(SL_PG_TESTS
+    "feed_integration_pg|integration|test_feed|feed,pg"
+    "feed_resize_integration_pg|integration|test_feed_resize|feed,pg"
+    "sampling2_integration_pg|integration|test_sampling2|feed,pg"
+    "checkpoint_integration_pg|integration|test_checkpoints|checkpoint,pg"
+    "ckpt_position_integration_pg|integration|test_ckpt_position|checkpoint,pg"
+    "ckpt_torch_pg|python|test_torch_ckpt|checkpoint,pg,python"
+    "feed_torch_ddp_pg|python|test_torch_ddp|feed,pg,python,torchrun"
+    "feed_torch_train_pg|python|test_torch_train|feed,pg,python,torchrun,no_asan"
+    "ckpt_torch_train_pg|python|test_torch_ckpt_train|checkpoint,pg,python,torchrun,no_asan")
+foreach (spec ${SL_PG_TESTS})
+  string(REPLACE "|" ";" parts "${spec}")
+  list(GET parts 0 name)
+  list(GET parts 1 dir)
+  list(GET parts 2 module)
+  list(GET parts 3 labels)
+  string(REPLACE "," ";" labels "${labels}")
+  add_test(NAME ${name} COMMAND ${SL_PYTHON} -m unittest -v ${module}
+           WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/${dir}")
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${SL_TEST_ENV};SL_TEST_CATALOG=postgresql"
+                       TIMEOUT 600 LABELS "${labels}")
+  if ("torchrun" IN_LIST labels)
+    set_tests_properties(${name} PROPERTIES RESOURCE_LOCK torchrun_rendezvous_29400)
+  endif ()
+endforeach ()
