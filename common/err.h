@@ -26,7 +26,7 @@
     X(SL_EPERM, -1015, "permission denied")                                                        \
     X(SL_EUNIMPL, -1016, "not implemented")                                                        \
     X(SL_EDBBUSY, -1017, "catalog busy: another process holds its write lock")                     \
-    X(SL_ECATLOST, -1018, "catalog file removed or replaced while the daemon ran: restart it")   \
+    X(SL_ECATLOST, -1018, "catalog file removed or replaced while the daemon ran: restart it")     \
     X(SL_ECATDOWN, -1019, "catalog server unreachable: retry")
 
 enum sl_err {

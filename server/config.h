@@ -36,10 +36,10 @@ typedef struct sl_config {
     uint64_t max_connection_age_ms;  /* max-connection-age (seconds): 0 = never */
     uint64_t self_check_ms;          /* self-check-interval (seconds): 10 s, 0 = off */
     int allow_shared_data_dir;       /* allow-shared-data-dir: use a data dir others can write */
-    char catalog[1024];     /* catalog: "" = sqlite:<data dir>/catalog.db, sqlite:PATH or a
-                             * postgresql:// conninfo (never with a password) */
+    char catalog[1024];              /* catalog: "" = sqlite:<data dir>/catalog.db, sqlite:PATH or a
+                                      * postgresql:// conninfo (never with a password) */
     char catalog_password_file[PATH_MAX]; /* catalog-password-file: "" = PGPASSFILE/~/.pgpass */
-    char replica_id[256];   /* replica-id: "" = <hostname>:<port> */
+    char replica_id[256];                 /* replica-id: "" = <hostname>:<port> */
     char store[1024];       /* store: "" = <data dir>/checkpoints, or s3://BUCKET[/PREFIX] */
     char s3_endpoint[512];  /* s3-endpoint: "" = AWS for the region */
     char s3_region[64];     /* s3-region, "us-east-1" */

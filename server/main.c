@@ -468,10 +468,9 @@ int main(int argc, char **argv)
     uv_signal_start(&d.sigint, on_signal, SIGINT);
 
     sl_health_set_all(d.health, sl_ops_healthy(&d.ops) ? SL_HEALTH_SERVING : SL_HEALTH_NOT_SERVING);
-    sl_log_info("listening",
-                "addr=%s port=%d data_dir=%s version=%s catalog=%s schema_version=%d", d.listen,
-                sl_rpc_server_port(d.rpc), d.data_dir, SLUICE_VERSION, sl_cat_engine(d.cat),
-                sl_cat_schema_version(d.cat));
+    sl_log_info("listening", "addr=%s port=%d data_dir=%s version=%s catalog=%s schema_version=%d",
+                d.listen, sl_rpc_server_port(d.rpc), d.data_dir, SLUICE_VERSION,
+                sl_cat_engine(d.cat), sl_cat_schema_version(d.cat));
     {
         char status[400];
         snprintf(status, sizeof(status), "serving on %s", d.listen);

@@ -201,8 +201,7 @@ static int migrate_step(sl_cat *cat, int target, int *done)
         version = 0;
     }
     if (!err && version > e->n_migrations) {
-        sl_log_error("catalog_too_new", "schema_version=%d supported=%d", version,
-                     e->n_migrations);
+        sl_log_error("catalog_too_new", "schema_version=%d supported=%d", version, e->n_migrations);
         err = SL_ESTATE;
     }
     *done = !err && version >= target;

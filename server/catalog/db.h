@@ -37,17 +37,17 @@ typedef struct sl_db_q {
     const char *op; /* names the statement in logs */
     int nparams;
     sl_db_param params[SL_DB_MAX_PARAMS];
-    void *res;        /* the engine's statement or result */
-    int row, rows;    /* pg: the current row, how many */
-    int pending;      /* sqlite: the first row was stepped by run */
-    int64_t changes;  /* rows a write changed */
-    void *tmp[16];    /* pg: blobs decoded for the current row */
+    void *res;       /* the engine's statement or result */
+    int row, rows;   /* pg: the current row, how many */
+    int pending;     /* sqlite: the first row was stepped by run */
+    int64_t changes; /* rows a write changed */
+    void *tmp[16];   /* pg: blobs decoded for the current row */
     size_t tmp_len[16];
 } sl_db_q;
 
 void sl_db_q_init(sl_db_q *q, sl_cat *cat, const char *op);
 void sl_db_int(sl_db_q *q, int64_t v);
-void sl_db_text(sl_db_q *q, const char *s);        /* NULL binds NULL */
+void sl_db_text(sl_db_q *q, const char *s);               /* NULL binds NULL */
 void sl_db_blob(sl_db_q *q, const void *p, size_t n);     /* NULL binds NULL */
 void sl_db_blob_opt(sl_db_q *q, const void *p, size_t n); /* NULL or 0 bytes bind NULL */
 

@@ -37,7 +37,8 @@ int sl_cat_dataset_create(sl_cat *cat, const char *name, uint64_t samples, int64
     sl_db_text(&q, name);
     sl_db_int(&q, (int64_t)samples);
     sl_db_int(&q, now_ms);
-    return sl_db_exec(&q, "INSERT INTO feed_datasets(name, samples, created_ms) VALUES (?1, ?2, ?3)",
+    return sl_db_exec(&q,
+                      "INSERT INTO feed_datasets(name, samples, created_ms) VALUES (?1, ?2, ?3)",
                       SL_EEXIST, NULL);
 }
 

@@ -22,9 +22,10 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def _newest_migration():
-    """The newest migration number ("/* N: ..." entries of server/catalog/catalog.c)."""
+    """The newest migration number ("/* N: ..." entries of the SQLite engine's migrations,
+    server/catalog/sqlite/engine.c; the PostgreSQL engine has the same numbers)."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "server",
-                        "catalog", "catalog.c")
+                        "catalog", "sqlite", "engine.c")
     with open(path) as f:
         return max(int(n) for n in re.findall(r"^\s*/\* (\d+): ", f.read(), re.M))
 

@@ -345,8 +345,7 @@ static int tx_end(sl_cat *cat, int err)
 
     if (!err)
         err = script(cat, "COMMIT", "commit");
-    if (err && PQstatus(p->conn) == CONNECTION_OK &&
-        PQtransactionStatus(p->conn) != PQTRANS_IDLE)
+    if (err && PQstatus(p->conn) == CONNECTION_OK && PQtransactionStatus(p->conn) != PQTRANS_IDLE)
         script(cat, "ROLLBACK", "rollback");
     p->in_tx = 0;
     return err;
