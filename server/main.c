@@ -330,6 +330,7 @@ static void on_rpc_stopped(void *arg)
     sl_daemon *d = arg;
 
     sl_log_info("stopped", NULL);
+    sl_cat_unlisten(d->cat); /* its socket watch would keep the loop running */
     sl_ops_stop(&d->ops);
     sl_memtrim_stop(&d->memtrim);
     uv_close((uv_handle_t *)&d->sigterm, on_handle_closed);

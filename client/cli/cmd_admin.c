@@ -76,6 +76,10 @@ static int info_run(sl_cli *cli, sl_client *c, void *opts, int argc, char **argv
         sl_cli_json_str(stdout, store.catalog_problem);
         printf(",\"shard_store\":");
         sl_cli_json_str(stdout, store.shard_store);
+        printf(",\"replica\":");
+        sl_cli_json_str(stdout, store.replica);
+        printf(",\"catalog\":");
+        sl_cli_json_str(stdout, store.catalog);
         printf("}\n");
     } else {
         printf("version:         %s\n"
@@ -85,13 +89,15 @@ static int info_run(sl_cli *cli, sl_client *c, void *opts, int argc, char **argv
                "pid:             %llu\n"
                "listen:          %s\n"
                "quarantine:      %llu files, %llu bytes in %s\n"
-               "catalog:         %s\n"
-               "shard store:     %s\n",
+               "catalog:         %s (%s)\n"
+               "shard store:     %s\n"
+               "replica:         %s\n",
                info.version, (double)info.uptime_ms / 1000.0, info.data_dir, info.schema_version,
                (unsigned long long)info.pid, info.listen,
                (unsigned long long)store.quarantine_files,
-               (unsigned long long)store.quarantine_bytes, store.quarantine_dir,
-               store.catalog_problem[0] ? store.catalog_problem : "ok", store.shard_store);
+               (unsigned long long)store.quarantine_bytes, store.quarantine_dir, store.catalog,
+               store.catalog_problem[0] ? store.catalog_problem : "ok", store.shard_store,
+               store.replica);
     }
     return SL_CLI_OK;
 }

@@ -166,6 +166,10 @@ int sl_client_info_store(sl_client *c, sl_info *info, sl_store_info *store)
         copy_str(store->catalog_problem, sizeof(store->catalog_problem), resp->catalog_problem);
         if (store->version >= 2)
             copy_str(store->shard_store, sizeof(store->shard_store), resp->shard_store);
+        if (store->version >= 3) {
+            copy_str(store->replica, sizeof(store->replica), resp->replica);
+            copy_str(store->catalog, sizeof(store->catalog), resp->catalog);
+        }
     }
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     return 0;

@@ -74,7 +74,7 @@ typedef struct sl_info {
     char listen[300];
 } sl_info;
 
-#define SL_STORE_INFO_VERSION 2
+#define SL_STORE_INFO_VERSION 3
 
 /* What Admin.GetInfo says about the daemon's storage (sl_client_info_store). It begins with a
  * version, as the option structs do (set it with SL_STORE_INFO_INIT): a later libsluice may add
@@ -91,6 +91,10 @@ typedef struct sl_store_info {
     /* Version 2: where checkpoint shards are stored (a directory, or "s3://bucket/prefix at
      * ENDPOINT"); "" from a daemon that does not say. */
     char shard_store[2048];
+    /* Version 3: the replica that answered (its --replica-id) and where its catalog is
+     * ("sqlite:PATH" or "postgresql host=... dbname=..."); "" from a daemon that does not say. */
+    char replica[300];
+    char catalog[600];
 } sl_store_info;
 
 #define SL_STORE_INFO_INIT                                                                         \

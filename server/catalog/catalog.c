@@ -324,6 +324,32 @@ int sl_cat_meta_claim(sl_cat *cat, const char *key, const char *value, char *out
     return err;
 }
 
+int sl_cat_shared(const sl_cat *cat)
+{
+    return cat->eng->announce != NULL;
+}
+
+int sl_db_announce(sl_cat *cat, char kind, const char *name)
+{
+    char payload[SL_CAT_FEED_NAME_MAX + 4];
+
+    if (!cat->eng->announce)
+        return 0;
+    snprintf(payload, sizeof(payload), "%c %s", kind, name);
+    return cat->eng->announce(cat, payload);
+}
+
+int sl_cat_listen(sl_cat *cat, struct uv_loop_s *loop, sl_cat_notify_fn fn, void *arg)
+{
+    return cat->eng->listen ? cat->eng->listen(cat, loop, fn, arg) : 0;
+}
+
+void sl_cat_unlisten(sl_cat *cat)
+{
+    if (cat && cat->eng->unlisten)
+        cat->eng->unlisten(cat);
+}
+
 int sl_cat_check(sl_cat *cat)
 {
     return cat->eng->check(cat);
@@ -349,6 +375,7 @@ void sl_cat_close(sl_cat *cat)
 {
     if (!cat)
         return;
+    sl_cat_unlisten(cat);
     if (cat->conn)
         cat->eng->close(cat);
     free(cat);

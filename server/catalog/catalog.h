@@ -32,6 +32,7 @@
 #include <stddef.h>
 
 typedef struct sl_cat sl_cat;
+struct uv_loop_s;
 
 /* Told once that the catalog file was removed or replaced; `problem` says which (a sentence
  * naming the path, valid while the catalog is). */
@@ -68,6 +69,19 @@ void sl_cat_describe(const sl_cat *cat, char *buf, size_t len);
 /* The value of catalog_meta's `key`, set to `value` first if it had none (the first of several
  * replicas to ask sets it). */
 int sl_cat_meta_claim(sl_cat *cat, const char *key, const char *value, char *out, size_t len);
+
+/* Whether several replicas may share this catalog (PostgreSQL): their in-memory state then has
+ * to follow what the others write (sl_cat_listen). */
+int sl_cat_shared(const sl_cat *cat);
+
+/* What other replicas announced about the rows they changed ("j NAME": a job's row, "p NAME": a
+ * job's progress), delivered to fn on the loop after the statement that brought it ended, each
+ * replica's own announcements left out; "*" when some may have been missed (the connection was
+ * made again). A lost connection is made again by itself (every second). A SQLite catalog never
+ * calls fn. sl_cat_unlisten stops (before the loop's last run). Loop thread. */
+typedef void (*sl_cat_notify_fn)(const char *payload, void *arg);
+int sl_cat_listen(sl_cat *cat, struct uv_loop_s *loop, sl_cat_notify_fn fn, void *arg);
+void sl_cat_unlisten(sl_cat *cat);
 
 /* Close the catalog. Accepts NULL. Loop thread. */
 void sl_cat_close(sl_cat *cat);

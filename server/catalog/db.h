@@ -101,6 +101,10 @@ typedef struct sl_db_engine {
     int (*copy)(sl_cat *cat, const char *path);
     const char *(*problem)(const sl_cat *cat);
     void (*describe)(const sl_cat *cat, char *buf, size_t len);
+    /* Shared catalogs only (NULL for SQLite). */
+    int (*announce)(sl_cat *cat, const char *payload);
+    int (*listen)(sl_cat *cat, struct uv_loop_s *loop, sl_cat_notify_fn fn, void *arg);
+    void (*unlisten)(sl_cat *cat);
     void (*close)(sl_cat *cat);
 } sl_db_engine;
 
@@ -111,6 +115,11 @@ extern const sl_db_engine sl_db_pg;
  * the password from `password_file` when not NULL). 0 or a failure code (logged). */
 int sl_db_sqlite_open(sl_cat *cat, const char *where);
 int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file);
+
+/* Tell the other replicas (sl_cat_listen) that rows changed: `kind` 'j' (a job's row) or 'p'
+ * (its progress) of job `name`; inside a transaction, they hear it once it commits. Nothing for
+ * SQLite. */
+int sl_db_announce(sl_cat *cat, char kind, const char *name);
 
 /* Count a failed statement (for the metrics endpoint). Any thread. */
 void sl_db_count_error(sl_cat *cat);

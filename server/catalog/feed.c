@@ -131,46 +131,78 @@ int sl_cat_job_create(sl_cat *cat, const sl_cat_job *job)
     sl_db_blob(&q, job->spec, job->spec_len);
     sl_db_int(&q, job->world_size);
     sl_db_int(&q, job->created_ms);
-    return sl_db_exec(&q,
-                      "INSERT INTO feed_jobs(name, dataset, spec, world_size, epoch, created_ms) "
-                      "VALUES (?1, ?2, ?3, ?4, 0, ?5)",
-                      SL_EEXIST, NULL);
+    err = sl_db_exec(&q,
+                     "INSERT INTO feed_jobs(name, dataset, spec, world_size, epoch, created_ms) "
+                     "VALUES (?1, ?2, ?3, ?4, 0, ?5)",
+                     SL_EEXIST, NULL);
+    return err ? err : sl_db_announce(cat, 'j', job->name);
+}
+
+/* Call fn for each job row `q` (run with JOB_COLS) yields; *rows counts them. */
+#define JOB_COLS                                                                                   \
+    "SELECT name, dataset, spec, world_size, epoch, elastic, created_ms, version FROM feed_jobs "
+
+static int job_rows(sl_db_q *q, int (*fn)(const sl_cat_job *j, void *arg), void *arg, int *rows)
+{
+    sl_cat_job j;
+    int rc = 0, err = 0;
+
+    *rows = 0;
+    while (!err && (rc = sl_db_next(q)) == 1) {
+        memset(&j, 0, sizeof(j));
+        j.name = sl_db_text_col(q, 0);
+        j.dataset = sl_db_text_col(q, 1);
+        j.spec = sl_db_blob_col(q, 2, &j.spec_len);
+        j.world_size = (uint32_t)sl_db_int_col(q, 3);
+        j.epoch = (uint64_t)sl_db_int_col(q, 4);
+        j.elastic = sl_db_blob_col(q, 5, &j.elastic_len);
+        j.created_ms = sl_db_int_col(q, 6);
+        j.version = (uint64_t)sl_db_int_col(q, 7);
+        (*rows)++;
+        if (j.name && j.dataset)
+            err = fn(&j, arg);
+    }
+    return err ? err : rc;
 }
 
 int sl_cat_job_list(sl_cat *cat, int (*fn)(const sl_cat_job *j, void *arg), void *arg)
 {
     sl_db_q q;
-    sl_cat_job j;
-    int rc = 0, err;
+    int rows, err;
 
     sl_db_q_init(&q, cat, "job_list");
-    err = sl_db_run(&q,
-                    "SELECT name, dataset, spec, world_size, epoch, elastic, created_ms "
-                    "FROM feed_jobs ORDER BY name",
-                    0);
-    while (!err && (rc = sl_db_next(&q)) == 1) {
-        memset(&j, 0, sizeof(j));
-        j.name = sl_db_text_col(&q, 0);
-        j.dataset = sl_db_text_col(&q, 1);
-        j.spec = sl_db_blob_col(&q, 2, &j.spec_len);
-        j.world_size = (uint32_t)sl_db_int_col(&q, 3);
-        j.epoch = (uint64_t)sl_db_int_col(&q, 4);
-        j.elastic = sl_db_blob_col(&q, 5, &j.elastic_len);
-        j.created_ms = sl_db_int_col(&q, 6);
-        if (j.name && j.dataset)
-            err = fn(&j, arg);
-    }
+    err = sl_db_run(&q, JOB_COLS "ORDER BY name", 0);
+    if (!err)
+        err = job_rows(&q, fn, arg, &rows);
     sl_db_end(&q);
-    return err ? err : rc;
+    return err;
+}
+
+int sl_cat_job_get(sl_cat *cat, const char *name, int (*fn)(const sl_cat_job *j, void *arg),
+                   void *arg)
+{
+    sl_db_q q;
+    int rows = 0, err;
+
+    sl_db_q_init(&q, cat, "job_get");
+    sl_db_text(&q, name);
+    err = sl_db_run(&q, JOB_COLS "WHERE name = ?1", 0);
+    if (!err)
+        err = job_rows(&q, fn, arg, &rows);
+    sl_db_end(&q);
+    return err ? err : rows ? 0 : SL_ENOTFOUND;
 }
 
 int sl_cat_job_delete(sl_cat *cat, const char *name)
 {
     sl_db_q q;
 
+    int err;
+
     sl_db_q_init(&q, cat, "job_delete");
     sl_db_text(&q, name);
-    return dataset_write(&q, "DELETE FROM feed_jobs WHERE name = ?1", 0);
+    err = dataset_write(&q, "DELETE FROM feed_jobs WHERE name = ?1", 0);
+    return err ? err : sl_db_announce(cat, 'j', name);
 }
 
 /* Keep the job's current epoch, spec and elastic state in feed_epochs (replacing the row of
@@ -210,41 +242,82 @@ static int clear_progress(sl_cat *cat, const char *name, const char *op)
     return sl_db_exec(&q, "DELETE FROM feed_progress WHERE job = ?1", 0, NULL);
 }
 
+/* The job's version into *version (NULL: nothing). */
+static int read_version(sl_cat *cat, const char *name, uint64_t *version)
+{
+    sl_db_q q;
+    int rc, err;
+
+    if (!version)
+        return 0;
+    sl_db_q_init(&q, cat, "job_version");
+    sl_db_text(&q, name);
+    err = sl_db_run(&q, "SELECT version FROM feed_jobs WHERE name = ?1", 0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        if (rc == 1)
+            *version = (uint64_t)sl_db_int_col(&q, 0);
+        err = rc == 1 ? 0 : rc == 0 ? SL_ENOTFOUND : rc;
+    }
+    sl_db_end(&q);
+    return err;
+}
+
+/* 1 if the job exists. */
+static int job_exists(sl_cat *cat, const char *name)
+{
+    uint64_t v;
+
+    return read_version(cat, name, &v) == 0;
+}
+
 /* Run `q` (an UPDATE of one job, its parameters bound) and clear the job's progress, in one
- * transaction; the epoch the job leaves and the one it is in after are recorded in
- * feed_epochs. */
-static int update_and_clear(sl_db_q *q, const char *sql, const char *name)
+ * transaction; the epoch the job leaves and the one it is in after are recorded in feed_epochs,
+ * the job's version read back into *version (may be NULL), the other replicas told. An UPDATE
+ * that changed nothing returns `unchanged` (SL_ENOTFOUND when the job is gone). */
+static int update_and_clear(sl_db_q *q, const char *sql, const char *name, int unchanged,
+                            uint64_t *version)
 {
     int64_t changes = 0;
-    int err = sl_db_tx_begin(q->cat);
+    sl_cat *cat = q->cat;
+    int err = sl_db_tx_begin(cat);
 
     if (err)
         return err;
-    err = record_epoch(q->cat, name, q->op);
+    err = record_epoch(cat, name, q->op);
     if (!err)
         err = sl_db_exec(q, sql, 0, &changes);
     if (!err && changes == 0)
-        err = SL_ENOTFOUND;
+        err = job_exists(cat, name) ? unchanged : SL_ENOTFOUND;
     if (!err)
-        err = clear_progress(q->cat, name, q->op);
+        err = clear_progress(cat, name, q->op);
     if (!err)
-        err = record_epoch(q->cat, name, q->op);
-    return sl_db_tx_end(q->cat, err);
+        err = record_epoch(cat, name, q->op);
+    if (!err)
+        err = read_version(cat, name, version);
+    if (!err)
+        err = sl_db_announce(cat, 'j', name);
+    return sl_db_tx_end(cat, err);
 }
 
-int sl_cat_job_set_epoch(sl_cat *cat, const char *name, uint64_t epoch)
+int sl_cat_job_set_epoch(sl_cat *cat, const char *name, uint64_t from, uint64_t epoch)
 {
     sl_db_q q;
 
     sl_db_q_init(&q, cat, "job_set_epoch");
     sl_db_text(&q, name);
     sl_db_int(&q, (int64_t)epoch);
-    return update_and_clear(&q, "UPDATE feed_jobs SET epoch = ?2, elastic = NULL WHERE name = ?1",
-                            name);
+    sl_db_int(&q, (int64_t)from);
+    /* The row lock the UPDATE takes makes racing replicas wait; the first one's commit makes
+     * the others' `epoch = ?3` false. */
+    return update_and_clear(
+        &q, "UPDATE feed_jobs SET epoch = ?2, elastic = NULL WHERE name = ?1 AND epoch = ?3", name,
+        SL_ESTATE, NULL);
 }
 
 int sl_cat_job_resize(sl_cat *cat, const char *name, const void *spec, size_t spec_len,
-                      uint32_t world_size, const void *elastic, size_t elastic_len)
+                      uint32_t world_size, const void *elastic, size_t elastic_len,
+                      uint64_t *version)
 {
     sl_db_q q;
 
@@ -253,8 +326,10 @@ int sl_cat_job_resize(sl_cat *cat, const char *name, const void *spec, size_t sp
     sl_db_blob(&q, spec, spec_len);
     sl_db_int(&q, world_size);
     sl_db_blob_opt(&q, elastic, elastic_len);
-    return update_and_clear(
-        &q, "UPDATE feed_jobs SET spec = ?2, world_size = ?3, elastic = ?4 WHERE name = ?1", name);
+    return update_and_clear(&q,
+                            "UPDATE feed_jobs SET spec = ?2, world_size = ?3, elastic = ?4, "
+                            "version = version + 1 WHERE name = ?1",
+                            name, SL_ENOTFOUND, version);
 }
 
 int sl_cat_feed_begin(sl_cat *cat)
@@ -277,14 +352,25 @@ int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t
     sl_db_int(&q, dp_rank);
     sl_db_int(&q, (int64_t)epoch);
     sl_db_int(&q, (int64_t)position);
-    /* The foreign key fails for a job that does not exist. */
-    return sl_db_exec(&q,
-                      "INSERT INTO feed_progress(job, dp_rank, epoch, position) "
-                      "VALUES (?1, ?2, ?3, ?4) ON CONFLICT (job, dp_rank) DO UPDATE SET "
-                      "position = CASE WHEN feed_progress.epoch = excluded.epoch AND "
-                      "feed_progress.position > excluded.position THEN feed_progress.position "
-                      "ELSE excluded.position END, epoch = excluded.epoch",
-                      SL_ENOTFOUND, NULL);
+    int64_t changes = 0;
+    int err;
+
+    /* A job that does not exist (SL_ENOTFOUND), or moved on to another epoch, takes no row. */
+    err = sl_db_exec(&q,
+                     "INSERT INTO feed_progress(job, dp_rank, epoch, position) "
+                     "SELECT ?1, CAST(?2 AS BIGINT), CAST(?3 AS BIGINT), CAST(?4 AS BIGINT) "
+                     "WHERE EXISTS (SELECT 1 FROM feed_jobs "
+                     "WHERE name = ?1 AND epoch = ?3) ON CONFLICT (job, dp_rank) DO UPDATE SET "
+                     "position = CASE WHEN feed_progress.epoch = excluded.epoch AND "
+                     "feed_progress.position > excluded.position THEN feed_progress.position "
+                     "ELSE excluded.position END, epoch = excluded.epoch",
+                     SL_ENOTFOUND, &changes);
+    return !err && changes == 0 && !job_exists(cat, job) ? SL_ENOTFOUND : err;
+}
+
+int sl_cat_progress_announce(sl_cat *cat, const char *job)
+{
+    return sl_db_announce(cat, 'p', job);
 }
 
 int sl_cat_progress_list(sl_cat *cat, const char *job,
@@ -349,7 +435,7 @@ int sl_cat_epoch_get(sl_cat *cat, const char *job, uint64_t epoch, sl_cat_blob *
 
 int sl_cat_job_restore(sl_cat *cat, const char *name, const void *spec, size_t spec_len,
                        uint32_t world_size, uint64_t epoch, const void *elastic, size_t elastic_len,
-                       const uint64_t *positions, uint32_t n)
+                       const uint64_t *positions, uint32_t n, uint64_t *version)
 {
     int64_t changes = 0;
     sl_db_q q;
@@ -365,7 +451,7 @@ int sl_cat_job_restore(sl_cat *cat, const char *name, const void *spec, size_t s
     sl_db_blob_opt(&q, elastic, elastic_len);
     err = sl_db_exec(&q,
                      "UPDATE feed_jobs SET spec = ?2, world_size = ?3, epoch = ?4, "
-                     "elastic = ?5 WHERE name = ?1",
+                     "elastic = ?5, version = version + 1 WHERE name = ?1",
                      0, &changes);
     if (!err && changes == 0)
         err = SL_ENOTFOUND;
@@ -383,5 +469,9 @@ int sl_cat_job_restore(sl_cat *cat, const char *name, const void *spec, size_t s
         err = sl_cat_progress_set(cat, name, d, epoch, positions[d]);
     if (!err)
         err = record_epoch(cat, name, "job_restore");
+    if (!err)
+        err = read_version(cat, name, version);
+    if (!err)
+        err = sl_db_announce(cat, 'j', name);
     return sl_db_tx_end(cat, err);
 }

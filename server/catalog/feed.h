@@ -63,6 +63,7 @@ typedef struct sl_cat_job {
     const void *elastic; /* the current epoch's elastic state, NULL/0 when none */
     size_t elastic_len;
     int64_t created_ms;
+    uint64_t version; /* changes of the spec other than epoch advances (resize, restore) */
 } sl_cat_job;
 
 /* Insert a job at epoch 0. SL_EEXIST if the name is taken, SL_ENOTFOUND if the dataset is not. */
@@ -71,17 +72,23 @@ int sl_cat_job_create(sl_cat *cat, const sl_cat_job *job);
 /* Call fn for every job in name order; a nonzero return stops and is returned. */
 int sl_cat_job_list(sl_cat *cat, int (*fn)(const sl_cat_job *j, void *arg), void *arg);
 
+/* Call fn once with the job's row. SL_ENOTFOUND if absent. */
+int sl_cat_job_get(sl_cat *cat, const char *name, int (*fn)(const sl_cat_job *j, void *arg),
+                   void *arg);
+
 /* Delete a job and its progress. SL_ENOTFOUND if absent. */
 int sl_cat_job_delete(sl_cat *cat, const char *name);
 
-/* Make `epoch` the job's current epoch with no elastic state and no progress (one transaction).
- * SL_ENOTFOUND. */
-int sl_cat_job_set_epoch(sl_cat *cat, const char *name, uint64_t epoch);
+/* Move the job from epoch `from` to `epoch` with no elastic state and no progress (one
+ * transaction). SL_ESTATE if the job is no longer at `from` (another replica moved it first:
+ * exactly one of several racing replicas wins), SL_ENOTFOUND if it is gone. */
+int sl_cat_job_set_epoch(sl_cat *cat, const char *name, uint64_t from, uint64_t epoch);
 
-/* Replace the job's spec, world size and elastic state and clear its progress (one
- * transaction). SL_ENOTFOUND. */
+/* Replace the job's spec, world size and elastic state, clear its progress and count a new
+ * version into *version (may be NULL), in one transaction. SL_ENOTFOUND. */
 int sl_cat_job_resize(sl_cat *cat, const char *name, const void *spec, size_t spec_len,
-                      uint32_t world_size, const void *elastic, size_t elastic_len);
+                      uint32_t world_size, const void *elastic, size_t elastic_len,
+                      uint64_t *version);
 
 /* Group several writes in one transaction (one fsync): sl_cat_feed_begin, the writes, then
  * sl_cat_feed_end(cat, err), which commits if err is 0 and rolls back otherwise; it returns the
@@ -90,8 +97,9 @@ int sl_cat_job_resize(sl_cat *cat, const char *name, const void *spec, size_t sp
 int sl_cat_feed_begin(sl_cat *cat);
 int sl_cat_feed_end(sl_cat *cat, int err);
 
-/* Record dp rank `dp_rank`'s position in `epoch` (the job's current one): a lower position for
- * the same epoch never replaces a higher one. SL_ENOTFOUND if the job does not exist. */
+/* Record dp rank `dp_rank`'s position in `epoch` if that is the job's current epoch in the
+ * catalog (a report another replica's epoch advance overtook records nothing): a lower
+ * position for the same epoch never replaces a higher one. */
 int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t epoch,
                         uint64_t position);
 
@@ -118,6 +126,10 @@ int sl_cat_epoch_get(sl_cat *cat, const char *job, uint64_t epoch, sl_cat_blob *
  * `epoch`); records of later epochs forgotten. SL_ENOTFOUND if the job does not exist. */
 int sl_cat_job_restore(sl_cat *cat, const char *name, const void *spec, size_t spec_len,
                        uint32_t world_size, uint64_t epoch, const void *elastic, size_t elastic_len,
-                       const uint64_t *positions, uint32_t n);
+                       const uint64_t *positions, uint32_t n, uint64_t *version);
+
+/* Tell the other replicas (a shared catalog, sl_cat_listen) that the job's progress changed, in
+ * the group commit's transaction. Nothing for SQLite. */
+int sl_cat_progress_announce(sl_cat *cat, const char *job);
 
 #endif

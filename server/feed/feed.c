@@ -125,7 +125,7 @@ static int recover_files(sl_feed *f, const char *dir, sl_quar *q, const char *ex
     return err;
 }
 
-static int load_job(const sl_cat_job *row, void *arg)
+int feed_job_load(const sl_cat_job *row, void *arg)
 {
     sl_feed *f = arg;
     Sluice__V1__Job *spec = sluice__v1__job__unpack(NULL, row->spec_len, row->spec);
@@ -152,6 +152,7 @@ static int load_job(const sl_cat_job *row, void *arg)
         sl_log_error("job_load_failed", "job=%s error=\"%s\"", row->name, msg);
         return err == SL_EDB ? err : 0;
     }
+    j->version = row->version;
     sl_log_info("job_loaded", "job=%s epoch=%llu world=%u resized_in_epoch=%d", j->name,
                 (unsigned long long)j->epoch, j->spec->world_size, j->src != NULL);
     /* A crash between the report that completed the epoch (durable) and the write of the next
@@ -159,7 +160,7 @@ static int load_job(const sl_cat_job *row, void *arg)
      * (A batch job's completion is known once its plan is ready; stream.c checks it then.) */
     if (!j->spec->manual_advance && feed_job_complete(j)) {
         err = feed_job_advance(j);
-        if (err)
+        if (err && err != SL_ESTATE)
             sl_log_error("epoch_advance_failed", "job=%s epoch=%llu error=\"%s\"", j->name,
                          (unsigned long long)j->epoch, sl_strerror(err));
         return err == SL_EDB ? err : 0;
@@ -199,7 +200,9 @@ int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_di
     if (!err)
         err = feed_reports_init(f);
     if (!err)
-        err = sl_cat_job_list(cat, load_job, f);
+        err = sl_cat_job_list(cat, feed_job_load, f);
+    if (!err && sl_cat_shared(cat))
+        err = sl_cat_listen(cat, loop, feed_sync_notified, f);
     if (err) {
         sl_feed_free(f);
         return err;

@@ -137,9 +137,10 @@ struct fjob {
     uint64_t bcount;       /* batch jobs with a chain: batches per rank on the elastic shares */
     uint8_t *elastic_blob; /* as stored in the catalog */
     size_t elastic_len;
-    fplan *plan;     /* batch plan of the current epoch, NULL until first asked for */
-    fshare **shares; /* [dp_size] torch-mode shares of the current epoch, built on demand */
-    uint64_t gen;    /* bumped when the epoch advances or the job is resized */
+    fplan *plan;      /* batch plan of the current epoch, NULL until first asked for */
+    fshare **shares;  /* [dp_size] torch-mode shares of the current epoch, built on demand */
+    uint64_t gen;     /* bumped when the epoch advances or the job is resized */
+    uint64_t version; /* the catalog's count of resizes and restores (replicas, sync.c) */
     fstream *streams;
     fjob *next;
 };
@@ -265,6 +266,30 @@ void feed_reports_close(sl_feed *f);
 
 /* Begin epoch j->epoch + 1. */
 int feed_job_advance(fjob *j);
+
+/* Make `next` the job's current epoch in memory (the catalog has it already: written by
+ * feed_job_advance, or by another replica) and start the streams waiting for it. */
+int feed_job_enter(fjob *j, uint64_t next);
+
+/* sl_cat_progress_list's callback (arg: the fjob): a row of the job's current epoch raises the
+ * dp rank's position in memory (never lowers it) and marks it reported. */
+int feed_job_merge_progress(uint32_t dp, uint64_t epoch, uint64_t position, void *arg);
+
+/* ---- sync.c: replicas of a shared catalog ---- */
+
+/* A job's row as the catalog has it (loaded at start, or when another replica made or changed
+ * it): added to memory; a complete epoch advanced. Returns 0 (a job that does not load is logged
+ * and skipped) or SL_EDB. sl_cat_job_list / sl_cat_job_get callback, arg: the sl_feed. */
+int feed_job_load(const sl_cat_job *row, void *arg);
+
+/* Bring job `name` in memory in step with the catalog: loaded if new, removed if gone (its
+ * streams end with NOT_FOUND), replaced if resized or restored (ABORTED: reopen), moved to the
+ * next epoch, its progress merged. *out: the job after (NULL if none). No-op with SQLite. Any
+ * fjob pointer of the caller may be stale after it: look the job up again. */
+int feed_job_refresh(sl_feed *f, const char *name, fjob **out);
+
+/* sl_cat_listen's callback (arg: the sl_feed). */
+void feed_sync_notified(const char *payload, void *arg);
 
 /* The plan_ready hook: advance the epoch if reports recorded before the plan complete it. */
 void feed_job_plan_ready(fjob *j);

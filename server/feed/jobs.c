@@ -33,6 +33,9 @@ static fjob *job_or_fail(sl_rpc_call *call, sl_feed *f, const char *name)
         return NULL;
     }
     j = feed_job_find(f, name);
+    /* Another replica may have made it a moment ago. */
+    if (!j && feed_job_refresh(f, name, &j) != 0)
+        j = NULL;
     if (!j)
         sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", name);
     return j;
@@ -325,6 +328,11 @@ static void epoch_report(sl_rpc_call *call, const ProtobufCMessage *m, void *arg
 
     if (!j)
         return;
+    /* An epoch ahead of this replica's copy: another replica began it a moment ago. */
+    if (req->epoch > j->epoch && feed_job_refresh(f, req->job, &j) == 0 && !j) {
+        sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", req->job);
+        return;
+    }
     if ((err = feed_job_dp_rank(j, req->rank, &dp, msg, sizeof(msg))) != 0) {
         sl_rpc_call_fail(call, err, "%s", msg);
         return;
@@ -353,12 +361,12 @@ static void epoch_report(sl_rpc_call *call, const ProtobufCMessage *m, void *arg
      * completing report was recorded: this retried report advances it. */
     if (!j->spec->manual_advance && feed_job_complete(j)) {
         err = feed_job_advance(j);
-        if (err) {
+        if (err && err != SL_ESTATE) { /* SL_ESTATE: another replica began it */
             sl_rpc_call_fail(call, err, "job '%s': could not begin epoch %llu: %s", j->name,
                              (unsigned long long)j->epoch + 1, sl_strerror(err));
             return;
         }
-        resp.advanced = 1;
+        resp.advanced = !err;
     }
     resp.epoch = j->epoch;
     resp.position = resp.advanced ? req->position : j->progress[dp];
@@ -408,6 +416,9 @@ static void on_flush(uv_check_t *h)
         if (j && j->gen == batch[i].gen)
             err = sl_cat_progress_set(f->cat, j->name, batch[i].dp, batch[i].epoch,
                                       batch[i].position);
+        /* Replicas hear of it once per job and commit (reports come in runs of one job). */
+        if (!err && j && (i + 1 == n || strcmp(batch[i + 1].job, batch[i].job) != 0))
+            err = sl_cat_progress_announce(f->cat, j->name);
     }
     err = sl_cat_feed_end(f->cat, err);
     for (size_t i = 0; i < n; i++) {
@@ -482,6 +493,13 @@ static void epoch_next(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
         return;
     }
     err = feed_job_advance(j);
+    if (err == SL_ESTATE) {
+        sl_rpc_call_fail(call, err,
+                         "job '%s' left epoch %llu through another replica meanwhile: "
+                         "check its epoch and ask again",
+                         j->name, (unsigned long long)j->epoch);
+        return;
+    }
     if (err) {
         sl_rpc_call_fail(call, err, "job '%s': could not begin epoch %llu: %s", j->name,
                          (unsigned long long)j->epoch + 1, sl_strerror(err));

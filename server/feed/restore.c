@@ -281,7 +281,7 @@ int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_
         goto out;
     err = sl_cat_job_restore(f->cat, j->name, req->spec->p, req->spec->len, spec->world_size,
                              fs->epoch, req->elastic->p, req->elastic->len, fs->positions,
-                             (uint32_t)fs->n_positions);
+                             (uint32_t)fs->n_positions, &j->version);
     if (err) {
         snprintf(msg, len, "catalog error: %s", sl_strerror(err));
         goto out;

@@ -446,7 +446,7 @@ static void job_free(fjob *j)
     free(j);
 }
 
-static int load_progress(uint32_t dp, uint64_t epoch, uint64_t position, void *arg)
+int feed_job_merge_progress(uint32_t dp, uint64_t epoch, uint64_t position, void *arg)
 {
     fjob *j = arg;
 
@@ -487,7 +487,7 @@ int feed_job_add(sl_feed *f, fjob **out, const char *name, const char *dataset,
             err = setup_elastic_counts(j, msg, len);
     }
     if (!err)
-        err = sl_cat_progress_list(f->cat, j->name, load_progress, j);
+        err = sl_cat_progress_list(f->cat, j->name, feed_job_merge_progress, j);
     if (err) {
         job_free(j);
         return err;
@@ -606,7 +606,6 @@ uint64_t feed_job_group_position(const fjob *j)
 
 int feed_job_advance(fjob *j)
 {
-    char msg[256];
     uint64_t next = j->epoch + 1;
     int err;
 
@@ -614,9 +613,18 @@ int feed_job_advance(fjob *j)
         sl_log_warn("epoch_limit", "job=%s epoch=%llu", j->name, (unsigned long long)j->epoch);
         return SL_ELIMIT;
     }
-    err = sl_cat_job_set_epoch(j->feed->cat, j->name, next);
-    if (err)
-        return err;
+    err = sl_cat_job_set_epoch(j->feed->cat, j->name, j->epoch, next);
+    if (err == SL_ESTATE)
+        sl_log_info("epoch_advanced_elsewhere", "job=%s epoch=%llu", j->name,
+                    (unsigned long long)j->epoch);
+    return err ? err : feed_job_enter(j, next);
+}
+
+int feed_job_enter(fjob *j, uint64_t next)
+{
+    char msg[256];
+    int err;
+
     drop_epoch_state(j);
     j->gen++;
     j->epoch = next;
@@ -673,8 +681,9 @@ int feed_job_report_apply(fjob *j, uint32_t dp, uint64_t position, int *advanced
         j->progress[dp] = position;
     if (!j->spec->manual_advance && feed_job_complete(j)) {
         err = feed_job_advance(j);
+        /* SL_ESTATE: another replica began the next epoch first; its announcement brings it. */
         if (err)
-            return err;
+            return err == SL_ESTATE ? 0 : err;
         *advanced = 1;
     }
     return 0;
@@ -815,7 +824,8 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const
         if (err)
             goto out;
     }
-    err = sl_cat_job_resize(j->feed->cat, j->name, spec_buf, spec_len, world, blob, blob_len);
+    err = sl_cat_job_resize(j->feed->cat, j->name, spec_buf, spec_len, world, blob, blob_len,
+                            &j->version);
     if (err) {
         snprintf(msg, len, "catalog write failed: %s", sl_strerror(err));
         goto out;

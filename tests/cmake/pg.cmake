@@ -27,3 +27,10 @@ foreach (spec ${SL_PG_TESTS})
     set_tests_properties(${name} PROPERTIES RESOURCE_LOCK torchrun_rendezvous_29400)
   endif ()
 endforeach ()
+
+# Three replicas on one PostgreSQL catalog and one data dir (tests/integration/test_replicas.py):
+# jobs, epochs and progress made through one reach the others; racing advances; identity; ~10 s.
+add_test(NAME replicas_integration COMMAND ${SL_PYTHON} -m unittest -v test_replicas
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(replicas_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
+                     LABELS "feed;pg")

@@ -59,6 +59,7 @@ static int on_dataset(const sl_cat_dataset *d, void *arg)
 
 int main(void)
 {
+    uint64_t version = 0;
     char dir[] = "/tmp/feed-cat-XXXXXX", path[64];
     sl_cat *cat = NULL;
     sl_cat_dataset d;
@@ -119,8 +120,10 @@ int main(void)
     CHECK(s.n == 2 && s.pos[2] == 6);
 
     /* A new epoch clears progress in the same transaction. */
-    CHECK(sl_cat_job_set_epoch(cat, "job", 1) == 0);
-    CHECK(sl_cat_job_set_epoch(cat, "nope", 1) == SL_ENOTFOUND);
+    CHECK(sl_cat_job_set_epoch(cat, "job", 0, 1) == 0);
+    CHECK(sl_cat_job_set_epoch(cat, "nope", 0, 1) == SL_ENOTFOUND);
+    /* A second advance from the same epoch (another replica's, racing) changes nothing. */
+    CHECK(sl_cat_job_set_epoch(cat, "job", 0, 1) == SL_ESTATE);
     memset(&s, 0, sizeof(s));
     CHECK(sl_cat_progress_list(cat, "job", on_progress, &s) == 0 && s.n == 0);
     CHECK(sl_cat_progress_set(cat, "job", 1, 0, 9) == 0);
@@ -128,15 +131,16 @@ int main(void)
     memset(&s, 0, sizeof(s));
     CHECK(sl_cat_progress_list(cat, "job", on_progress, &s) == 0);
     CHECK(s.n == 1 && s.pos[1] == 2 && s.epoch[1] == 1);
-    CHECK(sl_cat_job_resize(cat, "job", spec, sizeof(spec), 3, el, sizeof(el)) == 0);
-    CHECK(sl_cat_job_resize(cat, "nope", spec, sizeof(spec), 3, NULL, 0) == SL_ENOTFOUND);
+    CHECK(sl_cat_job_resize(cat, "job", spec, sizeof(spec), 3, el, sizeof(el), &version) == 0);
+    CHECK(version == 1);
+    CHECK(sl_cat_job_resize(cat, "nope", spec, sizeof(spec), 3, NULL, 0, NULL) == SL_ENOTFOUND);
     memset(&s, 0, sizeof(s));
     CHECK(sl_cat_progress_list(cat, "job", on_progress, &s) == 0 && s.n == 0);
     memset(&s, 0, sizeof(s));
     CHECK(sl_cat_job_list(cat, on_job, &s) == 0);
     CHECK(s.n == 1 && strcmp(s.names[0], "job") == 0 && s.job_epoch[0] == 1 &&
           s.elastic_len[0] == sizeof(el) && s.world[0] == 3);
-    CHECK(sl_cat_job_set_epoch(cat, "job", 2) == 0);
+    CHECK(sl_cat_job_set_epoch(cat, "job", 1, 2) == 0);
     memset(&s, 0, sizeof(s));
     CHECK(sl_cat_job_list(cat, on_job, &s) == 0 && s.elastic_len[0] == 0);
 

@@ -184,7 +184,7 @@ static void test_migration_6(void)
     CHECK(sl_cat_open(&cat, path) == 0 && cat);
     if (!cat)
         return;
-    CHECK(sl_cat_schema_version(cat) == 6 && sl_cat_latest_version() >= 6);
+    CHECK(sl_cat_schema_version(cat) == sl_cat_latest_version() && sl_cat_latest_version() >= 6);
     memset(&d, 0, sizeof(d));
     CHECK(sl_cat_dataset_get(cat, &d, "old") == 0 && d.samples == 12);
     CHECK(!d.has_labels && d.labels_sha256[0] == '\0' && d.classes == 0);

@@ -169,7 +169,7 @@ static void test_chained_resize_and_old_blob(sl_cat *cat)
     memcpy(blob + at, &n, 4);
     memcpy(blob + at + 4, consumed, sizeof(consumed));
     at += 4 + sizeof(consumed);
-    CHECK(sl_cat_job_resize(cat, "legacy", nspec, nspec_len, 2, blob, at) == 0);
+    CHECK(sl_cat_job_resize(cat, "legacy", nspec, nspec_len, 2, blob, at, NULL) == 0);
     f = open_feed(cat);
     j = feed_job_find(f, "legacy");
     CHECK(j != NULL && j->src != NULL && j->chain != NULL);

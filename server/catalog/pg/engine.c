@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libpq-fe.h>
+#include <uv.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,15 +111,37 @@ static const char *const migrations[] = {
     /* 6 */
     "ALTER TABLE feed_datasets ADD COLUMN labels_sha256 TEXT NOT NULL DEFAULT '';\n"
     "ALTER TABLE feed_datasets ADD COLUMN classes BIGINT NOT NULL DEFAULT 0;\n",
+    /* 7 */
+    "ALTER TABLE feed_jobs ADD COLUMN version BIGINT NOT NULL DEFAULT 0;\n"
+    "CREATE TABLE upload_leases (\n"
+    "  checkpoint_id BIGINT NOT NULL REFERENCES checkpoints(id) ON DELETE CASCADE,\n"
+    "  rank          BIGINT NOT NULL CHECK (rank >= 0),\n"
+    "  replica       TEXT NOT NULL,\n"
+    "  generation    BIGINT NOT NULL,\n"
+    "  expires_ms    BIGINT NOT NULL,\n"
+    "  PRIMARY KEY (checkpoint_id, rank)\n"
+    ");\n",
 };
 
 /* Any constant: the advisory lock that serializes migrations of daemons starting at once. */
 #define MIGRATE_LOCK "SELECT pg_advisory_xact_lock(5193041203)"
 
+/* Listening for the other replicas' announcements (NOTIFY on CHANNEL). Handles are on the heap:
+ * each is freed by its close callback, which may run after the catalog is gone. */
+#define CHANNEL "sluice"
+
 typedef struct pg {
     PGconn *conn;
     int in_tx; /* a transaction is open (a lost connection ends it) */
     char sql[8192];
+    uv_loop_t *loop; /* set while listening */
+    sl_cat_notify_fn fn;
+    void *fn_arg;
+    uv_poll_t *poll;       /* readable: notifications (or the connection's end) */
+    uv_timer_t *deliver;   /* hands queued payloads to fn outside any statement */
+    uv_timer_t *reconnect; /* every second while the connection is lost */
+    char **queue;
+    size_t nq, capq;
 } pg;
 
 #define PG(cat) ((pg *)(cat)->conn)
@@ -182,6 +205,10 @@ static int fail(sl_cat *cat, const PGresult *res, const char *op, int constraint
     return err;
 }
 
+static void listen_lost(pg *p);
+static int listen_again(sl_cat *cat);
+static void collect(sl_cat *cat);
+
 /* A connection the server closed is made again before the next statement outside a
  * transaction (inside one, the transaction died with it: its statements fail until it ends). */
 static int ready(sl_cat *cat)
@@ -193,6 +220,7 @@ static int ready(sl_cat *cat)
         return 0;
     if (p->in_tx)
         return SL_ECATDOWN;
+    listen_lost(p); /* the socket goes: stop watching it first */
     PQreset(p->conn);
     log_where(p->conn, where, sizeof(where));
     if (PQstatus(p->conn) != CONNECTION_OK) {
@@ -203,7 +231,7 @@ static int ready(sl_cat *cat)
         return SL_ECATDOWN;
     }
     sl_log_info("catalog_reconnected", "engine=postgresql %s", where);
-    return 0;
+    return p->loop ? listen_again(cat) : 0;
 }
 
 static int script(sl_cat *cat, const char *sql, const char *op)
@@ -217,6 +245,7 @@ static int script(sl_cat *cat, const char *sql, const char *op)
     if (!res || (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK))
         err = fail(cat, res, op, 0);
     PQclear(res);
+    collect(cat);
     return err;
 }
 
@@ -262,6 +291,7 @@ static int run(sl_db_q *q, const char *sql, int constraint_err)
         }
     }
     res = PQexecParams(p->conn, p->sql, q->nparams, NULL, values, lengths, formats, 0);
+    collect(q->cat);
     st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
     if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
         err = fail(q->cat, res, q->op, constraint_err);
@@ -390,6 +420,187 @@ static void pg_close(sl_cat *cat)
     cat->conn = NULL;
 }
 
+static int announce(sl_cat *cat, const char *payload)
+{
+    sl_db_q q;
+
+    sl_db_q_init(&q, cat, "announce");
+    sl_db_text(&q, payload);
+    return sl_db_exec(&q, "SELECT pg_notify('" CHANNEL "', ?1)", 0, NULL);
+}
+
+static void free_handle(uv_handle_t *h)
+{
+    free(h);
+}
+
+static void close_handle(uv_handle_t *h)
+{
+    if (h && !uv_is_closing(h))
+        uv_close(h, free_handle);
+}
+
+static void on_deliver(uv_timer_t *t);
+
+/* Queue a payload for the deliver timer, which hands it over once the loop is back at the top,
+ * never inside a statement's caller. Out of memory: "*" replaces the queue (reload all). */
+static void push(pg *p, const char *payload)
+{
+    char *s;
+
+    if (p->nq == p->capq) {
+        size_t cap = p->capq ? p->capq * 2 : 16;
+        char **q = realloc(p->queue, cap * sizeof(*q));
+        if (q) {
+            p->queue = q;
+            p->capq = cap;
+        }
+    }
+    if (p->nq < p->capq && (s = strdup(payload)) != NULL)
+        p->queue[p->nq++] = s;
+    if (p->deliver)
+        uv_timer_start(p->deliver, on_deliver, 0, 0);
+}
+
+/* Queue what arrived (libpq read it during a statement or from the socket). */
+static void collect(sl_cat *cat)
+{
+    pg *p = PG(cat);
+    PGnotify *n;
+    int self = PQbackendPID(p->conn);
+
+    while ((n = PQnotifies(p->conn)) != NULL) {
+        if (p->loop && n->be_pid != self && n->extra)
+            push(p, n->extra);
+        PQfreemem(n);
+    }
+}
+
+static void on_deliver(uv_timer_t *t)
+{
+    sl_cat *cat = t->data;
+    pg *p = PG(cat);
+    char **q = p->queue;
+    size_t n = p->nq;
+
+    p->queue = NULL;
+    p->nq = p->capq = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* A burst of reports announces the same job many times: once is enough. */
+        if (!(i > 0 && !strcmp(q[i], q[i - 1])) && p->fn)
+            p->fn(q[i], p->fn_arg);
+        free(q[i]);
+    }
+    free(q);
+}
+
+static void on_readable(uv_poll_t *h, int status, int events)
+{
+    sl_cat *cat = h->data;
+    pg *p = PG(cat);
+
+    (void)events;
+    if (status < 0 || !PQconsumeInput(p->conn) || PQstatus(p->conn) != CONNECTION_OK) {
+        /* The server went away: watch no dead socket; the reconnect timer takes over. */
+        listen_lost(p);
+        return;
+    }
+    collect(cat);
+}
+
+static void on_reconnect(uv_timer_t *t)
+{
+    sl_cat *cat = t->data;
+
+    if (PG(cat)->in_tx)
+        return;
+    if (PQstatus(PG(cat)->conn) == CONNECTION_OK)
+        uv_timer_stop(t);
+    else if (ready(cat) == 0)
+        uv_timer_stop(t);
+}
+
+/* The connection is lost (or about to be made again): stop watching its socket, try again every
+ * second. */
+static void listen_lost(pg *p)
+{
+    if (!p->loop)
+        return;
+    close_handle((uv_handle_t *)p->poll);
+    p->poll = NULL;
+    if (!uv_is_active((uv_handle_t *)p->reconnect))
+        uv_timer_start(p->reconnect, on_reconnect, 1000, 1000);
+}
+
+/* LISTEN on the (new) connection and watch its socket; queue "*" since announcements made while
+ * there was no connection were lost. */
+static int listen_again(sl_cat *cat)
+{
+    pg *p = PG(cat);
+    int err;
+
+    if ((err = script(cat, "LISTEN " CHANNEL, "listen")) != 0)
+        return err;
+    close_handle((uv_handle_t *)p->poll);
+    if (!(p->poll = calloc(1, sizeof(*p->poll))))
+        return -ENOMEM;
+    if (uv_poll_init_socket(p->loop, p->poll, PQsocket(p->conn)) != 0) {
+        free(p->poll);
+        p->poll = NULL;
+        return SL_ECATDOWN;
+    }
+    p->poll->data = cat;
+    uv_poll_start(p->poll, UV_READABLE, on_readable);
+    push(p, "*");
+    return 0;
+}
+
+static int pg_listen(sl_cat *cat, uv_loop_t *loop, sl_cat_notify_fn fn, void *arg)
+{
+    pg *p = PG(cat);
+    int err;
+
+    p->fn = fn;
+    p->fn_arg = arg;
+    p->deliver = calloc(1, sizeof(*p->deliver));
+    p->reconnect = calloc(1, sizeof(*p->reconnect));
+    if (!p->deliver || !p->reconnect) {
+        free(p->deliver);
+        free(p->reconnect);
+        p->deliver = p->reconnect = NULL;
+        return -ENOMEM;
+    }
+    uv_timer_init(loop, p->deliver);
+    uv_timer_init(loop, p->reconnect);
+    p->deliver->data = p->reconnect->data = cat;
+    p->loop = loop;
+    err = listen_again(cat);
+    /* Nothing was missed yet: the "*" listen_again queues is for reconnects. */
+    for (size_t i = 0; i < p->nq; i++)
+        free(p->queue[i]);
+    p->nq = 0;
+    return err;
+}
+
+static void pg_unlisten(sl_cat *cat)
+{
+    pg *p = PG(cat);
+
+    if (!p || !p->loop)
+        return;
+    close_handle((uv_handle_t *)p->poll);
+    close_handle((uv_handle_t *)p->deliver);
+    close_handle((uv_handle_t *)p->reconnect);
+    p->poll = NULL;
+    p->deliver = p->reconnect = NULL;
+    p->loop = NULL;
+    for (size_t i = 0; i < p->nq; i++)
+        free(p->queue[i]);
+    free(p->queue);
+    p->queue = NULL;
+    p->nq = p->capq = 0;
+}
+
 const sl_db_engine sl_db_pg = {
     .name = "postgresql",
     .migrations = migrations,
@@ -409,6 +620,9 @@ const sl_db_engine sl_db_pg = {
     .copy = copy,
     .problem = problem,
     .describe = describe,
+    .announce = announce,
+    .listen = pg_listen,
+    .unlisten = pg_unlisten,
     .close = pg_close,
 };
 

@@ -1,0 +1,125 @@
+/* Replicas of one shared (PostgreSQL) catalog: this replica's jobs in memory follow the catalog.
+ *
+ * Every write of a job's row or progress is announced to the other replicas (NOTIFY, in the
+ * writing transaction: server/catalog/feed.c); what they announce arrives here
+ * (feed_sync_notified) and the job is read again: made, removed, replaced (a resize or restore
+ * elsewhere: its streams end with ABORTED and reopen on the new state), moved to the next epoch
+ * (streams waiting for it start), or its progress merged (which may complete the epoch here:
+ * exactly one replica's conditional UPDATE begins the next one). A request that names a job this
+ * replica does not know yet, or an epoch ahead of its copy, reads the job first (the lag of one
+ * announcement), so no answer depends on which replica a client reached.
+ */
+#include "internal.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <string.h>
+
+typedef struct refresh {
+    sl_feed *f;
+    int seen;
+} refresh;
+
+/* Same epoch: merge the progress other replicas recorded; a complete epoch advances (or, if
+ * another replica got there first, its announcement follows). */
+static int merge_progress(sl_feed *f, fjob *j)
+{
+    int err = sl_cat_progress_list(f->cat, j->name, feed_job_merge_progress, j);
+
+    if (err)
+        return err;
+    if (!j->spec->manual_advance && feed_job_complete(j)) {
+        err = feed_job_advance(j);
+        if (err && err != SL_ESTATE)
+            sl_log_error("epoch_advance_failed", "job=%s epoch=%llu error=\"%s\"", j->name,
+                         (unsigned long long)j->epoch, sl_strerror(err));
+    }
+    return 0;
+}
+
+static int reconcile(const sl_cat_job *row, void *arg)
+{
+    refresh *r = arg;
+    sl_feed *f = r->f;
+    fjob *j = feed_job_find(f, row->name);
+    uint64_t gen;
+    int err;
+
+    r->seen = 1;
+    if (!j)
+        return feed_job_load(row, f);
+    if (row->version == j->version && row->epoch == j->epoch)
+        return merge_progress(f, j);
+    if (row->version == j->version && row->epoch == j->epoch + 1 && !row->elastic_len) {
+        sl_log_info("epoch_began_elsewhere", "job=%s epoch=%llu", j->name,
+                    (unsigned long long)row->epoch);
+        err = feed_job_enter(j, row->epoch);
+        return err ? err : merge_progress(f, j);
+    }
+    /* Resized or restored elsewhere (or more than one epoch behind): the catalog's job replaces
+     * this copy; its streams reopen on it. Reports queued for the old copy are refused by gen. */
+    sl_log_info("job_changed_elsewhere", "job=%s epoch=%llu version=%llu", j->name,
+                (unsigned long long)row->epoch, (unsigned long long)row->version);
+    gen = j->gen;
+    feed_job_remove(f, j, SL_RPC_ABORTED,
+                    "job changed through another replica (resize or restore); reopen the stream");
+    err = feed_job_load(row, f);
+    if ((j = feed_job_find(f, row->name)) != NULL)
+        j->gen = gen + 1;
+    return err;
+}
+
+int feed_job_refresh(sl_feed *f, const char *name, fjob **out)
+{
+    refresh r = {.f = f};
+    fjob *j;
+    int err;
+
+    if (out)
+        *out = NULL;
+    if (!sl_cat_shared(f->cat))
+        return 0;
+    err = sl_cat_job_get(f->cat, name, reconcile, &r);
+    if (err == SL_ENOTFOUND && (j = feed_job_find(f, name)) != NULL) {
+        sl_log_info("job_deleted_elsewhere", "job=%s", name);
+        feed_job_remove(f, j, SL_RPC_NOT_FOUND, "job deleted through another replica");
+        err = 0;
+    }
+    if (out)
+        *out = feed_job_find(f, name);
+    return err == SL_ENOTFOUND ? 0 : err;
+}
+
+/* Announcements were lost (a new connection): read every job again, and drop the ones gone. */
+static void refresh_all(sl_feed *f)
+{
+    refresh r = {.f = f};
+    fjob *j, *next;
+
+    if (sl_cat_job_list(f->cat, reconcile, &r) != 0)
+        return; /* the next reconnect or announcement tries again */
+    for (j = f->jobs; j; j = next) {
+        next = j->next;
+        if (feed_job_refresh(f, j->name, NULL) != 0)
+            break;
+    }
+}
+
+void feed_sync_notified(const char *payload, void *arg)
+{
+    sl_feed *f = arg;
+    int err;
+
+    if (f->shutting_down)
+        return;
+    if (!strcmp(payload, "*")) {
+        refresh_all(f);
+        return;
+    }
+    if ((payload[0] != 'j' && payload[0] != 'p') || payload[1] != ' ')
+        return;
+    err = feed_job_refresh(f, payload + 2, NULL);
+    if (err)
+        sl_log_warn("job_refresh_failed", "job=%s error=\"%s\"", payload + 2, sl_strerror(err));
+}
