@@ -10,6 +10,8 @@ one process plays every rank by giving rank and world_size).
 - sluice.torch.CheckpointManager: save/restore round trips that rewind the feed (also across
   epochs, after a mid-epoch resize and into another world size), keep_last, latest_step, a background upload failing
   (daemon killed) raised by the next call with no COMPLETE checkpoint missing a shard.
+- sluice.torch.DataLoader's workers start without fork() of the trainer, also while an
+  upload is in flight (grpcio's fork handlers can hang a fork: see sluice/torch.py).
 
 The torchrun tests (a rank or the daemon killed, bit-identical parameters) are in
 test_torch_ckpt_train.py.
@@ -331,6 +333,18 @@ class ClientTest(Base):
         self.assertEqual(self.ck.get("dis", "s").state, WRITING)
 
 
+# Forks of this process by os.fork() (what torch's "fork" workers use) while _FORKS[0] is set.
+_FORKS = [False, 0]
+
+
+def _count_fork():
+    if _FORKS[0]:
+        _FORKS[1] += 1
+
+
+os.register_at_fork(before=_count_fork)
+
+
 class ManagerBase(Base):
     def managers(self, job_or_data, world, **kw):
         if isinstance(job_or_data, list):
@@ -421,6 +435,34 @@ class ManagerTest(ManagerBase):
             it.close()
         for m in mgrs + mgrs2:
             m.close()
+
+    def test_workers_start_without_forking_the_trainer(self):
+        # torch forks DataLoader workers at every epoch; a fork of this process runs grpcio's
+        # pthread_atfork handlers, which sometimes never return (a rank hung at an epoch start
+        # with its checkpoint upload in flight, until gloo timed out). sluice.torch.DataLoader
+        # starts them from a fork server: 3 epochs, each begun while a save uploads, and no
+        # fork here; an explicit multiprocessing_context is kept.
+        n, bs = 24, 4
+        s = self.sampler("nofork", n)
+        loader = st.DataLoader(list(range(n)), batch_size=bs, sampler=s, num_workers=2)
+        self.assertEqual(loader.multiprocessing_context.get_start_method(), "forkserver")
+        mgr = st.CheckpointManager(loader, address=self.d.addr)
+        _FORKS[:] = [True, 0]
+        try:
+            for epoch in range(3):
+                s.set_epoch(epoch)
+                got = sorted(int(i) for b in loader for i in b)
+                self.assertEqual(got, list(range(n)), "epoch %d" % epoch)
+                mgr.save(epoch + 1, model_state(epoch))
+            mgr.wait()
+        finally:
+            _FORKS[0] = False
+        self.assertEqual(_FORKS[1], 0, "the trainer process forked")
+        self.complete("nofork", "step_3")
+        mgr.close()
+        forked = st.DataLoader(list(range(n)), batch_size=bs, num_workers=2,
+                               multiprocessing_context="fork")
+        self.assertEqual(forked.multiprocessing_context.get_start_method(), "fork")
 
     def test_restore_across_epochs_batch_job(self):
         # A checkpoint of epoch 0 restored while the job is in epoch 2: the sampler serves

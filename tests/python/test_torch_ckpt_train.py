@@ -15,7 +15,9 @@ asynchronously by sluice.torch.CheckpointManager every K steps (torch_ckpt_worke
 - A restart into another world size (3 ranks, then 2): every epoch is covered exactly once.
 
 Each uninterrupted reference run is made once per configuration and shared by the tests.
-SLUICE_TEST_KEEP=1 keeps the logs.
+SLUICE_TEST_KEEP=1 keeps the logs. A run that trains no step for STALL seconds gets SIGUSR1 on
+every trainer and DataLoader worker (the worker registers faulthandler for it): every thread's
+stack shows in the log, long before gloo's timeout would end the run without saying where.
 """
 import collections
 import json
@@ -25,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -38,6 +41,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "torch_ckpt_worker.py")
 SLOW = float(os.environ.get("SLUICE_SLOWDOWN", "1"))
 RUN_TIMEOUT = 180 * SLOW
+# No step for this long: dump every trainer's threads (gloo gives up at 90 s).
+STALL = float(os.environ.get("SLUICE_TEST_STALL", 20)) * SLOW
 KEEP = os.environ.get("SLUICE_TEST_KEEP")
 BATCHING = dict(strategy="dynamic", max_batch_size=8, max_seq_len=128, max_tokens=256)
 LENGTHS_N = 120
@@ -114,11 +119,97 @@ class Run:
         return "\n".join(lines)
 
 
+def _descendants(pid):
+    """The pids of every process below `pid`."""
+    children = collections.defaultdict(list)
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        children[int(stat[stat.rindex(")") + 2:].split()[1])].append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _catches(pid, sig):
+    """True if process `pid` has a handler for `sig` (SIGUSR1 would kill one without)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+class Watchdog(threading.Thread):
+    """While torchrun `proc` runs: if no rank log in `out` grows for STALL seconds, send
+    SIGUSR1 to every process below torchrun that handles it (the trainers, which registered
+    faulthandler, and their DataLoader workers, which inherit it) and keep what they printed
+    to torchrun's log (`logpath`) in `self.dumps`. Once per stall: armed again by progress."""
+
+    def __init__(self, proc, out, logpath):
+        super().__init__(daemon=True)
+        self.proc, self.out, self.logpath = proc, out, logpath
+        self.dumps = []
+        self.stop = threading.Event()
+
+    def progress(self):
+        total = 0
+        try:
+            for name in os.listdir(self.out):
+                if name.startswith("rank-"):
+                    total += os.path.getsize(os.path.join(self.out, name))
+        except OSError:
+            pass
+        return total
+
+    def run(self):
+        last, since, fired = self.progress(), time.monotonic(), False
+        while not self.stop.wait(0.5) and self.proc.poll() is None:
+            now, cur = time.monotonic(), self.progress()
+            if cur != last:
+                last, since, fired = cur, now, False
+            elif not fired and now - since > STALL:
+                fired = self.dump(now - since)
+
+    def dump(self, stalled):
+        """Signal and collect; False if no process has registered the handler yet."""
+        start = os.path.getsize(self.logpath)
+        pids = [p for p in _descendants(self.proc.pid) if _catches(p, signal.SIGUSR1)]
+        if not pids:
+            return False
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        self.stop.wait(3.0)
+        with open(self.logpath, errors="replace") as f:
+            f.seek(start)
+            text = f.read(60000)
+        dump = ("---- watchdog: no step for %.0f s; SIGUSR1 to pids %s; their stacks:\n%s"
+                % (stalled, pids, text))
+        self.dumps.append(dump)
+        print(dump, file=sys.stderr, flush=True)
+        return True
+
+
 class Base(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="sluice-ckpt-train-")
         self.d = Daemon(data_dir=os.path.join(self.tmp, "data")).start()
         self.c = Client(self.d.addr)
+        self.dumps = {}     # torchrun's out -> the watchdog's stack dumps of its stalls
 
     def tearDown(self):
         self.c.close()
@@ -168,14 +259,20 @@ class Base(unittest.TestCase):
             p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=run_env,
                                  start_new_session=True)
         deadline = t0 + RUN_TIMEOUT
+        dog = Watchdog(p, out, logpath)
+        self.dumps[out] = dog.dumps
+        dog.start()
         try:
             if during:
                 during(p, out, deadline)
             rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
         except (Exception, AssertionError) as e:
+            dog.stop.set()
             self.kill_group(p)
             self.fail("%s: %s: %s\n%s" % (out, type(e).__name__, e, self.logs(out)))
+        dog.stop.set()
         self.kill_group(p)
+        dog.join()
         if expect_fail:
             self.assertNotEqual(rc, 0, "torchrun was expected to fail\n" + self.logs(out))
         else:
@@ -199,8 +296,9 @@ class Base(unittest.TestCase):
             except FileNotFoundError:
                 pass
         trained = Run([o for o in outs if os.path.isdir(o)]).summary()
+        dumps = "".join(d for out in outs for d in self.dumps.get(out, ()))
         return ("---- trained (global steps)\n" + trained + "\n---- torchrun\n" + text +
-                "\n---- sluiced (last 4000 chars)\n" + self.d.log()[-4000:])
+                "\n---- sluiced (last 4000 chars)\n" + self.d.log()[-4000:] + dumps)
 
     # ---- the reference ----
 

@@ -26,6 +26,7 @@ per restore: {"restored": step or null, "restart", "epoch" (the sampler's)}; and
 {"done": true, "restart"}. DIR/final-<rank>.pt holds the model's parameters at the end.
 """
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -191,6 +192,10 @@ class Trainer:
 
 
 def main():
+    # The test's watchdog sends SIGUSR1 when training stalls: every thread's stack goes to this
+    # rank's stderr (and its DataLoader workers', which inherit the handler), before gloo's
+    # timeout ends the run.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     p = argparse.ArgumentParser()
     p.add_argument("--addr", required=True)
     p.add_argument("--job", required=True)

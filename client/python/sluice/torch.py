@@ -37,6 +37,7 @@ reached, in the same epoch. If the training loop pauses longer than the daemon's
 ``--idle-timeout``, the daemon ends the stream it cannot send on; the sampler opens a new one at
 the position reached.
 """
+import multiprocessing
 import os
 import time
 import warnings
@@ -549,6 +550,37 @@ class BatchSampler(_Fed, Sampler):
             yield b.step + 1, list(b.indices)
 
 
+# How sluice.torch.DataLoader starts its workers when not told: not by fork(). This process
+# talks gRPC (the samplers' streams and reports, CheckpointManager's background uploads), and
+# grpcio's core registers a pthread_atfork prepare handler (grpc_prefork, fork_posix.cc; on by
+# default in grpcio's build, whatever the Python layer's GRPC_ENABLE_FORK_SUPPORT default says)
+# that stops gRPC's executor threads and runs the closures they had queued on the forking thread.
+# Now and then one of those waits on a condition variable that nothing signals any more, and
+# fork() never returns. torch forks the workers at the start of every epoch, so a trainer hung
+# there holding the GIL (its checkpoint upload thread stopped with it) until the other ranks'
+# collective timed out: the 90 s gloo timeouts of test_torch_ckpt_train, the hung rank at
+# os.fork -> __run_prefork_handlers -> grpc_prefork -> Executor::SetThreadingAll(false) -> a
+# closure -> gpr_cv_wait. The fork server is started by vfork+exec (no fork handlers run), has no
+# gRPC state, and forks the workers itself.
+_WORKER_START = "forkserver"
+
+
+def _worker_context():
+    """The multiprocessing context of the workers (see _WORKER_START). The fork server imports
+    torch once: a worker runs the training script's top level again (as with "spawn"), which
+    imported torch in every worker of every epoch otherwise (1-2 s each on the 2-core VM). Only
+    a hint for a server not yet started; the modules already asked for are kept. None (torch's
+    default) where there is no fork server (Windows, which spawns anyway)."""
+    if _WORKER_START not in multiprocessing.get_all_start_methods():
+        return None
+    ctx = multiprocessing.get_context(_WORKER_START)
+    from multiprocessing import forkserver
+    have = list(getattr(forkserver._forkserver, "_preload_modules", None) or ["__main__"])
+    if "torch" not in have:
+        ctx.set_forkserver_preload(have + ["torch"])
+    return ctx
+
+
 def _fed_sampler(loader):
     """(sluice sampler, positions per batch) of a DataLoader, or (None, 0)."""
     bs = loader.batch_sampler
@@ -571,13 +603,21 @@ class DataLoader(torch.utils.data.DataLoader):
     before batch k is handed out (retried on transient failures). When the loop has taken every
     batch the whole share is reported, which may end the epoch. Prefetched batches
     (num_workers > 0) are not counted until the loop takes them, so a rank killed at any moment
-    loses no sample and trains at most ``report_every`` batches again."""
+    loses no sample and trains at most ``report_every`` batches again.
+
+    Workers start with ``multiprocessing_context="forkserver"`` unless another is given, not by
+    forking this process as torch does by default on Linux (see _WORKER_START). The dataset,
+    collate_fn and worker_init_fn go to the workers pickled, and each worker runs the training
+    script's top level again (as with ``spawn``): guard the training with
+    ``if __name__ == "__main__":``."""
 
     def __init__(self, *args, report_every=1, **kwargs):
         if report_every < 1:
             raise ValueError("report_every %r must be at least 1" % (report_every,))
         super().__init__(*args, **kwargs)
         self.report_every = report_every
+        if self.num_workers > 0 and self.multiprocessing_context is None:
+            self.multiprocessing_context = _worker_context()
 
     def data_position(self):
         """The data position of what the training loop took from this loader: its sampler's
