@@ -2,7 +2,9 @@
 Dockerfile, and what `cmake --install` puts where. The files are checked against each other and
 against the real daemon: the configs pass `sluiced --check-config`, the unit passes
 `systemd-analyze verify` and `security`, the manifests' paths, ports and probes agree with the
-config they mount, and the TLS probe command works against a real TLS sluiced.
+config they mount, and the TLS probe command works against a real TLS sluiced. The scale-out
+manifests (deploy/k8s/replicas) run as two replicas against a real PostgreSQL when its server
+binaries are installed.
 
 Environment (from ctest): SLUICED, SLUICE_CLI, SLUICE_BUILD_DIR (the build tree to install from).
 """
@@ -517,6 +519,367 @@ class KubernetesTest(unittest.TestCase):
         self.assertNotIn("grpc", ctr["readinessProbe"])
         self.assertEqual(ctr["readinessProbe"]["exec"]["command"][-1], "health")
         self.assertIn("SLUICE_TLS_CERT", {e["name"] for e in ctr["env"]})
+
+
+
+REPLICAS = os.path.join(K8S, "replicas")
+
+
+def sluiced_help():
+    r = subprocess.run([SLUICED, "--help"], capture_output=True, text=True, timeout=20,
+                       env=CLEAN_ENV)
+    return r.stdout
+
+
+def pod_containers(pod):
+    return pod.get("initContainers", []) + pod["containers"]
+
+
+class ReplicasTest(unittest.TestCase):
+    """deploy/k8s/replicas: N peers of one PostgreSQL catalog sharing one ReadWriteMany data dir,
+    the password a file copied from a Secret (never in the environment or the arguments), the
+    replica id from the pod's name."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.docs = [(p, d) for p, d in load_k8s() if p.startswith("replicas" + os.sep)]
+        cls.by_kind = {}
+        for _, d in cls.docs:
+            cls.by_kind.setdefault(d["kind"], []).append(d)
+        (cls.sts,) = cls.by_kind["StatefulSet"]
+        (cls.cm,) = cls.by_kind["ConfigMap"]
+        (cls.pvc,) = cls.by_kind["PersistentVolumeClaim"]
+        (cls.pdb,) = cls.by_kind["PodDisruptionBudget"]
+        cls.pod = cls.sts["spec"]["template"]["spec"]
+        cls.labels = cls.sts["spec"]["template"]["metadata"]["labels"]
+        (cls.ctr,) = cls.pod["containers"]
+        (cls.init,) = cls.pod["initContainers"]
+        cls.ports = {p["name"]: p["containerPort"] for p in cls.ctr["ports"]}
+        cls.mounts = {m["name"]: m["mountPath"] for m in cls.ctr["volumeMounts"]}
+        cls.init_mounts = {m["name"]: m["mountPath"] for m in cls.init["volumeMounts"]}
+        cls.volumes = {v["name"]: v for v in cls.pod["volumes"]}
+        cls.env = {e["name"]: e for e in cls.ctr["env"]}
+        cls.conf_text = cls.cm["data"]["sluiced.conf"]
+        cls.conf = parse_conf(cls.conf_text)
+        cls.base_sts = next(d for p, d in load_k8s()
+                            if p == "statefulset.yaml" and d["kind"] == "StatefulSet")
+
+    def test_kustomization_lists_every_manifest(self):
+        kust = yaml.safe_load(read(os.path.join(REPLICAS, "kustomization.yaml")))
+        present = {n for n in os.listdir(REPLICAS)
+                   if n.endswith(".yaml") and n != "kustomization.yaml"}
+        self.assertEqual(set(kust["resources"]), present)
+        self.assertEqual(kust["images"][0]["name"], "sluiced")
+        # The commented-out TLS component is the base's, which patches this StatefulSet too.
+        text = read(os.path.join(REPLICAS, "kustomization.yaml"))
+        self.assertIn("# components:\n#   - ../tls", text)
+        patch = yaml.safe_load(read(os.path.join(K8S, "tls", "statefulset-tls.yaml")))
+        self.assertEqual(patch["metadata"]["name"], self.sts["metadata"]["name"])
+        self.assertEqual(patch["spec"]["template"]["spec"]["containers"][0]["name"],
+                         self.ctr["name"])
+
+    def test_statefulset(self):
+        spec = self.sts["spec"]
+        self.assertGreater(spec["replicas"], 1)
+        self.assertEqual(spec["podManagementPolicy"], "Parallel")
+        self.assertNotIn("volumeClaimTemplates", spec)
+        self.assertLessEqual(spec["selector"]["matchLabels"].items(), self.labels.items())
+        self.assertEqual(self.ports, {"grpc": 7700, "metrics": 9090})
+        self.assertFalse(self.pod["enableServiceLinks"])
+        self.assertFalse(self.pod["automountServiceAccountToken"])
+        for c in pod_containers(self.pod):
+            self.assertEqual(c["image"].split(":")[0].rsplit("/", 1)[-1], "sluiced", c["name"])
+            for kind in ("requests", "limits"):
+                for res in ("cpu", "memory"):
+                    self.assertIn(res, c["resources"][kind], (c["name"], kind, res))
+
+    def test_flags_and_environment_known_to_daemon(self):
+        help_text = sluiced_help()
+        self.assertIn("--replica-id", help_text)
+        args = self.ctr["args"]
+        self.assertEqual(args[:2], ["--config", "/etc/sluice/config/sluiced.conf"])
+        for a in args:
+            if a.startswith("--"):
+                self.assertRegex(help_text, r"(?m)^\s+%s\b" % re.escape(a.split("=")[0]), a)
+        for name in self.env:
+            self.assertIn("[%s]" % name, help_text, name)
+
+    def test_probes_as_base(self):
+        base = self.base_sts["spec"]["template"]["spec"]["containers"][0]
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            self.assertEqual(self.ctr[probe], base[probe], probe)
+        self.assertEqual(self.ctr["readinessProbe"]["grpc"], {"port": 7700})
+        self.assertGreater(self.pod["terminationGracePeriodSeconds"],
+                           float(self.conf["grace-period"]) + 2)
+
+    def test_security_context(self):
+        pod_sc = self.pod["securityContext"]
+        self.assertEqual(pod_sc, self.base_sts["spec"]["template"]["spec"]["securityContext"])
+        for c in pod_containers(self.pod):
+            sc = c["securityContext"]
+            self.assertTrue(sc["runAsNonRoot"], c["name"])
+            self.assertEqual(sc["runAsUser"], 10001)
+            self.assertTrue(sc["readOnlyRootFilesystem"])
+            self.assertFalse(sc["allowPrivilegeEscalation"])
+            self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
+            self.assertEqual(sc["seccompProfile"], {"type": "RuntimeDefault"})
+
+    def test_shared_data_volume(self):
+        # One ReadWriteMany claim, the same volume in every pod, mounted at the config's data dir.
+        self.assertEqual(self.pvc["spec"]["accessModes"], ["ReadWriteMany"])
+        self.assertIn("storage", self.pvc["spec"]["resources"]["requests"])
+        claim = self.volumes["data"]["persistentVolumeClaim"]
+        self.assertEqual(claim["claimName"], self.pvc["metadata"]["name"])
+        self.assertNotIn("readOnly", claim)
+        self.assertEqual(self.mounts["data"], self.conf["data-dir"])
+        # Every mount of a read-only root filesystem is a volume.
+        for c in pod_containers(self.pod):
+            for m in c["volumeMounts"]:
+                self.assertIn(m["name"], self.volumes, (c["name"], m["name"]))
+
+    def test_catalog_from_secret(self):
+        # The conninfo (no password) is SLUICE_CATALOG from the Secret's "conninfo" key.
+        ref = self.env["SLUICE_CATALOG"]["valueFrom"]["secretKeyRef"]
+        self.assertEqual(ref["key"], "conninfo")
+        secret = ref["name"]
+        # The password is only a file: the Secret volume holds only the key "password" and is
+        # mounted only into the init container, which copies it (mode 0600) to an in-memory
+        # emptyDir that the daemon mounts read-only and names in catalog-password-file.
+        vols = [n for n, v in self.volumes.items()
+                if v.get("secret", {}).get("secretName") == secret]
+        self.assertEqual(len(vols), 1)
+        sec = self.volumes[vols[0]]["secret"]
+        self.assertEqual([i["key"] for i in sec["items"]], ["password"])
+        self.assertNotIn(vols[0], self.mounts)
+        self.assertIn(vols[0], self.init_mounts)
+        cmd = self.init["command"]
+        self.assertEqual(cmd[:3], ["install", "-m", "0600"])
+        src, dst = cmd[3:]
+        self.assertEqual(src, self.init_mounts[vols[0]] + "/" + sec["items"][0]["path"])
+        copy_vol = next(n for n, p in self.init_mounts.items() if p == os.path.dirname(dst))
+        self.assertEqual(self.volumes[copy_vol]["emptyDir"]["medium"], "Memory")
+        self.assertEqual(self.conf["catalog-password-file"],
+                         self.mounts[copy_vol] + "/" + os.path.basename(dst))
+        ro = {m["name"]: m.get("readOnly", False) for m in self.ctr["volumeMounts"]}
+        self.assertTrue(ro[copy_vol])
+        self.assertNotIn("catalog", self.conf)
+
+    def test_no_password_in_args_or_env(self):
+        for c in pod_containers(self.pod):
+            self.assertNotIn("envFrom", c, c["name"])
+            words = c.get("command", []) + c.get("args", [])
+            for e in c.get("env", []):
+                self.assertNotIn("PASSWORD", e["name"].upper(), e["name"])
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    self.assertNotIn("password", ref["key"].lower(), e["name"])
+                words.append(e.get("value", ""))
+            for w in words:
+                self.assertNotRegex(w, r"(?i)password\s*=|postgres(ql)?://[^/@]*:[^/@]*@", w)
+
+    def test_replica_id_from_pod_name(self):
+        ref = self.env["SLUICE_REPLICA_ID"]["valueFrom"]["fieldRef"]
+        self.assertEqual(ref["fieldPath"], "metadata.name")
+
+    def test_pod_disruption_budget_and_anti_affinity(self):
+        spec = self.pdb["spec"]
+        self.assertLessEqual(spec["selector"]["matchLabels"].items(), self.labels.items())
+        if "maxUnavailable" in spec:
+            self.assertLess(spec["maxUnavailable"], self.sts["spec"]["replicas"])
+            self.assertGreaterEqual(spec["maxUnavailable"], 1)
+        else:
+            self.assertLess(spec["minAvailable"], self.sts["spec"]["replicas"])
+        anti = self.pod["affinity"]["podAntiAffinity"]
+        terms = anti.get("requiredDuringSchedulingIgnoredDuringExecution", []) + [
+            t["podAffinityTerm"]
+            for t in anti.get("preferredDuringSchedulingIgnoredDuringExecution", [])]
+        self.assertTrue(any(t["topologyKey"] == "kubernetes.io/hostname" and
+                            t["labelSelector"]["matchLabels"].items() <= self.labels.items()
+                            for t in terms), terms)
+
+    def test_services(self):
+        services = {s["metadata"]["name"]: s for s in self.by_kind["Service"]}
+        headless = services[self.sts["spec"]["serviceName"]]
+        self.assertEqual(headless["spec"]["clusterIP"], "None")
+        # Clients resolving it get the ready replicas only.
+        self.assertFalse(headless["spec"].get("publishNotReadyAddresses", False))
+        self.assertEqual([p["port"] for p in headless["spec"]["ports"]], [self.ports["grpc"]])
+        regular = [s for s in services.values() if s["spec"].get("clusterIP") != "None"]
+        self.assertEqual(len(regular), 1)
+        svc = regular[0]
+        for s in services.values():
+            self.assertLessEqual(s["spec"]["selector"].items(), self.labels.items())
+        ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
+        self.assertEqual(ports, {"grpc": (7700, "grpc"), "metrics": (9090, "metrics")})
+        ann = svc["metadata"]["annotations"]
+        self.assertEqual(ann["prometheus.io/scrape"], "true")
+        self.assertEqual(int(ann["prometheus.io/port"]), self.ports["metrics"])
+
+    def test_config_agrees_with_pod(self):
+        self.assertEqual(host_port(self.conf["listen"]), ("0.0.0.0", self.ports["grpc"]))
+        self.assertEqual(host_port(self.conf["metrics-listen"]), ("0.0.0.0", self.ports["metrics"]))
+        self.assertEqual(os.path.dirname(self.conf["token-file"]), self.mounts["tokens"])
+        self.assertEqual(self.volumes["config"]["configMap"]["name"], self.cm["metadata"]["name"])
+        self.assertEqual(os.path.dirname(self.ctr["args"][1]), self.mounts["config"])
+
+    def test_configmap_validates(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            conf = os.path.join(tmp, "sluiced.conf")
+            tokens = os.path.join(tmp, "tokens")
+            with open(conf, "w") as f:
+                f.write(self.conf_text)
+            with open(tokens, "w") as f:
+                f.write("admin 0123456789abcdef0123456789abcdef\n")
+            rc, eff, err = check_config(conf, {
+                "SLUICE_TOKEN_FILE": tokens, "SLUICE_REPLICA_ID": "sluice-0",
+                "SLUICE_CATALOG": "postgresql://sluice@pg:5432/sluice?sslmode=verify-full"})
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(eff["replica-id"], "sluice-0")
+            self.assertEqual(eff["catalog-password-file"], "/run/sluice/catalog/password")
+            self.assertTrue(eff["catalog"].startswith("postgresql://"))
+
+    @unittest.skipUnless(shutil.which("kubectl"), "kubectl not installed")
+    def test_kustomize_builds(self):
+        def build(path):
+            r = subprocess.run(["kubectl", "kustomize", path], capture_output=True, text=True,
+                               timeout=30)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return {d["kind"]: d for d in yaml.safe_load_all(r.stdout)
+                    if d["kind"] != "Service"}
+
+        docs = build(REPLICAS)
+        self.assertEqual(set(docs), {"ConfigMap", "StatefulSet", "PersistentVolumeClaim",
+                                     "PodDisruptionBudget"})
+        ctr = docs["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
+        self.assertEqual(ctr["readinessProbe"]["grpc"], {"port": 7700})
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = os.path.join(tmp, "k8s")
+            shutil.copytree(K8S, copy)
+            kust = os.path.join(copy, "replicas", "kustomization.yaml")
+            text = read(kust).replace("# components:\n#   - ../tls", "components:\n  - ../tls")
+            self.assertIn("\n  - ../tls", text)
+            with open(kust, "w") as f:
+                f.write(text)
+            docs = build(os.path.join(copy, "replicas"))
+        pod = docs["StatefulSet"]["spec"]["template"]["spec"]
+        ctr = pod["containers"][0]
+        self.assertNotIn("grpc", ctr["readinessProbe"])
+        self.assertEqual(ctr["readinessProbe"]["exec"]["command"][-1], "health")
+        env = {e["name"] for e in ctr["env"]}
+        self.assertLessEqual({"SLUICE_TLS_CERT", "SLUICE_REPLICA_ID", "SLUICE_CATALOG"}, env)
+        self.assertEqual(len(pod["volumes"]), len(self.volumes))
+
+    @unittest.skipUnless(os.path.exists(os.path.join(
+        os.environ.get("SL_PG_BIN", "/usr/lib/postgresql/15/bin"), "initdb")),
+        "PostgreSQL server binaries not installed")
+    def test_replicas_against_postgresql(self):
+        """Two sluiced configured as two pods are (the ConfigMap, the container's environment with
+        the Secret's conninfo and the pod names, the password as the init container's command
+        copies it) against a real PostgreSQL, sharing one data dir: both serve; the first wrote
+        CATALOG-ID; each logs its replica id; the password is in no log, environment or argument.
+        The Secret's file as the kubelet makes it with fsGroup (0440) is refused, which is why
+        the init container copies it. The conninfo names a dead host first and carries
+        target_session_attrs=read-write, as operations.md's highly available one does."""
+        from pgfixture import PgServer, free_port
+        pg = PgServer().start()
+        try:
+            pg.create_db("sluice")
+            self._run_replicas(pg, free_port)
+        finally:
+            pg.destroy()
+
+    def _run_replicas(self, pg, free_port):
+        with open(pg.password_file) as f:
+            password = f.readline().strip()
+        conninfo = ("postgresql://%s@127.0.0.1:%d,127.0.0.1:%d/sluice"
+                    "?target_session_attrs=read-write&sslmode=disable"
+                    % (pg.user, free_port(), pg.port))
+        with tempfile.TemporaryDirectory() as tmp:
+            def local(path):
+                # A mount of the pod -> the same file under tmp.
+                for name, mount in list(self.mounts.items()) + list(self.init_mounts.items()):
+                    if path == mount or path.startswith(mount + "/"):
+                        return os.path.join(tmp, name) + path[len(mount):]
+                return path
+
+            for name in set(self.mounts) | set(self.init_mounts):
+                os.mkdir(os.path.join(tmp, name), 0o700)
+            src = local(self.init["command"][3])
+            with open(src, "w") as f:
+                f.write(password + "\n")
+            os.chmod(src, 0o440)
+            with open(local(self.conf["token-file"]), "w") as f:
+                f.write("admin 0123456789abcdef0123456789abcdef\n")
+            conf = local(self.ctr["args"][1])
+            text = self.conf_text
+            for key in ("token-file", "catalog-password-file"):
+                text = text.replace(self.conf[key], local(self.conf[key]))
+            with open(conf, "w") as f:
+                f.write(text)
+            data = local(self.mounts["data"])
+
+            def env_of(pod_name):
+                out = {}
+                for name, e in self.env.items():
+                    if "value" in e:
+                        out[name] = e["value"]
+                    elif "fieldRef" in e["valueFrom"]:
+                        self.assertEqual(e["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name")
+                        out[name] = pod_name
+                    else:
+                        self.assertEqual(e["valueFrom"]["secretKeyRef"]["key"], "conninfo")
+                        out[name] = conninfo
+                return out
+
+            def replica(pod_name):
+                d = Daemon(data_dir=data, args=["--config", conf, "--metrics-listen", ""],
+                           store="dir", catalog="sqlite")
+                d.env = dict(CLEAN_ENV, **env_of(pod_name))
+                d.port_file = os.path.join(tmp, "port-" + pod_name)
+                d.stderr_path = os.path.join(tmp, pod_name + ".log")
+                return d
+
+            # The Secret's file itself (root's or group-readable) is refused.
+            d = replica("sluice-0")
+            d.env["SLUICE_CATALOG_PASSWORD_FILE"] = src
+            with self.assertRaises(RuntimeError) as cm:
+                d.start()
+            d.stop()
+            self.assertIn("catalog_password_file", str(cm.exception))
+            os.unlink(d.stderr_path)
+
+            # The init container's command, as is but for the mount paths.
+            cmd = [local(w) for w in self.init["command"]]
+            subprocess.run(cmd, check=True, timeout=20)
+            dst = local(self.conf["catalog-password-file"])
+            self.assertEqual(os.stat(dst).st_mode & 0o777, 0o600)
+
+            daemons = [replica("sluice-0"), replica("sluice-1")]
+            try:
+                for d in daemons:
+                    d.start()
+                    r = subprocess.run([SLUICE_CLI, "--addr", d.addr, "--timeout", "5", "health"],
+                                       capture_output=True, text=True, timeout=20)
+                    self.assertEqual((r.returncode, r.stdout.strip()), (0, "SERVING"), r.stderr)
+                    for what in ("cmdline", "environ"):
+                        with open("/proc/%d/%s" % (d.proc.pid, what), "rb") as f:
+                            self.assertNotIn(password.encode(), f.read(), what)
+                self.assertTrue(os.path.isfile(os.path.join(data, "CATALOG-ID")))
+            finally:
+                rcs = [d.stop() for d in daemons]
+            for d, rc in zip(daemons, rcs):
+                log = d.log()
+                self.assertEqual(rc, 0, log)
+                self.assertEqual(SANITIZER_RE.findall(log), [], log)
+                self.assertNotIn(password, log)
+                lines = [l for l in log.splitlines() if l.startswith("{")]
+                self.assertTrue(lines, log)
+                name = os.path.basename(d.stderr_path)[:-4]
+                for line in lines:
+                    self.assertIn('"replica":"%s"' % name, line)
+                # libpq went on past the dead host to the live one.
+                self.assertIn('"event":"catalog_connected"', log)
+                self.assertIn('"port":"%d"' % pg.port, log)
 
 
 def dockerfile_stages():
