@@ -211,7 +211,7 @@ static void set_replica(sl_daemon *d, int port)
         host[sizeof(host) - 1] = '\0';
         snprintf(d->replica, sizeof(d->replica), "%s:%d", host, port);
     }
-    /* It becomes a metric label and a log value unquoted. */
+    /* A hostname's characters are a label's (the flag's were checked at start). */
     for (char *c = d->replica; *c; c++)
         if (!isalnum((unsigned char)*c) && !strchr("._:-", *c))
             *c = '_';
@@ -380,6 +380,14 @@ int main(int argc, char **argv)
         return 2;
     if (d.cfg.check_config)
         return sl_ops_check_config(&d.cfg, stdout) == 0 ? 0 : 1;
+    {
+        char msg[512];
+        if (sl_ops_check_replica(&d.cfg, msg, sizeof(msg)) != 0 ||
+            sl_cat_spec_check(d.cfg.catalog, d.cfg.catalog_password_file, msg, sizeof(msg)) != 0) {
+            fprintf(stderr, "sluiced: %s\n", msg);
+            return 2;
+        }
+    }
     signal(SIGPIPE, SIG_IGN);
     /* With object storage, upload write lanes, removals and verifies wait on the network in
      * libuv's worker pool (4 threads by default): give it more, unless the operator chose. Set

@@ -7,6 +7,7 @@
 #include "store/s3.h"
 #include "store/store.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -272,6 +273,20 @@ static int check_store(const sl_config *cfg)
     return err;
 }
 
+int sl_ops_check_replica(const sl_config *cfg, char *msg, size_t len)
+{
+    for (const char *c = cfg->replica_id; *c; c++)
+        if (!isalnum((unsigned char)*c) && !strchr("._:-", *c)) {
+            /* It becomes a metric label and a log value unquoted. */
+            snprintf(msg, len,
+                     "--replica-id '%.64s': only letters, digits and . _ : - (the character at "
+                     "offset %d is not)",
+                     cfg->replica_id, (int)(c - cfg->replica_id));
+            return SL_EINVAL;
+        }
+    return 0;
+}
+
 int sl_ops_check_config(const sl_config *cfg, FILE *out)
 {
     char msg[512];
@@ -300,6 +315,12 @@ int sl_ops_check_config(const sl_config *cfg, FILE *out)
     }
     if (cfg->store[0] && (err = check_store(cfg)) != 0)
         return err;
+    if ((err = sl_ops_check_replica(cfg, msg, sizeof(msg))) != 0 ||
+        (err = sl_cat_spec_check(cfg->catalog, cfg->catalog_password_file, msg, sizeof(msg))) !=
+            0) {
+        fprintf(stderr, "sluiced: %s\n", msg);
+        return err;
+    }
     sl_config_print(cfg, out);
     return 0;
 }

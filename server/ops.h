@@ -68,6 +68,10 @@ int sl_ops_init(sl_ops *ops, struct sl_daemon *d, int argc, char **argv);
  * (printed to stderr). */
 int sl_ops_check_config(const sl_config *cfg, FILE *out);
 
+/* --replica-id has only letters, digits and . _ : - (it is a metric label and a log value):
+ * 0, or SL_EINVAL and a sentence in msg. */
+int sl_ops_check_replica(const sl_config *cfg, char *msg, size_t len);
+
 /* The S3 client's settings from the configuration (store URL, addressing, endpoint, region,
  * CA, TLS, retry deadline, credentials), as the daemon and --check-config both use them.
  * Returns 0, or an error with msg (never a secret). The caller clears *s3 (explicit_bzero). */

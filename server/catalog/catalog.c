@@ -239,6 +239,35 @@ int sl_cat_is_pg(const char *spec)
            prefixed(spec, "postgresql:") || prefixed(spec, "pg:");
 }
 
+/* A PostgreSQL spec without its "pg:" / "postgresql:" prefix (URIs keep theirs). */
+static const char *pg_conninfo(const char *spec)
+{
+    if (prefixed(spec, "pg:"))
+        return spec + 3;
+    if (prefixed(spec, "postgresql:") && !prefixed(spec, "postgresql://"))
+        return spec + strlen("postgresql:");
+    return spec;
+}
+
+int sl_cat_spec_check(const char *spec, const char *password_file, char *msg, size_t len)
+{
+    int err = 0;
+
+    msg[0] = '\0';
+    if (sl_cat_is_pg(spec)) {
+        err = sl_db_pg_check(pg_conninfo(spec), msg, len);
+        if (!err && password_file && password_file[0])
+            err = sl_db_pg_password_check(password_file, msg, len);
+    } else if (password_file && password_file[0]) {
+        snprintf(msg, len, "--catalog-password-file is for a PostgreSQL --catalog");
+        err = SL_EINVAL;
+    } else if (prefixed(spec, "sqlite:") && !spec[7]) {
+        snprintf(msg, len, "--catalog sqlite: names no file");
+        err = SL_EINVAL;
+    }
+    return err;
+}
+
 static int open_spec(sl_cat **out, const char *spec, const char *password_file, int version)
 {
     sl_cat *cat;
@@ -253,11 +282,7 @@ static int open_spec(sl_cat **out, const char *spec, const char *password_file, 
         return -ENOMEM;
     if (sl_cat_is_pg(spec)) {
         cat->eng = &sl_db_pg;
-        if (prefixed(spec, "pg:"))
-            spec += 3;
-        else if (prefixed(spec, "postgresql:") && !prefixed(spec, "postgresql://"))
-            spec += strlen("postgresql:");
-        err = sl_db_pg_open(cat, spec, password_file);
+        err = sl_db_pg_open(cat, pg_conninfo(spec), password_file);
     } else {
         cat->eng = &sl_db_sqlite;
         err = sl_db_sqlite_open(cat, prefixed(spec, "sqlite:") ? spec + 7 : spec);

@@ -56,6 +56,11 @@ int sl_cat_open_upto(sl_cat **out, const char *path, int version);
 int sl_cat_open_spec(sl_cat **out, const char *spec, const char *password_file);
 int sl_cat_open_spec_upto(sl_cat **out, const char *spec, const char *password_file, int version);
 
+/* What sl_cat_open_spec checks before opening anything: the conninfo parses and holds no
+ * password, the password file is one only its owner can read. 0, or SL_EINVAL and a sentence in
+ * msg (never the password). */
+int sl_cat_spec_check(const char *spec, const char *password_file, char *msg, size_t len);
+
 /* Whether `spec` names a PostgreSQL catalog. */
 int sl_cat_is_pg(const char *spec);
 

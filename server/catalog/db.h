@@ -116,6 +116,10 @@ extern const sl_db_engine sl_db_pg;
 int sl_db_sqlite_open(sl_cat *cat, const char *where);
 int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file);
 
+/* The checks sl_db_pg_open makes before connecting: SL_EINVAL and a sentence in msg. */
+int sl_db_pg_check(const char *where, char *msg, size_t len);
+int sl_db_pg_password_check(const char *path, char *msg, size_t len);
+
 /* Tell the other replicas (sl_cat_listen) that rows changed: `kind` 'j' (a job's row) or 'p'
  * (its progress) of job `name`; inside a transaction, they hear it once it commits. Nothing for
  * SQLite. */

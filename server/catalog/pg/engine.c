@@ -626,6 +626,24 @@ const sl_db_engine sl_db_pg = {
     .close = pg_close,
 };
 
+int sl_db_pg_password_check(const char *path, char *msg, size_t len)
+{
+    struct stat st;
+
+    if (stat(path, &st) != 0) {
+        snprintf(msg, len, "--catalog-password-file %s: %s", path, sl_strerror(-errno));
+        return SL_EINVAL;
+    }
+    if (!S_ISREG(st.st_mode) || (st.st_mode & 077)) {
+        snprintf(msg, len,
+                 "--catalog-password-file %s: not a regular file only its owner can read "
+                 "(chmod 600)",
+                 path);
+        return SL_EINVAL;
+    }
+    return 0;
+}
+
 /* The first line of `path` (a file only its owner may read) into pw. */
 static int read_password(const char *path, char *pw, size_t len)
 {
@@ -654,26 +672,38 @@ static int read_password(const char *path, char *pw, size_t len)
     return 0;
 }
 
-/* Refuse a conninfo that holds a password: it would be in argv, the config and the logs. */
-static int check_conninfo(const char *where)
+int sl_db_pg_check(const char *where, char *msg, size_t len)
 {
-    char *msg = NULL;
-    PQconninfoOption *opts = PQconninfoParse(where, &msg), *o;
+    char *perr = NULL;
+    PQconninfoOption *opts = PQconninfoParse(where, &perr), *o;
     int err = 0;
 
     if (!opts) {
-        sl_log_error("catalog_conninfo", "error=\"%s\"", msg ? msg : "out of memory");
-        PQfreemem(msg);
+        snprintf(msg, len, "--catalog is not a PostgreSQL conninfo: ");
+        clean(msg + strlen(msg), len - strlen(msg), perr ? perr : "out of memory");
+        PQfreemem(perr);
         return SL_EINVAL;
     }
     for (o = opts; o->keyword; o++)
         if (!strcmp(o->keyword, "password") && o->val && o->val[0]) {
-            sl_log_error("catalog_conninfo",
-                         "error=\"the PostgreSQL conninfo holds a password: put it in "
-                         "--catalog-password-file or PGPASSFILE instead\"");
+            /* Never echoed: it would be in argv, the config and the logs. */
+            snprintf(msg, len,
+                     "--catalog: the PostgreSQL conninfo holds a password: put it in "
+                     "--catalog-password-file or PGPASSFILE instead");
             err = SL_EINVAL;
         }
     PQconninfoFree(opts);
+    return err;
+}
+
+/* Refuse a conninfo that holds a password (or does not parse). */
+static int check_conninfo(const char *where)
+{
+    char msg[512];
+    int err = sl_db_pg_check(where, msg, sizeof(msg));
+
+    if (err)
+        sl_log_error("catalog_conninfo", "error=\"%s\"", msg);
     return err;
 }
 
