@@ -49,6 +49,11 @@ static const setting settings[] = {
      0, INT64_MAX, 0, "N   largest checkpoint shard accepted (default 1099511627776)"},
     {"upload-timeout", "SLUICE_UPLOAD_TIMEOUT", K_SECONDS, offsetof(sl_config, upload_timeout_ms),
      0, 0, 86400 * 30, 0, "S  idle partial uploads are removed after S seconds (default 3600)"},
+    {"upload-lease", "SLUICE_UPLOAD_LEASE", K_SECONDS, offsetof(sl_config, upload_lease_ms), 0, 2,
+     3600, 0,
+     "S    with a shared (PostgreSQL) catalog: a replica's upload keeps its\n"
+     "                     rank to itself for S seconds after its last renewal; another\n"
+     "                     replica resumes the upload of a dead one after that (default 30)"},
     {"upload-memory", "SLUICE_UPLOAD_MEMORY", K_BYTES, offsetof(sl_config, upload_memory), 0,
      8 << 20, INT64_MAX, 0,
      "N     upload data held in memory, all uploads together (default 1 GiB)"},
@@ -383,6 +388,7 @@ static void set_defaults(sl_config *cfg)
     cfg->rpc_threads = 4;
     cfg->max_shard_bytes = 1ULL << 40;
     cfg->upload_timeout_ms = 3600 * 1000;
+    cfg->upload_lease_ms = 30 * 1000;
     cfg->upload_memory = 1ULL << 30;
     cfg->max_calls = 16384;
     cfg->max_job_streams = 8192;

@@ -316,6 +316,8 @@ static int open_ckpt(sl_daemon *d)
         .feed = d->feed,
         .quarantine = d->quar,
         .store = d->store,
+        .replica = d->replica,
+        .lease_ms = d->cfg.upload_lease_ms,
     };
 
     return sl_ckpt_svc_new(&d->ckpt, &d->loop, d->cat, d->data_dir, &o);

@@ -375,6 +375,17 @@ void sl_cat_unlisten(sl_cat *cat)
         cat->eng->unlisten(cat);
 }
 
+int sl_cat_chore_try(sl_cat *cat, int id)
+{
+    return cat->eng->chore ? cat->eng->chore(cat, id, 1) : 1;
+}
+
+void sl_cat_chore_done(sl_cat *cat, int id)
+{
+    if (cat->eng->chore)
+        cat->eng->chore(cat, id, 0);
+}
+
 int sl_cat_check(sl_cat *cat)
 {
     return cat->eng->check(cat);

@@ -88,6 +88,14 @@ typedef void (*sl_cat_notify_fn)(const char *payload, void *arg);
 int sl_cat_listen(sl_cat *cat, struct uv_loop_s *loop, sl_cat_notify_fn fn, void *arg);
 void sl_cat_unlisten(sl_cat *cat);
 
+/* Singleton chores of replicas sharing a catalog (the sweeps): sl_cat_chore_try returns 1 when
+ * this replica may do chore `id` now (it holds the chore's lock until sl_cat_chore_done, or until
+ * its connection ends: a dead replica's chore passes to another), 0 while another replica does
+ * it, or a failure code. Always 1 with SQLite. */
+enum { SL_CHORE_SWEEP = 1 };
+int sl_cat_chore_try(sl_cat *cat, int id);
+void sl_cat_chore_done(sl_cat *cat, int id);
+
 /* Close the catalog. Accepts NULL. Loop thread. */
 void sl_cat_close(sl_cat *cat);
 

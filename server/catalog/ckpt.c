@@ -118,7 +118,8 @@ int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *j
         sl_db_int(&q, now_ms);
         err = sl_db_exec(&q,
                          "UPDATE checkpoints SET state = 1, world_size = ?2, step = ?3, "
-                         "user_metadata = ?4, created_ms = ?5, committed_ms = 0 WHERE id = ?1",
+                         "user_metadata = ?4, created_ms = ?5, committed_ms = 0, "
+                         "commit_claim_ms = 0 WHERE id = ?1",
                          0, NULL);
     } else {
         sl_db_q_init(&q, cat, "ckpt_insert");
@@ -194,6 +195,45 @@ int sl_cat_ckpt_bind(sl_cat *cat, int64_t id, const char *feed_job, int auto_com
                           "WHERE id = ?1");
 }
 
+int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, int64_t now_ms, int64_t stale_ms)
+{
+    int64_t changes = 0;
+    sl_db_q q;
+    int rc, err;
+
+    sl_db_q_init(&q, cat, "ckpt_claim");
+    sl_db_int(&q, id);
+    sl_db_int(&q, now_ms);
+    sl_db_int(&q, now_ms - stale_ms);
+    err = sl_db_exec(&q,
+                     "UPDATE checkpoints SET commit_claim_ms = ?2 WHERE id = ?1 AND state = 1 "
+                     "AND commit_claim_ms < ?3",
+                     0, &changes);
+    if (err || changes)
+        return err;
+    sl_db_q_init(&q, cat, "ckpt_claim");
+    sl_db_int(&q, id);
+    err = sl_db_run(&q, "SELECT state FROM checkpoints WHERE id = ?1", 0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        err = rc < 0                                    ? rc
+              : rc == 0                                 ? SL_ENOTFOUND
+              : sl_db_int_col(&q, 0) == SL_CKPT_WRITING ? SL_EUNAVAILABLE
+                                                        : SL_ESTATE;
+    }
+    sl_db_end(&q);
+    return err;
+}
+
+int sl_cat_ckpt_unclaim(sl_cat *cat, int64_t id)
+{
+    sl_db_q q;
+
+    sl_db_q_init(&q, cat, "ckpt_unclaim");
+    sl_db_int(&q, id);
+    return sl_db_exec(&q, "UPDATE checkpoints SET commit_claim_ms = 0 WHERE id = ?1", 0, NULL);
+}
+
 int sl_cat_ckpt_begin_bound(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *job,
                             const char *name, uint64_t step, int32_t world_size,
                             const char *user_md, int64_t now_ms, const char *feed_job,
@@ -217,6 +257,7 @@ int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const sl
                          const sl_cat_blob *spec, const sl_cat_blob *elastic)
 {
     sl_db_q q;
+    int err;
 
     sl_db_q_init(&q, cat, "ckpt_complete");
     sl_db_int(&q, id);
@@ -224,8 +265,9 @@ int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const sl
     sl_db_blob_opt(&q, state ? state->p : NULL, state ? state->len : 0);
     sl_db_blob_opt(&q, spec ? spec->p : NULL, spec ? spec->len : 0);
     sl_db_blob_opt(&q, elastic ? elastic->p : NULL, elastic ? elastic->len : 0);
-    return ckpt_write(&q, "UPDATE checkpoints SET state = 2, committed_ms = ?2, feed_state = ?3, "
-                          "feed_spec = ?4, feed_elastic = ?5 WHERE id = ?1");
+    err = ckpt_write(&q, "UPDATE checkpoints SET state = 2, committed_ms = ?2, feed_state = ?3, "
+                         "feed_spec = ?4, feed_elastic = ?5 WHERE id = ?1 AND state = 1");
+    return err == SL_ENOTFOUND ? SL_ESTATE : err;
 }
 
 int sl_cat_ckpt_feed_get(sl_cat *cat, int64_t id, sl_cat_blob *state, sl_cat_blob *spec,
@@ -371,7 +413,7 @@ int sl_cat_ckpt_tensor_bytes(sl_cat *cat, uint64_t *out, int64_t ckpt_id, int32_
     return err;
 }
 
-int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms)
+static int shard_upsert(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms)
 {
     sl_db_q q;
 
@@ -404,6 +446,145 @@ int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_
                       "pos_epoch = excluded.pos_epoch, pos_position = excluded.pos_position, "
                       "pos_world = excluded.pos_world",
                       0, NULL);
+}
+
+/* Lock the lease row of (ckpt, rank) if it is still generation `gen`: 1, 0 (taken over or
+ * gone), or an error. An UPDATE that changes nothing is the portable row lock. */
+static int lease_hold(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen)
+{
+    int64_t changes = 0;
+    sl_db_q q;
+    int err;
+
+    sl_db_q_init(&q, cat, "lease_hold");
+    sl_db_int(&q, ckpt_id);
+    sl_db_int(&q, rank);
+    sl_db_int(&q, gen);
+    err = sl_db_exec(&q,
+                     "UPDATE upload_leases SET expires_ms = expires_ms WHERE checkpoint_id = ?1 "
+                     "AND rank = ?2 AND generation = ?3",
+                     0, &changes);
+    return err ? err : changes == 1;
+}
+
+int sl_cat_lease_release(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen)
+{
+    sl_db_q q;
+
+    sl_db_q_init(&q, cat, "lease_release");
+    sl_db_int(&q, ckpt_id);
+    sl_db_int(&q, rank);
+    sl_db_int(&q, gen);
+    return sl_db_exec(&q,
+                      "DELETE FROM upload_leases WHERE checkpoint_id = ?1 AND rank = ?2 AND "
+                      "generation = ?3",
+                      0, NULL);
+}
+
+int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms,
+                     int64_t lease)
+{
+    int err, held;
+
+    if (!lease)
+        return shard_upsert(cat, ckpt_id, s, now_ms);
+    if ((err = sl_db_tx_begin(cat)) != 0)
+        return err;
+    held = lease_hold(cat, ckpt_id, s->rank, lease);
+    err = held < 0 ? held : held == 0 ? SL_ESTATE : 0;
+    if (!err)
+        err = shard_upsert(cat, ckpt_id, s, now_ms);
+    if (!err)
+        err = sl_cat_lease_release(cat, ckpt_id, s->rank, lease);
+    return sl_db_tx_end(cat, err);
+}
+
+int sl_cat_lease_take(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *replica,
+                      int64_t now_ms, int64_t ttl_ms, int64_t *gen, char *holder, size_t len,
+                      int64_t *until_ms)
+{
+    sl_db_q q;
+    int rc, err;
+
+    sl_db_q_init(&q, cat, "lease_take");
+    sl_db_int(&q, ckpt_id);
+    sl_db_int(&q, rank);
+    sl_db_text(&q, replica);
+    sl_db_int(&q, now_ms);
+    sl_db_int(&q, now_ms + ttl_ms);
+    err = sl_db_exec(&q,
+                     "INSERT INTO upload_leases(checkpoint_id, rank, replica, generation, "
+                     "expires_ms) VALUES (?1, ?2, ?3, 1, ?5) ON CONFLICT (checkpoint_id, rank) DO "
+                     "UPDATE SET replica = excluded.replica, generation = "
+                     "upload_leases.generation + 1, expires_ms = excluded.expires_ms "
+                     "WHERE upload_leases.expires_ms < ?4 OR upload_leases.replica = ?3",
+                     0, NULL);
+    if (err)
+        return err;
+    sl_db_q_init(&q, cat, "lease_take");
+    sl_db_int(&q, ckpt_id);
+    sl_db_int(&q, rank);
+    err = sl_db_run(&q,
+                    "SELECT replica, generation, expires_ms FROM upload_leases WHERE "
+                    "checkpoint_id = ?1 AND rank = ?2",
+                    0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        if (rc == 1) {
+            sl_db_copy_text(&q, 0, holder, len);
+            *gen = sl_db_int_col(&q, 1);
+            *until_ms = sl_db_int_col(&q, 2);
+            err = strcmp(holder, replica) == 0 ? 0 : SL_EUNAVAILABLE;
+        } else {
+            err = rc == 0 ? SL_ENOTFOUND : rc; /* the checkpoint went meanwhile */
+        }
+    }
+    sl_db_end(&q);
+    return err;
+}
+
+int sl_cat_lease_renew(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen, int64_t now_ms,
+                       int64_t ttl_ms)
+{
+    int64_t changes = 0;
+    sl_db_q q;
+    int err;
+
+    sl_db_q_init(&q, cat, "lease_renew");
+    sl_db_int(&q, ckpt_id);
+    sl_db_int(&q, rank);
+    sl_db_int(&q, gen);
+    sl_db_int(&q, now_ms + ttl_ms);
+    err = sl_db_exec(&q,
+                     "UPDATE upload_leases SET expires_ms = ?4 WHERE checkpoint_id = ?1 AND "
+                     "rank = ?2 AND generation = ?3",
+                     0, &changes);
+    return err ? err : changes ? 0 : SL_ESTATE;
+}
+
+int sl_cat_lease_elsewhere(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *replica,
+                           int64_t now_ms, char *holder, size_t len)
+{
+    sl_db_q q;
+    int rc, err;
+
+    sl_db_q_init(&q, cat, "lease_elsewhere");
+    sl_db_int(&q, ckpt_id);
+    sl_db_int(&q, rank);
+    sl_db_text(&q, replica);
+    sl_db_int(&q, now_ms);
+    err = sl_db_run(&q,
+                    "SELECT replica FROM upload_leases WHERE checkpoint_id = ?1 AND rank = ?2 "
+                    "AND replica != ?3 AND expires_ms >= ?4",
+                    0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        if (rc == 1)
+            sl_db_copy_text(&q, 0, holder, len);
+        err = rc;
+    }
+    sl_db_end(&q);
+    return err;
 }
 
 static void read_shard(sl_cat_shard *out, sl_db_q *q, int with_tensors, int with_pos)

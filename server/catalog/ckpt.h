@@ -80,12 +80,20 @@ int sl_cat_ckpt_begin_bound(sl_cat *cat, sl_cat_ckpt *out, int *created, const c
                             const char *user_md, int64_t now_ms, const char *feed_job,
                             int auto_commit);
 
+/* Replicas of a shared catalog commit a checkpoint one at a time: claim it (WRITING, and no
+ * other claim younger than stale_ms) before writing its metadata.json; 0, SL_EUNAVAILABLE while
+ * another replica's claim holds, SL_ESTATE if it is not WRITING. Unclaim after a failed commit.
+ * COMPLETE and abort end the claim with the state. */
+int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, int64_t now_ms, int64_t stale_ms);
+int sl_cat_ckpt_unclaim(sl_cat *cat, int64_t id);
+
 /* Bind a checkpoint to a feed job ("" : none) and set its auto-commit; forgets a stored feed
  * state (a reopened checkpoint). */
 int sl_cat_ckpt_bind(sl_cat *cat, int64_t id, const char *feed_job, int auto_commit);
 
-/* Make a checkpoint COMPLETE with the feed state it was taken at (all NULL/empty: none), in one
- * statement: the feed state is never recorded without the state or the other way round. */
+/* Make a WRITING checkpoint COMPLETE with the feed state it was taken at (all NULL/empty: none),
+ * in one statement: the feed state is never recorded without the state or the other way round.
+ * SL_ESTATE if it is not WRITING (another replica committed or aborted it first). */
 int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const sl_cat_blob *state,
                          const sl_cat_blob *spec, const sl_cat_blob *elastic);
 
@@ -115,8 +123,29 @@ int sl_cat_removals_clear(sl_cat *cat);
  * `except_rank` (-1: none). */
 int sl_cat_ckpt_tensor_bytes(sl_cat *cat, uint64_t *out, int64_t ckpt_id, int32_t except_rank);
 
-/* Record (insert or replace) a durable shard of checkpoint `ckpt_id`. */
-int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms);
+/* Record (insert or replace) a durable shard of checkpoint `ckpt_id`. With `lease` (the
+ * generation sl_cat_lease_take gave; 0: none) only while that lease is still this upload's: in
+ * one transaction the lease row is checked (and locked), the shard recorded and the lease
+ * dropped; SL_ESTATE if another replica took the lease over (nothing recorded). */
+int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms,
+                     int64_t lease);
+
+/* Upload leases (a shared catalog): one upload per (checkpoint, rank) across replicas. Take:
+ * the lease is made or taken over when it is free, expired (expires_ms < now_ms) or already
+ * `replica`'s, with the next generation into *gen; else SL_EUNAVAILABLE and the holder and its
+ * expiry in holder/until_ms. Renew: the expiry moves to now + ttl while *gen is still the
+ * lease's; SL_ESTATE once it is not (taken over). Release: dropped if still `gen`'s. */
+int sl_cat_lease_take(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *replica,
+                      int64_t now_ms, int64_t ttl_ms, int64_t *gen, char *holder, size_t len,
+                      int64_t *until_ms);
+int sl_cat_lease_renew(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen, int64_t now_ms,
+                       int64_t ttl_ms);
+int sl_cat_lease_release(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen);
+
+/* The live lease of (checkpoint, rank) held by a replica other than `replica`: 1 and its holder,
+ * or 0 when there is none. */
+int sl_cat_lease_elsewhere(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *replica,
+                           int64_t now_ms, char *holder, size_t len);
 
 /* Look up one shard (tensors_json is NULL). SL_ENOTFOUND if the rank has none. */
 int sl_cat_shard_get(sl_cat *cat, sl_cat_shard *out, int64_t ckpt_id, int32_t rank);

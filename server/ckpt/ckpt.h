@@ -45,6 +45,10 @@ typedef struct sl_ckpt_opts {
     /* Where shard and metadata files live (server/store/sstore.h): the directory backend on
      * <data dir>/checkpoints, or object storage. Must outlive the service. */
     struct sl_sstore *store;
+    /* This replica's identity (upload leases of a shared catalog name their holder) and how long
+     * a lease holds after its last renewal (0: 30 s). */
+    const char *replica;
+    uint64_t lease_ms;
 } sl_ckpt_opts;
 
 /* Create the service: makes <data_dir>/checkpoints and sweeps it (server/ckpt/sweep.c): removes

@@ -364,6 +364,51 @@ static void commit_job_free(commit_job *j)
     free(j);
 }
 
+static void commit_job_free(commit_job *j);
+
+static void rewrite_work(uv_work_t *w)
+{
+    commit_job *j = w->data;
+    sl_sstore *st = j->svc->opts.store;
+
+    j->err =
+        st->ops->put(st, j->ck.job, j->file, j->json.p, j->json.len, j->errmsg, sizeof(j->errmsg));
+}
+
+static void rewrite_after(uv_work_t *w, int status)
+{
+    commit_job *j = w->data;
+
+    (void)status;
+    if (j->err)
+        sl_log_error("ckpt_metadata_rewrite_failed", "job=%s name=%s error=\"%s\"", j->ck.job,
+                     j->ck.name, j->errmsg);
+    if (j->call)
+        ckpt_reply(j->svc, j->call, &j->ck);
+    commit_job_free(j);
+}
+
+/* metadata.json as the catalog has the checkpoint now (another replica's commit), written on the
+ * worker pool; the job is answered and freed there. 0 once started. */
+static int rewrite_metadata(commit_job *j)
+{
+    Sluice__V1__FeedState *fs = NULL;
+    int err;
+
+    if (j->feed_state.len &&
+        !(fs = sluice__v1__feed_state__unpack(NULL, j->feed_state.len, j->feed_state.p)))
+        return -ENOMEM;
+    sl_buf_free(&j->json);
+    sl_buf_init(&j->json, SIZE_MAX);
+    err = ckpt_render_metadata(j->svc, &j->ck, j->ck.committed_ms, fs, &j->json);
+    if (fs)
+        sluice__v1__feed_state__free_unpacked(fs, NULL);
+    if (err)
+        return err;
+    ckpt_store_job(j->svc, &j->work, rewrite_work, rewrite_after);
+    return 0;
+}
+
 static void commit_after(uv_work_t *w, int status)
 {
     commit_job *j = w->data;
@@ -372,6 +417,8 @@ static void commit_after(uv_work_t *w, int status)
 
     commit_unmark(s, &j->mark);
     if (err) {
+        if (sl_cat_shared(s->cat))
+            sl_cat_ckpt_unclaim(s->cat, j->ck.id);
         sl_log_error("ckpt_commit_failed", "job=%s name=%s error=\"%s\"", j->ck.job, j->ck.name,
                      j->errmsg);
         if (j->call)
@@ -381,6 +428,18 @@ static void commit_after(uv_work_t *w, int status)
     /* COMPLETE and the feed state it was taken at, in one statement. */
     err = sl_cat_ckpt_complete(s->cat, j->ck.id, j->committed_ms, &j->feed_state, &j->feed_spec,
                                &j->feed_elastic);
+    if (err == SL_ESTATE && sl_cat_ckpt_get(s->cat, &j->ck, j->ck.job, j->ck.name) == 0 &&
+        j->ck.state == SL_CKPT_COMPLETE) {
+        /* Another replica committed it first (both saw every shard): one commit. Our
+         * metadata.json may have landed after the winner's, with our commit time: write the
+         * winner's again, then answer. */
+        sl_log_info("ckpt_committed_elsewhere", "job=%s name=%s", j->ck.job, j->ck.name);
+        if (rewrite_metadata(j) == 0)
+            return;
+        if (j->call)
+            ckpt_reply(s, j->call, &j->ck);
+        goto out;
+    }
     if (!err)
         err = sl_cat_ckpt_get(s->cat, &j->ck, j->ck.job, j->ck.name);
     if (err) {
@@ -485,6 +544,9 @@ static int commit_shards_ok(sl_ckpt_svc *s, commit_job *j, char *msg, size_t len
     return err;
 }
 
+/* A replica's commit claim older than this is taken over (the replica died mid-commit). */
+#define COMMIT_CLAIM_STALE_MS 60000
+
 /* Start committing ck (call NULL: an auto-commit): checks, the feed state, metadata.json rendered
  * here and written on the worker pool, then COMPLETE. Returns 0 once started, 1 if ck is COMPLETE
  * already, or an error with msg (nothing started). */
@@ -522,6 +584,19 @@ static int commit_start(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck
         snprintf(msg, len, "cannot render the metadata: %s", sl_strerror(err));
         goto fail;
     }
+    /* Replicas of a shared catalog: one of them writes metadata.json and commits. */
+    if (sl_cat_shared(s->cat) &&
+        (err = sl_cat_ckpt_claim(s->cat, ck->id, sl_now_ms(), COMMIT_CLAIM_STALE_MS)) != 0) {
+        if (err == SL_EUNAVAILABLE)
+            snprintf(msg, len, "%s/%s is being committed by another replica: ask again", ck->job,
+                     ck->name);
+        else if (err == SL_ESTATE && sl_cat_ckpt_get(s->cat, &j->ck, ck->job, ck->name) == 0 &&
+                 j->ck.state == SL_CKPT_COMPLETE)
+            err = 1; /* committed elsewhere meanwhile: a commit is idempotent */
+        else
+            snprintf(msg, len, "cannot claim the commit: %s", sl_strerror(err));
+        goto fail;
+    }
     j->mark.id = ck->id;
     j->mark.next = s->committing;
     s->committing = &j->mark;
@@ -549,7 +624,8 @@ void ckpt_commit(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
         return;
     why[0] = 0;
     err = commit_start(s, call, &ck, why, sizeof(why));
-    if (err == 1)
+    /* COMPLETE already (perhaps by another replica a moment ago): as the catalog has it now. */
+    if (err == 1 && ckpt_find(s, call, &ck, req->job, req->name) == 0)
         ckpt_reply(s, call, &ck);
     else if (err)
         sl_rpc_call_fail(call, err, "%s", why[0] ? why : sl_strerror(err));
@@ -567,7 +643,8 @@ void ckpt_auto_commit(sl_ckpt_svc *s, const char *job, const char *name)
         return;
     why[0] = 0;
     err = commit_start(s, NULL, &ck, why, sizeof(why));
-    if (err && err != 1)
+    /* SL_EUNAVAILABLE: another replica commits it. */
+    if (err && err != 1 && err != SL_EUNAVAILABLE)
         sl_log_warn("ckpt_auto_commit_refused", "job=%s name=%s error=\"%s\"", ck.job, ck.name,
                     why[0] ? why : sl_strerror(err));
 }

@@ -76,6 +76,22 @@ struct sl_ckpt_svc {
     void (*upload_settled)(sl_ckpt_svc *s, const char *job, const char *name);
 };
 
+/* ---- lease.c: one upload per (checkpoint, rank) across the replicas of a shared catalog ---- */
+
+/* Take the lease of (ck, rank) for `up` (no-op with SQLite); answers the call UNAVAILABLE when
+ * another replica's upload holds it. Returns 1 to go on. */
+int ckpt_lease_take(upload *up, int64_t ckpt_id, int32_t rank);
+
+/* Renew the lease now and then (up_pump); 0, or an error once this upload may no longer write:
+ * the lease was taken over, or could not be renewed before its fence. */
+int ckpt_lease_keep(upload *up, char *msg, size_t len);
+
+/* Drop the lease of an upload that stopped or failed (another replica may take it at once). */
+void ckpt_lease_drop(upload *up);
+
+/* 1 if a live lease of (ckpt, rank) is held by another replica (UploadStatus). */
+int ckpt_lease_elsewhere(sl_ckpt_svc *s, int64_t ckpt_id, int32_t rank);
+
 /* The lifecycle of one UploadShard call. Every change goes through up_to() in upload.c, which
  * checks it against the table there, logs it and runs the entry actions named here.
  *
@@ -124,6 +140,11 @@ typedef struct up_chunk {
 struct upload {
     sl_ckpt_svc *svc;
     sl_rpc_call *call;
+    /* With a shared catalog: the generation of this upload's lease (0: none), when it was last
+     * renewed, and the time after which this replica stops writing for it unless renewed
+     * (lease.c). */
+    int64_t lease;
+    uint64_t lease_renewed_ms, lease_fence_ms;
     upload *next; /* in svc->uploads while registered */
     up_state state;
     int jobs; /* lane jobs on the worker pool (0..2), each holding a call reference */

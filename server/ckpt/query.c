@@ -251,6 +251,12 @@ void ckpt_upload_status(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
         sl_rpc_call_reply(call, &resp.base);
         return;
     }
+    /* Running on another replica (its lease is live): the client waits for it to end. */
+    if (ckpt_lease_elsewhere(s, ck.id, req->rank)) {
+        resp.in_progress = 1;
+        sl_rpc_call_reply(call, &resp.base);
+        return;
+    }
     if (!(j = calloc(1, sizeof(*j)))) {
         sl_rpc_call_fail(call, -ENOMEM, "out of memory");
         return;

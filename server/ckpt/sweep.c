@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define SHARED_GRACE_MS (10 * 60 * 1000)
+
 typedef struct sweep_ctx {
     sl_ckpt_svc *svc;
     const char *job;
@@ -100,6 +102,12 @@ static int verdict(const char *job, const char *file, int64_t mtime_ms, void *ar
     sl_store_kind kind = sl_store_classify(file, name, sizeof(name), &rank);
 
     c->job = job;
+    /* Other replicas of a shared catalog are writing now: a file of theirs may be between its
+     * rename and its catalog row. What the startup sweep alone decides (temp files, files the
+     * catalog does not know) waits until the file is SHARED_GRACE_MS old. */
+    if (c->startup && sl_cat_shared(c->svc->cat) && kind != SL_STORE_PART &&
+        c->now_ms - mtime_ms < SHARED_GRACE_MS)
+        return SWEEP_KEEP;
     switch (kind) {
     case SL_STORE_PART:
         return keep_part(c, name, rank, mtime_ms);
@@ -283,6 +291,7 @@ static void rs_after(uv_work_t *w, int status)
     }
     if (!s->stopping)
         sweep_done(s, r->startup, r->sure, r->removed, r->moved);
+    sl_cat_chore_done(s->cat, SL_CHORE_SWEEP);
     s->rsweep = NULL;
     rs_free(r);
     if (s->stopping)
@@ -295,8 +304,10 @@ static void sweep_remote(sl_ckpt_svc *s, int startup)
 {
     ckpt_rsweep *r;
 
-    if (s->rsweep || !(r = calloc(1, sizeof(*r))))
+    if (!(r = calloc(1, sizeof(*r)))) {
+        sl_cat_chore_done(s->cat, SL_CHORE_SWEEP);
         return;
+    }
     r->svc = s;
     r->startup = startup;
     r->work.data = r;
@@ -311,6 +322,7 @@ static void sweep_remote(sl_ckpt_svc *s, int startup)
         rs_work(&r->work);
     }
     sweep_done(s, 1, r->sure, r->removed, r->moved);
+    sl_cat_chore_done(s->cat, SL_CHORE_SWEEP);
     rs_free(r);
 }
 
@@ -320,10 +332,16 @@ void ckpt_sweep(sl_ckpt_svc *s, int startup)
     sl_sstore *st = s->opts.store;
     int removed = 0, moved = 0, err;
 
-    if (!may_sweep(s))
+    if (s->rsweep || !may_sweep(s))
         return;
+    /* Replicas of a shared catalog sweep one at a time (the chore's lock). */
+    if ((err = sl_cat_chore_try(s->cat, SL_CHORE_SWEEP)) != 1) {
+        if (err < 0)
+            sl_log_warn("ckpt_sweep_skipped", "error=\"%s\"", sl_strerror(err));
+        return;
+    }
     if (!st->ops->sweep) {
-        sweep_remote(s, startup);
+        sweep_remote(s, startup); /* sweep_remote or rs_after ends the chore */
         return;
     }
     err = st->ops->sweep(st, verdict, &c, &removed, &moved);
@@ -331,4 +349,5 @@ void ckpt_sweep(sl_ckpt_svc *s, int startup)
         sl_log_warn("ckpt_sweep_failed", "store=%s error=\"%s\"", sl_sstore_kind(st),
                     sl_strerror(err));
     sweep_done(s, startup, !c.unsure && !err, removed, moved);
+    sl_cat_chore_done(s->cat, SL_CHORE_SWEEP);
 }

@@ -149,6 +149,7 @@ static void up_release(upload *up, up_state from)
     }
     if (from != UP_HEADER)
         up_unregister(up);
+    ckpt_lease_drop(up);
     if (up->answer_err)
         sl_rpc_call_fail(up->call, up->answer_err, "%s", up->answer_msg);
     /* The auto-commit waits for running uploads: when the last rank's shard was recorded while
@@ -310,8 +311,15 @@ static void up_pump(upload *up)
 {
     sl_ckpt_svc *s = up->svc;
 
+    char msg[CKPT_MSG_MAX];
+    int err;
+
     if (up->state != UP_RECEIVING && up->state != UP_DRAINING)
         return;
+    if ((err = ckpt_lease_keep(up, msg, sizeof(msg))) != 0) {
+        up_stop(up, err, "%s", msg);
+        return;
+    }
     up_free_chunks(up, 0);
     if (up->seq_write == up->write_end && up->seq_write < up->seq_tail) {
         up->write_end = up->seq_tail;
@@ -361,11 +369,18 @@ static void up_record(upload *up)
     sh.pos_epoch = up->pos_epoch;
     sh.pos_position = up->pos_position;
     sh.pos_world = up->pos_world;
-    err = sl_cat_shard_put(s->cat, up->ckpt_id, &sh, sl_now_ms());
+    err = sl_cat_shard_put(s->cat, up->ckpt_id, &sh, sl_now_ms(), up->lease);
+    if (err == SL_ESTATE) {
+        up->lease = 0;
+        up_fail(up, SL_EUNAVAILABLE, "rank %d's upload was taken over by another replica",
+                up->rank);
+        return;
+    }
     if (err) {
         up_fail(up, err, "catalog error: %s", sl_strerror(err));
         return;
     }
+    up->lease = 0; /* dropped with the record */
     up_to(up, UP_DONE);
     sl_log_info("ckpt_shard_stored",
                 "job=%s name=%s rank=%d bytes=%" PRIu64 " sha256=%s receive_ms=%" PRIu64
@@ -483,7 +498,7 @@ static int up_admit(upload *up, const Sluice__V1__ShardHeader *h, const sl_cat_c
                          h->rank, ck->job, ck->name);
         return 0;
     }
-    return 1;
+    return ckpt_lease_take(up, ck->id, h->rank);
 }
 
 /* Where the shard goes, whether it fits there, and its hasher; answers the call if not. Returns

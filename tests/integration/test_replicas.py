@@ -3,6 +3,7 @@ one shared data dir, any of which serves any rank of any job.
 
 Each test bounds its waits; a hang is a failure."""
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -178,6 +179,112 @@ class FeedTest(ReplicaBase):
                 except grpc.RpcError as e:
                     return e.code() == grpc.StatusCode.NOT_FOUND
             wait_for(gone, 3, "the delete everywhere")
+
+
+class Held:
+    """A file-like source that hands out `first` bytes, then blocks until released."""
+
+    def __init__(self, data, first):
+        self.data, self.first, self.pos = data, first, 0
+        self.release = threading.Event()
+        self.reached = threading.Event()
+
+    def read(self, n):
+        if self.pos >= self.first and not self.release.is_set():
+            self.reached.set()
+            self.release.wait(30)
+        b = self.data[self.pos:self.pos + n]
+        self.pos += len(b)
+        return b
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, pos, whence=0):
+        self.pos = pos if whence == 0 else len(self.data) + pos
+        return self.pos
+
+
+class CkptTest(ReplicaBase):
+    def setUp(self):
+        super().setUp()
+        from sluice.checkpoint import Checkpoints
+        self.ks = [Checkpoints(d.addr) for d in self.ds]
+
+    def tearDown(self):
+        for k in self.ks:
+            k.close()
+        super().tearDown()
+
+    def test_racing_auto_commits_complete_once(self):
+        from sluice.checkpoint import COMPLETE
+        data = [os.urandom(200000 + r) for r in range(2)]
+        for step in range(4):
+            name = "step_%d" % step
+            self.ks[2].begin("job", name, step, 2, auto_commit=True)
+            barrier = threading.Barrier(2)
+            errs = []
+
+            def up(rank):
+                try:
+                    barrier.wait(5)
+                    self.ks[rank].upload("job", name, rank, data[rank])
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errs.append(e)
+            threads = [threading.Thread(target=up, args=(r,)) for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            self.assertFalse(errs, errs)
+            wait_for(lambda: self.ks[0].get("job", name).state == COMPLETE, 5,
+                     "%s COMPLETE" % name)
+            v = self.ks[2].verify("job", name, deep=True)
+            self.assertTrue(v.ok, "%s\n%s" % (v, self.logs()))
+        self.assertEqual(sum(d.log().count("event=ckpt_commit ") for d in self.ds), 4,
+                         self.logs())
+
+    def test_upload_lease_and_takeover_after_a_replica_dies(self):
+        from sluice.checkpoint import COMPLETE
+        for i in (0, 1):
+            self.ds[i].stop()
+            self.ds[i].args = ["--replica-id", "r%d" % i, "--upload-lease", "2"]
+            self.ds[i].start()
+            self.cs[i].close()
+            self.ks[i].close()
+            self.cs[i] = Client(self.ds[i].addr)
+            from sluice.checkpoint import Checkpoints
+            self.ks[i] = Checkpoints(self.ds[i].addr)
+        data = os.urandom(3 << 20)
+        self.ks[0].begin("job", "s", 1, 1, auto_commit=True)
+        src = Held(data, 1 << 20)
+        errs = []
+
+        def up():
+            try:
+                self.ks[0].upload("job", "s", 0, src, size=len(data), chunk_size=1 << 18)
+            except grpc.RpcError as e:
+                errs.append(e)
+        t = threading.Thread(target=up)
+        t.start()
+        self.assertTrue(src.reached.wait(10), "the upload never got going")
+        time.sleep(0.3)
+        # The rank is taken on replica 0: replica 1 says so and refuses a second upload.
+        self.assertTrue(self.ks[1].upload_status("job", "s", 0).in_progress)
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.ks[1].upload("job", "s", 0, data)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("in progress on replica r0", cm.exception.details())
+        # Replica 0 dies with the upload half done; once its lease ran out, replica 1 resumes it.
+        self.ds[0].stop(signal.SIGKILL)
+        src.release.set()
+        t.join(30)
+        wait_for(lambda: not self.ks[1].upload_status("job", "s", 0).in_progress, 10,
+                 "the dead replica's lease to run out")
+        r = self.ks[1].upload("job", "s", 0, data, resume=True)
+        self.assertEqual(r.data_size, len(data))
+        wait_for(lambda: self.ks[1].get("job", "s").state == COMPLETE, 5, "COMPLETE")
+        self.assertTrue(self.ks[2].verify("job", "s", deep=True).ok)
 
 
 class IdentityTest(ReplicaBase):

@@ -87,6 +87,9 @@ def _stop_shared_s3():
             _s3_server = None
 
 
+_daemons = 0  # Daemons made by this process
+
+
 class Daemon:
     """A sluiced on 127.0.0.1 with port 0 and a temporary data dir (or a given one).
 
@@ -135,8 +138,12 @@ class Daemon:
                            "--catalog-password-file", self.pg.password_file]
         elif self.catalog != "sqlite":
             raise ValueError("catalog %r: want sqlite or postgresql" % self.catalog)
+        # Replicas share a data dir: each Daemon its own port file and log.
+        global _daemons
+        _daemons += 1
+        tag = "%d" % os.getpid() if _daemons == 1 else "%d-%d" % (os.getpid(), _daemons)
         self.port_file = os.path.join(os.path.dirname(os.path.abspath(data_dir)),
-                                      "port-%d" % os.getpid())
+                                      "port-%s" % tag)
         # Where the state lives stays when a test replaces self.args for a restart.
         self.fixed_args = store_args
         self.args = list(args)
@@ -147,7 +154,7 @@ class Daemon:
         self.signalled = False
         self.port = None
         self.stderr_path = os.path.join(os.path.dirname(os.path.abspath(data_dir)),
-                                        "sluiced-%d.log" % os.getpid())
+                                        "sluiced-%s.log" % tag)
 
     @property
     def addr(self):

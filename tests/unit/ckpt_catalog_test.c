@@ -99,11 +99,11 @@ static void test_shards(sl_cat *cat)
     CHECK(sl_cat_ckpt_get(cat, &c, "job", "step_10") == 0);
     /* Put out of rank order; listed in rank order. */
     sh = shard(2, 200, "[{\"name\":\"b\"}]");
-    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5000) == 0);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5000, 0) == 0);
     sh = shard(0, 100, "[{\"name\":\"a\"}]");
-    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5001) == 0);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5001, 0) == 0);
     sh = shard(1, 50, NULL); /* no tensors: stored as [] */
-    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5002) == 0);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5002, 0) == 0);
     memset(&s, 0, sizeof(s));
     CHECK(sl_cat_shard_list(cat, c.id, 1, on_shard, &s) == 0);
     CHECK(s.n == 3 && s.ranks[0] == 0 && s.ranks[1] == 1 && s.ranks[2] == 2);
@@ -120,7 +120,7 @@ static void test_shards(sl_cat *cat)
 
     /* A new upload of a rank replaces its row. */
     sh = shard(2, 300, "[]");
-    CHECK(sl_cat_shard_put(cat, c.id, &sh, 6000) == 0);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 6000, 0) == 0);
     CHECK(sl_cat_shard_get(cat, &got, c.id, 2) == 0 && got.data_size == 300);
 
     /* Tensor-list bytes of the other ranks. */
@@ -215,7 +215,7 @@ static void test_delete_and_retention(sl_cat *cat)
     /* Abort: shards forgotten, INCOMPLETE, removal recorded, all at once. */
     CHECK(sl_cat_ckpt_begin(cat, &c, &created, "job", "ab", 1, 2, "", 100) == 0 && created);
     sh = shard(0, 10, NULL);
-    CHECK(sl_cat_shard_put(cat, c.id, &sh, 6500) == 0);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 6500, 0) == 0);
     CHECK(sl_cat_ckpt_abort(cat, c.id, 7000) == 0);
     CHECK(sl_cat_ckpt_get(cat, &got, "job", "ab") == 0 && got.state == SL_CKPT_INCOMPLETE);
     CHECK(got.shards == 0);

@@ -113,6 +113,7 @@ static const char *const migrations[] = {
     "ALTER TABLE feed_datasets ADD COLUMN classes BIGINT NOT NULL DEFAULT 0;\n",
     /* 7 */
     "ALTER TABLE feed_jobs ADD COLUMN version BIGINT NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE checkpoints ADD COLUMN commit_claim_ms BIGINT NOT NULL DEFAULT 0;\n"
     "CREATE TABLE upload_leases (\n"
     "  checkpoint_id BIGINT NOT NULL REFERENCES checkpoints(id) ON DELETE CASCADE,\n"
     "  rank          BIGINT NOT NULL CHECK (rank >= 0),\n"
@@ -601,6 +602,27 @@ static void pg_unlisten(sl_cat *cat)
     p->nq = p->capq = 0;
 }
 
+/* Session advisory locks: held until released or the connection ends. The key is the
+ * migration lock's plus the chore's id. */
+static int chore(sl_cat *cat, int id, int take)
+{
+    sl_db_q q;
+    int rc, err;
+
+    sl_db_q_init(&q, cat, take ? "chore_try" : "chore_done");
+    sl_db_int(&q, 5193041203LL + id);
+    err = sl_db_run(&q,
+                    take ? "SELECT CASE WHEN pg_try_advisory_lock(?1) THEN 1 ELSE 0 END"
+                         : "SELECT CASE WHEN pg_advisory_unlock(?1) THEN 1 ELSE 0 END",
+                    0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        err = rc == 1 ? (int)sl_db_int_col(&q, 0) : rc == 0 ? SL_EDB : rc;
+    }
+    sl_db_end(&q);
+    return err;
+}
+
 const sl_db_engine sl_db_pg = {
     .name = "postgresql",
     .migrations = migrations,
@@ -623,6 +645,7 @@ const sl_db_engine sl_db_pg = {
     .announce = announce,
     .listen = pg_listen,
     .unlisten = pg_unlisten,
+    .chore = chore,
     .close = pg_close,
 };
 

@@ -124,10 +124,12 @@ static const char *const migrations[] = {
     "ALTER TABLE feed_datasets ADD COLUMN classes INTEGER NOT NULL DEFAULT 0;\n",
     /* 7: replicas (issue 15). A job's version counts the changes of its spec other than epoch
      * advances (resize, restore), so a replica that hears a job changed knows whether its copy
-     * only has to move to the next epoch. An upload lease: which replica receives the shard of
+     * only has to move to the next epoch. A checkpoint's commit claim: the replica committing it
+     * (writing metadata.json) and since when. An upload lease: which replica receives the shard of
      * (checkpoint, rank), with a generation that fences a replica whose lease was taken over out
      * of recording it. */
     "ALTER TABLE feed_jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE checkpoints ADD COLUMN commit_claim_ms INTEGER NOT NULL DEFAULT 0;\n"
     "CREATE TABLE upload_leases (\n"
     "  checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id) ON DELETE CASCADE,\n"
     "  rank          INTEGER NOT NULL CHECK (rank >= 0),\n"

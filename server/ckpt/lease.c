@@ -1,0 +1,108 @@
+/* Upload leases: with a catalog shared by replicas, one upload per (checkpoint, rank) runs at a
+ * time across all of them. The replica that receives a header takes the lease (a row in the
+ * catalog) and renews it while the upload moves; an interrupted upload can be resumed on any
+ * replica once the lease was dropped (the upload stopped) or expired (its replica died). Each
+ * take bumps the lease's generation: the shard is recorded only in a transaction that finds the
+ * generation unchanged, so a replica whose lease was taken over never records its shard.
+ *
+ * A replica that cannot renew (the catalog unreachable, or it is partitioned away) stops writing
+ * for the upload at its fence, half the TTL after the last renewal, while another replica may
+ * take the lease only after the full TTL: the two never write the same partial file at once as
+ * long as the replicas' clocks agree within half the TTL. */
+#include "internal.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+
+static int shared(const sl_ckpt_svc *s)
+{
+    return sl_cat_shared(s->cat) && s->opts.replica;
+}
+
+/* The lease's time to live (--upload-lease); renewed every sixth of it. */
+static int64_t ttl(const sl_ckpt_svc *s)
+{
+    return s->opts.lease_ms ? (int64_t)s->opts.lease_ms : 30000;
+}
+
+int ckpt_lease_take(upload *up, int64_t ckpt_id, int32_t rank)
+{
+    sl_ckpt_svc *s = up->svc;
+    char holder[300];
+    int64_t gen = 0, until = 0, now = sl_now_ms();
+    int err;
+
+    if (!shared(s))
+        return 1;
+    err = sl_cat_lease_take(s->cat, ckpt_id, rank, s->opts.replica, now, ttl(s), &gen, holder,
+                            sizeof(holder), &until);
+    if (err == SL_EUNAVAILABLE) {
+        sl_rpc_call_fail(up->call, err,
+                         "an upload of rank %d is in progress on replica %s (its lease runs "
+                         "%" PRId64 " ms more): resume it after",
+                         rank, holder, until - now);
+        return 0;
+    }
+    if (err) {
+        sl_rpc_call_fail(up->call, err, "catalog error: %s", sl_strerror(err));
+        return 0;
+    }
+    up->lease = gen;
+    up->lease_renewed_ms = uv_now(s->loop);
+    up->lease_fence_ms = up->lease_renewed_ms + (uint64_t)ttl(s) / 2;
+    return 1;
+}
+
+int ckpt_lease_keep(upload *up, char *msg, size_t len)
+{
+    sl_ckpt_svc *s = up->svc;
+    uint64_t now = uv_now(s->loop);
+    int err;
+
+    if (!up->lease)
+        return 0;
+    if (now - up->lease_renewed_ms >= (uint64_t)ttl(s) / 6) {
+        err = sl_cat_lease_renew(s->cat, up->ckpt_id, up->rank, up->lease, sl_now_ms(), ttl(s));
+        if (err == SL_ESTATE) {
+            snprintf(msg, len, "rank %d's upload was taken over by another replica", up->rank);
+            up->lease = 0; /* not ours to drop */
+            return SL_EUNAVAILABLE;
+        }
+        if (!err) {
+            up->lease_renewed_ms = now;
+            up->lease_fence_ms = now + (uint64_t)ttl(s) / 2;
+        }
+    }
+    if (now >= up->lease_fence_ms) {
+        snprintf(msg, len,
+                 "rank %d's upload lease could not be renewed (catalog unreachable): resume the "
+                 "upload later",
+                 up->rank);
+        return SL_EUNAVAILABLE;
+    }
+    return 0;
+}
+
+void ckpt_lease_drop(upload *up)
+{
+    int err;
+
+    if (!up->lease)
+        return;
+    err = sl_cat_lease_release(up->svc->cat, up->ckpt_id, up->rank, up->lease);
+    if (err)
+        sl_log_warn("upload_lease_release_failed", "job=%s name=%s rank=%d error=\"%s\"", up->job,
+                    up->name, up->rank, sl_strerror(err));
+    up->lease = 0;
+}
+
+int ckpt_lease_elsewhere(sl_ckpt_svc *s, int64_t ckpt_id, int32_t rank)
+{
+    char holder[300];
+
+    return shared(s) && sl_cat_lease_elsewhere(s->cat, ckpt_id, rank, s->opts.replica, sl_now_ms(),
+                                               holder, sizeof(holder)) == 1;
+}
