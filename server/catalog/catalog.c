@@ -375,6 +375,24 @@ void sl_cat_unlisten(sl_cat *cat)
         cat->eng->unlisten(cat);
 }
 
+int sl_cat_peers(sl_cat *cat)
+{
+    sl_db_q q;
+    int n = 0;
+
+    if (!sl_cat_shared(cat))
+        return 0;
+    sl_db_q_init(&q, cat, "peers");
+    if (sl_db_run(&q,
+                  "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                  "application_name = 'sluiced' AND pid != pg_backend_pid()",
+                  0) == 0 &&
+        sl_db_next(&q) == 1)
+        n = (int)sl_db_int_col(&q, 0);
+    sl_db_end(&q);
+    return n;
+}
+
 int sl_cat_chore_try(sl_cat *cat, int id)
 {
     return cat->eng->chore ? cat->eng->chore(cat, id, 1) : 1;

@@ -88,6 +88,10 @@ typedef void (*sl_cat_notify_fn)(const char *payload, void *arg);
 int sl_cat_listen(sl_cat *cat, struct uv_loop_s *loop, sl_cat_notify_fn fn, void *arg);
 void sl_cat_unlisten(sl_cat *cat);
 
+/* How many other replicas are connected to this shared catalog now (PostgreSQL: sessions of
+ * sluiced in pg_stat_activity); 0 with SQLite, or when it cannot tell. */
+int sl_cat_peers(sl_cat *cat);
+
 /* Singleton chores of replicas sharing a catalog (the sweeps): sl_cat_chore_try returns 1 when
  * this replica may do chore `id` now (it holds the chore's lock until sl_cat_chore_done, or until
  * its connection ends: a dead replica's chore passes to another), 0 while another replica does

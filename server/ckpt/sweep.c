@@ -27,6 +27,7 @@ typedef struct sweep_ctx {
     int startup;
     int64_t now_ms;
     int unsure; /* the catalog could not say about a file, which was kept */
+    int peers;  /* other replicas are connected to the shared catalog */
 } sweep_ctx;
 
 enum {
@@ -105,8 +106,7 @@ static int verdict(const char *job, const char *file, int64_t mtime_ms, void *ar
     /* Other replicas of a shared catalog are writing now: a file of theirs may be between its
      * rename and its catalog row. What the startup sweep alone decides (temp files, files the
      * catalog does not know) waits until the file is SHARED_GRACE_MS old. */
-    if (c->startup && sl_cat_shared(c->svc->cat) && kind != SL_STORE_PART &&
-        c->now_ms - mtime_ms < SHARED_GRACE_MS)
+    if (c->startup && c->peers && kind != SL_STORE_PART && c->now_ms - mtime_ms < SHARED_GRACE_MS)
         return SWEEP_KEEP;
     switch (kind) {
     case SL_STORE_PART:
@@ -189,6 +189,7 @@ struct ckpt_rsweep {
     uv_work_t work;
     sl_ckpt_svc *svc;
     int startup, phase; /* 0: listing, 1: acting */
+    int peers;
     rs_item *items;
     size_t n, cap;
     int err, removed, moved, sure;
@@ -256,7 +257,7 @@ static int rs_decide(ckpt_rsweep *r)
     r->sure = r->err == 0;
     for (size_t i = 0; i < r->n; i++) {
         rs_item *it = &r->items[i];
-        sweep_ctx c = {r->svc, it->job, r->startup, sl_now_ms(), 0};
+        sweep_ctx c = {r->svc, it->job, r->startup, sl_now_ms(), 0, r->peers};
         it->action = verdict(it->job, it->file, it->mtime_ms, &c);
         r->sure &= !c.unsure;
         todo |= it->action != SWEEP_KEEP;
@@ -310,6 +311,7 @@ static void sweep_remote(sl_ckpt_svc *s, int startup)
     }
     r->svc = s;
     r->startup = startup;
+    r->peers = startup ? sl_cat_peers(s->cat) : 0;
     r->work.data = r;
     if (!startup) {
         s->rsweep = r;
@@ -328,7 +330,7 @@ static void sweep_remote(sl_ckpt_svc *s, int startup)
 
 void ckpt_sweep(sl_ckpt_svc *s, int startup)
 {
-    sweep_ctx c = {s, NULL, startup, sl_now_ms(), 0};
+    sweep_ctx c = {s, NULL, startup, sl_now_ms(), 0, 0};
     sl_sstore *st = s->opts.store;
     int removed = 0, moved = 0, err;
 
@@ -344,6 +346,7 @@ void ckpt_sweep(sl_ckpt_svc *s, int startup)
         sweep_remote(s, startup); /* sweep_remote or rs_after ends the chore */
         return;
     }
+    c.peers = startup ? sl_cat_peers(s->cat) : 0;
     err = st->ops->sweep(st, verdict, &c, &removed, &moved);
     if (err && err != -ENOENT)
         sl_log_warn("ckpt_sweep_failed", "store=%s error=\"%s\"", sl_sstore_kind(st),

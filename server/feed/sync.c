@@ -77,7 +77,7 @@ int feed_job_refresh(sl_feed *f, const char *name, fjob **out)
     int err;
 
     if (out)
-        *out = NULL;
+        *out = feed_job_find(f, name);
     if (!sl_cat_shared(f->cat))
         return 0;
     err = sl_cat_job_get(f->cat, name, reconcile, &r);

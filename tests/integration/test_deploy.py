@@ -845,7 +845,8 @@ class ReplicasTest(unittest.TestCase):
             with self.assertRaises(RuntimeError) as cm:
                 d.start()
             d.stop()
-            self.assertIn("catalog_password_file", str(cm.exception))
+            self.assertIn("catalog-password-file", str(cm.exception))
+            self.assertIn("chmod 600", str(cm.exception))
             os.unlink(d.stderr_path)
 
             # The init container's command, as is but for the mount paths.

@@ -134,8 +134,11 @@ class Daemon:
             self.pg = pg or shared_pg()
             self.pg_db = self.pg.create_db("t" + hashlib.sha256(
                 os.path.abspath(data_dir).encode()).hexdigest()[:16])
+            # A restart on another port keeps its identity (and so its upload leases), as a
+            # replica with a fixed address does.
             store_args += ["--catalog", self.pg.conninfo(self.pg_db),
-                           "--catalog-password-file", self.pg.password_file]
+                           "--catalog-password-file", self.pg.password_file,
+                           "--replica-id", self.pg_db]
         elif self.catalog != "sqlite":
             raise ValueError("catalog %r: want sqlite or postgresql" % self.catalog)
         # Replicas share a data dir: each Daemon its own port file and log.

@@ -653,10 +653,9 @@ int sl_db_pg_password_check(const char *path, char *msg, size_t len)
 {
     struct stat st;
 
-    if (stat(path, &st) != 0) {
-        snprintf(msg, len, "--catalog-password-file %s: %s", path, sl_strerror(-errno));
-        return SL_EINVAL;
-    }
+    /* A file that is not there yet (a secret mounted at start) is looked for when connecting. */
+    if (stat(path, &st) != 0)
+        return 0;
     if (!S_ISREG(st.st_mode) || (st.st_mode & 077)) {
         snprintf(msg, len,
                  "--catalog-password-file %s: not a regular file only its owner can read "
