@@ -34,3 +34,10 @@ add_test(NAME replicas_integration COMMAND ${SL_PYTHON} -m unittest -v test_repl
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
 set_tests_properties(replicas_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
                      LABELS "feed;pg")
+
+# Replicas on PostgreSQL against the SQLite single node (tests/bench/replica_bench.py): reports/s,
+# unary calls/s, streams, latency and CPU per unit of work; ctest runs a small smoke round only.
+add_test(NAME replica_bench_smoke
+         COMMAND ${SL_PYTHON} "${CMAKE_CURRENT_SOURCE_DIR}/bench/replica_bench.py" --smoke)
+set_tests_properties(replica_bench_smoke PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120
+                     LABELS "bench;pg")
