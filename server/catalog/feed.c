@@ -4,6 +4,7 @@
 #include "internal.h"
 
 #include "err.h"
+#include "util/buf.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -366,6 +367,43 @@ int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t
                      "ELSE excluded.position END, epoch = excluded.epoch",
                      SL_ENOTFOUND, &changes);
     return !err && changes == 0 && !job_exists(cat, job) ? SL_ENOTFOUND : err;
+}
+
+/* The upsert of sl_cat_progress_set over a VALUES list of (dp_rank, epoch, position): integers
+ * written into the statement (column1..3 in both engines), the job its one parameter. */
+#define PUT_ROWS 256
+
+int sl_cat_progress_put(sl_cat *cat, const char *job, const sl_cat_progress *rows, size_t n)
+{
+    sl_buf sql;
+    sl_db_q q;
+    int err = 0;
+
+    sl_buf_init(&sql, SIZE_MAX);
+    for (size_t at = 0; !err && at < n; at += PUT_ROWS) {
+        size_t end = n - at > PUT_ROWS ? at + PUT_ROWS : n;
+        sl_buf_setlen(&sql, 0);
+        err = sl_buf_printf(&sql, "INSERT INTO feed_progress(job, dp_rank, epoch, position) "
+                                  "SELECT ?1, v.column1, v.column2, v.column3 FROM (VALUES ");
+        for (size_t i = at; !err && i < end; i++)
+            err = sl_buf_printf(&sql, "%s(%u, %llu, %llu)", i > at ? ", " : "", rows[i].dp_rank,
+                                (unsigned long long)rows[i].epoch,
+                                (unsigned long long)rows[i].position);
+        if (!err)
+            err = sl_buf_printf(
+                &sql, ") AS v WHERE EXISTS (SELECT 1 FROM feed_jobs WHERE name = ?1 AND "
+                      "epoch = v.column2) ON CONFLICT (job, dp_rank) DO UPDATE SET "
+                      "position = CASE WHEN feed_progress.epoch = excluded.epoch AND "
+                      "feed_progress.position > excluded.position THEN feed_progress.position "
+                      "ELSE excluded.position END, epoch = excluded.epoch");
+        if (err)
+            break;
+        sl_db_q_init(&q, cat, "progress_put");
+        sl_db_text(&q, job);
+        err = sl_db_exec(&q, (const char *)sql.p, 0, NULL);
+    }
+    sl_buf_free(&sql);
+    return err;
 }
 
 int sl_cat_progress_announce(sl_cat *cat, const char *job)

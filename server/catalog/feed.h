@@ -103,6 +103,16 @@ int sl_cat_feed_end(sl_cat *cat, int err);
 int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t epoch,
                         uint64_t position);
 
+/* One dp rank's report for sl_cat_progress_put. */
+typedef struct sl_cat_progress {
+    uint32_t dp_rank;
+    uint64_t epoch, position;
+} sl_cat_progress;
+
+/* sl_cat_progress_set for n reports of one job in as few statements as the engine needs (one
+ * per 256 reports): what a group commit writes. A job that does not exist takes no row. */
+int sl_cat_progress_put(sl_cat *cat, const char *job, const sl_cat_progress *rows, size_t n);
+
 /* Call fn for each progress row of the job (any order); nonzero stops and is returned. */
 int sl_cat_progress_list(sl_cat *cat, const char *job,
                          int (*fn)(uint32_t dp_rank, uint64_t epoch, uint64_t position, void *arg),

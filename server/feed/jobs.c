@@ -398,6 +398,41 @@ int feed_report_enqueue(sl_feed *f, sl_rpc_call *call, const fjob *j, uint32_t d
     return 0;
 }
 
+/* Write the reports whose job has not changed since they were checked (a report that raced an
+ * advance, a resize or a delete is answered without being written): one statement per run of
+ * reports of one job, and the other replicas told once per run; one transaction (one fsync)
+ * around them unless there is only one run. */
+static int write_reports(sl_feed *f, const freport *batch, size_t n)
+{
+    sl_cat_progress *rows = n ? malloc(n * sizeof(*rows)) : NULL;
+    size_t runs = 0, k = 0;
+    int err = 0, tx;
+
+    if (n && !rows)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        runs += i == 0 || strcmp(batch[i].job, batch[i - 1].job) != 0;
+    tx = runs > 1;
+    if (tx)
+        err = sl_cat_feed_begin(f->cat);
+    for (size_t i = 0; !err && i < n; i++) {
+        fjob *j = feed_job_find(f, batch[i].job);
+        if (j && j->gen == batch[i].gen)
+            rows[k++] = (sl_cat_progress){batch[i].dp, batch[i].epoch, batch[i].position};
+        if (i + 1 < n && strcmp(batch[i + 1].job, batch[i].job) == 0)
+            continue;
+        if (k)
+            err = sl_cat_progress_put(f->cat, batch[i].job, rows, k);
+        if (!err && k)
+            err = sl_cat_progress_announce(f->cat, batch[i].job);
+        k = 0;
+    }
+    if (tx)
+        err = sl_cat_feed_end(f->cat, err);
+    free(rows);
+    return err;
+}
+
 static void on_flush(uv_check_t *h)
 {
     sl_feed *f = h->data;
@@ -408,19 +443,7 @@ static void on_flush(uv_check_t *h)
     uv_check_stop(h);
     f->pending = NULL;
     f->n_pending = f->cap_pending = 0;
-    /* Write the reports whose job has not changed since they were checked; a report that
-     * raced an advance, a resize or a delete is answered below without being written. */
-    err = sl_cat_feed_begin(f->cat);
-    for (size_t i = 0; !err && i < n; i++) {
-        fjob *j = feed_job_find(f, batch[i].job);
-        if (j && j->gen == batch[i].gen)
-            err = sl_cat_progress_set(f->cat, j->name, batch[i].dp, batch[i].epoch,
-                                      batch[i].position);
-        /* Replicas hear of it once per job and commit (reports come in runs of one job). */
-        if (!err && j && (i + 1 == n || strcmp(batch[i + 1].job, batch[i].job) != 0))
-            err = sl_cat_progress_announce(f->cat, j->name);
-    }
-    err = sl_cat_feed_end(f->cat, err);
+    err = write_reports(f, batch, n);
     for (size_t i = 0; i < n; i++) {
         Sluice__V1__ReportProgressResponse resp = SLUICE__V1__REPORT_PROGRESS_RESPONSE__INIT;
         freport *r = &batch[i];
