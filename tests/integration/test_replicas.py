@@ -287,6 +287,60 @@ class CkptTest(ReplicaBase):
         self.assertTrue(self.ks[2].verify("job", "s", deep=True).ok)
 
 
+class PgFaultTest(ReplicaBase):
+    def unavailable_or_ok(self, fn):
+        """fn() while the catalog is away: it either works (no catalog needed) or fails with
+        UNAVAILABLE and a message that says what is wrong."""
+        try:
+            fn()
+            return "ok"
+        except grpc.RpcError as e:
+            self.assertEqual(e.code(), grpc.StatusCode.UNAVAILABLE, e.details())
+            self.assertIn("catalog", e.details())
+            return "unavailable"
+
+    def test_connections_terminated(self):
+        self.cs[0].create_dataset("ds", 300)
+        self.cs[0].create_job("job", "ds", 1)
+        self.cs[1].report_progress("job", 0, 0, 40)
+        n = self.pg.terminate(self.ds[0].pg_db)
+        self.assertGreaterEqual(n, REPLICAS)
+        # The first statement of each replica meets the dead connection: UNAVAILABLE, then the
+        # replica connects again by itself.
+        for c in self.cs:
+            self.unavailable_or_ok(lambda c=c: c.create_dataset("probe-%d" % id(c), 5))
+        wait_for(lambda: self.unavailable_or_ok(
+            lambda: self.cs[2].report_progress("job", 0, 0, 50)) == "ok", 10,
+            "replica 2 to reconnect")
+        # Announcements flow again: a job made through replica 0 reaches replica 1's stream.
+        self.cs[0].create_job("job2", "ds", 1)
+        wait_for(lambda: self.unavailable_or_ok(lambda: self.cs[1].get_job("job2")) == "ok", 5,
+                 "job2 on replica 1")
+        for c in self.cs:
+            wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 50, 5, "position 50")
+
+    def test_postgresql_restarted(self):
+        self.cs[0].create_dataset("ds", 300)
+        self.cs[0].create_job("job", "ds", 1)
+        self.cs[0].report_progress("job", 0, 0, 70)
+        self.pg.stop()
+        try:
+            outcomes = {self.unavailable_or_ok(lambda: self.cs[1].create_job("j2", "ds", 1)),
+                        self.unavailable_or_ok(lambda: self.cs[2].report_progress("job", 0, 0,
+                                                                                  80))}
+            self.assertIn("unavailable", outcomes)
+        finally:
+            self.pg.start()
+        # Back: every replica serves again by itself, and what was acknowledged is there.
+        for c in self.cs:
+            wait_for(lambda c=c: self.unavailable_or_ok(lambda: c.get_epoch("job")) == "ok"
+                     and c.get_epoch("job").ranks[0].position >= 70, 15,
+                     "the replica back with position 70")
+        self.cs[1].report_progress("job", 0, 0, 90)
+        for c in self.cs:
+            wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 90, 5, "position 90")
+
+
 class IdentityTest(ReplicaBase):
     def test_getinfo_logs_metrics(self):
         import subprocess
