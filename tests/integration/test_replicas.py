@@ -123,6 +123,48 @@ class FeedTest(ReplicaBase):
             wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 81, 3,
                      "progress 81 on every replica")
 
+    def test_replica_killed_mid_epoch(self):
+        # Rank 0 streams through replica 0, which is SIGKILLed mid-share: rank 0 reopens on
+        # replica 1 at the position it reached and the epoch is covered exactly once; the
+        # epoch advances on the survivors and the restarted replica finds it there.
+        # Shares far bigger than a stream's flow-control window: most of rank 0's is still on
+        # the replica when it dies.
+        n = 3000000
+        self.cs[0].create_dataset("ds", n)
+        self.cs[0].create_job("job", "ds", 3, seed=11)
+        whole = [i for ch in self.cs[2].stream_indices("job", 0, epoch=0) for i in ch.indices]
+        got = []
+        it = self.cs[0].stream_indices("job", 0, epoch=0, max_chunk=64)
+        for ch in it:
+            got.extend(ch.indices)
+            if len(got) >= 640:
+                break
+        self.cs[0].report_progress("job", 0, 0, len(got))
+        self.ds[0].stop(signal.SIGKILL)
+        with self.assertRaises(grpc.RpcError) as cm:
+            for ch in it:
+                got.extend(ch.indices)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        # The position reached (what the client consumed), reopened on another replica.
+        got.extend(i for ch in self.cs[1].stream_indices("job", 0, epoch=0, position=len(got))
+                   for i in ch.indices)
+        self.assertEqual(got, whole)
+        self.assertEqual(self.cs[2].get_epoch("job").ranks[0].position, 640)
+        everything = list(got)
+        for rank in (1, 2):
+            share = [i for ch in self.cs[rank].stream_indices("job", rank, epoch=0)
+                     for i in ch.indices]
+            everything.extend(share)
+            self.cs[rank].report_progress("job", rank, 0, len(share))
+        self.assertEqual(sorted(everything), list(range(n)))
+        self.cs[1].report_progress("job", 0, 0, len(got))
+        for c in self.cs[1:]:
+            wait_for(lambda c=c: c.get_epoch("job").epoch == 1, 5, "epoch 1 on the survivors")
+        self.ds[0].start()
+        self.cs[0].close()
+        self.cs[0] = Client(self.ds[0].addr)
+        self.assertEqual(self.cs[0].get_epoch("job").epoch, 1)
+
     def test_racing_advances_exactly_one_wins(self):
         self.cs[0].create_dataset("ds", 30)
         self.cs[0].create_job("job", "ds", 1, manual_advance=True)
