@@ -143,6 +143,7 @@ typedef struct pg {
     uv_timer_t *reconnect; /* every second while the connection is lost */
     char **queue;
     size_t nq, capq;
+    int missed; /* a payload could not be queued: deliver "*" */
 } pg;
 
 #define PG(cat) ((pg *)(cat)->conn)
@@ -444,10 +445,10 @@ static void close_handle(uv_handle_t *h)
 static void on_deliver(uv_timer_t *t);
 
 /* Queue a payload for the deliver timer, which hands it over once the loop is back at the top,
- * never inside a statement's caller. Out of memory: "*" replaces the queue (reload all). */
+ * never inside a statement's caller. Out of memory: "*" is delivered first (read everything). */
 static void push(pg *p, const char *payload)
 {
-    char *s;
+    char *s = NULL;
 
     if (p->nq == p->capq) {
         size_t cap = p->capq ? p->capq * 2 : 16;
@@ -459,6 +460,8 @@ static void push(pg *p, const char *payload)
     }
     if (p->nq < p->capq && (s = strdup(payload)) != NULL)
         p->queue[p->nq++] = s;
+    if (!s)
+        p->missed = 1;
     if (p->deliver)
         uv_timer_start(p->deliver, on_deliver, 0, 0);
 }
@@ -486,12 +489,16 @@ static void on_deliver(uv_timer_t *t)
 
     p->queue = NULL;
     p->nq = p->capq = 0;
-    for (size_t i = 0; i < n; i++) {
+    if (p->missed && p->fn) {
+        p->missed = 0;
+        p->fn("*", p->fn_arg);
+    }
+    for (size_t i = 0; i < n; i++)
         /* A burst of reports announces the same job many times: once is enough. */
         if (!(i > 0 && !strcmp(q[i], q[i - 1])) && p->fn)
             p->fn(q[i], p->fn_arg);
+    for (size_t i = 0; i < n; i++)
         free(q[i]);
-    }
     free(q);
 }
 
