@@ -343,42 +343,20 @@ int sl_cat_feed_end(sl_cat *cat, int err)
     return sl_db_tx_end(cat, err);
 }
 
-int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t epoch,
-                        uint64_t position)
-{
-    sl_db_q q;
-
-    sl_db_q_init(&q, cat, "progress_set");
-    sl_db_text(&q, job);
-    sl_db_int(&q, dp_rank);
-    sl_db_int(&q, (int64_t)epoch);
-    sl_db_int(&q, (int64_t)position);
-    int64_t changes = 0;
-    int err;
-
-    /* A job that does not exist (SL_ENOTFOUND), or moved on to another epoch, takes no row. */
-    err = sl_db_exec(&q,
-                     "INSERT INTO feed_progress(job, dp_rank, epoch, position) "
-                     "SELECT ?1, CAST(?2 AS BIGINT), CAST(?3 AS BIGINT), CAST(?4 AS BIGINT) "
-                     "WHERE EXISTS (SELECT 1 FROM feed_jobs "
-                     "WHERE name = ?1 AND epoch = ?3) ON CONFLICT (job, dp_rank) DO UPDATE SET "
-                     "position = CASE WHEN feed_progress.epoch = excluded.epoch AND "
-                     "feed_progress.position > excluded.position THEN feed_progress.position "
-                     "ELSE excluded.position END, epoch = excluded.epoch",
-                     SL_ENOTFOUND, &changes);
-    return !err && changes == 0 && !job_exists(cat, job) ? SL_ENOTFOUND : err;
-}
-
-/* The upsert of sl_cat_progress_set over a VALUES list of (dp_rank, epoch, position): integers
- * written into the statement (column1..3 in both engines), the job its one parameter. */
+/* One upsert over a VALUES list of (dp_rank, epoch, position): integers written into the
+ * statement (column1..3 in both engines), the job its one parameter. A row is taken only for the
+ * job's current epoch; a lower position of the same epoch never replaces a higher one. */
 #define PUT_ROWS 256
 
-int sl_cat_progress_put(sl_cat *cat, const char *job, const sl_cat_progress *rows, size_t n)
+static int progress_put(sl_cat *cat, const char *job, const sl_cat_progress *rows, size_t n,
+                        int64_t *changed)
 {
+    int64_t changes;
     sl_buf sql;
     sl_db_q q;
     int err = 0;
 
+    *changed = 0;
     sl_buf_init(&sql, SIZE_MAX);
     for (size_t at = 0; !err && at < n; at += PUT_ROWS) {
         size_t end = n - at > PUT_ROWS ? at + PUT_ROWS : n;
@@ -400,10 +378,29 @@ int sl_cat_progress_put(sl_cat *cat, const char *job, const sl_cat_progress *row
             break;
         sl_db_q_init(&q, cat, "progress_put");
         sl_db_text(&q, job);
-        err = sl_db_exec(&q, (const char *)sql.p, 0, NULL);
+        err = sl_db_exec(&q, (const char *)sql.p, 0, &changes);
+        *changed += changes;
     }
     sl_buf_free(&sql);
     return err;
+}
+
+int sl_cat_progress_put(sl_cat *cat, const char *job, const sl_cat_progress *rows, size_t n)
+{
+    int64_t changed;
+
+    return progress_put(cat, job, rows, n, &changed);
+}
+
+int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t epoch,
+                        uint64_t position)
+{
+    sl_cat_progress row = {dp_rank, epoch, position};
+    int64_t changed;
+    int err = progress_put(cat, job, &row, 1, &changed);
+
+    /* No row taken: the job does not exist (SL_ENOTFOUND), or it is in another epoch. */
+    return !err && changed == 0 && !job_exists(cat, job) ? SL_ENOTFOUND : err;
 }
 
 int sl_cat_progress_announce(sl_cat *cat, const char *job)
