@@ -398,6 +398,13 @@ int sl_cat_chore_try(sl_cat *cat, int id)
     return cat->eng->chore ? cat->eng->chore(cat, id, 1) : 1;
 }
 
+int sl_cat_chore_wait(sl_cat *cat, int id)
+{
+    int err = cat->eng->chore ? cat->eng->chore(cat, id, 2) : 1;
+
+    return err == 1 ? 0 : err < 0 ? err : SL_EDB;
+}
+
 void sl_cat_chore_done(sl_cat *cat, int id)
 {
     if (cat->eng->chore)

@@ -96,8 +96,10 @@ int sl_cat_peers(sl_cat *cat);
  * this replica may do chore `id` now (it holds the chore's lock until sl_cat_chore_done, or until
  * its connection ends: a dead replica's chore passes to another), 0 while another replica does
  * it, or a failure code. Always 1 with SQLite. */
-enum { SL_CHORE_SWEEP = 1 };
+enum { SL_CHORE_SWEEP = 1, SL_CHORE_RETENTION = 2 };
 int sl_cat_chore_try(sl_cat *cat, int id);
+/* sl_cat_chore_try that waits for another replica's turn to end: 0 or a failure code. */
+int sl_cat_chore_wait(sl_cat *cat, int id);
 void sl_cat_chore_done(sl_cat *cat, int id);
 
 /* Close the catalog. Accepts NULL. Loop thread. */

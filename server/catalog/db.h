@@ -105,7 +105,7 @@ typedef struct sl_db_engine {
     int (*announce)(sl_cat *cat, const char *payload);
     int (*listen)(sl_cat *cat, struct uv_loop_s *loop, sl_cat_notify_fn fn, void *arg);
     void (*unlisten)(sl_cat *cat);
-    int (*chore)(sl_cat *cat, int id, int take); /* take: try the lock; else release it */
+    int (*chore)(sl_cat *cat, int id, int how); /* 1: try the lock, 2: wait for it, 0: release */
     void (*close)(sl_cat *cat);
 } sl_db_engine;
 

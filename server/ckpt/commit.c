@@ -168,6 +168,35 @@ static int pick_victim(const sl_cat_ckpt *c, void *arg)
 
 /* Apply the job's retention policy; names of deleted checkpoints go to `deleted` (may be NULL,
  * else an array the caller frees with its strings). Returns 0 or an error. */
+/* Delete the job's COMPLETE checkpoints beyond r->keep, newest kept (names into *deleted). */
+static int retention_run(sl_ckpt_svc *s, const char *job, retention *r, char ***deleted,
+                         size_t *n_deleted)
+{
+    int err = sl_cat_ckpt_list(s->cat, job, SL_CKPT_COMPLETE, pick_victim, r);
+    if (err < 0)
+        goto out;
+    err = 0;
+    if (deleted && r->n) {
+        *deleted = calloc(r->n, sizeof(char *));
+        if (!*deleted) {
+            err = -ENOMEM;
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < r->n; i++) {
+        err = delete_ckpt(s, &r->victims[i]);
+        if (err)
+            break;
+        sl_log_info("ckpt_retention_deleted", "job=%s name=%s keep_last=%u", job,
+                    r->victims[i].name, r->keep);
+        if (deleted)
+            (*deleted)[(*n_deleted)++] = strdup(r->victims[i].name);
+    }
+out:
+    free(r->victims);
+    return err;
+}
+
 static int apply_retention(sl_ckpt_svc *s, const char *job, char ***deleted, size_t *n_deleted)
 {
     retention r = {0};
@@ -180,28 +209,11 @@ static int apply_retention(sl_ckpt_svc *s, const char *job, char ***deleted, siz
     err = sl_cat_retention_get(s->cat, job, &r.keep);
     if (err || r.keep == 0)
         return err;
-    err = sl_cat_ckpt_list(s->cat, job, SL_CKPT_COMPLETE, pick_victim, &r);
-    if (err < 0)
-        goto out;
-    err = 0;
-    if (deleted && r.n) {
-        *deleted = calloc(r.n, sizeof(char *));
-        if (!*deleted) {
-            err = -ENOMEM;
-            goto out;
-        }
-    }
-    for (size_t i = 0; i < r.n; i++) {
-        err = delete_ckpt(s, &r.victims[i]);
-        if (err)
-            break;
-        sl_log_info("ckpt_retention_deleted", "job=%s name=%s keep_last=%u", job, r.victims[i].name,
-                    r.keep);
-        if (deleted)
-            (*deleted)[(*n_deleted)++] = strdup(r.victims[i].name);
-    }
-out:
-    free(r.victims);
+    /* Replicas of a shared catalog apply retention one at a time. */
+    if ((err = sl_cat_chore_wait(s->cat, SL_CHORE_RETENTION)) != 0)
+        return err;
+    err = retention_run(s, job, &r, deleted, n_deleted);
+    sl_cat_chore_done(s->cat, SL_CHORE_RETENTION);
     return err;
 }
 

@@ -407,6 +407,47 @@ class IdentityTest(ReplicaBase):
             d.start()
         self.assertIn("data_dir_not_shared", str(cm.exception))
 
+    def start_fails(self, args, env=None):
+        d = Daemon(catalog="sqlite", env=env)
+        d.args = args
+        t0 = time.monotonic()
+        with self.assertRaises(RuntimeError) as cm:
+            d.start(timeout=30)
+        d.stop()
+        self.assertLess(time.monotonic() - t0, 20)
+        return str(cm.exception)
+
+    def test_bad_catalogs_are_clear_errors_at_start(self):
+        from pgfixture import free_port
+        # Nothing listens there.
+        err = self.start_fails(["--catalog", "postgresql://sluice@127.0.0.1:%d/x" % free_port(),
+                                "--catalog-password-file", self.pg.password_file])
+        self.assertIn("catalog_open_failed", err)
+        self.assertIn("Connection refused", err)
+        # A wrong password.
+        bad = os.path.join(self.tmp.name, "bad-password")
+        with open(bad, "w") as f:
+            f.write("wrong\n")
+        os.chmod(bad, 0o600)
+        err = self.start_fails(["--catalog", self.pg.conninfo(self.ds[0].pg_db),
+                                "--catalog-password-file", bad])
+        self.assertIn("password authentication failed", err)
+        self.assertNotIn("wrong", err.split("password authentication failed")[0][-200:])
+        # Not a conninfo at all.
+        err = self.start_fails(["--catalog", "postgresql:host"])
+        self.assertIn("--catalog", err)
+
+    def test_catalog_of_a_newer_sluiced_is_refused(self):
+        db = self.ds[0].pg_db
+        self.pg.psql("UPDATE schema_version SET version = 99", db)
+        try:
+            err = self.start_fails(["--catalog", self.pg.conninfo(db), "--catalog-password-file",
+                                    self.pg.password_file])
+            self.assertIn("catalog_too_new", err)
+            self.assertIn("schema_version=99", err)
+        finally:
+            self.pg.psql("UPDATE schema_version SET version = %d" % 7, db)
+
     def test_password_in_conninfo_is_refused(self):
         d = Daemon(catalog="sqlite")
         d.args = ["--catalog", "postgresql://sluice:secret@127.0.0.1:1/x"]

@@ -611,17 +611,19 @@ static void pg_unlisten(sl_cat *cat)
 
 /* Session advisory locks: held until released or the connection ends. The key is the
  * migration lock's plus the chore's id. */
-static int chore(sl_cat *cat, int id, int take)
+static int chore(sl_cat *cat, int id, int how)
 {
+    static const char *const sql[] = {
+        "SELECT CASE WHEN pg_advisory_unlock(?1) THEN 1 ELSE 0 END",
+        "SELECT CASE WHEN pg_try_advisory_lock(?1) THEN 1 ELSE 0 END",
+        "SELECT 1 FROM (SELECT pg_advisory_lock(?1)) AS l",
+    };
     sl_db_q q;
     int rc, err;
 
-    sl_db_q_init(&q, cat, take ? "chore_try" : "chore_done");
+    sl_db_q_init(&q, cat, how ? "chore_take" : "chore_done");
     sl_db_int(&q, 5193041203LL + id);
-    err = sl_db_run(&q,
-                    take ? "SELECT CASE WHEN pg_try_advisory_lock(?1) THEN 1 ELSE 0 END"
-                         : "SELECT CASE WHEN pg_advisory_unlock(?1) THEN 1 ELSE 0 END",
-                    0);
+    err = sl_db_run(&q, sql[how], 0);
     if (!err) {
         rc = sl_db_next(&q);
         err = rc == 1 ? (int)sl_db_int_col(&q, 0) : rc == 0 ? SL_EDB : rc;
