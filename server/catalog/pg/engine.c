@@ -9,6 +9,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "util/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -144,6 +145,7 @@ typedef struct pg {
     char **queue;
     size_t nq, capq;
     int missed; /* a payload could not be queued: deliver "*" */
+    int resetting; /* the connection is being made again (PQresetStart .. PQresetPoll) */
 } pg;
 
 #define PG(cat) ((pg *)(cat)->conn)
@@ -208,6 +210,16 @@ static int fail(sl_cat *cat, const PGresult *res, const char *op, int constraint
 }
 
 static void listen_lost(pg *p);
+
+static void unreachable(pg *p)
+{
+    char where[512], msg[512];
+
+    log_where(p->conn, where, sizeof(where));
+    clean(msg, sizeof(msg), PQerrorMessage(p->conn));
+    sl_log_limited(SL_LOG_WARN, 1000, "catalog_unreachable", "engine=postgresql %s msg=\"%s\"",
+                   where, msg);
+}
 static int listen_again(sl_cat *cat);
 static void collect(sl_cat *cat);
 
@@ -218,22 +230,22 @@ static int ready(sl_cat *cat)
     pg *p = PG(cat);
     char where[512];
 
-    if (PQstatus(p->conn) == CONNECTION_OK)
+    if (PQstatus(p->conn) == CONNECTION_OK && !p->resetting)
         return 0;
-    if (p->in_tx)
+    /* While listening, the loop makes the connection again in the background (on_reconnect):
+     * statements meanwhile are answered at once. */
+    if (p->in_tx || p->loop) {
+        listen_lost(p);
         return SL_ECATDOWN;
-    listen_lost(p); /* the socket goes: stop watching it first */
+    }
     PQreset(p->conn);
     log_where(p->conn, where, sizeof(where));
     if (PQstatus(p->conn) != CONNECTION_OK) {
-        char msg[512];
-        clean(msg, sizeof(msg), PQerrorMessage(p->conn));
-        sl_log_limited(SL_LOG_WARN, 1000, "catalog_unreachable", "engine=postgresql %s msg=\"%s\"",
-                       where, msg);
+        unreachable(p);
         return SL_ECATDOWN;
     }
     sl_log_info("catalog_reconnected", "engine=postgresql %s", where);
-    return p->loop ? listen_again(cat) : 0;
+    return 0;
 }
 
 static int script(sl_cat *cat, const char *sql, const char *op)
@@ -516,23 +528,74 @@ static void on_readable(uv_poll_t *h, int status, int events)
     collect(cat);
 }
 
+static void reset_step(sl_cat *cat);
+
+static void on_reset_io(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    reset_step(h->data);
+}
+
+/* One step of making the connection again without blocking: libpq says which way its socket
+ * must be ready next (it may change sockets between hosts), the loop waits for that. */
+static void reset_step(sl_cat *cat)
+{
+    pg *p = PG(cat);
+    PostgresPollingStatusType st = PQresetPoll(p->conn);
+    char where[512];
+
+    close_handle((uv_handle_t *)p->poll);
+    p->poll = NULL;
+    if (st == PGRES_POLLING_FAILED) {
+        p->resetting = 0;
+        unreachable(p); /* the reconnect timer tries again in a second */
+        return;
+    }
+    if (st == PGRES_POLLING_OK) {
+        p->resetting = 0;
+        uv_timer_stop(p->reconnect);
+        log_where(p->conn, where, sizeof(where));
+        sl_log_info("catalog_reconnected", "engine=postgresql %s", where);
+        if (listen_again(cat) != 0)
+            listen_lost(p);
+        return;
+    }
+    if (!(p->poll = calloc(1, sizeof(*p->poll))) ||
+        uv_poll_init_socket(p->loop, p->poll, PQsocket(p->conn)) != 0) {
+        free(p->poll);
+        p->poll = NULL;
+        p->resetting = 0;
+        return;
+    }
+    p->poll->data = cat;
+    uv_poll_start(p->poll, st == PGRES_POLLING_WRITING ? UV_WRITABLE : UV_READABLE, on_reset_io);
+}
+
 static void on_reconnect(uv_timer_t *t)
 {
     sl_cat *cat = t->data;
+    pg *p = PG(cat);
 
-    if (PG(cat)->in_tx)
+    if (p->in_tx || p->resetting)
         return;
-    if (PQstatus(PG(cat)->conn) == CONNECTION_OK)
+    if (PQstatus(p->conn) == CONNECTION_OK) {
         uv_timer_stop(t);
-    else if (ready(cat) == 0)
-        uv_timer_stop(t);
+        return;
+    }
+    if (!PQresetStart(p->conn)) {
+        unreachable(p);
+        return;
+    }
+    p->resetting = 1;
+    reset_step(cat);
 }
 
 /* The connection is lost (or about to be made again): stop watching its socket, try again every
  * second. */
 static void listen_lost(pg *p)
 {
-    if (!p->loop)
+    if (!p->loop || p->resetting)
         return;
     close_handle((uv_handle_t *)p->poll);
     p->poll = NULL;
