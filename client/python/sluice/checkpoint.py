@@ -450,6 +450,32 @@ class Checkpoints:
         finally:
             s.cancel()
 
+    def _download_messages(self, job, name, rank):
+        """The DownloadShard messages of rank's shard. With several replicas (a Replicas
+        channel), a stream that ends UNAVAILABLE is reopened on the next one at the offset
+        reached, each replica at most once since the last message."""
+        offset, tries = 0, 0
+        count = getattr(self.channel, "count", 1)
+        while True:
+            call = self.stub.DownloadShard(pb.DownloadShardRequest(job=job, name=name, rank=rank,
+                                                                   offset=offset),
+                                           **self._kw(timeout=False))
+            try:
+                for m in call:
+                    if m.offset != offset:
+                        raise ValueError("the download stream is out of order (offset %d, "
+                                         "expected %d)" % (m.offset, offset))
+                    offset += len(m.data)
+                    tries = 0
+                    yield m
+                return
+            except grpc.RpcError as e:
+                tries += 1
+                if e.code() != grpc.StatusCode.UNAVAILABLE or tries >= count:
+                    raise
+            finally:
+                call.cancel()
+
     def download(self, job, name, rank, dest=None):
         """Download rank's shard data: returns bytes when `dest` is None, else writes it to
         `dest` (a path, written to a temp file and renamed, or a binary file) and returns the
@@ -464,9 +490,7 @@ class Checkpoints:
         else:
             out = buf if dest is None else dest
         try:
-            for m in self.stub.DownloadShard(pb.DownloadShardRequest(job=job, name=name,
-                                                                     rank=rank),
-                                             **self._kw(timeout=False)):
+            for m in self._download_messages(job, name, rank):
                 h.update(m.data)
                 out.write(m.data)
                 if m.sha256:
