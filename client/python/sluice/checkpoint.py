@@ -182,12 +182,16 @@ class _Download:
                                 % (self._h.hexdigest(), self._want))
 
     def cancel(self):
-        self._call.cancel()
+        cancel = getattr(self._call, "cancel", None)
+        (cancel or self._call.close)()
 
 
 class Checkpoints:
     """One channel to a sluiced. ``timeout`` (seconds) applies to unary calls except deep
-    verification; streams have none."""
+    verification; streams have none. ``address`` as for sluice.client.Client, also a list of
+    replicas: unary calls and downloads go on on the next replica when one is UNAVAILABLE; an
+    upload raises, and upload(..., resume=True) continues it on the next replica from what the
+    store holds (CheckpointManager does that itself)."""
 
     def __init__(self, address=None, timeout=10.0, token=None, channel=None, tls=None,
                  tls_ca=None, tls_cert=None, tls_key=None):
@@ -432,9 +436,7 @@ class Checkpoints:
         the data) raises ValueError; data that does not hash to the daemon's SHA-256 raises
         ChecksumError."""
         import torch
-        call = self.stub.DownloadShard(pb.DownloadShardRequest(job=job, name=name, rank=rank),
-                                       **self._kw(timeout=False))
-        s = _Download(call)
+        s = _Download(self._download_messages(job, name, rank))
         try:
             head = s.peek(len(SKELETON_MAGIC) + 8)
             if len(head) == len(SKELETON_MAGIC) + 8 and head.startswith(SKELETON_MAGIC):
