@@ -111,6 +111,29 @@ class PythonFailoverTest(ReplicasCase):
             self.assertEqual(c.get_epoch("u").epoch, 0)
             self.assertEqual(c.channel.failovers, 1)
 
+    def test_replica_without_catalog(self):
+        """A replica that is up but cannot reach its catalog answers UNAVAILABLE ("catalog
+        server unreachable"), which gRPC's balancers would not see: the client goes on to the
+        next replica and stays there."""
+        pg2 = PgServer().start()
+        try:
+            lost = Daemon(data_dir=os.path.join(self._tmp.name, "other"), catalog="postgresql",
+                          pg=pg2, store="dir").start()
+            self.replicas.append(lost)
+            pg2.stop(mode="immediate")
+            with Client(lost.addr, timeout=5) as c:
+                with self.assertRaises(grpc.RpcError) as cm:
+                    c.create_dataset("cd", 10)
+            self.assertEqual(cm.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            self.assertIn("catalog", cm.exception.details())
+            b = self.replica()
+            with Client("%s,%s" % (lost.addr, b.addr), timeout=5) as c:
+                c.create_dataset("cd", 10)
+                self.assertEqual(c.channel.current(), 1)
+                self.assertEqual(c.get_dataset("cd").samples, 10)
+        finally:
+            pg2.destroy()
+
     def test_all_dead(self):
         addrs = [dead_addr(), dead_addr(), dead_addr()]
         t0 = time.monotonic()
