@@ -73,6 +73,22 @@ class ReplicasCase(unittest.TestCase):
             c.create_dataset(name + "-data", samples)
             c.create_job(name, name + "-data", world, shuffle=shuffle, seed=7)
 
+    def make_batch_job(self, d, name, samples):
+        """A job of token-budget batches over `samples` sequences of 1..64 tokens."""
+        with Client(d.addr) as c:
+            c.create_dataset(name + "-data", samples)
+            c.upload_lengths(name + "-data", [1 + (i * 7919) % 64 for i in range(samples)])
+            c.create_job(name, name + "-data", 1, shuffle="feistel", seed=7,
+                         batching={"strategy": "dynamic", "max_batch_size": 4096,
+                                   "max_seq_len": 64, "max_tokens": 1 << 16})
+
+    @staticmethod
+    def batches(d, job, rank, epoch=0):
+        """Rank's batches of `epoch` (lists of indices), streamed from replica d."""
+        with Client(d.addr) as c:
+            return [list(b.indices) for ch in c.stream_batches(job, rank, epoch=epoch, step=0)
+                    for b in ch.batches]
+
     @staticmethod
     def share(d, job, rank, epoch=0):
         """Rank's whole share of `epoch`, streamed from replica d."""
@@ -168,6 +184,30 @@ class PythonFailoverTest(ReplicasCase):
         self.assertEqual(len(got), len(want))
         self.assertEqual(got, want)         # no gap, no duplicate, in order
 
+    def test_dataloader_batches_fail_over_mid_epoch(self):
+        """sluice.torch.DataLoader over a BatchSampler, A SIGKILLed mid-epoch: the batches go on
+        through B from the step reached, the epoch's batches come out once each, and the
+        end-of-epoch report reaches B (the next epoch begins there)."""
+        import sluice.torch
+        a = self.replica()
+        self.make_batch_job(a, "b", 2_000_000)   # far more than buffers hold when A dies
+        b = self.replica()
+        want = self.batches(b, "b", 0)      # before the epoch ends: then it is not served
+        bs = sluice.torch.BatchSampler(num_replicas=1, rank=0, address="%s,%s" % (a.addr, b.addr),
+                                       job="b", retry_seconds=20)
+        loader = sluice.torch.DataLoader(range(2_000_000), batch_sampler=bs,
+                                         collate_fn=lambda items: list(items))
+        got = []
+        for batch in loader:
+            got.append(batch)
+            if len(got) == 50:
+                self.kill(a)
+        self.assertGreaterEqual(bs.reconnects, 1)
+        self.assertEqual(len(got), len(want))
+        self.assertEqual(got, want)
+        with Client(b.addr) as c:
+            self.assertEqual(c.get_epoch("b").epoch, 1)
+
     def test_checkpoint_manager_upload_fails_over(self):
         """CheckpointManager uploads through A, A is SIGKILLed after 8 MiB: the upload resumes
         on B and the checkpoint is COMPLETE with the right bytes."""
@@ -251,6 +291,27 @@ class CliFailoverTest(ReplicasCase):
                            timeout=30, env=dict(os.environ, SLUICE_ADDR="%s,%s"
                                                 % (dead_addr(), a.addr)))
         self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_batches_fail_over_mid_stream(self):
+        a = self.replica()
+        self.make_batch_job(a, "bb", 2_000_000)
+        b = self.replica()
+        p = subprocess.Popen([SLUICE_CLI, "--addr", "%s,%s" % (a.addr, b.addr), "batches",
+                              "--job", "bb", "--rank", "0", "--epoch", "0", "--from", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        got = [p.stdout.readline() for _ in range(50)]
+        self.kill(a)
+        timer = threading.Timer(120, p.kill)
+        timer.start()
+        try:
+            got += p.stdout.readlines()
+            err = p.stderr.read()
+            p.wait()
+        finally:
+            timer.cancel()
+        self.assertEqual(p.returncode, 0, err)
+        want = self.batches(b, "bb", 0)
+        self.assertEqual([[int(x) for x in line.split()] for line in got], want)
 
     def test_bad_addresses(self):
         for bad, what in (("a:1,,b:2", "element 2 of 3 is empty"),
