@@ -7,6 +7,8 @@
  *                                          chunk until a line arrives on stdin (the test
  *                                          kills a replica meanwhile)
  *   failover_client upload ADDRS JOB NAME FILE   sl_ckpt_upload_fd of FILE as rank 0
+ *   failover_client upload-pause ...       the same, pausing once 4 MiB are sent: prints
+ *                                          "paused" and waits for a line on stdin
  *   failover_client download ADDRS JOB NAME FILE sl_ckpt_download_fd of rank 0 into FILE
  * Exit status 0 on success; otherwise the error (sl_errname and sl_client_error) on stderr and
  * exit status 1; 2 for bad usage. */
@@ -71,9 +73,27 @@ static int indices(sl_client *c, const char *name, uint32_t rank)
     return r < 0 ? fail("sl_indices_next", r) : 0;
 }
 
-static int upload(sl_client *c, const char *name, const char *ck, const char *path)
+/* Progress of an upload-pause: the first time 4 MiB are sent, wait for the test. */
+static void pause_once(uint64_t done, uint64_t total, void *arg)
 {
+    int *paused = arg;
+    char line[16];
+
+    (void)total;
+    if (*paused || done < (4u << 20))
+        return;
+    *paused = 1;
+    printf("paused\n");
+    fflush(stdout);
+    if (!fgets(line, sizeof(line), stdin))
+        line[0] = '\0';
+}
+
+static int upload(sl_client *c, const char *name, const char *ck, const char *path, int pause)
+{
+    sl_ckpt_upload_opts uo = SL_CKPT_UPLOAD_OPTS_INIT;
     sl_ckpt_shard receipt;
+    int paused = 0;
     struct stat sb;
     int fd = open(path, O_RDONLY), err;
 
@@ -81,7 +101,11 @@ static int upload(sl_client *c, const char *name, const char *ck, const char *pa
         perror(path);
         return 1;
     }
-    err = sl_ckpt_upload_fd(c, &receipt, name, ck, 0, fd, (uint64_t)sb.st_size, NULL);
+    if (pause) {
+        uo.progress = pause_once;
+        uo.arg = &paused;
+    }
+    err = sl_ckpt_upload_fd(c, &receipt, name, ck, 0, fd, (uint64_t)sb.st_size, &uo);
     close(fd);
     if (err)
         return fail("sl_ckpt_upload_fd", err);
@@ -123,7 +147,9 @@ int main(int argc, char **argv)
     else if (strcmp(argv[1], "indices") == 0 && argc == 5)
         rc = indices(c, argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     else if (strcmp(argv[1], "upload") == 0 && argc == 6)
-        rc = upload(c, argv[3], argv[4], argv[5]);
+        rc = upload(c, argv[3], argv[4], argv[5], 0);
+    else if (strcmp(argv[1], "upload-pause") == 0 && argc == 6)
+        rc = upload(c, argv[3], argv[4], argv[5], 1);
     else if (strcmp(argv[1], "download") == 0 && argc == 6)
         rc = download(c, argv[3], argv[4], argv[5]);
     sl_client_close(c);

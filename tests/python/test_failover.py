@@ -444,5 +444,36 @@ class LibsluiceFailoverTest(ReplicasCase):
         self.assertEqual(back, data)
 
 
+    def test_upload_killed_midway_resumes(self):
+        """An upload whose replica is SIGKILLed after 4 MiB resumes on the next one (what the
+        store holds, then the rest): the checkpoint commits and verifies, the bytes are the
+        file's."""
+        a = self.replica()
+        with Checkpoints(a.addr) as ck:
+            ck.begin("cm", "c1", world_size=1)
+        b = self.replica()
+        src = os.path.join(self._tmp.name, "shard.bin")
+        data = os.urandom(48 << 20)
+        with open(src, "wb") as f:
+            f.write(data)
+        p = subprocess.Popen([FAILOVER_CLIENT, "upload-pause", "%s,%s" % (a.addr, b.addr), "cm",
+                              "c1", src], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        timer = threading.Timer(60, p.kill)
+        timer.start()
+        try:
+            self.assertEqual(p.stdout.readline(), "paused\n")
+            self.kill(a)
+            out, err = p.communicate("go\n")
+        finally:
+            timer.cancel()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(out.split(), ["sha256", hashlib.sha256(data).hexdigest()])
+        with Checkpoints(b.addr) as ck:
+            ck.commit("cm", "c1")
+            self.assertTrue(ck.verify("cm", "c1", deep=True).ok)
+            self.assertEqual(ck.download("cm", "c1", 0), data)
+
+
 if __name__ == "__main__":
     unittest.main()
