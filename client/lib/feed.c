@@ -587,24 +587,34 @@ static int send_request(feed_call *f)
     }
 }
 
-/* Start f's call on the current replica. Returns 0 or the error (recorded). */
+/* Start f's call on the current replica; with several replicas, one that ends the call
+ * UNAVAILABLE before the request is sent makes the next one current and the call starts there.
+ * Returns 0 or the error (recorded). */
 static int feed_open(feed_call *f)
 {
-    int err;
+    size_t first = sl_client_pick(f->c);
+    sl_rpc_status st;
+    int err, ferr;
 
-    f->replica = sl_client_pick(f->c);
-    f->done = 0;
-    err = sl_rpc_stream_open(&f->s, f->c->rpc[f->replica], f->method, -1);
-    if (!err)
+    for (;;) {
+        f->replica = sl_client_pick(f->c);
+        f->done = 0;
+        err = sl_rpc_stream_open(&f->s, f->c->rpc[f->replica], f->method, -1);
+        if (err)
+            return sl_client_set_error(err, "cannot open the stream: %s", sl_strerror(err));
         err = send_request(f);
-    if (!err)
-        err = sl_rpc_stream_close_send(f->s);
-    if (err) {
+        if (!err)
+            err = sl_rpc_stream_close_send(f->s);
+        if (!err)
+            return 0;
+        ferr = f->c->n > 1 ? sl_rpc_stream_finish(f->s, &st) : 0;
         sl_rpc_stream_free(f->s);
         f->s = NULL;
-        return sl_client_set_error(err, "cannot open the stream: %s", sl_strerror(err));
+        if (!ferr)
+            return sl_client_set_error(err, "cannot open the stream: %s", sl_strerror(err));
+        if (!sl_client_fail_over(f->c, f->replica, ferr, ++f->tries))
+            return sl_client_record_tried(ferr, &st, f->c, first, f->tries);
     }
-    return 0;
 }
 
 /* The stream read up to epoch `epoch`, position `position` (exclusive): a reopened call starts

@@ -332,7 +332,8 @@ class CliFailoverTest(ReplicasCase):
         a = self.replica()
         self.make_job(a, "i", n)
         b = self.replica()
-        p = subprocess.Popen([SLUICE_CLI, "--addr", "%s,%s" % (a.addr, b.addr), "indices",
+        p = subprocess.Popen([SLUICE_CLI, "--addr", "%s,%s,%s" % (dead_addr(), a.addr, b.addr),
+                              "indices",
                               "--job", "i", "--rank", "0", "--epoch", "0", "--from", "0"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         got = [int(p.stdout.readline()) for _ in range(1000)]
@@ -386,7 +387,9 @@ class LibsluiceFailoverTest(ReplicasCase):
         a = self.replica()
         self.make_job(a, "ci", n)
         b = self.replica()
-        p = subprocess.Popen([FAILOVER_CLIENT, "indices", "%s,%s" % (a.addr, b.addr), "ci", "0"],
+        # The first address is dead: the stream opens on A, and goes on on B when A dies.
+        addrs = "%s,%s,%s" % (dead_addr(), a.addr, b.addr)
+        p = subprocess.Popen([FAILOVER_CLIENT, "indices", addrs, "ci", "0"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         got = []
