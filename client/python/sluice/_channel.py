@@ -119,9 +119,14 @@ class _Method:
 
     def __init__(self, replicas, kind, args):
         self._replicas, self._kind, self._args = replicas, kind, args
+        self._calls = [None] * replicas.count
 
     def _on(self, i):
-        return getattr(self._replicas.channel(i), self._kind)(*self._args[0], **self._args[1])
+        """The method's multi-callable on replica i's channel (made once)."""
+        if self._calls[i] is None:
+            self._calls[i] = getattr(self._replicas.channel(i), self._kind)(*self._args[0],
+                                                                           **self._args[1])
+        return self._calls[i]
 
     def _unary(self, how, request, timeout=None, **kw):
         """A unary-request call tried on each replica at most once, while they answer
