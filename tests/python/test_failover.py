@@ -200,7 +200,7 @@ class PythonFailoverTest(ReplicasCase):
         got = []
         for batch in loader:
             got.append(batch)
-            if len(got) == 50:
+            if len(got) == 1:       # early: later, the client may hold the rest already
                 self.kill(a)
         self.assertGreaterEqual(bs.reconnects, 1)
         self.assertEqual(len(got), len(want))
@@ -299,7 +299,7 @@ class CliFailoverTest(ReplicasCase):
         p = subprocess.Popen([SLUICE_CLI, "--addr", "%s,%s" % (a.addr, b.addr), "batches",
                               "--job", "bb", "--rank", "0", "--epoch", "0", "--from", "0"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        got = [p.stdout.readline() for _ in range(50)]
+        got = [p.stdout.readline()]
         self.kill(a)
         timer = threading.Timer(120, p.kill)
         timer.start()
