@@ -40,7 +40,10 @@ static int set_timeout(void *field, const char *arg)
 }
 
 const sl_cli_opt sl_cli_common_opts[] = {
-    {"addr", SL_CLI_CALL, "HOST:PORT", "daemon address [SLUICE_ADDR] (default 127.0.0.1:7700)",
+    {"addr", SL_CLI_CALL, "HOST:PORT",
+     "daemon address [SLUICE_ADDR] (default 127.0.0.1:7700), or replicas\n"
+     "H1:P1,H2:P2,...: a call that finds one UNAVAILABLE goes on to the\n"
+     "next, a stream (indices, batches, ckpt up/download) at its position",
      SL_CLI_AT(sl_cli, addr), .call = set_addr, .err = "must not be empty", .flags = SL_CLI_PLAIN},
     {"json", SL_CLI_FLAG, NULL, "print JSON instead of text", SL_CLI_AT(sl_cli, json)},
     {"timeout", SL_CLI_CALL, "SECONDS", "per-call deadline (default 10)",
@@ -129,7 +132,8 @@ int sl_cli_connect(sl_client **out, sl_cli *cli, const char *cmd)
     opts.token = cli->token;
     err = sl_client_connect(out, cli->addr, &opts);
     if (err)
-        return sl_cli_fail(cmd, "cannot create a client for '%s': %s", cli->addr, sl_strerror(err));
+        return sl_cli_fail(cmd, "cannot create a client for '%s': %s", cli->addr,
+                           *sl_client_error() ? sl_client_error() : sl_strerror(err));
     return 0;
 }
 

@@ -27,9 +27,11 @@ static const sl_cli_opt main_opts[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "Usage: sluice [--addr HOST:PORT] [--json] [--timeout SECONDS] <command> [options]\n"
-               "\n"
-               "Commands:\n");
+    fprintf(
+        f,
+        "Usage: sluice [--addr HOST:PORT[,...]] [--json] [--timeout SECONDS] <command> [options]\n"
+        "\n"
+        "Commands:\n");
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-10s %s\n", commands[i]->name, commands[i]->summary);
     fprintf(f, "\nOptions:\n");

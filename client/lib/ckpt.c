@@ -61,10 +61,7 @@ static void from_pb(sl_ckpt *out, const Sluice__V1__Checkpoint *m)
 static int unary(sl_client *c, const char *method, const ProtobufCMessage *req,
                  const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp)
 {
-    sl_rpc_status st;
-    int err = sl_rpc_client_unary(c->rpc, method, req, desc, resp, c->timeout_ms, &st);
-
-    return err ? sl_client_record(err, &st) : 0;
+    return sl_client_unary(c, method, req, desc, resp, c->timeout_ms);
 }
 
 /* A unary call answered with a Checkpoint, copied into *out (may be NULL). */
@@ -318,18 +315,16 @@ int sl_ckpt_verify(sl_client *c, int *ok, sl_ckpt_verdict **shards, size_t *n_sh
 {
     Sluice__V1__VerifyRequest req = SLUICE__V1__VERIFY_REQUEST__INIT;
     Sluice__V1__VerifyResponse *resp = NULL;
-    sl_rpc_status st;
     int err;
 
     req.job = (char *)job;
     req.name = (char *)name;
     req.mode = deep ? SLUICE__V1__VERIFY_MODE__DEEP : SLUICE__V1__VERIFY_MODE__QUICK;
     /* A deep verification reads every byte: no per-call deadline. */
-    err = sl_rpc_client_unary(c->rpc, SVC "Verify", &req.base,
-                              &sluice__v1__verify_response__descriptor, (ProtobufCMessage **)&resp,
-                              deep ? -1 : c->timeout_ms, &st);
+    err = sl_client_unary(c, SVC "Verify", &req.base, &sluice__v1__verify_response__descriptor,
+                          (ProtobufCMessage **)&resp, deep ? -1 : c->timeout_ms);
     if (err)
-        return sl_client_record(err, &st);
+        return err;
     *ok = resp->ok;
     if (metadata) {
         metadata->rank = -1;
@@ -486,10 +481,13 @@ static void hasher_stop(hasher *h)
     h->running = 0;
 }
 
-int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, const char *name,
-                      int32_t rank, int fd, uint64_t size, const sl_ckpt_upload_opts *opts)
+/* One try of sl_ckpt_upload_fd (opts not NULL), from what the daemon holds if `resume`, on the
+ * replica current when the stream opens (*replica). Returns as sl_ckpt_upload_fd; st->code is
+ * the call's status when the daemon or the transport ended it, else SL_RPC_OK. */
+static int upload_try(sl_client *c, sl_ckpt_shard *receipt, const char *job, const char *name,
+                      int32_t rank, int fd, uint64_t size, const sl_ckpt_upload_opts *opts,
+                      int resume, size_t *replica, sl_rpc_status *st)
 {
-    static const sl_ckpt_upload_opts defaults = SL_CKPT_UPLOAD_OPTS_INIT;
     Sluice__V1__UploadShardRequest msg = SLUICE__V1__UPLOAD_SHARD_REQUEST__INIT;
     Sluice__V1__ShardHeader hdr = SLUICE__V1__SHARD_HEADER__INIT;
     Sluice__V1__DataPosition pos = SLUICE__V1__DATA_POSITION__INIT;
@@ -497,7 +495,6 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
     Sluice__V1__UploadShardResponse *resp = NULL;
     sl_rpc_stream *s = NULL;
     sl_sha256 *sha = NULL;
-    sl_rpc_status st;
     hasher hs;
     char local[65];
     uint64_t off = 0, seq = 0;
@@ -505,18 +502,14 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
     size_t chunk;
     int err;
 
-    if (!opts)
-        opts = &defaults;
-    err = sl_opts_check(opts->version, SL_CKPT_UPLOAD_OPTS_VERSION, "sl_ckpt_upload_opts");
-    if (err)
-        return err;
+    st->code = SL_RPC_OK;
     memset(&hs, 0, sizeof(hs));
     pthread_mutex_init(&hs.mu, NULL);
     pthread_cond_init(&hs.cv, NULL);
     chunk = opts->chunk_bytes ? opts->chunk_bytes : (1u << 20);
     if (chunk > (4u << 20))
         chunk = 4u << 20;
-    if (opts->resume) {
+    if (resume) {
         uint64_t held = 0;
         int running = 0;
         err = sl_ckpt_upload_status(c, &held, &running, NULL, job, name, rank);
@@ -599,7 +592,8 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
         }
         hs.running = 1;
     }
-    err = sl_rpc_stream_open(&s, c->rpc, SVC "UploadShard", -1);
+    *replica = sl_client_pick(c);
+    err = sl_rpc_stream_open(&s, c->rpc[*replica], SVC "UploadShard", -1);
     if (err) {
         err = sl_client_set_error(err, "cannot start the upload: %s", sl_strerror(err));
         goto out;
@@ -651,9 +645,9 @@ int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, con
         err = r == 1 ? 0 : (r == 0 ? SL_ERPC : r);
     }
     {
-        int ferr = sl_rpc_stream_finish(s, &st);
+        int ferr = sl_rpc_stream_finish(s, st);
         if (ferr) {
-            err = sl_client_record(ferr, &st);
+            err = sl_client_record(ferr, st);
             goto out;
         }
     }
@@ -695,6 +689,35 @@ out:
     return err;
 }
 
+int sl_ckpt_upload_fd(sl_client *c, sl_ckpt_shard *receipt, const char *job, const char *name,
+                      int32_t rank, int fd, uint64_t size, const sl_ckpt_upload_opts *opts)
+{
+    static const sl_ckpt_upload_opts defaults = SL_CKPT_UPLOAD_OPTS_INIT;
+    size_t first = sl_client_pick(c), i = first, tries = 0;
+    sl_rpc_status st;
+    int err, resume;
+
+    if (!opts)
+        opts = &defaults;
+    err = sl_opts_check(opts->version, SL_CKPT_UPLOAD_OPTS_VERSION, "sl_ckpt_upload_opts");
+    if (err)
+        return err;
+    resume = opts->resume;
+    /* A replica that ends the upload UNAVAILABLE (killed, or cut off from the catalog): the next
+     * one continues from what the store holds of it (UploadStatus, then the rest), as a caller's
+     * resume after a daemon restart does. */
+    for (;;) {
+        err = upload_try(c, receipt, job, name, rank, fd, size, opts, resume, &i, &st);
+        tries++;
+        if (!err || st.code == SL_RPC_OK || !sl_client_fail_over(c, i, err, tries))
+            break;
+        resume = 1;
+    }
+    if (err && st.code == SL_RPC_UNAVAILABLE)
+        err = sl_client_record_tried(err, &st, c, first, tries);
+    return err;
+}
+
 static int write_all(int fd, const void *buf, size_t len)
 {
     const char *p = buf;
@@ -711,6 +734,21 @@ static int write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
+/* Open DownloadShard for req (from req->offset) on the current replica (*replica). */
+static int download_open(sl_rpc_stream **s, sl_client *c, size_t *replica,
+                         const Sluice__V1__DownloadShardRequest *req)
+{
+    int err;
+
+    *replica = sl_client_pick(c);
+    err = sl_rpc_stream_open(s, c->rpc[*replica], SVC "DownloadShard", -1);
+    if (!err)
+        err = sl_rpc_stream_write(*s, &req->base, 0);
+    if (!err)
+        err = sl_rpc_stream_close_send(*s);
+    return err;
+}
+
 int sl_ckpt_download_fd(sl_client *c, char sha256[65], const char *job, const char *name,
                         int32_t rank, int fd, sl_ckpt_progress_fn progress, void *arg)
 {
@@ -722,7 +760,8 @@ int sl_ckpt_download_fd(sl_client *c, char sha256[65], const char *job, const ch
     sl_rpc_status st;
     char want[65] = "", got[65];
     uint64_t done = 0;
-    int r = 0, err;
+    size_t replica = 0, first = sl_client_pick(c), tries = 0;
+    int r = 0, err, ferr;
 
     req.job = (char *)job;
     req.name = (char *)name;
@@ -730,11 +769,9 @@ int sl_ckpt_download_fd(sl_client *c, char sha256[65], const char *job, const ch
     err = sl_sha256_new(&sha);
     if (err)
         return sl_client_set_error(err, "cannot hash: %s", sl_strerror(err));
-    err = sl_rpc_stream_open(&s, c->rpc, SVC "DownloadShard", -1);
-    if (!err)
-        err = sl_rpc_stream_write(s, &req.base, 0);
-    if (!err)
-        err = sl_rpc_stream_close_send(s);
+again:
+    req.offset = done;
+    err = download_open(&s, c, &replica, &req);
     while (!err && (r = sl_rpc_stream_read(s, &sluice__v1__download_shard_response__descriptor,
                                            &packed)) == 1) {
         m = (Sluice__V1__DownloadShardResponse *)packed;
@@ -747,6 +784,7 @@ int sl_ckpt_download_fd(sl_client *c, char sha256[65], const char *job, const ch
             if (err)
                 err = sl_client_set_error(err, "cannot write: %s", sl_strerror(err));
             done += m->data.len;
+            tries = 0;
             if (m->sha256 && *m->sha256)
                 copy_str(want, sizeof(want), m->sha256);
             if (!err && progress)
@@ -757,12 +795,17 @@ int sl_ckpt_download_fd(sl_client *c, char sha256[65], const char *job, const ch
     }
     if (!err && r < 0)
         err = r;
-    {
-        int ferr = sl_rpc_stream_finish(s, &st);
-        if (ferr) {
-            err = sl_client_record(ferr, &st);
-            goto out;
+    ferr = sl_rpc_stream_finish(s, &st);
+    if (ferr) {
+        /* A replica that ends the download UNAVAILABLE: the next one sends the rest, from the
+         * offset reached (the hash goes on over it). */
+        if (sl_client_fail_over(c, replica, ferr, ++tries)) {
+            sl_rpc_stream_free(s);
+            s = NULL;
+            goto again;
         }
+        err = sl_client_record_tried(ferr, &st, c, first, tries);
+        goto out;
     }
     if (err)
         goto out;

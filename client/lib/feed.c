@@ -25,10 +25,7 @@ static void cpy(char *dst, size_t len, const char *src)
 static int unary(sl_client *c, const char *method, const ProtobufCMessage *req,
                  const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resp)
 {
-    sl_rpc_status st;
-    int err = sl_rpc_client_unary(c->rpc, method, req, rd, resp, c->timeout_ms, &st);
-
-    return err ? sl_client_record(err, &st) : 0;
+    return sl_client_unary(c, method, req, rd, resp, c->timeout_ms);
 }
 
 /* Copy `count` protobuf items into a new array of `size`-byte structs (one more, zeroed, so an
@@ -117,19 +114,20 @@ int sl_dataset_get(sl_client *c, const char *name, sl_dataset *out)
     return dataset_reply(err, resp, out);
 }
 
-/* One client stream of u32 values per sample (UploadLengths, UploadLabels): both requests are
- * (name = 1, repeated uint32 = 2), so one message type packs either. */
-static int upload_u32(sl_client *c, const char *method, const char *name, const uint32_t *v,
-                      uint64_t n, sl_dataset *out)
+/* One client stream of u32 values per sample (UploadLengths, UploadLabels) on replica i: both
+ * requests are (name = 1, repeated uint32 = 2), so one message type packs either. Returns 0 with
+ * *resp, or the error with *st (its status, when the daemon gave one). */
+static int upload_u32_on(sl_client *c, size_t i, const char *method, const char *name,
+                         const uint32_t *v, uint64_t n, Sluice__V1__Dataset **resp,
+                         sl_rpc_status *st)
 {
     Sluice__V1__UploadLengthsRequest msg = SLUICE__V1__UPLOAD_LENGTHS_REQUEST__INIT;
-    Sluice__V1__Dataset *resp = NULL;
     sl_rpc_stream *s = NULL;
-    sl_rpc_status st;
     uint64_t off = 0;
     int err, ferr;
 
-    err = sl_rpc_stream_open(&s, c->rpc, method, -1);
+    st->code = SL_RPC_OK;
+    err = sl_rpc_stream_open(&s, c->rpc[i], method, -1);
     if (err)
         return sl_client_set_error(err, "cannot start the upload: %s", sl_strerror(err));
     msg.name = (char *)name;
@@ -143,15 +141,40 @@ static int upload_u32(sl_client *c, const char *method, const char *name, const 
     if (!err)
         err = sl_rpc_stream_close_send(s);
     if (!err) {
-        int r = sl_rpc_stream_read(s, &sluice__v1__dataset__descriptor, (ProtobufCMessage **)&resp);
+        int r = sl_rpc_stream_read(s, &sluice__v1__dataset__descriptor, (ProtobufCMessage **)resp);
         err = r == 1 ? 0 : (r == 0 ? SL_ERPC : r);
     }
-    ferr = sl_rpc_stream_finish(s, &st);
+    ferr = sl_rpc_stream_finish(s, st);
     sl_rpc_stream_free(s);
     if (ferr)
-        err = sl_client_record(ferr, &st);
-    else if (err)
+        return ferr;
+    if (err)
         err = sl_client_set_error(err, "upload failed: %s", sl_strerror(err));
+    return err;
+}
+
+/* upload_u32_on with the replicas' failover: the values are in memory, so a replica that ends
+ * the upload UNAVAILABLE gets it again from the start on the next. */
+static int upload_u32(sl_client *c, const char *method, const char *name, const uint32_t *v,
+                      uint64_t n, sl_dataset *out)
+{
+    Sluice__V1__Dataset *resp = NULL;
+    size_t first = sl_client_pick(c), i = first, tries = 0;
+    sl_rpc_status st;
+    int err;
+
+    for (;;) {
+        err = upload_u32_on(c, i, method, name, v, n, &resp, &st);
+        tries++;
+        if (!err || st.code == SL_RPC_OK || !sl_client_fail_over(c, i, err, tries))
+            break;
+        if (resp)
+            protobuf_c_message_free_unpacked(&resp->base, NULL);
+        resp = NULL;
+        i = (i + 1) % c->n;
+    }
+    if (err && st.code != SL_RPC_OK)
+        err = sl_client_record_tried(err, &st, c, first, tries);
     return dataset_reply(err, resp, out);
 }
 
@@ -509,96 +532,178 @@ int sl_epoch_report(sl_client *c, const char *job, uint32_t rank, uint64_t epoch
 
 /* ---- streams ---- */
 
-struct sl_index_stream {
+/* Where a stream is, so that it can be reopened on another replica: a stream is a pure function
+ * of (job, epoch, rank, position), so the next replica continues at the position reached. */
+typedef struct feed_call {
+    sl_client *c;
+    const char *method;
     sl_rpc_stream *s;
+    size_t replica; /* where the call runs */
+    size_t tries;   /* replicas tried since the last message arrived */
+    char *job;
+    uint32_t rank;
+    sl_stream_opts so; /* as opened; epoch and position follow the messages received */
+    int done;
+} feed_call;
+
+struct sl_index_stream {
+    feed_call f;
     Sluice__V1__IndexChunk *chunk;
     uint64_t epoch, share_count;
-    int done;
 };
 
 struct sl_batch_stream {
-    sl_rpc_stream *s;
+    feed_call f;
     Sluice__V1__BatchChunk *chunk;
     size_t next; /* next batch of chunk */
     uint64_t epoch, per_rank;
-    int done;
 };
 
-static int open_stream(sl_rpc_stream **out, sl_client *c, const char *method,
-                       const ProtobufCMessage *req)
+/* The request of f's method for its job, rank, epoch and position, packed and sent on f->s. */
+static int send_request(feed_call *f)
 {
-    int err = sl_rpc_stream_open(out, c->rpc, method, -1);
+    const sl_stream_opts *o = &f->so;
 
-    if (!err)
-        err = sl_rpc_stream_write(*out, req, 0);
-    if (!err)
-        err = sl_rpc_stream_close_send(*out);
-    if (err) {
-        sl_rpc_stream_free(*out);
-        *out = NULL;
-        return sl_client_set_error(err, "cannot open the stream: %s", sl_strerror(err));
+    if (strcmp(f->method, P_FEED "StreamIndices") == 0) {
+        Sluice__V1__StreamIndicesRequest req = SLUICE__V1__STREAM_INDICES_REQUEST__INIT;
+        req.job = f->job;
+        req.rank = f->rank;
+        req.epoch_set = o->epoch_set;
+        req.epoch = o->epoch;
+        req.position_set = o->position_set;
+        req.position = o->position;
+        req.max_chunk = o->max_chunk;
+        return sl_rpc_stream_write(f->s, &req.base, 0);
+    } else {
+        Sluice__V1__StreamBatchesRequest req = SLUICE__V1__STREAM_BATCHES_REQUEST__INIT;
+        req.job = f->job;
+        req.rank = f->rank;
+        req.epoch_set = o->epoch_set;
+        req.epoch = o->epoch;
+        req.step_set = o->position_set;
+        req.step = o->position;
+        req.max_batches = o->max_chunk;
+        return sl_rpc_stream_write(f->s, &req.base, 0);
     }
-    return 0;
 }
 
-/* Read one message; on end or failure record the final status. Returns 1, 0 or an error. */
-static int read_msg(sl_rpc_stream *s, const ProtobufCMessageDescriptor *d, ProtobufCMessage **m,
-                    int *done)
+/* Start f's call on the current replica; with several replicas, one that ends the call
+ * UNAVAILABLE before the request is sent makes the next one current and the call starts there.
+ * Returns 0 or the error (recorded). */
+static int feed_open(feed_call *f)
 {
+    size_t first = sl_client_pick(f->c);
     sl_rpc_status st;
-    int r = sl_rpc_stream_read(s, d, m);
+    int err, ferr;
 
-    if (r == 1)
-        return 1;
-    *done = 1;
-    {
-        int ferr = sl_rpc_stream_finish(s, &st);
-        if (ferr)
-            return sl_client_record(ferr, &st);
+    for (;;) {
+        f->replica = sl_client_pick(f->c);
+        f->done = 0;
+        err = sl_rpc_stream_open(&f->s, f->c->rpc[f->replica], f->method, -1);
+        if (err)
+            return sl_client_set_error(err, "cannot open the stream: %s", sl_strerror(err));
+        err = send_request(f);
+        if (!err)
+            err = sl_rpc_stream_close_send(f->s);
+        if (!err)
+            return 0;
+        ferr = f->c->n > 1 ? sl_rpc_stream_finish(f->s, &st) : 0;
+        sl_rpc_stream_free(f->s);
+        f->s = NULL;
+        if (!ferr)
+            return sl_client_set_error(err, "cannot open the stream: %s", sl_strerror(err));
+        if (!sl_client_fail_over(f->c, f->replica, ferr, ++f->tries))
+            return sl_client_record_tried(ferr, &st, f->c, first, f->tries);
     }
-    return r == 0 ? 0 : sl_client_set_error(r, "stream failed: %s", sl_strerror(r));
 }
 
-/* Check the options, allocate a stream object of `size` bytes whose sl_rpc_stream pointer is at
- * `rpc_off`, and start `method` with `req`. Returns 0 and *out, or the error (*out NULL). */
-static int open_typed(void **out, size_t size, size_t rpc_off, sl_client *c, const char *method,
-                      const ProtobufCMessage *req, const sl_stream_opts *opts)
+/* The stream read up to epoch `epoch`, position `position` (exclusive): a reopened call starts
+ * there. */
+static void feed_reached(feed_call *f, uint64_t epoch, uint64_t position)
 {
-    char *s;
+    f->so.epoch_set = 1;
+    f->so.epoch = epoch;
+    f->so.position_set = 1;
+    f->so.position = position;
+    f->tries = 0;
+}
+
+/* Read one message; on end or failure record the final status. A call that ends UNAVAILABLE on
+ * a client with several replicas is reopened on the next one at the position reached (each
+ * replica at most once since the last message). Returns 1, 0 or an error. */
+static int read_msg(feed_call *f, const ProtobufCMessageDescriptor *d, ProtobufCMessage **m)
+{
+    size_t first = f->replica;
+    sl_rpc_status st;
+    int r, ferr;
+
+    for (;;) {
+        if (f->done)
+            return 0;
+        r = sl_rpc_stream_read(f->s, d, m);
+        if (r == 1)
+            return 1;
+        f->done = 1;
+        ferr = sl_rpc_stream_finish(f->s, &st);
+        if (!ferr)
+            return r == 0 ? 0 : sl_client_set_error(r, "stream failed: %s", sl_strerror(r));
+        if (!sl_client_fail_over(f->c, f->replica, ferr, ++f->tries))
+            return sl_client_record_tried(ferr, &st, f->c, first, f->tries);
+        sl_rpc_stream_free(f->s);
+        f->s = NULL;
+        r = feed_open(f);
+        if (r)
+            return r;
+    }
+}
+
+/* Check the options, allocate a stream object of `size` bytes that begins with its feed_call,
+ * and start `method` for job and rank. Returns 0 and *out, or the error (*out NULL). */
+static int open_typed(void **out, size_t size, sl_client *c, const char *method, const char *job,
+                      uint32_t rank, const sl_stream_opts *opts)
+{
+    feed_call *f;
     int err;
 
     *out = NULL;
     err = opts ? sl_opts_check(opts->version, SL_STREAM_OPTS_VERSION, "sl_stream_opts") : 0;
     if (err)
         return err;
-    s = calloc(1, size);
-    if (!s)
+    f = calloc(1, size);
+    if (!f || !(f->job = strdup(job ? job : ""))) {
+        free(f);
         return sl_client_set_error(-ENOMEM, "out of memory");
-    err = open_stream((sl_rpc_stream **)(void *)(s + rpc_off), c, method, req);
+    }
+    f->c = c;
+    f->method = method;
+    f->rank = rank;
+    if (opts) {
+        f->so.epoch_set = opts->epoch_set;
+        f->so.epoch = opts->epoch;
+        f->so.position_set = opts->position_set;
+        f->so.position = opts->position;
+        f->so.max_chunk = opts->max_chunk;
+    }
+    err = feed_open(f);
     if (err) {
-        free(s);
+        free(f->job);
+        free(f);
         return err;
     }
-    *out = s;
+    *out = f;
     return 0;
+}
+
+static void feed_close(feed_call *f)
+{
+    sl_rpc_stream_free(f->s);
+    free(f->job);
 }
 
 int sl_indices_open(sl_index_stream **out, sl_client *c, const char *job, uint32_t rank,
                     const sl_stream_opts *opts)
 {
-    Sluice__V1__StreamIndicesRequest req = SLUICE__V1__STREAM_INDICES_REQUEST__INIT;
-
-    req.job = (char *)job;
-    req.rank = rank;
-    if (opts) {
-        req.epoch_set = opts->epoch_set;
-        req.epoch = opts->epoch;
-        req.position_set = opts->position_set;
-        req.position = opts->position;
-        req.max_chunk = opts->max_chunk;
-    }
-    return open_typed((void **)out, sizeof(**out), offsetof(sl_index_stream, s), c,
-                      P_FEED "StreamIndices", &req.base, opts);
+    return open_typed((void **)out, sizeof(**out), c, P_FEED "StreamIndices", job, rank, opts);
 }
 
 int sl_indices_next(sl_index_stream *s, const uint64_t **idx, size_t *n, uint64_t *start)
@@ -609,14 +714,12 @@ int sl_indices_next(sl_index_stream *s, const uint64_t **idx, size_t *n, uint64_
         protobuf_c_message_free_unpacked(&s->chunk->base, NULL);
         s->chunk = NULL;
     }
-    if (s->done)
-        return 0;
-    r = read_msg(s->s, &sluice__v1__index_chunk__descriptor, (ProtobufCMessage **)&s->chunk,
-                 &s->done);
+    r = read_msg(&s->f, &sluice__v1__index_chunk__descriptor, (ProtobufCMessage **)&s->chunk);
     if (r != 1)
         return r;
     s->epoch = s->chunk->epoch;
     s->share_count = s->chunk->share_count;
+    feed_reached(&s->f, s->epoch, s->chunk->start + s->chunk->n_indices);
     *idx = s->chunk->indices;
     *n = s->chunk->n_indices;
     *start = s->chunk->start;
@@ -639,26 +742,14 @@ void sl_indices_close(sl_index_stream *s)
         return;
     if (s->chunk)
         protobuf_c_message_free_unpacked(&s->chunk->base, NULL);
-    sl_rpc_stream_free(s->s);
+    feed_close(&s->f);
     free(s);
 }
 
 int sl_batches_open(sl_batch_stream **out, sl_client *c, const char *job, uint32_t rank,
                     const sl_stream_opts *opts)
 {
-    Sluice__V1__StreamBatchesRequest req = SLUICE__V1__STREAM_BATCHES_REQUEST__INIT;
-
-    req.job = (char *)job;
-    req.rank = rank;
-    if (opts) {
-        req.epoch_set = opts->epoch_set;
-        req.epoch = opts->epoch;
-        req.step_set = opts->position_set;
-        req.step = opts->position;
-        req.max_batches = opts->max_chunk;
-    }
-    return open_typed((void **)out, sizeof(**out), offsetof(sl_batch_stream, s), c,
-                      P_FEED "StreamBatches", &req.base, opts);
+    return open_typed((void **)out, sizeof(**out), c, P_FEED "StreamBatches", job, rank, opts);
 }
 
 int sl_batches_next(sl_batch_stream *s, sl_feed_batch *out)
@@ -671,15 +762,15 @@ int sl_batches_next(sl_batch_stream *s, sl_feed_batch *out)
             protobuf_c_message_free_unpacked(&s->chunk->base, NULL);
             s->chunk = NULL;
         }
-        if (s->done)
-            return 0;
-        r = read_msg(s->s, &sluice__v1__batch_chunk__descriptor, (ProtobufCMessage **)&s->chunk,
-                     &s->done);
+        r = read_msg(&s->f, &sluice__v1__batch_chunk__descriptor, (ProtobufCMessage **)&s->chunk);
         if (r != 1)
             return r;
         s->next = 0;
         s->epoch = s->chunk->epoch;
         s->per_rank = s->chunk->batches_per_rank;
+        /* The whole chunk is handed out before the next read: a reopened call starts after it. */
+        if (s->chunk->n_batches)
+            feed_reached(&s->f, s->epoch, s->chunk->batches[s->chunk->n_batches - 1]->step + 1);
     }
     b = s->chunk->batches[s->next++];
     out->step = b->step;
@@ -707,6 +798,6 @@ void sl_batches_close(sl_batch_stream *s)
         return;
     if (s->chunk)
         protobuf_c_message_free_unpacked(&s->chunk->base, NULL);
-    sl_rpc_stream_free(s->s);
+    feed_close(&s->f);
     free(s);
 }

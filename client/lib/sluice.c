@@ -51,6 +51,30 @@ int sl_opts_check(unsigned int version, unsigned int known, const char *type)
                                type, version, known);
 }
 
+/* One channel per address of c->addr, with the options of `opts`. Returns 0 or the error. */
+static int open_channels(sl_client *c, const sl_client_opts *opts)
+{
+    sl_rpc_tls tls = {NULL, NULL, NULL};
+    sl_rpc_client_opts ro;
+    int err = 0;
+
+    memset(&ro, 0, sizeof(ro));
+    if (opts->tls || opts->tls_ca || opts->tls_cert) {
+        tls.ca_file = opts->tls_ca;
+        tls.cert_file = opts->tls_cert;
+        tls.key_file = opts->tls_key;
+        ro.tls = &tls;
+    }
+    ro.token = opts->token;
+    ro.own_connection = opts->own_connection;
+    c->rpc = calloc(c->n, sizeof(*c->rpc));
+    if (!c->rpc)
+        return -ENOMEM;
+    for (size_t i = 0; !err && i < c->n; i++)
+        err = sl_rpc_client_new(&c->rpc[i], c->addr[i], &ro);
+    return err;
+}
+
 int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *opts)
 {
     static const sl_client_opts defaults = SL_CLIENT_OPTS_INIT;
@@ -69,22 +93,11 @@ int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *o
     if (!c)
         return -ENOMEM;
     c->timeout_ms = opts->timeout_ms ? opts->timeout_ms : 10000;
-    {
-        sl_rpc_tls tls = {NULL, NULL, NULL};
-        sl_rpc_client_opts ro;
-        memset(&ro, 0, sizeof(ro));
-        if (opts->tls || opts->tls_ca || opts->tls_cert) {
-            tls.ca_file = opts->tls_ca;
-            tls.cert_file = opts->tls_cert;
-            tls.key_file = opts->tls_key;
-            ro.tls = &tls;
-        }
-        ro.token = opts->token;
-        ro.own_connection = opts->own_connection;
-        err = sl_rpc_client_new(&c->rpc, addr, &ro);
-    }
+    err = sl_client_addrs_parse(&c->addr, &c->n, addr);
+    if (!err)
+        err = open_channels(c, opts);
     if (err) {
-        free(c);
+        sl_client_close(c);
         return err;
     }
     *out = c;
@@ -95,7 +108,10 @@ void sl_client_close(sl_client *c)
 {
     if (!c)
         return;
-    sl_rpc_client_free(c->rpc);
+    for (size_t i = 0; c->rpc && i < c->n; i++)
+        sl_rpc_client_free(c->rpc[i]);
+    free(c->rpc);
+    sl_client_addrs_free(c->addr, c->n);
     free(c);
 }
 
@@ -117,15 +133,14 @@ int sl_client_health(sl_client *c, const char *service, sl_client_health_status 
 {
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     Grpc__Health__V1__HealthCheckResponse *resp = NULL;
-    sl_rpc_status st;
     int err;
 
     req.service = (char *)(service ? service : "");
-    err = sl_rpc_client_unary(c->rpc, "/grpc.health.v1.Health/Check", &req.base,
-                              &grpc__health__v1__health_check_response__descriptor,
-                              (ProtobufCMessage **)&resp, c->timeout_ms, &st);
+    err = sl_client_unary(c, "/grpc.health.v1.Health/Check", &req.base,
+                          &grpc__health__v1__health_check_response__descriptor,
+                          (ProtobufCMessage **)&resp, c->timeout_ms);
     if (err)
-        return record(err, &st);
+        return err;
     *status = (sl_client_health_status)resp->status;
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     return 0;
@@ -140,16 +155,15 @@ int sl_client_info_store(sl_client *c, sl_info *info, sl_store_info *store)
 {
     Sluice__V1__GetInfoRequest req = SLUICE__V1__GET_INFO_REQUEST__INIT;
     Sluice__V1__GetInfoResponse *resp = NULL;
-    sl_rpc_status st;
     int err;
 
     if (store && (err = sl_opts_check(store->version, SL_STORE_INFO_VERSION, "sl_store_info")))
         return err;
-    err = sl_rpc_client_unary(c->rpc, "/sluice.v1.Admin/GetInfo", &req.base,
-                              &sluice__v1__get_info_response__descriptor,
-                              (ProtobufCMessage **)&resp, c->timeout_ms, &st);
+    err = sl_client_unary(c, "/sluice.v1.Admin/GetInfo", &req.base,
+                          &sluice__v1__get_info_response__descriptor, (ProtobufCMessage **)&resp,
+                          c->timeout_ms);
     if (err)
-        return record(err, &st);
+        return err;
     if (info) {
         memset(info, 0, sizeof(*info));
         copy_str(info->version, sizeof(info->version), resp->version);

@@ -103,10 +103,19 @@ typedef struct sl_store_info {
     }
 
 /* Create a client for the daemon at `addr` ("host:port"); it connects lazily, at the first call.
+ * `addr` may also list the replicas of one catalog comma-separated ("h1:7700,h2:7700", at most
+ * 64): the client keeps a channel per address and sends calls to the current replica; a call
+ * that ends SL_EUNAVAILABLE there (refused, reset, the replica killed, or a replica that cannot
+ * reach the catalog) makes the next replica the current one and is tried again on it, each
+ * replica at most once per call, each try with the per-call deadline; if all fail,
+ * sl_client_error() names the replicas tried. Index and batch streams are reopened on the next
+ * replica at the position reached, uploads resume there from what the store holds, downloads go
+ * on at their offset. A gRPC target URI ("ipv4:a:1,b:2", "dns:///name:7700") is one address.
  * opts may be NULL (the defaults); the client copies what it needs, so opts and its strings may
  * be freed on return. Returns 0 and *out, which the caller frees with sl_client_close; SL_EINVAL
- * for an empty address, an unknown opts->version or a TLS file that is not PEM, -errno for an
- * unreadable TLS file (*out is then NULL). Thread-safe. */
+ * for an empty address or list element, a port outside [1, 65535], an unknown opts->version or
+ * a TLS file that is not PEM (sl_client_error() says which), -errno for an unreadable TLS file
+ * (*out is then NULL). Thread-safe. */
 SL_API int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *opts);
 
 /* Close the client and free it; calls still running on other threads must have returned.

@@ -182,12 +182,16 @@ class _Download:
                                 % (self._h.hexdigest(), self._want))
 
     def cancel(self):
-        self._call.cancel()
+        cancel = getattr(self._call, "cancel", None)
+        (cancel or self._call.close)()
 
 
 class Checkpoints:
     """One channel to a sluiced. ``timeout`` (seconds) applies to unary calls except deep
-    verification; streams have none."""
+    verification; streams have none. ``address`` as for sluice.client.Client, also a list of
+    replicas: unary calls and downloads go on on the next replica when one is UNAVAILABLE; an
+    upload raises, and upload(..., resume=True) continues it on the next replica from what the
+    store holds (CheckpointManager does that itself)."""
 
     def __init__(self, address=None, timeout=10.0, token=None, channel=None, tls=None,
                  tls_ca=None, tls_cert=None, tls_key=None):
@@ -432,9 +436,7 @@ class Checkpoints:
         the data) raises ValueError; data that does not hash to the daemon's SHA-256 raises
         ChecksumError."""
         import torch
-        call = self.stub.DownloadShard(pb.DownloadShardRequest(job=job, name=name, rank=rank),
-                                       **self._kw(timeout=False))
-        s = _Download(call)
+        s = _Download(self._download_messages(job, name, rank))
         try:
             head = s.peek(len(SKELETON_MAGIC) + 8)
             if len(head) == len(SKELETON_MAGIC) + 8 and head.startswith(SKELETON_MAGIC):
@@ -450,6 +452,32 @@ class Checkpoints:
         finally:
             s.cancel()
 
+    def _download_messages(self, job, name, rank):
+        """The DownloadShard messages of rank's shard. With several replicas (a Replicas
+        channel), a stream that ends UNAVAILABLE is reopened on the next one at the offset
+        reached, each replica at most once since the last message."""
+        offset, tries = 0, 0
+        count = getattr(self.channel, "count", 1)
+        while True:
+            call = self.stub.DownloadShard(pb.DownloadShardRequest(job=job, name=name, rank=rank,
+                                                                   offset=offset),
+                                           **self._kw(timeout=False))
+            try:
+                for m in call:
+                    if m.offset != offset:
+                        raise ValueError("the download stream is out of order (offset %d, "
+                                         "expected %d)" % (m.offset, offset))
+                    offset += len(m.data)
+                    tries = 0
+                    yield m
+                return
+            except grpc.RpcError as e:
+                tries += 1
+                if e.code() != grpc.StatusCode.UNAVAILABLE or tries >= count:
+                    raise
+            finally:
+                call.cancel()
+
     def download(self, job, name, rank, dest=None):
         """Download rank's shard data: returns bytes when `dest` is None, else writes it to
         `dest` (a path, written to a temp file and renamed, or a binary file) and returns the
@@ -464,9 +492,7 @@ class Checkpoints:
         else:
             out = buf if dest is None else dest
         try:
-            for m in self.stub.DownloadShard(pb.DownloadShardRequest(job=job, name=name,
-                                                                     rank=rank),
-                                             **self._kw(timeout=False)):
+            for m in self._download_messages(job, name, rank):
                 h.update(m.data)
                 out.write(m.data)
                 if m.sha256:

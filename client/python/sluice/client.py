@@ -11,7 +11,15 @@ from sluice.v1 import feed_pb2, feed_pb2_grpc
 
 class Client:
     """One channel to a sluiced. ``timeout`` (seconds) applies to unary calls; streams have none
-    (a stream for the next epoch waits until the coordinator begins it)."""
+    (a stream for the next epoch waits until the coordinator begins it).
+
+    ``address``: "host:port" (default SLUICE_ADDR, else 127.0.0.1:7700), or the replicas'
+    addresses comma-separated ("h1:7700,h2:7700"): calls go to the current replica, and one that
+    ends UNAVAILABLE there moves the client on to the next, where a unary call is tried again at
+    once (each replica at most once per call; then ``sluice._channel.ReplicasUnavailable``, an
+    UNAVAILABLE RpcError naming the replicas tried) and a broken stream is reopened by its
+    caller (docs/feeding.md, "Several replicas"). ValueError for an empty element of the list
+    or a port outside [1, 65535]."""
 
     def __init__(self, address=None, timeout=10.0, token=None, tls=None, tls_ca=None,
                  tls_cert=None, tls_key=None):

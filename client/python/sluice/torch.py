@@ -33,7 +33,8 @@ and rewinds the job to it on restore.
 Failures: every call is retried on UNAVAILABLE, CANCELLED (a daemon shutting down) and
 DEADLINE_EXCEEDED with backoff for up to ``retry_seconds`` (also the first call, so a sampler
 built before sluiced is up waits for it). A stream that breaks is reopened at the position
-reached, in the same epoch. If the training loop pauses longer than the daemon's
+reached, in the same epoch. With several replicas (``address="h1:7700,h2:7700"``), a replica
+that is UNAVAILABLE sends calls and the reopened stream on to the next one. If the training loop pauses longer than the daemon's
 ``--idle-timeout``, the daemon ends the stream it cannot send on; the sampler opens a new one at
 the position reached.
 """
