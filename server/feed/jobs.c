@@ -27,6 +27,7 @@ static fjob *job_or_fail(sl_rpc_call *call, sl_feed *f, const char *name)
 {
     char msg[256];
     fjob *j;
+    int err;
 
     if (sl_name_check("job", name, msg, sizeof(msg)) != 0) {
         sl_rpc_call_fail(call, SL_EINVAL, "%s", msg);
@@ -34,8 +35,10 @@ static fjob *job_or_fail(sl_rpc_call *call, sl_feed *f, const char *name)
     }
     j = feed_job_find(f, name);
     /* Another replica may have made it a moment ago. */
-    if (!j && feed_job_refresh(f, name, &j) != 0)
-        j = NULL;
+    if (!j && (err = feed_job_refresh(f, name, &j)) != 0) {
+        sl_rpc_call_fail(call, err, "job '%s': %s", name, sl_strerror(err));
+        return NULL;
+    }
     if (!j)
         sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", name);
     return j;

@@ -427,8 +427,10 @@ static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32
     }
     j = feed_job_find(f, job);
     /* Another replica may have made it, or begun the epoch asked for, a moment ago. */
-    if ((!j || (has_epoch && epoch > j->epoch)) && feed_job_refresh(f, job, &j) != 0)
-        j = feed_job_find(f, job);
+    if ((!j || (has_epoch && epoch > j->epoch)) && (err = feed_job_refresh(f, job, &j)) != 0) {
+        sl_rpc_call_fail(call, err, "job '%s': %s", job, sl_strerror(err));
+        return;
+    }
     if (!j) {
         sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", job);
         return;

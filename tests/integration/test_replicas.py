@@ -108,7 +108,7 @@ class FeedTest(ReplicaBase):
         self.assertFalse(errs, errs)
         self.assertLess(time.monotonic() - t0, 1.5)
         for c in self.cs:
-            self.assertEqual(c.get_epoch("job").epoch, 1)
+            wait_for(lambda c=c: c.get_epoch("job").epoch == 1, 1, "epoch 1 on every replica")
         self.assertTrue(got[1] and got[2])
         del r
 
@@ -378,7 +378,11 @@ class PgFaultTest(ReplicaBase):
             wait_for(lambda c=c: self.unavailable_or_ok(lambda: c.get_epoch("job")) == "ok"
                      and c.get_epoch("job").ranks[0].position >= 70, 15,
                      "the replica back with position 70")
-        self.cs[1].report_progress("job", 0, 0, 90)
+        # The first statement after the restart meets the dead connection (UNAVAILABLE); the
+        # replica connects again in the background within a second or two.
+        wait_for(lambda: self.unavailable_or_ok(
+            lambda: self.cs[1].report_progress("job", 0, 0, 90)) == "ok", 10,
+            "replica 1 to reconnect")
         for c in self.cs:
             wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 90, 5, "position 90")
 

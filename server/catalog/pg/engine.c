@@ -144,7 +144,7 @@ typedef struct pg {
     uv_timer_t *reconnect; /* every second while the connection is lost */
     char **queue;
     size_t nq, capq;
-    int missed; /* a payload could not be queued: deliver "*" */
+    int missed;    /* a payload could not be queued: deliver "*" */
     int resetting; /* the connection is being made again (PQresetStart .. PQresetPoll) */
 } pg;
 
