@@ -136,6 +136,7 @@ static const sl_rpc_method ckpt_methods[] = {
 static void on_sweep(uv_timer_t *t)
 {
     ckpt_sweep(t->data, 0);
+    ckpt_auto_commit_pending(t->data);
 }
 
 /* Every half upload timeout, at most every SWEEP_PERIOD_MS, at least every 100 ms. */
@@ -184,6 +185,7 @@ int sl_ckpt_svc_new(sl_ckpt_svc **out, uv_loop_t *loop, sl_cat *cat, const char 
         .arg = s,
     };
     ckpt_sweep(s, 1);
+    ckpt_auto_commit_pending(s);
     start_sweeps(s);
     *out = s;
     return 0;

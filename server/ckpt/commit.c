@@ -643,6 +643,21 @@ void ckpt_commit(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
         sl_rpc_call_fail(call, err, "%s", why[0] ? why : sl_strerror(err));
 }
 
+static int pending_one(const sl_cat_ckpt *c, void *arg)
+{
+    if (c->auto_commit && c->shards >= (uint32_t)c->world_size)
+        ckpt_auto_commit(arg, c->job, c->name);
+    return 0;
+}
+
+void ckpt_auto_commit_pending(sl_ckpt_svc *s)
+{
+    int err = sl_cat_ckpt_list(s->cat, NULL, SL_CKPT_WRITING, pending_one, s);
+
+    if (err)
+        sl_log_warn("ckpt_auto_commit_scan_failed", "error=\"%s\"", sl_strerror(err));
+}
+
 void ckpt_auto_commit(sl_ckpt_svc *s, const char *job, const char *name)
 {
     sl_cat_ckpt ck;

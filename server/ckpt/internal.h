@@ -283,6 +283,11 @@ void ckpt_restore(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);
  * and every rank's shard is durable. A refusal is logged (the checkpoint stays WRITING). */
 void ckpt_auto_commit(sl_ckpt_svc *s, const char *job, const char *name);
 
+/* ckpt_auto_commit for every WRITING auto-commit checkpoint whose shards are all recorded: the
+ * ones whose commit a crash cut short (the replica or daemon that recorded the last shard died
+ * first). At start and with every periodic sweep. */
+void ckpt_auto_commit_pending(sl_ckpt_svc *s);
+
 /* ---- verify.c, download.c ---- */
 
 void ckpt_verify(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg);

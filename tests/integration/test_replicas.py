@@ -286,6 +286,21 @@ class CkptTest(ReplicaBase):
         self.assertEqual(sum(d.log().count("event=ckpt_commit ") for d in self.ds), 4,
                          self.logs())
 
+    def test_commit_cut_short_is_finished_at_start(self):
+        # Every shard recorded, the commit not made (the replica that recorded the last shard
+        # died first; simulated by turning auto-commit on in the catalog afterwards): a replica
+        # that starts commits it.
+        from sluice.checkpoint import COMPLETE, WRITING
+        self.ks[0].begin("job", "cut", 1, 1)
+        self.ks[0].upload("job", "cut", 0, os.urandom(1000))
+        self.assertEqual(self.ks[1].get("job", "cut").state, WRITING)
+        self.pg.psql("UPDATE checkpoints SET auto_commit = 1 WHERE name = 'cut'",
+                     self.ds[0].pg_db)
+        self.ds[2].stop()
+        self.ds[2].start()
+        wait_for(lambda: self.ks[0].get("job", "cut").state == COMPLETE, 10, "COMPLETE")
+        self.assertTrue(self.ks[1].verify("job", "cut", deep=True).ok)
+
     def test_upload_lease_and_takeover_after_a_replica_dies(self):
         from sluice.checkpoint import COMPLETE
         for i in (0, 1):
