@@ -364,11 +364,12 @@ class PgFaultTest(ReplicaBase):
         self.assertGreaterEqual(n, REPLICAS)
         # The first statement of each replica meets the dead connection: UNAVAILABLE, then the
         # replica connects again by itself.
-        for c in self.cs:
-            self.unavailable_or_ok(lambda c=c: c.create_dataset("probe-%d" % id(c), 5))
-        wait_for(lambda: self.unavailable_or_ok(
-            lambda: self.cs[2].report_progress("job", 0, 0, 50)) == "ok", 10,
-            "replica 2 to reconnect")
+        probes = iter(range(1000))
+        for i, c in enumerate(self.cs):
+            wait_for(lambda c=c: self.unavailable_or_ok(
+                lambda: c.create_dataset("probe-%d" % next(probes), 5)) == "ok", 10,
+                "replica %d to reconnect" % i)
+        self.cs[2].report_progress("job", 0, 0, 50)
         # Announcements flow again: a job made through replica 0 reaches replica 1's stream.
         self.cs[0].create_job("job2", "ds", 1)
         wait_for(lambda: self.unavailable_or_ok(lambda: self.cs[1].get_job("job2")) == "ok", 5,
