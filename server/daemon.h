@@ -23,6 +23,7 @@ typedef struct sl_daemon {
     char catalog_desc[600];  /* the catalog, for GetInfo (never a password) */
     uv_loop_t loop;
     sl_cat *cat;
+    sl_cat *wcat; /* a shared catalog's second connection: the feed's group commits */
     sl_health *health;
     sl_rpc_server *rpc;
     sl_ckpt_svc *ckpt;

@@ -417,6 +417,14 @@ int main(int argc, char **argv)
         goto out;
     if (sl_feed_new(&d.feed, &d.loop, d.cat, d.data_dir, d.quar) != 0)
         goto out;
+    /* Progress is written from a worker on a connection of its own (the loop never waits). */
+    if (sl_cat_shared(d.cat)) {
+        if (sl_cat_open_spec(&d.wcat, d.cfg.catalog,
+                             d.cfg.catalog_password_file[0] ? d.cfg.catalog_password_file : NULL) !=
+            0)
+            goto out;
+        sl_feed_set_writer(d.feed, d.wcat);
+    }
     if (open_ckpt(&d) != 0) /* after the feed: checkpoints carry its data positions */
         goto out;
     /* The startup's sweeps (checkpoints, lengths, a stale WAL) are one quarantine batch. */
@@ -496,6 +504,7 @@ out:
     sl_feed_free(d.feed);
     sl_health_free(d.health);
     sl_cat_close(d.cat);
+    sl_cat_close(d.wcat);
     if (d.lock_fd >= 0)
         close(d.lock_fd);
     sl_ops_stop(&d.ops);

@@ -219,11 +219,17 @@ void sl_feed_free(sl_feed *f)
 {
     if (!f)
         return;
+    f->wcat = NULL; /* the loop has ended: what is left is written here */
     feed_reports_close(f);
     while (f->jobs)
         feed_job_remove(f, f->jobs, SL_RPC_UNAVAILABLE, "server shutting down");
     free(f->scratch);
     free(f);
+}
+
+void sl_feed_set_writer(sl_feed *f, sl_cat *wcat)
+{
+    f->wcat = wcat;
 }
 
 void sl_feed_set_metrics(sl_feed *f, sl_metrics *m)

@@ -34,6 +34,10 @@ const sl_rpc_service *sl_feed_service(sl_feed *f, int i);
 /* Count indices and batches served into `m` (sluice_indices_served_total,
  * sluice_batches_served_total). Loop thread. */
 struct sl_metrics;
+/* Group commits of progress go to `wcat` (a second connection to the same shared catalog, owned
+ * by the caller, closed after the feed) on the worker pool instead of the loop's connection. */
+void sl_feed_set_writer(sl_feed *f, sl_cat *wcat);
+
 void sl_feed_set_metrics(sl_feed *f, struct sl_metrics *m);
 
 #define SL_FEED_N_SERVICES 4

@@ -178,6 +178,10 @@ struct sl_feed {
     freport *pending;
     size_t n_pending, cap_pending;
     uv_check_t *flush; /* heap: it outlives the feed until its close callback */
+    /* A shared catalog: a connection of its own on which a worker writes the group commits
+     * (one at a time: `flushing`), so the loop never waits for them (sl_feed_set_writer). */
+    sl_cat *wcat;
+    int flushing;
     feed_hooks hooks;
     sl_rpc_service svcs[4];
     sl_metrics *metrics; /* NULL: not counted */

@@ -401,60 +401,93 @@ int feed_report_enqueue(sl_feed *f, sl_rpc_call *call, const fjob *j, uint32_t d
     return 0;
 }
 
-/* Write the reports whose job has not changed since they were checked (a report that raced an
- * advance, a resize or a delete is answered without being written): one statement per run of
- * reports of one job, and the other replicas told once per run; one transaction (one fsync)
- * around them unless there is only one run. */
-static int write_reports(sl_feed *f, const freport *batch, size_t n)
-{
-    sl_cat_progress *rows = n ? malloc(n * sizeof(*rows)) : NULL;
-    size_t runs = 0, k = 0;
-    int err = 0, tx;
+/* A group commit: the reports to answer, and the rows to write of those whose job has not
+ * changed since they were checked (a report that raced an advance, a resize or a delete is
+ * answered without being written), in runs of one job. */
+typedef struct frun {
+    char job[SL_CAT_FEED_NAME_MAX + 1];
+    size_t at, n; /* rows[at .. at + n) */
+} frun;
 
-    if (n && !rows)
-        return -ENOMEM;
-    for (size_t i = 0; i < n; i++)
-        runs += i == 0 || strcmp(batch[i].job, batch[i - 1].job) != 0;
-    tx = runs > 1;
-    if (tx)
-        err = sl_cat_feed_begin(f->cat);
-    for (size_t i = 0; !err && i < n; i++) {
-        fjob *j = feed_job_find(f, batch[i].job);
-        if (j && j->gen == batch[i].gen)
-            rows[k++] = (sl_cat_progress){batch[i].dp, batch[i].epoch, batch[i].position};
-        if (i + 1 < n && strcmp(batch[i + 1].job, batch[i].job) == 0)
-            continue;
-        if (k)
-            err = sl_cat_progress_put(f->cat, batch[i].job, rows, k);
-        if (!err && k)
-            err = sl_cat_progress_announce(f->cat, batch[i].job);
-        k = 0;
+typedef struct fgroup {
+    uv_work_t work;
+    sl_feed *f;
+    sl_cat *cat; /* the connection that writes */
+    freport *batch;
+    size_t n;
+    sl_cat_progress *rows;
+    frun *runs;
+    size_t nruns;
+    int err;
+} fgroup;
+
+static fgroup *flush_collect(sl_feed *f, freport *batch, size_t n)
+{
+    fgroup *fl = calloc(1, sizeof(*fl));
+    size_t k = 0;
+
+    if (!fl)
+        return NULL;
+    fl->f = f;
+    fl->batch = batch;
+    fl->n = n;
+    fl->rows = n ? malloc(n * sizeof(*fl->rows)) : NULL;
+    fl->runs = n ? malloc(n * sizeof(*fl->runs)) : NULL;
+    if (n && (!fl->rows || !fl->runs)) {
+        fl->err = -ENOMEM;
+        return fl;
     }
-    if (tx)
-        err = sl_cat_feed_end(f->cat, err);
-    free(rows);
-    return err;
+    for (size_t i = 0; i < n; i++) {
+        fjob *j = feed_job_find(f, batch[i].job);
+        if (!j || j->gen != batch[i].gen)
+            continue;
+        if (!fl->nruns || strcmp(fl->runs[fl->nruns - 1].job, j->name) != 0) {
+            frun *r = &fl->runs[fl->nruns++];
+            snprintf(r->job, sizeof(r->job), "%s", j->name);
+            r->at = k;
+            r->n = 0;
+        }
+        fl->rows[k++] = (sl_cat_progress){batch[i].dp, batch[i].epoch, batch[i].position};
+        fl->runs[fl->nruns - 1].n++;
+    }
+    return fl;
 }
 
-static void on_flush(uv_check_t *h)
+/* One statement per run, the other replicas told once per run; one transaction (one fsync)
+ * around them unless there is only one. Any thread: fl->cat is the loop's catalog, or the
+ * writer connection of a shared catalog used by one worker job at a time. */
+static void flush_write(uv_work_t *w)
 {
-    sl_feed *f = h->data;
-    freport *batch = f->pending;
-    size_t n = f->n_pending;
-    int err;
+    fgroup *fl = w->data;
+    int tx = fl->nruns > 1, err = fl->err;
 
-    uv_check_stop(h);
-    f->pending = NULL;
-    f->n_pending = f->cap_pending = 0;
-    err = write_reports(f, batch, n);
-    for (size_t i = 0; i < n; i++) {
+    if (!err && tx)
+        err = sl_cat_feed_begin(fl->cat);
+    for (size_t i = 0; !err && i < fl->nruns; i++) {
+        err =
+            sl_cat_progress_put(fl->cat, fl->runs[i].job, fl->rows + fl->runs[i].at, fl->runs[i].n);
+        if (!err)
+            err = sl_cat_progress_announce(fl->cat, fl->runs[i].job);
+    }
+    if (tx)
+        err = sl_cat_feed_end(fl->cat, err);
+    fl->err = err;
+}
+
+/* Answer the reports (loop thread) and free the group commit. */
+static void flush_answer(fgroup *fl)
+{
+    sl_feed *f = fl->f;
+
+    for (size_t i = 0; i < fl->n; i++) {
         Sluice__V1__ReportProgressResponse resp = SLUICE__V1__REPORT_PROGRESS_RESPONSE__INIT;
-        freport *r = &batch[i];
+        freport *r = &fl->batch[i];
         fjob *j = feed_job_find(f, r->job);
         int advanced = 0, e2;
 
-        if (err) {
-            sl_rpc_call_fail(r->call, err, "could not record progress: %s", sl_strerror(err));
+        if (fl->err) {
+            sl_rpc_call_fail(r->call, fl->err, "could not record progress: %s",
+                             sl_strerror(fl->err));
         } else if (!j) {
             sl_rpc_call_fail(r->call, SL_ENOTFOUND, "job '%s' was deleted", r->job);
         } else if (j->gen != r->gen && j->epoch == r->epoch) {
@@ -478,7 +511,57 @@ static void on_flush(uv_check_t *h)
         }
         sl_rpc_call_unref(r->call);
     }
-    free(batch);
+    free(fl->batch);
+    free(fl->rows);
+    free(fl->runs);
+    free(fl);
+}
+
+static void flush_after(uv_work_t *w, int status)
+{
+    fgroup *fl = w->data;
+    sl_feed *f = fl->f;
+
+    (void)status;
+    f->flushing = 0;
+    flush_answer(fl);
+    if (f->n_pending && f->flush)
+        uv_check_start(f->flush, on_flush);
+}
+
+static void on_flush(uv_check_t *h)
+{
+    sl_feed *f = h->data;
+    freport *batch = f->pending;
+    size_t n = f->n_pending;
+    fgroup *fl;
+
+    uv_check_stop(h);
+    if (f->flushing)
+        return; /* the group commit on its way starts the next one when it ends */
+    f->pending = NULL;
+    f->n_pending = f->cap_pending = 0;
+    if (!(fl = flush_collect(f, batch, n))) {
+        for (size_t i = 0; i < n; i++) {
+            sl_rpc_call_fail(batch[i].call, -ENOMEM, "out of memory");
+            sl_rpc_call_unref(batch[i].call);
+        }
+        free(batch);
+        return;
+    }
+    /* A shared catalog's writes go over the network: a worker writes them on a connection of
+     * its own while the loop goes on; the local SQLite file is written here. */
+    if (f->wcat && !f->shutting_down) {
+        fl->cat = f->wcat;
+        fl->work.data = fl;
+        f->flushing = 1;
+        uv_queue_work(f->loop, &fl->work, flush_write, flush_after);
+        return;
+    }
+    fl->cat = f->cat;
+    fl->work.data = fl;
+    flush_write(&fl->work);
+    flush_answer(fl);
 }
 
 static void on_flush_closed(uv_handle_t *h)

@@ -369,7 +369,10 @@ class PgFaultTest(ReplicaBase):
             wait_for(lambda c=c: self.unavailable_or_ok(
                 lambda: c.create_dataset("probe-%d" % next(probes), 5)) == "ok", 10,
                 "replica %d to reconnect" % i)
-        self.cs[2].report_progress("job", 0, 0, 50)
+        # Progress goes through a second connection of each replica, made again in turn.
+        wait_for(lambda: self.unavailable_or_ok(
+            lambda: self.cs[2].report_progress("job", 0, 0, 50)) == "ok", 10,
+            "replica 2's writer to reconnect")
         # Announcements flow again: a job made through replica 0 reaches replica 1's stream.
         self.cs[0].create_job("job2", "ds", 1)
         wait_for(lambda: self.unavailable_or_ok(lambda: self.cs[1].get_job("job2")) == "ok", 5,

@@ -434,12 +434,31 @@ static void pg_close(sl_cat *cat)
     cat->conn = NULL;
 }
 
+/* This process's mark on its announcements, the same on all its connections (the feed writes
+ * progress on a second one): "<mark> <payload>". Its own are not delivered back to it. */
+static char mark[17];
+
+static const char *own_mark(void)
+{
+    unsigned char rnd[8];
+
+    if (!mark[0]) {
+        if (getentropy(rnd, sizeof(rnd)) != 0)
+            memset(rnd, 0x5a, sizeof(rnd));
+        for (size_t i = 0; i < sizeof(rnd); i++)
+            snprintf(mark + 2 * i, 3, "%02x", rnd[i]);
+    }
+    return mark;
+}
+
 static int announce(sl_cat *cat, const char *payload)
 {
+    char text[SL_CAT_FEED_NAME_MAX + 32];
     sl_db_q q;
 
+    snprintf(text, sizeof(text), "%s %s", own_mark(), payload);
     sl_db_q_init(&q, cat, "announce");
-    sl_db_text(&q, payload);
+    sl_db_text(&q, text);
     return sl_db_exec(&q, "SELECT pg_notify('" CHANNEL "', ?1)", 0, NULL);
 }
 
@@ -482,12 +501,15 @@ static void push(pg *p, const char *payload)
 static void collect(sl_cat *cat)
 {
     pg *p = PG(cat);
+    const char *me = own_mark();
+    size_t len = strlen(me);
     PGnotify *n;
-    int self = PQbackendPID(p->conn);
 
     while ((n = PQnotifies(p->conn)) != NULL) {
-        if (p->loop && n->be_pid != self && n->extra)
-            push(p, n->extra);
+        const char *s = n->extra;
+        /* Another process's ("<mark> <payload>"), not this one's own. */
+        if (p->loop && s && strlen(s) > len + 1 && s[len] == ' ' && strncmp(s, me, len) != 0)
+            push(p, s + len + 1);
         PQfreemem(n);
     }
 }
