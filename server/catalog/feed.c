@@ -385,11 +385,40 @@ static int progress_put(sl_cat *cat, const char *job, const sl_cat_progress *row
     return err;
 }
 
+static int by_rank(const void *a, const void *b)
+{
+    const sl_cat_progress *x = a, *y = b;
+
+    if (x->dp_rank != y->dp_rank)
+        return x->dp_rank < y->dp_rank ? -1 : 1;
+    if (x->epoch != y->epoch)
+        return x->epoch < y->epoch ? -1 : 1;
+    return x->position < y->position ? -1 : x->position > y->position;
+}
+
 int sl_cat_progress_put(sl_cat *cat, const char *job, const sl_cat_progress *rows, size_t n)
 {
+    sl_cat_progress *v = n ? malloc(n * sizeof(*v)) : NULL;
+    size_t m = 0;
     int64_t changed;
+    int err;
 
-    return progress_put(cat, job, rows, n, &changed);
+    if (!n)
+        return 0;
+    if (!v)
+        return -ENOMEM;
+    /* One row per dp rank (its latest epoch, highest position): a statement may not change a
+     * row twice (PostgreSQL refuses it), and two reports of one rank can share a group. */
+    memcpy(v, rows, n * sizeof(*v));
+    qsort(v, n, sizeof(*v), by_rank);
+    for (size_t i = 0; i < n; i++) {
+        if (m && v[m - 1].dp_rank == v[i].dp_rank)
+            m--;
+        v[m++] = v[i];
+    }
+    err = progress_put(cat, job, v, m, &changed);
+    free(v);
+    return err;
 }
 
 int sl_cat_progress_set(sl_cat *cat, const char *job, uint32_t dp_rank, uint64_t epoch,

@@ -131,6 +131,15 @@ int main(void)
     memset(&s, 0, sizeof(s));
     CHECK(sl_cat_progress_list(cat, "job", on_progress, &s) == 0);
     CHECK(s.n == 1 && s.pos[1] == 2 && s.epoch[1] == 1);
+    {
+        /* Reports of one rank in one group commit: one row, the highest. */
+        sl_cat_progress many[] = {{1, 1, 3}, {0, 1, 4}, {1, 1, 7}, {1, 1, 5}};
+        CHECK(sl_cat_progress_put(cat, "job", many, 4) == 0);
+        CHECK(sl_cat_progress_put(cat, "job", many, 0) == 0);
+        memset(&s, 0, sizeof(s));
+        CHECK(sl_cat_progress_list(cat, "job", on_progress, &s) == 0);
+        CHECK(s.n == 2 && s.pos[1] == 7 && s.pos[0] == 4);
+    }
     CHECK(sl_cat_job_resize(cat, "job", spec, sizeof(spec), 3, el, sizeof(el), &version) == 0);
     CHECK(version == 1);
     CHECK(sl_cat_job_resize(cat, "nope", spec, sizeof(spec), 3, NULL, 0, NULL) == SL_ENOTFOUND);
