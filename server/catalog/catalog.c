@@ -383,9 +383,11 @@ int sl_cat_peers(sl_cat *cat)
     if (!sl_cat_shared(cat))
         return 0;
     sl_db_q_init(&q, cat, "peers");
+    /* Other processes' sessions: this one's all carry its own application_name. */
     if (sl_db_run(&q,
                   "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
-                  "application_name = 'sluiced' AND pid != pg_backend_pid()",
+                  "application_name LIKE 'sluiced %' AND application_name != "
+                  "current_setting('application_name')",
                   0) == 0 &&
         sl_db_next(&q) == 1)
         n = (int)sl_db_int_col(&q, 0);

@@ -164,5 +164,5 @@ class PgServer:
     def terminate(self, db):
         """pg_terminate_backend every connection of sluiced to database `db`; how many."""
         rows = self.psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                         "WHERE datname = '%s' AND application_name = 'sluiced'" % db)
+                         "WHERE datname = '%s' AND application_name LIKE 'sluiced %%'" % db)
         return int(rows[0][0])

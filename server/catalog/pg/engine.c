@@ -836,12 +836,15 @@ int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file)
     pg *p = calloc(1, sizeof(*p));
     char pw[1024] = "", desc[512];
     const char *keys[] = {"connect_timeout", "application_name", "dbname", "password", NULL};
-    const char *vals[] = {"5", "sluiced", where, NULL, NULL};
+    char app[32];
+    const char *vals[] = {"5", app, where, NULL, NULL};
     int err;
 
     if (!p)
         return -ENOMEM;
     cat->conn = p;
+    /* "sluiced <mark>": the process's connections tell other replicas' apart (sl_cat_peers). */
+    snprintf(app, sizeof(app), "sluiced %s", own_mark());
     if ((err = check_conninfo(where)) != 0)
         return err;
     if (password_file && (err = read_password(password_file, pw, sizeof(pw))) != 0)
