@@ -14,7 +14,9 @@ struct sl_testsrv {
     uv_async_t stop;
     sl_rpc_server *srv;
     pthread_t thread;
-    uint64_t grace_ms;
+    /* Set by the stopping thread, read by the loop's on_stop: atomic, since the ordering
+     * uv_async_send gives is made inside libuv, which TSan does not see. */
+    atomic_uint_least64_t grace_ms;
     size_t live_at_stop;
     int claim_keys;               /* Echo claims its text as a key (sl_rpc_call_claim) */
     atomic_size_t max_send_bytes; /* the most Count had queued or in flight after a send */
@@ -359,7 +361,7 @@ static void on_stop(uv_async_t *a)
 {
     sl_testsrv *s = a->data;
 
-    sl_rpc_server_shutdown(s->srv, s->grace_ms, on_stopped, s);
+    sl_rpc_server_shutdown(s->srv, atomic_load(&s->grace_ms), on_stopped, s);
 }
 
 static void *loop_main(void *arg)
@@ -442,7 +444,7 @@ size_t sl_testsrv_stop(sl_testsrv *s, uint64_t grace_ms)
 {
     size_t live;
 
-    s->grace_ms = grace_ms;
+    atomic_store(&s->grace_ms, grace_ms);
     uv_async_send(&s->stop);
     pthread_join(s->thread, NULL);
     live = s->live_at_stop;
