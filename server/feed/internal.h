@@ -234,10 +234,6 @@ int feed_job_add(sl_feed *f, fjob **out, const char *name, const char *dataset,
 /* Remove and free a job, ending its streams with `code`. */
 void feed_job_remove(sl_feed *f, fjob *j, sl_rpc_code code, const char *why);
 
-/* Fill a Job message for replies (pointers into j; valid while j is). */
-void feed_job_describe(const fjob *j, Sluice__V1__Job *out, Sluice__V1__Mesh *mesh,
-                       Sluice__V1__BatchConfig *bc);
-
 /* dp rank of a global rank in the job's current world. SL_EINVAL if out of range. */
 int feed_job_dp_rank(const fjob *j, uint32_t rank, uint32_t *dp, char *msg, size_t len);
 

@@ -12,13 +12,55 @@
 #include <string.h>
 #include <time.h>
 
+/* The job as the Jobs service describes it (borrowing the job's strings and arrays). */
+static void describe(const fjob *j, Sluice__V1__Job *out, Sluice__V1__Mesh *mesh,
+                     Sluice__V1__BatchConfig *bc)
+{
+    const Sluice__V1__Job *s = j->spec;
+
+    sluice__v1__job__init(out);
+    out->name = (char *)j->name;
+    out->dataset = (char *)j->dataset;
+    out->world_size = s->world_size;
+    if (feed_mesh_set(s->mesh)) {
+        sluice__v1__mesh__init(mesh);
+        mesh->dp = s->mesh->dp;
+        mesh->tp = s->mesh->tp;
+        mesh->cp = s->mesh->cp;
+        mesh->pp = s->mesh->pp;
+        mesh->order = s->mesh->order ? s->mesh->order : (char *)"";
+        out->mesh = mesh;
+    }
+    out->partition = (char *)sl_sample_partition_name(j->cfg.partition);
+    out->chunk_size = j->cfg.partition == SL_SAMPLE_CHUNKED ? j->cfg.chunk_size : 0;
+    out->shuffle = (char *)sl_sample_shuffle_name(j->cfg.shuffle);
+    out->seed = s->seed;
+    out->drop_last = s->drop_last;
+    out->manual_advance = s->manual_advance;
+    out->stratify = s->stratify;
+    out->balance_classes = s->balance_classes;
+    out->class_weights = s->class_weights;
+    out->n_class_weights = s->n_class_weights;
+    out->epoch_length = s->epoch_length;
+    out->rank_weights = s->rank_weights;
+    out->n_rank_weights = s->n_rank_weights;
+    if (s->batching) {
+        *bc = *s->batching;
+        out->batching = bc;
+    }
+    out->epoch = j->epoch;
+    out->created_ms = (uint64_t)j->created_ms;
+    out->dp_size = j->dp_size;
+    out->resized_in_epoch = j->src != NULL || feed_job_replans(j);
+}
+
 static void reply_job(sl_rpc_call *call, const fjob *j)
 {
     Sluice__V1__Job out;
     Sluice__V1__Mesh mesh;
     Sluice__V1__BatchConfig bc;
 
-    feed_job_describe(j, &out, &mesh, &bc);
+    describe(j, &out, &mesh, &bc);
     sl_rpc_call_reply(call, &out.base);
 }
 
@@ -199,7 +241,7 @@ static void job_list(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
             js[k++] = j;
     qsort(js, k, sizeof(*js), cmp_name);
     for (size_t i = 0; i < k; i++) {
-        feed_job_describe(js[i], &msgs[i], &meshes[i], &bcs[i]);
+        describe(js[i], &msgs[i], &meshes[i], &bcs[i]);
         ptrs[i] = &msgs[i];
     }
     resp.n_jobs = k;

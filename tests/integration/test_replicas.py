@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import grpc  # noqa: E402
 from sltest import Daemon  # noqa: E402
-from pgfixture import PgServer  # noqa: E402
+from pgfixture import PgTestCase  # noqa: E402
 from sluice.client import Client  # noqa: E402
 
 REPLICAS = 3
@@ -29,15 +29,7 @@ def wait_for(pred, timeout, what):
     raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
 
 
-class ReplicaBase(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.pg = PgServer().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.pg.destroy()
-
+class ReplicaBase(PgTestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="sluice-replicas-")
         self.data = os.path.join(self.tmp.name, "data")

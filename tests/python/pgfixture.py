@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import unittest
 
 PG_BIN = os.environ.get("SL_PG_BIN", "/usr/lib/postgresql/15/bin")
 PSQL = os.path.join(PG_BIN, "psql")
@@ -166,3 +167,15 @@ class PgServer:
         rows = self.psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                          "WHERE datname = '%s' AND application_name LIKE 'sluiced %%'" % db)
         return int(rows[0][0])
+
+
+class PgTestCase(unittest.TestCase):
+    """A test case with one PostgreSQL server for its class (cls.pg), removed after it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.pg = PgServer().start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.pg.destroy()

@@ -18,7 +18,7 @@ import unittest
 
 import grpc
 
-from pgfixture import PgServer
+from pgfixture import PgServer, PgTestCase
 from sltest import SLUICE_CLI, Daemon
 from sluice._channel import ReplicasUnavailable, split_addresses
 from sluice.checkpoint import COMPLETE, Checkpoints
@@ -36,16 +36,8 @@ def dead_addr():
     return "127.0.0.1:%d" % port
 
 
-class ReplicasCase(unittest.TestCase):
+class ReplicasCase(PgTestCase):
     """A PostgreSQL server for the class; per test a data dir and replicas on it."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.pg = PgServer().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.pg.destroy()
 
     def setUp(self):
         self._tmp = tempfile.TemporaryDirectory(prefix="sluice-failover-")
