@@ -195,7 +195,8 @@ int sl_cat_ckpt_bind(sl_cat *cat, int64_t id, const char *feed_job, int auto_com
                           "WHERE id = ?1");
 }
 
-int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, int64_t now_ms, int64_t stale_ms)
+int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, const char *replica, int64_t now_ms,
+                      int64_t stale_ms)
 {
     int64_t changes = 0;
     sl_db_q q;
@@ -205,9 +206,10 @@ int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, int64_t now_ms, int64_t stale_ms)
     sl_db_int(&q, id);
     sl_db_int(&q, now_ms);
     sl_db_int(&q, now_ms - stale_ms);
+    sl_db_text(&q, replica);
     err = sl_db_exec(&q,
-                     "UPDATE checkpoints SET commit_claim_ms = ?2 WHERE id = ?1 AND state = 1 "
-                     "AND commit_claim_ms < ?3",
+                     "UPDATE checkpoints SET commit_claim_ms = ?2, commit_claimer = ?4 WHERE "
+                     "id = ?1 AND state = 1 AND (commit_claim_ms < ?3 OR commit_claimer = ?4)",
                      0, &changes);
     if (err || changes)
         return err;

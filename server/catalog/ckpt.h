@@ -81,10 +81,12 @@ int sl_cat_ckpt_begin_bound(sl_cat *cat, sl_cat_ckpt *out, int *created, const c
                             int auto_commit);
 
 /* Replicas of a shared catalog commit a checkpoint one at a time: claim it (WRITING, and no
- * other claim younger than stale_ms) before writing its metadata.json; 0, SL_EUNAVAILABLE while
+ * other replica's claim younger than stale_ms; `replica`'s own, left by a process of it that
+ * died, is taken back at once) before writing its metadata.json; 0, SL_EUNAVAILABLE while
  * another replica's claim holds, SL_ESTATE if it is not WRITING. Unclaim after a failed commit.
  * COMPLETE and abort end the claim with the state. */
-int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, int64_t now_ms, int64_t stale_ms);
+int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, const char *replica, int64_t now_ms,
+                      int64_t stale_ms);
 int sl_cat_ckpt_unclaim(sl_cat *cat, int64_t id);
 
 /* Bind a checkpoint to a feed job ("" : none) and set its auto-commit; forgets a stored feed

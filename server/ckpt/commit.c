@@ -598,7 +598,8 @@ static int commit_start(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck
     }
     /* Replicas of a shared catalog: one of them writes metadata.json and commits. */
     if (sl_cat_shared(s->cat) &&
-        (err = sl_cat_ckpt_claim(s->cat, ck->id, sl_now_ms(), COMMIT_CLAIM_STALE_MS)) != 0) {
+        (err = sl_cat_ckpt_claim(s->cat, ck->id, s->opts.replica ? s->opts.replica : "",
+                                 sl_now_ms(), COMMIT_CLAIM_STALE_MS)) != 0) {
         if (err == SL_EUNAVAILABLE)
             snprintf(msg, len, "%s/%s is being committed by another replica: ask again", ck->job,
                      ck->name);

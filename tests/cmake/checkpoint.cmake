@@ -58,7 +58,7 @@ add_test(NAME ckpt_torch_train
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(ckpt_torch_train PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 900
                      LABELS "python;checkpoint"
-                     RESOURCE_LOCK torchrun_rendezvous_29400)
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
 
 # The training loop's stall of one save (tests/bench/ckpt_save_bench.py); ctest runs a small
 # smoke round only.

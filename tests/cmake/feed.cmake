@@ -17,7 +17,9 @@ add_test(NAME feed_torch_ddp
 set_tests_properties(feed_torch_ddp PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 600)
 
 # torchrun --standalone rendezvous on the fixed port 29400: the tests that use it never run at the
-# same time (RESOURCE_LOCK), or one fails with "Address already in use".
+# same time (RESOURCE_LOCK), or one fails with "Address already in use". They also run alone
+# (RUN_SERIAL): torchrun picks its workers' store port by binding port 0 and releasing it, and a
+# test running beside it may take that port first (seen: EADDRINUSE on the store's port).
 # Real training with the drop-in under torchrun (3 DDP ranks, gloo, CPU): ranks SIGKILLed mid-epoch,
 # sluiced killed or stopped while they train, a batch job, empty shares, job mismatches; ~2 min.
 add_test(NAME feed_torch_train
@@ -25,7 +27,7 @@ add_test(NAME feed_torch_train
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(feed_torch_train PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 900
                      LABELS "python;feed"
-                     RESOURCE_LOCK torchrun_rendezvous_29400)
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
 
 # The PyTorch drop-in against torch's DataLoader + DistributedSampler (tests/bench/
 # torch_loader_bench.py); ctest runs a small smoke round only.
@@ -75,4 +77,4 @@ add_test(NAME sampling2_torchrun
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(sampling2_torchrun PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
                      LABELS "python;feed"
-                     RESOURCE_LOCK torchrun_rendezvous_29400)
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)

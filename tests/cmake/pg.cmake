@@ -24,7 +24,7 @@ foreach (spec ${SL_PG_TESTS})
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "${SL_TEST_ENV};SL_TEST_CATALOG=postgresql"
                        TIMEOUT 600 LABELS "${labels}")
   if ("torchrun" IN_LIST labels)
-    set_tests_properties(${name} PROPERTIES RESOURCE_LOCK torchrun_rendezvous_29400)
+    set_tests_properties(${name} PROPERTIES RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
   endif ()
 endforeach ()
 

@@ -115,6 +115,7 @@ static const char *const migrations[] = {
     /* 7 */
     "ALTER TABLE feed_jobs ADD COLUMN version BIGINT NOT NULL DEFAULT 0;\n"
     "ALTER TABLE checkpoints ADD COLUMN commit_claim_ms BIGINT NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE checkpoints ADD COLUMN commit_claimer TEXT NOT NULL DEFAULT '';\n"
     "CREATE TABLE upload_leases (\n"
     "  checkpoint_id BIGINT NOT NULL REFERENCES checkpoints(id) ON DELETE CASCADE,\n"
     "  rank          BIGINT NOT NULL CHECK (rank >= 0),\n"

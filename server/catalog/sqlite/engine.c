@@ -130,6 +130,7 @@ static const char *const migrations[] = {
      * of recording it. */
     "ALTER TABLE feed_jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 0;\n"
     "ALTER TABLE checkpoints ADD COLUMN commit_claim_ms INTEGER NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE checkpoints ADD COLUMN commit_claimer TEXT NOT NULL DEFAULT '';\n"
     "CREATE TABLE upload_leases (\n"
     "  checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id) ON DELETE CASCADE,\n"
     "  rank          INTEGER NOT NULL CHECK (rank >= 0),\n"
