@@ -236,6 +236,27 @@ int sl_cat_ckpt_unclaim(sl_cat *cat, int64_t id)
     return sl_db_exec(&q, "UPDATE checkpoints SET commit_claim_ms = 0 WHERE id = ?1", 0, NULL);
 }
 
+int sl_cat_replica_restarted(sl_cat *cat, const char *replica, int64_t *n)
+{
+    sl_db_q q;
+    int64_t leases = 0, claims = 0;
+    int err;
+
+    sl_db_q_init(&q, cat, "replica_leases");
+    sl_db_text(&q, replica);
+    err = sl_db_exec(&q, "DELETE FROM upload_leases WHERE replica = ?1", 0, &leases);
+    if (!err) {
+        sl_db_q_init(&q, cat, "replica_claims");
+        sl_db_text(&q, replica);
+        err = sl_db_exec(&q,
+                         "UPDATE checkpoints SET commit_claim_ms = 0 WHERE commit_claimer = ?1 "
+                         "AND commit_claim_ms <> 0",
+                         0, &claims);
+    }
+    *n = leases + claims;
+    return err;
+}
+
 int sl_cat_ckpt_begin_bound(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *job,
                             const char *name, uint64_t step, int32_t world_size,
                             const char *user_md, int64_t now_ms, const char *feed_job,

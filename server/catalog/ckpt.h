@@ -89,6 +89,12 @@ int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, const char *replica, int64_t now_
                       int64_t stale_ms);
 int sl_cat_ckpt_unclaim(sl_cat *cat, int64_t id);
 
+/* A replica starting: what a process of it that died left, its upload leases and commit
+ * claims, is dropped, so that any replica may resume those uploads and commits at once instead
+ * of after the lease's TTL (replica identities are unique, so no process of it is running).
+ * *n: how many were dropped. */
+int sl_cat_replica_restarted(sl_cat *cat, const char *replica, int64_t *n);
+
 /* Bind a checkpoint to a feed job ("" : none) and set its auto-commit; forgets a stored feed
  * state (a reopened checkpoint). */
 int sl_cat_ckpt_bind(sl_cat *cat, int64_t id, const char *feed_job, int auto_commit);

@@ -184,6 +184,7 @@ int sl_ckpt_svc_new(sl_ckpt_svc **out, uv_loop_t *loop, sl_cat *cat, const char 
         .n_methods = sizeof(ckpt_methods) / sizeof(ckpt_methods[0]),
         .arg = s,
     };
+    ckpt_lease_restarted(s);
     ckpt_sweep(s, 1);
     ckpt_auto_commit_pending(s);
     start_sweeps(s);

@@ -78,6 +78,10 @@ struct sl_ckpt_svc {
 
 /* ---- lease.c: one upload per (checkpoint, rank) across the replicas of a shared catalog ---- */
 
+/* At start: drop the leases and commit claims a dead process of this replica left (no-op with
+ * SQLite). */
+void ckpt_lease_restarted(sl_ckpt_svc *s);
+
 /* Take the lease of (ck, rank) for `up` (no-op with SQLite); answers the call UNAVAILABLE when
  * another replica's upload holds it. Returns 1 to go on. */
 int ckpt_lease_take(upload *up, int64_t ckpt_id, int32_t rank);

@@ -28,6 +28,21 @@ static int64_t ttl(const sl_ckpt_svc *s)
     return s->opts.lease_ms ? (int64_t)s->opts.lease_ms : 30000;
 }
 
+void ckpt_lease_restarted(sl_ckpt_svc *s)
+{
+    int64_t n = 0;
+    int err;
+
+    if (!shared(s))
+        return;
+    err = sl_cat_replica_restarted(s->cat, s->opts.replica, &n);
+    if (err)
+        sl_log_warn("replica_release_failed", "error=\"%s\"", sl_strerror(err));
+    else if (n)
+        sl_log_info("replica_released", "replica=%s leases_and_claims=%lld", s->opts.replica,
+                    (long long)n);
+}
+
 int ckpt_lease_take(upload *up, int64_t ckpt_id, int32_t rank)
 {
     sl_ckpt_svc *s = up->svc;

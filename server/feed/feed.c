@@ -159,6 +159,12 @@ int feed_job_load(const sl_cat_job *row, void *arg)
      * epoch leaves a complete epoch behind: begin the next one now, as the report would have.
      * (A batch job's completion is known once its plan is ready; stream.c checks it then.) */
     if (!j->spec->manual_advance && feed_job_complete(j)) {
+        /* Loaded from another replica's announcement (the timer exists once the feed has
+         * started): the replica that made it complete advances it. */
+        if (f->orphans) {
+            feed_sync_unadvanced(f);
+            return 0;
+        }
         err = feed_job_advance(j);
         if (err && err != SL_ESTATE)
             sl_log_error("epoch_advance_failed", "job=%s epoch=%llu error=\"%s\"", j->name,
@@ -202,7 +208,7 @@ int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_di
     if (!err)
         err = sl_cat_job_list(cat, feed_job_load, f);
     if (!err && sl_cat_shared(cat))
-        err = sl_cat_listen(cat, loop, feed_sync_notified, f);
+        err = feed_sync_init(f);
     if (err) {
         sl_feed_free(f);
         return err;
@@ -220,6 +226,7 @@ void sl_feed_free(sl_feed *f)
     if (!f)
         return;
     f->wcat = NULL; /* the loop has ended: what is left is written here */
+    feed_sync_close(f);
     feed_reports_close(f);
     while (f->jobs)
         feed_job_remove(f, f->jobs, SL_RPC_UNAVAILABLE, "server shutting down");

@@ -182,6 +182,7 @@ struct sl_feed {
      * (one at a time: `flushing`), so the loop never waits for them (sl_feed_set_writer). */
     sl_cat *wcat;
     int flushing;
+    uv_timer_t *orphans; /* shared catalog: advances epochs left complete (sync.c); heap */
     feed_hooks hooks;
     sl_rpc_service svcs[4];
     sl_metrics *metrics; /* NULL: not counted */
@@ -288,8 +289,13 @@ int feed_job_load(const sl_cat_job *row, void *arg);
  * fjob pointer of the caller may be stale after it: look the job up again. */
 int feed_job_refresh(sl_feed *f, const char *name, fjob **out);
 
-/* sl_cat_listen's callback (arg: the sl_feed). */
-void feed_sync_notified(const char *payload, void *arg);
+/* A shared catalog: listen to the other replicas' announcements. feed_sync_close when done. */
+int feed_sync_init(sl_feed *f);
+void feed_sync_close(sl_feed *f);
+
+/* A job that another replica's write made complete: advanced in a moment unless that replica
+ * advances it first (it does, unless it died in between). */
+void feed_sync_unadvanced(sl_feed *f);
 
 /* The plan_ready hook: advance the epoch if reports recorded before the plan complete it. */
 void feed_job_plan_ready(fjob *j);

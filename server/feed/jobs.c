@@ -448,8 +448,15 @@ int feed_report_enqueue(sl_feed *f, sl_rpc_call *call, const fjob *j, uint32_t d
  * answered without being written), in runs of one job. */
 typedef struct frun {
     char job[SL_CAT_FEED_NAME_MAX + 1];
+    uint64_t gen; /* the job's when collected */
     size_t at, n; /* rows[at .. at + n) */
 } frun;
+
+/* A progress row of a run's job read back after the commit (shared catalog). */
+typedef struct fseen {
+    size_t run;
+    sl_cat_progress row;
+} fseen;
 
 typedef struct fgroup {
     uv_work_t work;
@@ -460,6 +467,8 @@ typedef struct fgroup {
     sl_cat_progress *rows;
     frun *runs;
     size_t nruns;
+    fseen *seen;
+    size_t nseen, capseen, run; /* run: the one being read back */
     int err;
 } fgroup;
 
@@ -486,6 +495,7 @@ static fgroup *flush_collect(sl_feed *f, freport *batch, size_t n)
         if (!fl->nruns || strcmp(fl->runs[fl->nruns - 1].job, j->name) != 0) {
             frun *r = &fl->runs[fl->nruns++];
             snprintf(r->job, sizeof(r->job), "%s", j->name);
+            r->gen = j->gen;
             r->at = k;
             r->n = 0;
         }
@@ -493,6 +503,34 @@ static fgroup *flush_collect(sl_feed *f, freport *batch, size_t n)
         fl->runs[fl->nruns - 1].n++;
     }
     return fl;
+}
+
+static int seen_add(uint32_t dp, uint64_t epoch, uint64_t position, void *arg)
+{
+    fgroup *fl = arg;
+
+    if (fl->nseen == fl->capseen) {
+        size_t cap = fl->capseen ? 2 * fl->capseen : 64;
+        fseen *v = realloc(fl->seen, cap * sizeof(*v));
+        if (!v)
+            return -ENOMEM;
+        fl->seen = v;
+        fl->capseen = cap;
+    }
+    fl->seen[fl->nseen++] = (fseen){fl->run, {dp, epoch, position}};
+    return 0;
+}
+
+/* A shared catalog: every job's progress as it is after the commit, which includes what other
+ * replicas recorded. Of two replicas that record the last reports of an epoch at the same time,
+ * the one that reads last sees both, so at least one of them sees the epoch complete and
+ * advances it (and says so in its answer), instead of both leaving it to the announcements. A
+ * failed read loses nothing: the announcements bring the same rows a moment later. */
+static void flush_read_back(fgroup *fl)
+{
+    for (fl->run = 0; fl->run < fl->nruns; fl->run++)
+        if (sl_cat_progress_list(fl->cat, fl->runs[fl->run].job, seen_add, fl) != 0)
+            fl->nseen = 0; /* none rather than some */
 }
 
 /* One statement per run, the other replicas told once per run; one transaction (one fsync)
@@ -514,6 +552,8 @@ static void flush_write(uv_work_t *w)
     if (tx)
         err = sl_cat_feed_end(fl->cat, err);
     fl->err = err;
+    if (!err && sl_cat_shared(fl->cat))
+        flush_read_back(fl);
 }
 
 /* Answer the reports (loop thread) and free the group commit. */
@@ -521,6 +561,12 @@ static void flush_answer(fgroup *fl)
 {
     sl_feed *f = fl->f;
 
+    for (size_t i = 0; i < fl->nseen; i++) {
+        fseen *s = &fl->seen[i];
+        fjob *j = feed_job_find(f, fl->runs[s->run].job);
+        if (j && j->gen == fl->runs[s->run].gen) /* not replaced or advanced meanwhile */
+            feed_job_merge_progress(s->row.dp_rank, s->row.epoch, s->row.position, j);
+    }
     for (size_t i = 0; i < fl->n; i++) {
         Sluice__V1__ReportProgressResponse resp = SLUICE__V1__REPORT_PROGRESS_RESPONSE__INIT;
         freport *r = &fl->batch[i];
@@ -556,6 +602,7 @@ static void flush_answer(fgroup *fl)
     free(fl->batch);
     free(fl->rows);
     free(fl->runs);
+    free(fl->seen);
     free(fl);
 }
 

@@ -426,8 +426,11 @@ static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32
         return;
     }
     j = feed_job_find(f, job);
-    /* Another replica may have made it, or begun the epoch asked for, a moment ago. */
-    if ((!j || (has_epoch && epoch > j->epoch)) && (err = feed_job_refresh(f, job, &j)) != 0) {
+    /* Another replica may have made, resized or restored it, begun the epoch asked for or
+     * recorded the progress a stream resumes from a moment ago, before its announcement
+     * arrived here: with a shared catalog a stream opens on the catalog's state of the job. */
+    if ((!j || (has_epoch && epoch > j->epoch) || sl_cat_shared(f->cat)) &&
+        (err = feed_job_refresh(f, job, &j)) != 0) {
         sl_rpc_call_fail(call, err, "job '%s': %s", job, sl_strerror(err));
         return;
     }

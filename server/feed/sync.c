@@ -2,7 +2,7 @@
  *
  * Every write of a job's row or progress is announced to the other replicas (NOTIFY, in the
  * writing transaction: server/catalog/feed.c); what they announce arrives here
- * (feed_sync_notified) and the job is read again: made, removed, replaced (a resize or restore
+ * (notified) and the job is read again: made, removed, replaced (a resize or restore
  * elsewhere: its streams end with ABORTED and reopen on the new state), moved to the next epoch
  * (streams waiting for it start), or its progress merged (which may complete the epoch here:
  * exactly one replica's conditional UPDATE begins the next one). A request that names a job this
@@ -14,6 +14,8 @@
 #include "err.h"
 #include "log.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct refresh {
@@ -21,21 +23,45 @@ typedef struct refresh {
     int seen;
 } refresh;
 
-/* Same epoch: merge the progress other replicas recorded; a complete epoch advances (or, if
- * another replica got there first, its announcement follows). */
+/* How long an epoch that the merged progress completes waits before this replica advances it:
+ * the replica that recorded the completing report advances it at once (and answers that report
+ * with advanced=true), so this only acts when that replica died in between. */
+#define ORPHAN_ADVANCE_MS 1000
+
+static void on_orphans(uv_timer_t *t)
+{
+    sl_feed *f = t->data;
+
+    for (fjob *j = f->jobs; j; j = j->next) {
+        int err;
+        if (j->spec->manual_advance || !feed_job_complete(j))
+            continue;
+        sl_log_info("epoch_complete_unadvanced", "job=%s epoch=%llu", j->name,
+                    (unsigned long long)j->epoch);
+        err = feed_job_advance(j);
+        if (err && err != SL_ESTATE)
+            sl_log_error("epoch_advance_failed", "job=%s epoch=%llu error=\"%s\"", j->name,
+                         (unsigned long long)j->epoch, sl_strerror(err));
+    }
+}
+
+/* Same epoch: merge the progress other replicas recorded. An epoch that is now complete is
+ * advanced by the replica that recorded its last report (or, if that one died, by on_orphans). */
 static int merge_progress(sl_feed *f, fjob *j)
 {
     int err = sl_cat_progress_list(f->cat, j->name, feed_job_merge_progress, j);
 
     if (err)
         return err;
-    if (!j->spec->manual_advance && feed_job_complete(j)) {
-        err = feed_job_advance(j);
-        if (err && err != SL_ESTATE)
-            sl_log_error("epoch_advance_failed", "job=%s epoch=%llu error=\"%s\"", j->name,
-                         (unsigned long long)j->epoch, sl_strerror(err));
-    }
+    if (!j->spec->manual_advance && feed_job_complete(j))
+        feed_sync_unadvanced(f);
     return 0;
+}
+
+void feed_sync_unadvanced(sl_feed *f)
+{
+    if (f->orphans && !uv_is_active((uv_handle_t *)f->orphans))
+        uv_timer_start(f->orphans, on_orphans, ORPHAN_ADVANCE_MS, 0);
 }
 
 static int reconcile(const sl_cat_job *row, void *arg)
@@ -106,7 +132,7 @@ static void refresh_all(sl_feed *f)
     }
 }
 
-void feed_sync_notified(const char *payload, void *arg)
+static void notified(const char *payload, void *arg)
 {
     sl_feed *f = arg;
     int err;
@@ -122,4 +148,26 @@ void feed_sync_notified(const char *payload, void *arg)
     err = feed_job_refresh(f, payload + 2, NULL);
     if (err)
         sl_log_warn("job_refresh_failed", "job=%s error=\"%s\"", payload + 2, sl_strerror(err));
+}
+
+static void free_handle(uv_handle_t *h)
+{
+    free(h);
+}
+
+int feed_sync_init(sl_feed *f)
+{
+    f->orphans = calloc(1, sizeof(*f->orphans));
+    if (!f->orphans)
+        return -ENOMEM;
+    uv_timer_init(f->loop, f->orphans);
+    f->orphans->data = f;
+    return sl_cat_listen(f->cat, f->loop, notified, f);
+}
+
+void feed_sync_close(sl_feed *f)
+{
+    if (f->orphans)
+        uv_close((uv_handle_t *)f->orphans, free_handle);
+    f->orphans = NULL;
 }
