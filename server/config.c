@@ -54,6 +54,11 @@ static const setting settings[] = {
      "S    with a shared (PostgreSQL) catalog: a replica's upload keeps its\n"
      "                     rank to itself for S seconds after its last renewal; another\n"
      "                     replica resumes the upload of a dead one after that (default 30)"},
+    {"catalog-timeout", "SLUICE_CATALOG_TIMEOUT", K_SECONDS,
+     offsetof(sl_config, catalog_timeout_ms), 0, 1, 3600, 0,
+     "S with a PostgreSQL catalog: a statement unanswered after S seconds\n"
+     "                     fails with UNAVAILABLE and the connection is made again\n"
+     "                     (default 5)"},
     {"upload-memory", "SLUICE_UPLOAD_MEMORY", K_BYTES, offsetof(sl_config, upload_memory), 0,
      8 << 20, INT64_MAX, 0,
      "N     upload data held in memory, all uploads together (default 1 GiB)"},
@@ -389,6 +394,7 @@ static void set_defaults(sl_config *cfg)
     cfg->max_shard_bytes = 1ULL << 40;
     cfg->upload_timeout_ms = 3600 * 1000;
     cfg->upload_lease_ms = 30 * 1000;
+    cfg->catalog_timeout_ms = 5 * 1000; /* SL_CAT_TIMEOUT_MS */
     cfg->upload_memory = 1ULL << 30;
     cfg->max_calls = 16384;
     cfg->max_job_streams = 8192;

@@ -22,6 +22,7 @@ typedef struct sl_config {
     uint64_t max_shard_bytes;     /* max-shard-bytes, 1 TiB */
     uint64_t upload_timeout_ms;   /* upload-timeout (seconds), 1 h */
     uint64_t upload_lease_ms;     /* upload-lease (seconds): replicas' upload leases, 30 s */
+    uint64_t catalog_timeout_ms;  /* catalog-timeout (seconds): a PostgreSQL answer, 5 s */
     uint64_t upload_memory;       /* upload-memory: chunks held by all uploads, 1 GiB */
     char metrics_listen[256];     /* metrics-listen, "" = no metrics endpoint */
     char tls_cert[PATH_MAX];      /* tls-cert, "" = plaintext */

@@ -240,6 +240,7 @@ static int open_catalog(sl_daemon *d)
         quarantine_stale_wal(d, path);
         spec = path;
     }
+    sl_cat_set_timeout((int)d->cfg.catalog_timeout_ms);
     err = sl_cat_open_spec(&d->cat, spec,
                            d->cfg.catalog_password_file[0] ? d->cfg.catalog_password_file : NULL);
     if (err)

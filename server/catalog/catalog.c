@@ -395,6 +395,11 @@ int sl_cat_peers(sl_cat *cat)
     return n;
 }
 
+void sl_cat_set_timeout(int ms)
+{
+    sl_db_pg_set_timeout(ms);
+}
+
 int sl_cat_chore_try(sl_cat *cat, int id)
 {
     return cat->eng->chore ? cat->eng->chore(cat, id, 1) : 1;

@@ -64,6 +64,12 @@ int sl_cat_spec_check(const char *spec, const char *password_file, char *msg, si
 /* Whether `spec` names a PostgreSQL catalog. */
 int sl_cat_is_pg(const char *spec);
 
+/* A catalog server's answer to one statement (and a reconnect) is awaited this long, in ms, before
+ * the connection is given up and the statement fails with SL_ECATDOWN (--catalog-timeout). For
+ * the connections opened after it; <= 0 is the default. SQLite waits on no server. */
+#define SL_CAT_TIMEOUT_MS 5000
+void sl_cat_set_timeout(int ms);
+
 /* "sqlite" or "postgresql". */
 const char *sl_cat_engine(const sl_cat *cat);
 

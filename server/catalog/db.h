@@ -117,6 +117,9 @@ extern const sl_db_engine sl_db_pg;
 int sl_db_sqlite_open(sl_cat *cat, const char *where);
 int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file);
 
+/* sl_cat_set_timeout for the PostgreSQL engine. */
+void sl_db_pg_set_timeout(int ms);
+
 /* The checks sl_db_pg_open makes before connecting: SL_EINVAL and a sentence in msg. */
 int sl_db_pg_check(const char *where, char *msg, size_t len);
 int sl_db_pg_password_check(const char *path, char *msg, size_t len);

@@ -30,6 +30,8 @@ def wait_for(pred, timeout, what):
 
 
 class ReplicaBase(PgTestCase):
+    ARGS = ()  # every replica's flags
+
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="sluice-replicas-")
         self.data = os.path.join(self.tmp.name, "data")
@@ -40,7 +42,7 @@ class ReplicaBase(PgTestCase):
 
     def replica(self, i, args=()):
         return Daemon(data_dir=self.data, catalog="postgresql", pg=self.pg,
-                      args=["--replica-id", "r%d" % i] + list(args))
+                      args=["--replica-id", "r%d" % i] + list(self.ARGS) + list(args))
 
     def tearDown(self):
         for c in self.cs:
@@ -337,6 +339,8 @@ class CkptTest(ReplicaBase):
 
 
 class PgFaultTest(ReplicaBase):
+    ARGS = ("--catalog-timeout", "2")
+
     def unavailable_or_ok(self, fn):
         """fn() while the catalog is away: it either works (no catalog needed) or fails with
         UNAVAILABLE and a message that says what is wrong."""
@@ -371,6 +375,42 @@ class PgFaultTest(ReplicaBase):
                  "job2 on replica 1")
         for c in self.cs:
             wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 50, 5, "position 50")
+
+    def test_postgresql_frozen(self):
+        # The server stops answering (SIGSTOP: its host hangs, or the network drops packets
+        # without resets): a call that needs the catalog fails after the catalog timeout (2 s
+        # here) instead of hanging the replica; the next ones fail at once while the replica
+        # connects again in the background, calls that need no catalog are answered; once the
+        # server answers again the replicas go on by themselves, nothing acknowledged lost.
+        self.cs[0].create_dataset("ds", 300)
+        self.cs[0].create_job("job", "ds", 1)
+        self.cs[0].report_progress("job", 0, 0, 30)
+        for c in self.cs:
+            wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 30, 5, "position 30")
+        self.pg.freeze()
+        try:
+            for i, c in enumerate(self.cs):
+                t0 = time.monotonic()
+                self.assertEqual(self.unavailable_or_ok(
+                    lambda: c.create_job("j%d" % i, "ds", 1)), "unavailable")
+                self.assertLess(time.monotonic() - t0, 2 + 3, "the first call on replica %d" % i)
+                t0 = time.monotonic()
+                self.assertEqual(self.unavailable_or_ok(
+                    lambda: c.create_dataset("d%d" % i, 5)), "unavailable")
+                self.assertLess(time.monotonic() - t0, 1.5, "the next call on replica %d" % i)
+                self.assertEqual(c.get_job("job").world_size, 1)  # from memory
+            self.assertIn("catalog_timeout", self.ds[0].log())
+        finally:
+            self.pg.thaw()
+        for i, c in enumerate(self.cs):
+            wait_for(lambda c=c, i=i: self.unavailable_or_ok(
+                lambda: c.create_dataset("back-%d" % i, 5)) == "ok", 15,
+                "replica %d to reconnect" % i)
+        wait_for(lambda: self.unavailable_or_ok(
+            lambda: self.cs[1].report_progress("job", 0, 0, 60)) == "ok", 15,
+            "replica 1's writer to reconnect")
+        for c in self.cs:
+            wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 60, 5, "position 60")
 
     def test_postgresql_restarted(self):
         self.cs[0].create_dataset("ds", 300)

@@ -12,6 +12,7 @@ machine); the benchmark runs it durable.
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -136,6 +137,35 @@ class PgServer:
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+
+    def _pids(self):
+        """The postmaster's pid and its children's (the backends and helpers)."""
+        with open(os.path.join(self.data, "postmaster.pid")) as f:
+            master = int(f.readline())
+        kids = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open("/proc/%s/stat" % d) as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == master:
+                            kids.append(int(d))
+                except (OSError, IndexError, ValueError):
+                    pass
+        return master, kids
+
+    def freeze(self):
+        """Stop every process of the server (SIGSTOP): connections stay open and nothing
+        answers, as when its host hangs or the network drops packets without resets."""
+        master = self._pids()[0]
+        os.kill(master, signal.SIGSTOP)  # first: it forks no new backend meanwhile
+        for pid in self._pids()[1]:
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self):
+        master, kids = self._pids()
+        for pid in kids:
+            os.kill(pid, signal.SIGCONT)
+        os.kill(master, signal.SIGCONT)
 
     def alive(self):
         return self.tmp is not None and os.path.exists(os.path.join(self.data, "postmaster.pid"))

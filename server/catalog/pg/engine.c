@@ -2,7 +2,10 @@
  *
  * One connection per daemon. Parameters go as text (integers) or binary (bytea), results come
  * back as text. A connection the server closed (restart, pg_terminate_backend, network) fails
- * the statement with SL_ECATDOWN and is made again by the next one. The password is never in the
+ * the statement with SL_ECATDOWN and is made again by the next one. No wait on the server is
+ * unbounded: a statement unanswered after the catalog timeout (--catalog-timeout) gives the
+ * connection up (SL_ECATDOWN; made again as after a close), and TCP keepalives find a server
+ * that vanished while the connection was idle. The password is never in the
  * conninfo: it comes from a file named in the configuration or libpq's PGPASSFILE/~/.pgpass.
  */
 #include "../internal.h"
@@ -14,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libpq-fe.h>
+#include <poll.h>
 #include <uv.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,9 +149,25 @@ typedef struct pg {
     uv_timer_t *reconnect; /* every second while the connection is lost */
     char **queue;
     size_t nq, capq;
-    int missed;    /* a payload could not be queued: deliver "*" */
-    int resetting; /* the connection is being made again (PQresetStart .. PQresetPoll) */
+    int missed;        /* a payload could not be queued: deliver "*" */
+    int resetting;     /* the connection is being made again (PQresetStart .. PQresetPoll) */
+    int stalled;       /* a statement went unanswered: the connection is given up */
+    uint64_t reset_ms; /* when `resetting` began (mono_ms) */
 } pg;
+
+/* How long one statement (or one reconnect) may go unanswered, in ms: the daemon's
+ * --catalog-timeout, the same for all its connections. */
+static int timeout_ms = SL_CAT_TIMEOUT_MS;
+
+void sl_db_pg_set_timeout(int ms)
+{
+    timeout_ms = ms > 0 ? ms : SL_CAT_TIMEOUT_MS;
+}
+
+static uint64_t mono_ms(void)
+{
+    return sl_mono_ns() / 1000000;
+}
 
 #define PG(cat) ((pg *)(cat)->conn)
 
@@ -231,7 +251,7 @@ static int ready(sl_cat *cat)
     pg *p = PG(cat);
     char where[512];
 
-    if (PQstatus(p->conn) == CONNECTION_OK && !p->resetting)
+    if (PQstatus(p->conn) == CONNECTION_OK && !p->resetting && !p->stalled)
         return 0;
     /* While listening, the loop makes the connection again in the background (on_reconnect):
      * statements meanwhile are answered at once. */
@@ -239,24 +259,107 @@ static int ready(sl_cat *cat)
         listen_lost(p);
         return SL_ECATDOWN;
     }
-    PQreset(p->conn);
+    PQreset(p->conn); /* bounded by connect_timeout */
     log_where(p->conn, where, sizeof(where));
     if (PQstatus(p->conn) != CONNECTION_OK) {
         unreachable(p);
         return SL_ECATDOWN;
     }
+    p->stalled = 0;
     sl_log_info("catalog_reconnected", "engine=postgresql %s", where);
     return 0;
+}
+
+/* Wait until the connection's socket is ready for `events` or the deadline (mono_ms): 1
+ * ready, 0 the deadline passed, -1 an error. */
+static int wait_socket(PGconn *c, short events, uint64_t deadline)
+{
+    struct pollfd pfd = {.fd = PQsocket(c), .events = events};
+
+    for (;;) {
+        uint64_t now = mono_ms();
+        int n;
+        if (pfd.fd < 0)
+            return -1;
+        if (now >= deadline)
+            return 0;
+        n = poll(&pfd, 1, (int)(deadline - now > 60000 ? 60000 : deadline - now));
+        if (n > 0)
+            return 1;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/* The results of the statement(s) just sent (PQsendQuery*), waited for no longer than the
+ * catalog timeout: the first failed result, else the last; NULL when the connection failed (its
+ * status says so) or, with *late set, when the server did not answer in time. */
+static PGresult *await(PGconn *c, int *late)
+{
+    uint64_t deadline = mono_ms() + (uint64_t)timeout_ms;
+    PGresult *keep = NULL, *r;
+    int w;
+
+    *late = 0;
+    while ((w = PQflush(c)) == 1) {
+        if ((w = wait_socket(c, POLLOUT | POLLIN, deadline)) <= 0)
+            goto out;
+        if (!PQconsumeInput(c))
+            return NULL;
+    }
+    if (w < 0)
+        return NULL;
+    for (;;) {
+        while (PQisBusy(c)) {
+            if ((w = wait_socket(c, POLLIN, deadline)) <= 0)
+                goto out;
+            if (!PQconsumeInput(c))
+                goto out;
+        }
+        if (!(r = PQgetResult(c)))
+            return keep;
+        if (!keep ||
+            (PQresultStatus(keep) != PGRES_FATAL_ERROR && PQresultStatus(r) == PGRES_FATAL_ERROR)) {
+            PQclear(keep);
+            keep = r;
+        } else {
+            PQclear(r);
+        }
+    }
+out:
+    PQclear(keep);
+    *late = w == 0;
+    return NULL;
+}
+
+/* A statement went unanswered for the catalog timeout: the connection is given up (a reply may
+ * still be on its way) and made again as after a close; meanwhile statements fail at once. */
+static int timed_out(sl_cat *cat, const char *op)
+{
+    pg *p = PG(cat);
+    char where[512];
+
+    p->stalled = 1;
+    sl_db_count_error(cat);
+    log_where(p->conn, where, sizeof(where));
+    sl_log_error("catalog_timeout", "engine=postgresql op=%s after_ms=%d %s", op, timeout_ms,
+                 where);
+    listen_lost(p);
+    return SL_ECATDOWN;
 }
 
 static int script(sl_cat *cat, const char *sql, const char *op)
 {
     PGresult *res;
-    int err = ready(cat);
+    int late, err = ready(cat);
 
     if (err)
         return err;
-    res = PQexec(PG(cat)->conn, sql);
+    if (!PQsendQuery(PG(cat)->conn, sql))
+        return fail(cat, NULL, op, 0);
+    res = await(PG(cat)->conn, &late);
+    if (late)
+        return timed_out(cat, op);
     if (!res || (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK))
         err = fail(cat, res, op, 0);
     PQclear(res);
@@ -284,7 +387,7 @@ static int run(sl_db_q *q, const char *sql, int constraint_err)
     char nums[SL_DB_MAX_PARAMS][24];
     PGresult *res;
     ExecStatusType st;
-    int err = ready(q->cat);
+    int late, err = ready(q->cat);
 
     if (err)
         return err;
@@ -305,7 +408,11 @@ static int run(sl_db_q *q, const char *sql, int constraint_err)
             formats[i] = 1;
         }
     }
-    res = PQexecParams(p->conn, p->sql, q->nparams, NULL, values, lengths, formats, 0);
+    if (!PQsendQueryParams(p->conn, p->sql, q->nparams, NULL, values, lengths, formats, 0))
+        return fail(q->cat, NULL, q->op, constraint_err);
+    res = await(p->conn, &late);
+    if (late)
+        return timed_out(q->cat, q->op);
     collect(q->cat);
     st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
     if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
@@ -577,6 +684,7 @@ static void reset_step(sl_cat *cat)
     }
     if (st == PGRES_POLLING_OK) {
         p->resetting = 0;
+        p->stalled = 0;
         uv_timer_stop(p->reconnect);
         log_where(p->conn, where, sizeof(where));
         sl_log_info("catalog_reconnected", "engine=postgresql %s", where);
@@ -600,9 +708,17 @@ static void on_reconnect(uv_timer_t *t)
     sl_cat *cat = t->data;
     pg *p = PG(cat);
 
-    if (p->in_tx || p->resetting)
+    if (p->in_tx)
         return;
-    if (PQstatus(p->conn) == CONNECTION_OK) {
+    if (p->resetting && mono_ms() - p->reset_ms < (uint64_t)timeout_ms)
+        return;
+    if (p->resetting) { /* the server took the connection but never answered: again */
+        close_handle((uv_handle_t *)p->poll);
+        p->poll = NULL;
+        p->resetting = 0;
+        unreachable(p);
+    }
+    if (PQstatus(p->conn) == CONNECTION_OK && !p->stalled) {
         uv_timer_stop(t);
         return;
     }
@@ -611,6 +727,7 @@ static void on_reconnect(uv_timer_t *t)
         return;
     }
     p->resetting = 1;
+    p->reset_ms = mono_ms();
     reset_step(cat);
 }
 
@@ -836,9 +953,16 @@ int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file)
 {
     pg *p = calloc(1, sizeof(*p));
     char pw[1024] = "", desc[512];
-    const char *keys[] = {"connect_timeout", "application_name", "dbname", "password", NULL};
-    char app[32];
-    const char *vals[] = {"5", app, where, NULL, NULL};
+    /* Before dbname: the conninfo's own settings of these win. Keepalives find a server gone
+     * while the connection is idle (listening) within ~25 s; tcp_user_timeout bounds unacked
+     * writes. */
+    const char *keys[] = {"connect_timeout",  "keepalives",
+                          "keepalives_idle",  "keepalives_interval",
+                          "keepalives_count", "tcp_user_timeout",
+                          "application_name", "dbname",
+                          "password",         NULL};
+    char app[32], connect_s[16], user_ms[16];
+    const char *vals[] = {connect_s, "1", "10", "5", "3", user_ms, app, where, NULL, NULL};
     int err;
 
     if (!p)
@@ -846,14 +970,16 @@ int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file)
     cat->conn = p;
     /* "sluiced <mark>": the process's connections tell other replicas' apart (sl_cat_peers). */
     snprintf(app, sizeof(app), "sluiced %s", own_mark());
+    snprintf(connect_s, sizeof(connect_s), "%d", (timeout_ms + 999) / 1000);
+    snprintf(user_ms, sizeof(user_ms), "%d", timeout_ms > 10000 ? timeout_ms : 10000);
     if ((err = check_conninfo(where)) != 0)
         return err;
     if (password_file && (err = read_password(password_file, pw, sizeof(pw))) != 0)
         return err;
     if (pw[0])
-        vals[3] = pw;
+        vals[8] = pw;
     else
-        keys[3] = NULL;
+        keys[8] = NULL;
     p->conn = PQconnectdbParams(keys, vals, 1);
     explicit_bzero(pw, sizeof(pw));
     if (!p->conn)
