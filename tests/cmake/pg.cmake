@@ -1,7 +1,10 @@
-# The feeding and checkpoint integration tests again with the catalog in PostgreSQL
-# (SL_TEST_CATALOG=postgresql: tests/python/pgfixture.py starts a real PostgreSQL 15 per test
-# process, each Daemon gets a database of its own). The torchrun suites run in the release build
-# only (label no_asan), like their SQLite runs' cost would double the sanitized run.
+# The feeding and checkpoint integration tests again with the catalog in PostgreSQL and three
+# replicas (SL_TEST_CATALOG=postgresql SL_TEST_REPLICAS=3: tests/python/pgfixture.py starts a real
+# PostgreSQL 15 per test process; each Daemon of a test is three sluiced on a database of its own
+# and one data dir, its clients spread over them: sltest.Daemon.addr names the next replica each
+# time, and the torchrun ranks start on different replicas of Daemon.addrs). The two long torchrun
+# suites run so in the release build only (label no_asan): sanitized, they would double its
+# longest tests.
 set(SL_PG_TESTS
     "feed_integration_pg|integration|test_feed|feed,pg"
     "feed_resize_integration_pg|integration|test_feed_resize|feed,pg"
@@ -10,6 +13,7 @@ set(SL_PG_TESTS
     "ckpt_position_integration_pg|integration|test_ckpt_position|checkpoint,pg"
     "ckpt_torch_pg|python|test_torch_ckpt|checkpoint,pg,python"
     "feed_torch_ddp_pg|python|test_torch_ddp|feed,pg,python,torchrun"
+    "sampling2_torchrun_pg|python|test_torch_strat|feed,pg,python,torchrun"
     "feed_torch_train_pg|python|test_torch_train|feed,pg,python,torchrun,no_asan"
     "ckpt_torch_train_pg|python|test_torch_ckpt_train|checkpoint,pg,python,torchrun,no_asan")
 foreach (spec ${SL_PG_TESTS})
@@ -21,7 +25,8 @@ foreach (spec ${SL_PG_TESTS})
   string(REPLACE "," ";" labels "${labels}")
   add_test(NAME ${name} COMMAND ${SL_PYTHON} -m unittest -v ${module}
            WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/${dir}")
-  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${SL_TEST_ENV};SL_TEST_CATALOG=postgresql"
+  set_tests_properties(${name} PROPERTIES
+                       ENVIRONMENT "${SL_TEST_ENV};SL_TEST_CATALOG=postgresql;SL_TEST_REPLICAS=3"
                        TIMEOUT 600 LABELS "${labels}")
   if ("torchrun" IN_LIST labels)
     set_tests_properties(${name} PROPERTIES RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)

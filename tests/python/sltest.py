@@ -7,6 +7,10 @@ of the data dir; the store-view methods of Daemon (store_files, store_read, ...)
 what the daemon stored on either store, so one test runs against both. SL_TEST_CATALOG=postgresql
 does the same for the catalog: every Daemon keeps it in a database of its own (named after its
 data dir, so a restart finds it) on one PostgreSQL server per test process (pgfixture.py).
+SL_TEST_REPLICAS=N (with postgresql) makes every Daemon N sluiced replicas on that database and
+one data dir, and spreads the test's calls over them: each read of Daemon.addr names the next
+replica, Daemon.addrs lists them all (for clients that fail over), and start, stop, signal, log
+and the sanitizer check cover every replica.
 """
 import atexit
 import hashlib
@@ -35,6 +39,12 @@ if STORE not in ("dir", "s3"):
 CATALOG = os.environ.get("SL_TEST_CATALOG", "sqlite")
 if CATALOG not in ("sqlite", "postgresql"):
     raise RuntimeError("SL_TEST_CATALOG=%r: want sqlite or postgresql" % CATALOG)
+
+# How many replicas a Daemon of this process is unless told (more than 1 needs postgresql).
+REPLICAS = int(os.environ.get("SL_TEST_REPLICAS", "1"))
+if REPLICAS < 1 or (REPLICAS > 1 and CATALOG != "postgresql"):
+    raise RuntimeError("SL_TEST_REPLICAS=%d: want 1, or more with SL_TEST_CATALOG=postgresql"
+                       % REPLICAS)
 
 _pg_lock = threading.Lock()
 _pg_server = None
@@ -100,10 +110,15 @@ class Daemon:
 
     catalog: "sqlite" or "postgresql" (default SL_TEST_CATALOG). With postgresql the catalog is the
     database pg_db on `pg` (a PgServer; default the process's shared one), named after the data
-    dir."""
+    dir.
+
+    replicas: how many sluiced share that database and the data dir (default SL_TEST_REPLICAS when
+    the catalog is postgresql, else 1). The first is this object's own process (proc, port, log
+    of one); the others are `siblings`, Daemons started, signalled and stopped with it. addr
+    names the replicas in turn, so calls spread over them."""
 
     def __init__(self, data_dir=None, args=(), env=None, grace=2.0, store=None, s3=None,
-                 s3_endpoint=None, catalog=None, pg=None):
+                 s3_endpoint=None, catalog=None, pg=None, replicas=None, _replica=0):
         self._tmp = None
         if data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="sluice-test-")
@@ -136,11 +151,20 @@ class Daemon:
                 os.path.abspath(data_dir).encode()).hexdigest()[:16])
             # A restart on another port keeps its identity (and so its upload leases), as a
             # replica with a fixed address does.
+            replica_id = self.pg_db if _replica == 0 else "%s-r%d" % (self.pg_db, _replica)
             store_args += ["--catalog", self.pg.conninfo(self.pg_db),
                            "--catalog-password-file", self.pg.password_file,
-                           "--replica-id", self.pg_db]
+                           "--replica-id", replica_id]
         elif self.catalog != "sqlite":
             raise ValueError("catalog %r: want sqlite or postgresql" % self.catalog)
+        if replicas is None:
+            replicas = REPLICAS if self.catalog == "postgresql" else 1
+        if replicas > 1 and self.catalog != "postgresql":
+            raise ValueError("%d replicas need the postgresql catalog" % replicas)
+        self.siblings = [Daemon(data_dir, args, env, grace, store, s3, s3_endpoint, catalog,
+                                self.pg, 1, k) for k in range(1, replicas)]
+        self._turn = 0
+        self._pinned = None
         # Replicas share a data dir: each Daemon its own port file and log.
         global _daemons
         _daemons += 1
@@ -160,10 +184,52 @@ class Daemon:
                                         "sluiced-%s.log" % tag)
 
     @property
+    def args(self):
+        """The flags of the next start (after the fixed ones); set on every replica."""
+        return self._args
+
+    @args.setter
+    def args(self, value):
+        self._args = list(value)
+        for d in getattr(self, "siblings", []):
+            d.args = value
+
+    @property
+    def replicas(self):
+        return [self] + self.siblings
+
+    @property
     def addr(self):
-        return "127.0.0.1:%d" % self.port
+        """This replica's address, or with siblings the next replica's (in turn, so that the
+        test's clients spread over them)."""
+        if not self.siblings:
+            return "127.0.0.1:%d" % self.port
+        d = self.replicas[self._turn % len(self.replicas)]
+        self._turn += 1
+        return "127.0.0.1:%d" % d.port
+
+    @property
+    def addrs(self):
+        """Every replica's address, comma-separated, starting with the next in turn."""
+        reps = self.replicas
+        k = self._turn % len(reps)
+        self._turn += 1
+        return ",".join("127.0.0.1:%d" % d.port for d in reps[k:] + reps[:k])
+
+    def pin_ports(self):
+        """The next start listens on the ports of now (every replica on its own), as a daemon
+        restarted at a fixed address does."""
+        for d in self.replicas:
+            d._pinned = d.port
 
     def start(self, timeout=20.0):
+        """Start every replica that is not running."""
+        for d in self.replicas:
+            if d.proc is None:
+                d._start(timeout)
+        return self
+
+    def _start(self, timeout):
         if os.path.exists(self.port_file):
             os.unlink(self.port_file)
         self.signalled = False
@@ -171,6 +237,9 @@ class Daemon:
         cmd = [SLUICED, "--listen", "127.0.0.1:0", "--data-dir", self.data_dir,
                "--port-file", self.port_file, "--grace-period", str(self.grace)]
         cmd += self.fixed_args + self.args
+        if self._pinned:
+            cmd += ["--listen", "127.0.0.1:%d" % self._pinned]
+            self._pinned = None
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._err,
                                      env=self.env)
         deadline = time.monotonic() + timeout
@@ -189,14 +258,27 @@ class Daemon:
         raise RuntimeError("sluiced did not start:\n" + self.log())
 
     def log(self):
-        try:
-            with open(self.stderr_path, "r", errors="replace") as f:
-                return f.read()
-        except FileNotFoundError:
-            return ""
+        """What the daemon wrote to stderr (every replica's, one after the other)."""
+        text = ""
+        for d in self.replicas:
+            try:
+                with open(d.stderr_path, "r", errors="replace") as f:
+                    part = f.read()
+            except FileNotFoundError:
+                part = ""
+            text += part if not self.siblings else "--- %s\n%s" % (d.stderr_path, part)
+        return text
 
     def stop(self, sig=signal.SIGTERM, timeout=30.0):
-        """Signal the daemon and wait; returns its exit code."""
+        """Signal the daemon (every replica) and wait; returns its exit code (the first replica
+        whose code differs from the first's, if any does)."""
+        for d in self.siblings:
+            if d.proc is not None and d.proc.poll() is None and not d.signalled:
+                d.signal(sig)
+        rcs = [self._stop(sig, timeout)] + [d._stop(sig, timeout) for d in self.siblings]
+        return next((rc for rc in rcs if rc != rcs[0]), rcs[0])
+
+    def _stop(self, sig, timeout):
         if self.proc is None:
             return None
         if self.proc.poll() is None and not self.signalled:
@@ -214,9 +296,10 @@ class Daemon:
         return rc
 
     def signal(self, sig=signal.SIGTERM):
-        """Send a signal now; a later stop() only waits."""
-        self.proc.send_signal(sig)
-        self.signalled = True
+        """Send a signal now (to every replica); a later stop() only waits."""
+        for d in self.replicas:
+            d.proc.send_signal(sig)
+            d.signalled = True
 
     # -- the store as the daemon left it: files of a job, on either store --
 
@@ -325,6 +408,8 @@ class Daemon:
         return SANITIZER_RE.findall(self.log())
 
     def cleanup(self):
+        for d in self.siblings:
+            d.cleanup()
         if self.proc is not None:
             self.stop(signal.SIGKILL)
         if self._boto is not None:
@@ -338,6 +423,14 @@ class Daemon:
 
     def __exit__(self, *exc):
         self.cleanup()
+
+
+def rank_address(address, rank):
+    """A comma-separated list of replica addresses starting at element rank % its length, so
+    the ranks of a trainer given Daemon.addrs spread over the replicas (and fail over)."""
+    parts = address.split(",")
+    k = rank % len(parts)
+    return ",".join(parts[k:] + parts[:k])
 
 
 def cli(*args, addr=None, env=None, timeout=60):

@@ -81,7 +81,7 @@ class Base(unittest.TestCase):
 
     def restart_daemon(self, sig=signal.SIGKILL, down=0.0):
         port = self.d.port
-        self.d.args = ["--listen", "127.0.0.1:%d" % port]
+        self.d.pin_ports()
         self.d.stop(sig)
         time.sleep(down)
         self.d.start()
@@ -671,7 +671,7 @@ class ManagerFailureTest(ManagerBase):
         self.assertIn("step 2", str(cm.exception))
         self.assertIsInstance(cm.exception.__cause__, grpc.RpcError)
         # The error is raised once; the manager goes on.
-        self.d.args = ["--listen", "127.0.0.1:%d" % self.d.port]
+        self.d.pin_ports()
         self.d.start()
         mgrs[1].wait()
         # The channels may still wait out their reconnect backoff from the outage.

@@ -226,7 +226,7 @@ class Base(unittest.TestCase):
 
     def restart_daemon(self, sig, down=1.5, while_down=None):
         port = self.d.port
-        self.d.args = ["--listen", "127.0.0.1:%d" % port]
+        self.d.pin_ports()
         self.assertEqual(self.d.stop(sig), -sig)
         if while_down:
             while_down()
@@ -250,7 +250,7 @@ class Base(unittest.TestCase):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                "--nproc_per_node", str(world), "--redirects", "2", "--tee", "2",
                "--max_restarts", str(restarts), "--monitor_interval", "0.5", WORKER,
-               "--addr", self.d.addr, "--job", job, "--out", out] + cfg
+               "--addr", self.d.addrs, "--job", job, "--out", out] + cfg
         run_env = dict(os.environ, OMP_NUM_THREADS="1", KILL_AT="", PAUSE_UPLOAD_AT="")
         run_env.update(env or {})
         logpath = out + ".log"

@@ -50,7 +50,7 @@ class TorchDDPTest(unittest.TestCase):
         for r in range(WORLD):
             out = os.path.join(self.tmp.name, "%s-%d.jsonl" % (job, r))
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
-                       WORLD_SIZE=str(WORLD), SLUICE_ADDR=self.d.addr, N_SAMPLES=str(N),
+                       WORLD_SIZE=str(WORLD), SLUICE_ADDR=self.d.addrs, N_SAMPLES=str(N),
                        OMP_NUM_THREADS="1")
             procs.append(subprocess.Popen(
                 [sys.executable, os.path.join(HERE, "torch_ddp_worker.py"), job, out, mode,
@@ -147,7 +147,7 @@ class SamplerRestartTest(unittest.TestCase):
             first = [next(it) for _ in range(1234)]
             sampler.report()
             # Same port after the restart, as a supervisor would do.
-            d.args = ["--listen", "127.0.0.1:%d" % port]
+            d.pin_ports()
             self.assertEqual(d.stop(), 0, d.log())
             d.start()
             rest = list(it)

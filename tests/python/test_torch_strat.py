@@ -39,7 +39,7 @@ class TorchStratTest(unittest.TestCase):
         out = self._tmp.name
         cmd = ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", str(WORLD), "--redirects", "2", "--tee", "2",
-               os.path.join(HERE, "torch_strat_worker.py"), "--addr", self.d.addr,
+               os.path.join(HERE, "torch_strat_worker.py"), "--addr", self.d.addrs,
                "--job", "strat", "--out", out, "--epochs", str(EPOCHS),
                "--samples", str(SAMPLES)]
         log = os.path.join(out, "run.log")

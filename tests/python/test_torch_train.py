@@ -113,7 +113,7 @@ class Base(unittest.TestCase):
         """Stop sluiced with sig and start it again on the same port and data dir after `down`
         seconds (while_down() runs first, with the daemon down)."""
         port = self.d.port
-        self.d.args = ["--listen", "127.0.0.1:%d" % port]
+        self.d.pin_ports()
         rc = self.d.stop(sig)
         self.assertEqual(rc, 0 if sig == signal.SIGTERM else -sig, self.d.log()[-6000:])
         if while_down:
@@ -145,7 +145,7 @@ class Base(unittest.TestCase):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                "--nproc_per_node", str(WORLD), "--redirects", "2", "--tee", "2",
                "--max_restarts", str(max_restarts), "--monitor_interval", "0.5", WORKER,
-               "--addr", self.d.addr, "--job", job, "--out", out, "--epochs", str(epochs)]
+               "--addr", self.d.addrs, "--job", job, "--out", out, "--epochs", str(epochs)]
         cmd += list(extra)
         run_env = dict(os.environ, OMP_NUM_THREADS="1", KILL_AT="", PAUSE_AT="")
         run_env.update(env or {})

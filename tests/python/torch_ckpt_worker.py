@@ -41,6 +41,7 @@ from torch.utils.data import Dataset
 
 import sluice.torch as st
 from sluice.checkpoint import Checkpoints
+from sltest import rank_address
 
 PAUSE_LIMIT = 120.0
 
@@ -210,7 +211,9 @@ def main():
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--keep-last", type=int, default=None)
     p.add_argument("--restore-first", action="store_true")
-    Trainer(p.parse_args()).run()
+    a = p.parse_args()
+    a.addr = rank_address(a.addr, int(os.environ["RANK"]))  # the replicas, spread over ranks
+    Trainer(a).run()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
 import sluice.torch as st
+from sltest import rank_address
 
 
 class Indexed(Dataset):
@@ -36,6 +37,8 @@ def main():
     drop_last = "--drop-last" in sys.argv
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
     n = int(os.environ.get("N_SAMPLES", "103"))
+    # The replicas (a comma-separated SLUICE_ADDR), spread over the ranks.
+    os.environ["SLUICE_ADDR"] = rank_address(os.environ["SLUICE_ADDR"], int(os.environ["RANK"]))
     dist.init_process_group("gloo")
     ds = Indexed(n)
     if mode == "indices":

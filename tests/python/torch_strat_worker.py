@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
 import sluice.torch as st
+from sltest import rank_address
 
 
 def labels_of(n):
@@ -48,6 +49,7 @@ def main():
     p.add_argument("--samples", type=int, default=600)
     a = p.parse_args()
     rank = int(os.environ["RANK"])
+    a.addr = rank_address(a.addr, rank)  # the replicas, spread over the ranks
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     ds = Indexed(a.samples)
     sampler = st.DistributedSampler(ds, shuffle=True, seed=3, drop_last=True, job=a.job,

@@ -43,6 +43,7 @@ from torch.utils.data import Dataset
 from torch.utils.data import DistributedSampler as TorchSampler
 
 import sluice.torch as st
+from sltest import rank_address
 
 PAUSE_LIMIT = 180.0  # seconds a paused rank waits for its release before it gives up
 
@@ -205,7 +206,9 @@ def main():
     p.add_argument("--drop-last", action="store_true")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--num-workers", type=int, default=0)
-    Trainer(p.parse_args()).run()
+    a = p.parse_args()
+    a.addr = rank_address(a.addr, int(os.environ["RANK"]))  # the replicas, spread over ranks
+    Trainer(a).run()
 
 
 if __name__ == "__main__":
