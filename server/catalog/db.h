@@ -117,6 +117,14 @@ extern const sl_db_engine sl_db_pg;
 int sl_db_sqlite_open(sl_cat *cat, const char *where);
 int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file);
 
+/* The first line of `path` (a file only its owner may read) into pw (pg/password.c). */
+int sl_db_pg_read_password(const char *path, char *pw, size_t len);
+
+/* The PostgreSQL engine's migrations 1 .. SL_DB_PG_MIGRATIONS (pg/schema.c): the same tables as
+ * the SQLite engine's, in PostgreSQL's dialect. Append only. */
+#define SL_DB_PG_MIGRATIONS 7
+extern const char *const sl_db_pg_migrations[SL_DB_PG_MIGRATIONS];
+
 /* sl_cat_set_timeout for the PostgreSQL engine. */
 void sl_db_pg_set_timeout(int ms);
 

@@ -298,8 +298,8 @@ static int upload_open(sl_rpc_call *call, upload *u, const char *name)
     if ((err = sl_store_mkdirs(dir)) != 0)
         return sl_rpc_call_fail(call, err, "cannot create %s: %s", dir, sl_store_strerror(err)),
                err;
-    snprintf(u->tmp, sizeof(u->tmp), "%s/.%s.%s.%llu.tmp", dir, name, u->kind->what,
-             (unsigned long long)++u->f->upload_seq);
+    snprintf(u->tmp, sizeof(u->tmp), "%s/.%s.%s.%s-%llu.tmp", dir, name, u->kind->what,
+             u->f->tmp_tag, (unsigned long long)++u->f->upload_seq);
     u->fd = sl_store_create(u->tmp, 0640);
     if (u->fd < 0) {
         err = u->fd;
@@ -314,6 +314,21 @@ static int upload_open(sl_rpc_call *call, upload *u, const char *name)
     if (err)
         UPLOAD_FAIL(call, u, err, "hashing unavailable");
     return err;
+}
+
+/* The staged file is gone: did another replica (sharing the data dir) move it into place? Its
+ * name is its checksum, so if the catalog still records that checksum and the file is there, the
+ * file in place is this upload's content. */
+static int same_in_place(upload *u, const char *hex, const char *path)
+{
+    sl_cat_dataset d;
+    const char *sha;
+
+    if (!sl_cat_shared(u->f->cat) || sl_cat_dataset_get(u->f->cat, &d, u->name) != 0)
+        return 0;
+    sha = u->kind->labels ? (d.has_labels ? d.labels_sha256 : NULL)
+                          : (d.has_lengths ? d.lengths_sha256 : NULL);
+    return sha && strcmp(sha, hex) == 0 && access(path, F_OK) == 0;
 }
 
 static void upload_finish(sl_rpc_call *call, upload *u)
@@ -366,7 +381,9 @@ static void upload_finish(sl_rpc_call *call, upload *u)
                          u->kind->what, sl_store_strerror(err));
         return;
     }
-    if ((err = sl_store_rename(staged, path)) != 0 || (err = sl_store_fsync_dir(dir)) != 0) {
+    if ((err = sl_store_rename(staged, path)) == -ENOENT && same_in_place(u, hex, path))
+        err = 0; /* another replica stored the same file a moment before: it is in place */
+    if (err || (err = sl_store_fsync_dir(dir)) != 0) {
         /* Recorded but not in place: planning refuses the old file (its checksum differs) until
          * the next start moves the staged file into place. */
         sl_log_error("upload_rename_failed", "dataset=%s kind=%s path=%s error=\"%s\"", u->name,

@@ -5,6 +5,7 @@
 #include "log.h"
 #include "store/quarantine.h"
 #include "store/store.h"
+#include "util/clock.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -12,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ".<ext>." + 64 hex digits + ".new": the staged name's suffix after the dataset name. */
@@ -45,11 +48,16 @@ static const char *recorded_sha(const sl_cat_dataset *ds, const char *ext)
  *   between a delete's commit and its unlink, or a catalog that is older than the file or new):
  *   quarantined, never removed (server/store/quarantine.h). With q NULL such files stay.
  * Returns 0, or the catalog's error if it cannot be read. */
+/* With other replicas connected, files younger than this are left to them (as the checkpoint
+ * sweep at start does). */
+#define SHARED_GRACE_S 600
+
 static int recover_files(sl_feed *f, const char *dir, sl_quar *q, const char *ext)
 {
     char name[SL_CAT_FEED_NAME_MAX + 1], from[4400], to[4400], mid[16], tail[16];
     size_t sfx = STAGED_SUFFIX_LEN(ext), el = strlen(ext);
-    int changed = 0, err = 0;
+    int changed = 0, err = 0, peers = sl_cat_peers(f->cat);
+    time_t now = time(NULL);
     struct dirent *e;
     DIR *d;
 
@@ -65,6 +73,9 @@ static int recover_files(sl_feed *f, const char *dir, sl_quar *q, const char *ex
         int rc, promote = 0;
 
         if (fstatat(dirfd(d), file, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        /* Replicas share the dir: a young file may be another one's upload on its way. */
+        if (peers && now - st.st_mtime < SHARED_GRACE_S)
             continue;
         if (file[0] == '.' && ends_with(file, n, ".tmp") && strstr(file, mid)) {
             action = "removed";
@@ -123,6 +134,16 @@ static int recover_files(sl_feed *f, const char *dir, sl_quar *q, const char *ex
             sl_log_warn("lengths_recover_failed", "dir=%s error=\"fsync failed\"", dir);
     }
     return err;
+}
+
+/* 16 random hex digits (a clock-and-pid mix if the kernel has no randomness to give). */
+static void random_tag(char *out, size_t len)
+{
+    uint64_t v;
+
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+        v = sl_mono_ns() ^ ((uint64_t)getpid() << 32);
+    snprintf(out, len, "%016llx", (unsigned long long)v);
 }
 
 int feed_job_load(const sl_cat_job *row, void *arg)
@@ -186,6 +207,7 @@ int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_di
         return -ENOMEM;
     f->loop = loop;
     f->cat = cat;
+    random_tag(f->tmp_tag, sizeof(f->tmp_tag));
     if (strlen(data_dir) >= sizeof(f->data_dir) - 64) {
         free(f);
         return -ENAMETOOLONG;

@@ -173,6 +173,8 @@ struct sl_feed {
     fjob *jobs;
     int shutting_down;
     uint64_t upload_seq;
+    char tmp_tag[17]; /* random, this process's: replicas sharing the data dir never pick one
+                       * temporary name */
     /* Progress reports are written in one transaction per loop iteration (a uv_check after
      * the poll phase), so one fsync covers every report that arrived together. */
     freport *pending;
@@ -288,6 +290,11 @@ int feed_job_load(const sl_cat_job *row, void *arg);
  * next epoch, its progress merged. *out: the job after (NULL if none). No-op with SQLite. Any
  * fjob pointer of the caller may be stale after it: look the job up again. */
 int feed_job_refresh(sl_feed *f, const char *name, fjob **out);
+
+/* feed_job_refresh for a call that wants the catalog's state of the job, except that when the
+ * catalog cannot be read a job this replica has is answered from its copy (0; reads and streams
+ * go on while PostgreSQL is away, as of a moment ago); an unknown one gets the error. */
+int feed_job_current(sl_feed *f, const char *name, fjob **out);
 
 /* A shared catalog: listen to the other replicas' announcements. feed_sync_close when done. */
 int feed_sync_init(sl_feed *f);

@@ -65,7 +65,7 @@ static void reply_job(sl_rpc_call *call, const fjob *j)
 }
 
 /* Look a job up by a request's name: NOT_FOUND / INVALID_ARGUMENT are answered here. */
-static fjob *job_or_fail(sl_rpc_call *call, sl_feed *f, const char *name)
+static fjob *job_or_fail(sl_rpc_call *call, sl_feed *f, const char *name, int fresh)
 {
     char msg[256];
     fjob *j;
@@ -76,8 +76,14 @@ static fjob *job_or_fail(sl_rpc_call *call, sl_feed *f, const char *name)
         return NULL;
     }
     j = feed_job_find(f, name);
-    /* Another replica may have made it a moment ago. */
-    if (!j && (err = feed_job_refresh(f, name, &j)) != 0) {
+    /* Another replica may have made, changed or advanced it a moment ago, before its
+     * announcement arrived here: with a shared catalog a `fresh` call sees the catalog's state
+     * (reports, the frequent call, only read it on a miss; the group commit checks them). */
+    if (fresh && sl_cat_shared(f->cat))
+        err = feed_job_current(f, name, &j);
+    else
+        err = j ? 0 : feed_job_refresh(f, name, &j);
+    if (err) {
         sl_rpc_call_fail(call, err, "job '%s': %s", name, sl_strerror(err));
         return NULL;
     }
@@ -203,7 +209,7 @@ fail:
 static void job_get(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__GetJobRequest *req = (const void *)m;
-    fjob *j = job_or_fail(call, arg, req->name);
+    fjob *j = job_or_fail(call, arg, req->name, 1);
 
     if (j)
         reply_job(call, j);
@@ -260,7 +266,7 @@ static void job_delete(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     const Sluice__V1__DeleteJobRequest *req = (const void *)m;
     Sluice__V1__DeleteJobResponse resp = SLUICE__V1__DELETE_JOB_RESPONSE__INIT;
     sl_feed *f = arg;
-    fjob *j = job_or_fail(call, f, req->name);
+    fjob *j = job_or_fail(call, f, req->name, 1);
     int err;
 
     if (!j)
@@ -278,7 +284,7 @@ static void job_delete(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 static void job_resize(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__ResizeJobRequest *req = (const void *)m;
-    fjob *j = job_or_fail(call, arg, req->name);
+    fjob *j = job_or_fail(call, arg, req->name, 1);
     char msg[320];
     int err;
 
@@ -346,7 +352,7 @@ static void epoch_plan_ready(sl_rpc_call *call, sl_feed *f, const char *job)
 static void epoch_get(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__GetEpochRequest *req = (const void *)m;
-    fjob *j = job_or_fail(call, arg, req->job);
+    fjob *j = job_or_fail(call, arg, req->job, 1);
     char msg[256];
 
     if (!j)
@@ -366,7 +372,7 @@ static void epoch_report(sl_rpc_call *call, const ProtobufCMessage *m, void *arg
     const Sluice__V1__ReportProgressRequest *req = (const void *)m;
     Sluice__V1__ReportProgressResponse resp = SLUICE__V1__REPORT_PROGRESS_RESPONSE__INIT;
     sl_feed *f = arg;
-    fjob *j = job_or_fail(call, f, req->job);
+    fjob *j = job_or_fail(call, f, req->job, 0);
     char msg[256];
     uint32_t dp;
     int err;
@@ -680,7 +686,7 @@ void feed_reports_close(sl_feed *f)
 static void epoch_next(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__NextEpochRequest *req = (const void *)m;
-    fjob *j = job_or_fail(call, arg, req->job);
+    fjob *j = job_or_fail(call, arg, req->job, 1);
     int err;
 
     if (!j)

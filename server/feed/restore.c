@@ -13,9 +13,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The job as the catalog has it now, or NULL: with a shared catalog another replica may have
+ * made, resized or restored it a moment ago (if the catalog cannot be read, this replica's copy;
+ * the statements that follow fail the same way). */
+static fjob *job_now(sl_feed *f, const char *name)
+{
+    fjob *j = NULL;
+
+    return feed_job_current(f, name, &j) == 0 ? j : NULL;
+}
+
 int sl_feed_job_exists(sl_feed *f, const char *name)
 {
-    return feed_job_find(f, name) != NULL;
+    return job_now(f, name) != NULL;
 }
 
 /* A job spec packed without its world and mesh: what must not change between a checkpoint and
@@ -62,7 +72,7 @@ int sl_feed_capture(sl_feed *f, const char *job, uint64_t epoch, uint32_t world,
     sl_sample_config cfg;
     uint64_t *pos = NULL;
     uint32_t w = 0, dp, dp_size;
-    fjob *j = feed_job_find(f, job);
+    fjob *j = job_now(f, job);
     int err;
 
     state->p = NULL;
@@ -236,7 +246,7 @@ int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_
         err = SL_ECORRUPT;
         goto out;
     }
-    if (!(j = feed_job_find(f, fs->job))) {
+    if (!(j = job_now(f, fs->job))) {
         snprintf(msg, len, "feed job '%s' not found", fs->job);
         err = SL_ENOTFOUND;
         goto out;

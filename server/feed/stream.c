@@ -428,9 +428,10 @@ static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32
     j = feed_job_find(f, job);
     /* Another replica may have made, resized or restored it, begun the epoch asked for or
      * recorded the progress a stream resumes from a moment ago, before its announcement
-     * arrived here: with a shared catalog a stream opens on the catalog's state of the job. */
+     * arrived here: with a shared catalog a stream opens on the catalog's state of the job (on
+     * this replica's copy while the catalog is away). */
     if ((!j || (has_epoch && epoch > j->epoch) || sl_cat_shared(f->cat)) &&
-        (err = feed_job_refresh(f, job, &j)) != 0) {
+        (err = feed_job_current(f, job, &j)) != 0) {
         sl_rpc_call_fail(call, err, "job '%s': %s", job, sl_strerror(err));
         return;
     }

@@ -117,6 +117,13 @@ int feed_job_refresh(sl_feed *f, const char *name, fjob **out)
     return err == SL_ENOTFOUND ? 0 : err;
 }
 
+int feed_job_current(sl_feed *f, const char *name, fjob **out)
+{
+    int err = feed_job_refresh(f, name, out);
+
+    return err && *out ? 0 : err;
+}
+
 /* Announcements were lost (a new connection): read every job again, and drop the ones gone. */
 static void refresh_all(sl_feed *f)
 {
