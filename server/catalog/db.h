@@ -117,8 +117,14 @@ extern const sl_db_engine sl_db_pg;
 int sl_db_sqlite_open(sl_cat *cat, const char *where);
 int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file);
 
-/* The first line of `path` (a file only its owner may read) into pw (pg/password.c). */
+/* The first line of `path` (a file only its owner may read) into pw (pg/conninfo.c). */
 int sl_db_pg_read_password(const char *path, char *pw, size_t len);
+
+/* sl_db_pg_check, its refusal logged (pg/conninfo.c). */
+int sl_db_pg_check_conninfo(const char *where);
+
+/* libpq's message on one line, fit for a quoted log value (pg/engine.c). */
+void sl_db_pg_clean(char *dst, size_t len, const char *msg);
 
 /* The PostgreSQL engine's migrations 1 .. SL_DB_PG_MIGRATIONS (pg/schema.c): the same tables as
  * the SQLite engine's, in PostgreSQL's dialect. Append only. */

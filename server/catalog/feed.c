@@ -194,6 +194,33 @@ int sl_cat_job_get(sl_cat *cat, const char *name, int (*fn)(const sl_cat_job *j,
     return err ? err : rows ? 0 : SL_ENOTFOUND;
 }
 
+int sl_cat_job_progress(sl_cat *cat, const char *name, uint64_t *version, uint64_t *epoch,
+                        int (*fn)(uint32_t dp_rank, uint64_t epoch, uint64_t position, void *arg),
+                        void *arg)
+{
+    sl_db_q q;
+    int rc = 0, rows = 0, err;
+
+    sl_db_q_init(&q, cat, "job_progress");
+    sl_db_text(&q, name);
+    err = sl_db_run(&q,
+                    "SELECT j.version, j.epoch, p.dp_rank, p.epoch, p.position FROM feed_jobs j "
+                    "LEFT JOIN feed_progress p ON p.job = j.name WHERE j.name = ?1",
+                    0);
+    while (!err && (rc = sl_db_next(&q)) == 1) {
+        *version = (uint64_t)sl_db_int_col(&q, 0);
+        *epoch = (uint64_t)sl_db_int_col(&q, 1);
+        rows++;
+        if (!sl_db_isnull(&q, 2))
+            err = fn((uint32_t)sl_db_int_col(&q, 2), (uint64_t)sl_db_int_col(&q, 3),
+                     (uint64_t)sl_db_int_col(&q, 4), arg);
+    }
+    if (!err && rc < 0)
+        err = rc;
+    sl_db_end(&q);
+    return err ? err : rows ? 0 : SL_ENOTFOUND;
+}
+
 int sl_cat_job_delete(sl_cat *cat, const char *name)
 {
     sl_db_q q;

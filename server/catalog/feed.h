@@ -113,6 +113,13 @@ typedef struct sl_cat_progress {
  * per 256 reports): what a group commit writes. A job that does not exist takes no row. */
 int sl_cat_progress_put(sl_cat *cat, const char *job, const sl_cat_progress *rows, size_t n);
 
+/* The job's version and epoch and, in the same statement, each of its progress rows (fn, any
+ * order; *version and *epoch are set before each call): what a replica reads to bring its copy
+ * of a job up to date in one round trip. SL_ENOTFOUND if there is no such job. */
+int sl_cat_job_progress(sl_cat *cat, const char *name, uint64_t *version, uint64_t *epoch,
+                        int (*fn)(uint32_t dp_rank, uint64_t epoch, uint64_t position, void *arg),
+                        void *arg);
+
 /* Call fn for each progress row of the job (any order); nonzero stops and is returned. */
 int sl_cat_progress_list(sl_cat *cat, const char *job,
                          int (*fn)(uint32_t dp_rank, uint64_t epoch, uint64_t position, void *arg),

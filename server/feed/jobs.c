@@ -454,8 +454,9 @@ int feed_report_enqueue(sl_feed *f, sl_rpc_call *call, const fjob *j, uint32_t d
  * answered without being written), in runs of one job. */
 typedef struct frun {
     char job[SL_CAT_FEED_NAME_MAX + 1];
-    uint64_t gen; /* the job's when collected */
-    size_t at, n; /* rows[at .. at + n) */
+    uint64_t gen;  /* the job's when collected */
+    int finishing; /* a report of the run ends its rank's share: the epoch may be complete */
+    size_t at, n;  /* rows[at .. at + n) */
 } frun;
 
 /* A progress row of a run's job read back after the commit (shared catalog). */
@@ -481,6 +482,7 @@ typedef struct fgroup {
 static fgroup *flush_collect(sl_feed *f, freport *batch, size_t n)
 {
     fgroup *fl = calloc(1, sizeof(*fl));
+    uint64_t count;
     size_t k = 0;
 
     if (!fl)
@@ -502,11 +504,14 @@ static fgroup *flush_collect(sl_feed *f, freport *batch, size_t n)
             frun *r = &fl->runs[fl->nruns++];
             snprintf(r->job, sizeof(r->job), "%s", j->name);
             r->gen = j->gen;
+            r->finishing = 0;
             r->at = k;
             r->n = 0;
         }
         fl->rows[k++] = (sl_cat_progress){batch[i].dp, batch[i].epoch, batch[i].position};
         fl->runs[fl->nruns - 1].n++;
+        if (feed_job_count(j, batch[i].dp, &count) == 0 && batch[i].position >= count)
+            fl->runs[fl->nruns - 1].finishing = 1;
     }
     return fl;
 }
@@ -527,7 +532,8 @@ static int seen_add(uint32_t dp, uint64_t epoch, uint64_t position, void *arg)
     return 0;
 }
 
-/* A shared catalog: every job's progress as it is after the commit, which includes what other
+/* A shared catalog: the progress of each job a report of which ended its rank's share (only
+ * such a report can complete an epoch), as it is after the commit, which includes what other
  * replicas recorded. Of two replicas that record the last reports of an epoch at the same time,
  * the one that reads last sees both, so at least one of them sees the epoch complete and
  * advances it (and says so in its answer), instead of both leaving it to the announcements. A
@@ -535,7 +541,8 @@ static int seen_add(uint32_t dp, uint64_t epoch, uint64_t position, void *arg)
 static void flush_read_back(fgroup *fl)
 {
     for (fl->run = 0; fl->run < fl->nruns; fl->run++)
-        if (sl_cat_progress_list(fl->cat, fl->runs[fl->run].job, seen_add, fl) != 0)
+        if (fl->runs[fl->run].finishing &&
+            sl_cat_progress_list(fl->cat, fl->runs[fl->run].job, seen_add, fl) != 0)
             fl->nseen = 0; /* none rather than some */
 }
 

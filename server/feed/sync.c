@@ -45,6 +45,12 @@ static void on_orphans(uv_timer_t *t)
     }
 }
 
+static void unadvanced_if_complete(sl_feed *f, fjob *j)
+{
+    if (!j->spec->manual_advance && feed_job_complete(j))
+        feed_sync_unadvanced(f);
+}
+
 /* Same epoch: merge the progress other replicas recorded. An epoch that is now complete is
  * advanced by the replica that recorded its last report (or, if that one died, by on_orphans). */
 static int merge_progress(sl_feed *f, fjob *j)
@@ -53,8 +59,7 @@ static int merge_progress(sl_feed *f, fjob *j)
 
     if (err)
         return err;
-    if (!j->spec->manual_advance && feed_job_complete(j))
-        feed_sync_unadvanced(f);
+    unadvanced_if_complete(f, j);
     return 0;
 }
 
@@ -96,16 +101,42 @@ static int reconcile(const sl_cat_job *row, void *arg)
     return err;
 }
 
+/* The copy's version and epoch are still the catalog's: merge the catalog's progress. */
+typedef struct quick {
+    fjob *j;
+    uint64_t version, epoch;
+} quick;
+
+static int merge_if_current(uint32_t dp, uint64_t epoch, uint64_t position, void *arg)
+{
+    quick *q = arg;
+
+    if (q->version == q->j->version && q->epoch == q->j->epoch)
+        feed_job_merge_progress(dp, epoch, position, q->j);
+    return 0;
+}
+
 int feed_job_refresh(sl_feed *f, const char *name, fjob **out)
 {
     refresh r = {.f = f};
-    fjob *j;
+    fjob *j = feed_job_find(f, name);
     int err;
 
     if (out)
-        *out = feed_job_find(f, name);
+        *out = j;
     if (!sl_cat_shared(f->cat))
         return 0;
+    /* The usual case, in one statement: the copy is current but for progress. */
+    if (j) {
+        quick q = {.j = j};
+        err = sl_cat_job_progress(f->cat, name, &q.version, &q.epoch, merge_if_current, &q);
+        if (err && err != SL_ENOTFOUND)
+            return err;
+        if (!err && q.version == j->version && q.epoch == j->epoch) {
+            unadvanced_if_complete(f, j);
+            return 0;
+        }
+    }
     err = sl_cat_job_get(f->cat, name, reconcile, &r);
     if (err == SL_ENOTFOUND && (j = feed_job_find(f, name)) != NULL) {
         sl_log_info("job_deleted_elsewhere", "job=%s", name);

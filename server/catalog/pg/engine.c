@@ -29,10 +29,16 @@
  * each is freed by its close callback, which may run after the catalog is gone. */
 #define CHANNEL "sluice"
 
+#define PREP_MAX 256
+
 typedef struct pg {
     PGconn *conn;
     int in_tx; /* a transaction is open (a lost connection ends it) */
     char sql[8192];
+    /* Statements prepared on this connection (their text, translated; the name is "s<index>"):
+     * parsed and planned once, not per call. Forgotten when the connection is made again. */
+    char *prep[PREP_MAX];
+    int nprep;
     uv_loop_t *loop; /* set while listening */
     sl_cat_notify_fn fn;
     void *fn_arg;
@@ -70,8 +76,7 @@ static void log_where(PGconn *c, char *dst, size_t len)
              PQport(c) ? PQport(c) : "", PQdb(c) ? PQdb(c) : "", PQuser(c) ? PQuser(c) : "");
 }
 
-/* libpq's message on one line, fit for a quoted log value. */
-static void clean(char *dst, size_t len, const char *msg)
+void sl_db_pg_clean(char *dst, size_t len, const char *msg)
 {
     size_t j = 0;
 
@@ -111,7 +116,7 @@ static int fail(sl_cat *cat, const PGresult *res, const char *op, int constraint
 
     if (err == constraint_err && constraint_err)
         return err;
-    clean(line, sizeof(line), msg);
+    sl_db_pg_clean(line, sizeof(line), msg);
     sl_db_count_error(cat);
     log_where(c, where, sizeof(where));
     sl_log_error("catalog_error", "engine=postgresql op=%s sqlstate=%s msg=\"%s\" %s", op,
@@ -129,12 +134,13 @@ static void unreachable(pg *p)
     char where[512], msg[512];
 
     log_where(p->conn, where, sizeof(where));
-    clean(msg, sizeof(msg), PQerrorMessage(p->conn));
+    sl_db_pg_clean(msg, sizeof(msg), PQerrorMessage(p->conn));
     sl_log_limited(SL_LOG_WARN, 1000, "catalog_unreachable", "engine=postgresql %s msg=\"%s\"",
                    where, msg);
 }
 static int listen_again(sl_cat *cat);
 static void collect(sl_cat *cat);
+static void forget_prepared(pg *p);
 
 /* A connection the server closed is made again before the next statement outside a
  * transaction (inside one, the transaction died with it: its statements fail until it ends). */
@@ -158,6 +164,7 @@ static int ready(sl_cat *cat)
         return SL_ECATDOWN;
     }
     p->stalled = 0;
+    forget_prepared(p);
     sl_log_info("catalog_reconnected", "engine=postgresql %s", where);
     return 0;
 }
@@ -274,6 +281,45 @@ static int translate(pg *p, const char *sql)
     return 0;
 }
 
+static void forget_prepared(pg *p)
+{
+    for (int i = 0; i < p->nprep; i++)
+        free(p->prep[i]);
+    p->nprep = 0;
+}
+
+/* The name of p->sql prepared on the connection (preparing it the first time) into name: 1; 0
+ * to send it unprepared (the cache is full, or PostgreSQL refused it: the unprepared statement
+ * then reports why); SL_ECATDOWN if the connection failed or timed out. */
+static int prepared(sl_cat *cat, int nparams, char *name, size_t len, const char *op)
+{
+    pg *p = PG(cat);
+    PGresult *res;
+    int late, ok;
+
+    for (int i = 0; i < p->nprep; i++)
+        if (strcmp(p->prep[i], p->sql) == 0) {
+            snprintf(name, len, "s%d", i);
+            return 1;
+        }
+    if (p->nprep == PREP_MAX)
+        return 0;
+    snprintf(name, len, "s%d", p->nprep);
+    if (!PQsendPrepare(p->conn, name, p->sql, nparams, NULL))
+        return fail(cat, NULL, op, 0);
+    res = await(p->conn, &late);
+    if (late)
+        return timed_out(cat, op);
+    ok = res && PQresultStatus(res) == PGRES_COMMAND_OK;
+    PQclear(res);
+    if (!ok)
+        return PQstatus(p->conn) == CONNECTION_OK ? 0 : SL_ECATDOWN;
+    if (!(p->prep[p->nprep] = strdup(p->sql)))
+        return 0; /* prepared but unnamed here: harmless */
+    p->nprep++;
+    return 1;
+}
+
 static int run(sl_db_q *q, const char *sql, int constraint_err)
 {
     pg *p = PG(q->cat);
@@ -282,7 +328,8 @@ static int run(sl_db_q *q, const char *sql, int constraint_err)
     char nums[SL_DB_MAX_PARAMS][24];
     PGresult *res;
     ExecStatusType st;
-    int late, err = ready(q->cat);
+    char name[16];
+    int late, prep, err = ready(q->cat);
 
     if (err)
         return err;
@@ -303,7 +350,10 @@ static int run(sl_db_q *q, const char *sql, int constraint_err)
             formats[i] = 1;
         }
     }
-    if (!PQsendQueryParams(p->conn, p->sql, q->nparams, NULL, values, lengths, formats, 0))
+    if ((prep = prepared(q->cat, q->nparams, name, sizeof(name), q->op)) < 0)
+        return prep;
+    if (!(prep ? PQsendQueryPrepared(p->conn, name, q->nparams, values, lengths, formats, 0)
+               : PQsendQueryParams(p->conn, p->sql, q->nparams, NULL, values, lengths, formats, 0)))
         return fail(q->cat, NULL, q->op, constraint_err);
     res = await(p->conn, &late);
     if (late)
@@ -431,6 +481,7 @@ static void pg_close(sl_cat *cat)
 
     if (!p)
         return;
+    forget_prepared(p);
     PQfinish(p->conn);
     explicit_bzero(p, sizeof(*p));
     free(p);
@@ -580,6 +631,7 @@ static void reset_step(sl_cat *cat)
     if (st == PGRES_POLLING_OK) {
         p->resetting = 0;
         p->stalled = 0;
+        forget_prepared(p);
         uv_timer_stop(p->reconnect);
         log_where(p->conn, where, sizeof(where));
         sl_log_info("catalog_reconnected", "engine=postgresql %s", where);
@@ -756,41 +808,6 @@ const sl_db_engine sl_db_pg = {
     .close = pg_close,
 };
 
-int sl_db_pg_check(const char *where, char *msg, size_t len)
-{
-    char *perr = NULL;
-    PQconninfoOption *opts = PQconninfoParse(where, &perr), *o;
-    int err = 0;
-
-    if (!opts) {
-        snprintf(msg, len, "--catalog is not a PostgreSQL conninfo: ");
-        clean(msg + strlen(msg), len - strlen(msg), perr ? perr : "out of memory");
-        PQfreemem(perr);
-        return SL_EINVAL;
-    }
-    for (o = opts; o->keyword; o++)
-        if (!strcmp(o->keyword, "password") && o->val && o->val[0]) {
-            /* Never echoed: it would be in argv, the config and the logs. */
-            snprintf(msg, len,
-                     "--catalog: the PostgreSQL conninfo holds a password: put it in "
-                     "--catalog-password-file or PGPASSFILE instead");
-            err = SL_EINVAL;
-        }
-    PQconninfoFree(opts);
-    return err;
-}
-
-/* Refuse a conninfo that holds a password (or does not parse). */
-static int check_conninfo(const char *where)
-{
-    char msg[512];
-    int err = sl_db_pg_check(where, msg, sizeof(msg));
-
-    if (err)
-        sl_log_error("catalog_conninfo", "error=\"%s\"", msg);
-    return err;
-}
-
 /* The server's notices ("relation ... already exists, skipping") are not for the daemon's
  * log: libpq would print them to stderr. */
 static void quiet(void *arg, const char *message)
@@ -822,7 +839,7 @@ int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file)
     snprintf(app, sizeof(app), "sluiced %s", own_mark());
     snprintf(connect_s, sizeof(connect_s), "%d", (timeout_ms + 999) / 1000);
     snprintf(user_ms, sizeof(user_ms), "%d", timeout_ms > 10000 ? timeout_ms : 10000);
-    if ((err = check_conninfo(where)) != 0)
+    if ((err = sl_db_pg_check_conninfo(where)) != 0)
         return err;
     if (password_file && (err = sl_db_pg_read_password(password_file, pw, sizeof(pw))) != 0)
         return err;
@@ -838,7 +855,7 @@ int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file)
     log_where(p->conn, desc, sizeof(desc));
     if (PQstatus(p->conn) != CONNECTION_OK) {
         char msg[512];
-        clean(msg, sizeof(msg), PQerrorMessage(p->conn));
+        sl_db_pg_clean(msg, sizeof(msg), PQerrorMessage(p->conn));
         sl_log_error("catalog_open_failed", "engine=postgresql %s msg=\"%s\"", desc, msg);
         return SL_ECATDOWN;
     }

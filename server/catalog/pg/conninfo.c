@@ -1,4 +1,6 @@
-/* The PostgreSQL password file (--catalog-password-file): checked at start, read to connect. */
+/* What the daemon is told about its PostgreSQL server: the conninfo (--catalog), checked before
+ * connecting, and the password file (--catalog-password-file), checked at start and read to
+ * connect. */
 #include "../internal.h"
 
 #include "err.h"
@@ -6,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <libpq-fe.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -53,4 +56,38 @@ int sl_db_pg_read_password(const char *path, char *pw, size_t len)
     pw[n] = '\0';
     pw[strcspn(pw, "\r\n")] = '\0';
     return 0;
+}
+
+int sl_db_pg_check(const char *where, char *msg, size_t len)
+{
+    char *perr = NULL;
+    PQconninfoOption *opts = PQconninfoParse(where, &perr), *o;
+    int err = 0;
+
+    if (!opts) {
+        snprintf(msg, len, "--catalog is not a PostgreSQL conninfo: ");
+        sl_db_pg_clean(msg + strlen(msg), len - strlen(msg), perr ? perr : "out of memory");
+        PQfreemem(perr);
+        return SL_EINVAL;
+    }
+    for (o = opts; o->keyword; o++)
+        if (!strcmp(o->keyword, "password") && o->val && o->val[0]) {
+            /* Never echoed: it would be in argv, the config and the logs. */
+            snprintf(msg, len,
+                     "--catalog: the PostgreSQL conninfo holds a password: put it in "
+                     "--catalog-password-file or PGPASSFILE instead");
+            err = SL_EINVAL;
+        }
+    PQconninfoFree(opts);
+    return err;
+}
+
+int sl_db_pg_check_conninfo(const char *where)
+{
+    char msg[512];
+    int err = sl_db_pg_check(where, msg, sizeof(msg));
+
+    if (err)
+        sl_log_error("catalog_conninfo", "error=\"%s\"", msg);
+    return err;
 }
