@@ -123,7 +123,7 @@ int sl_db_pg_read_password(const char *path, char *pw, size_t len);
 /* sl_db_pg_check, its refusal logged (pg/conninfo.c). */
 int sl_db_pg_check_conninfo(const char *where);
 
-/* libpq's message on one line, fit for a quoted log value (pg/engine.c). */
+/* libpq's message on one line, fit for a quoted log value (pg/conninfo.c). */
 void sl_db_pg_clean(char *dst, size_t len, const char *msg);
 
 /* The PostgreSQL engine's migrations 1 .. SL_DB_PG_MIGRATIONS (pg/schema.c): the same tables as

@@ -146,55 +146,6 @@ static void random_tag(char *out, size_t len)
     snprintf(out, len, "%016llx", (unsigned long long)v);
 }
 
-int feed_job_load(const sl_cat_job *row, void *arg)
-{
-    sl_feed *f = arg;
-    Sluice__V1__Job *spec = sluice__v1__job__unpack(NULL, row->spec_len, row->spec);
-    sl_cat_dataset d;
-    char msg[256];
-    fjob *j;
-    int err;
-
-    if (!spec) {
-        sl_log_error("job_load_failed", "job=%s error=\"spec does not decode\"", row->name);
-        return 0;
-    }
-    err = sl_cat_dataset_get(f->cat, &d, row->dataset);
-    if (err) {
-        sluice__v1__job__free_unpacked(spec, NULL);
-        sl_log_error("job_load_failed", "job=%s error=\"dataset %s: %s\"", row->name, row->dataset,
-                     sl_strerror(err));
-        return err == SL_EDB ? err : 0;
-    }
-    err = feed_job_add(f, &j, row->name, row->dataset, spec, d.samples, row->epoch, row->created_ms,
-                       row->elastic, row->elastic_len, msg, sizeof(msg));
-    if (err) {
-        /* Keep serving the other jobs; this one stays in the catalog for an operator. */
-        sl_log_error("job_load_failed", "job=%s error=\"%s\"", row->name, msg);
-        return err == SL_EDB ? err : 0;
-    }
-    j->version = row->version;
-    sl_log_info("job_loaded", "job=%s epoch=%llu world=%u resized_in_epoch=%d", j->name,
-                (unsigned long long)j->epoch, j->spec->world_size, j->src != NULL);
-    /* A crash between the report that completed the epoch (durable) and the write of the next
-     * epoch leaves a complete epoch behind: begin the next one now, as the report would have.
-     * (A batch job's completion is known once its plan is ready; stream.c checks it then.) */
-    if (!j->spec->manual_advance && feed_job_complete(j)) {
-        /* Loaded from another replica's announcement (the timer exists once the feed has
-         * started): the replica that made it complete advances it. */
-        if (f->orphans) {
-            feed_sync_unadvanced(f);
-            return 0;
-        }
-        err = feed_job_advance(j);
-        if (err && err != SL_ESTATE)
-            sl_log_error("epoch_advance_failed", "job=%s epoch=%llu error=\"%s\"", j->name,
-                         (unsigned long long)j->epoch, sl_strerror(err));
-        return err == SL_EDB ? err : 0;
-    }
-    return 0;
-}
-
 int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_dir,
                 sl_quar *quarantine)
 {

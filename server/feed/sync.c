@@ -1,13 +1,15 @@
 /* Replicas of one shared (PostgreSQL) catalog: this replica's jobs in memory follow the catalog.
  *
- * Every write of a job's row or progress is announced to the other replicas (NOTIFY, in the
- * writing transaction: server/catalog/feed.c); what they announce arrives here
- * (notified) and the job is read again: made, removed, replaced (a resize or restore
- * elsewhere: its streams end with ABORTED and reopen on the new state), moved to the next epoch
- * (streams waiting for it start), or its progress merged (which may complete the epoch here:
- * exactly one replica's conditional UPDATE begins the next one). A request that names a job this
- * replica does not know yet, or an epoch ahead of its copy, reads the job first (the lag of one
- * announcement), so no answer depends on which replica a client reached.
+ * Jobs are loaded from their rows here (feed_job_load, at start and later). Every write of a
+ * job's row or progress is announced to the other replicas (NOTIFY, in the writing transaction:
+ * server/catalog/feed.c); what they announce arrives here (notified) and the job is read again:
+ * made, removed, replaced (a resize or restore elsewhere: its streams end with ABORTED and reopen
+ * on the new state), moved to the next epoch (streams waiting for it start), or its progress
+ * merged (an epoch that is then complete is advanced by the replica that recorded its last
+ * report; exactly one replica's conditional UPDATE begins the next one). Every call on a job but
+ * a progress report reads the job first (feed_job_current), and a report that names a job this
+ * replica does not know yet or an epoch ahead of its copy does too, so no answer depends on
+ * which replica a client reached or on the lag of an announcement.
  */
 #include "internal.h"
 
@@ -67,6 +69,55 @@ void feed_sync_unadvanced(sl_feed *f)
 {
     if (f->orphans && !uv_is_active((uv_handle_t *)f->orphans))
         uv_timer_start(f->orphans, on_orphans, ORPHAN_ADVANCE_MS, 0);
+}
+
+int feed_job_load(const sl_cat_job *row, void *arg)
+{
+    sl_feed *f = arg;
+    Sluice__V1__Job *spec = sluice__v1__job__unpack(NULL, row->spec_len, row->spec);
+    sl_cat_dataset d;
+    char msg[256];
+    fjob *j;
+    int err;
+
+    if (!spec) {
+        sl_log_error("job_load_failed", "job=%s error=\"spec does not decode\"", row->name);
+        return 0;
+    }
+    err = sl_cat_dataset_get(f->cat, &d, row->dataset);
+    if (err) {
+        sluice__v1__job__free_unpacked(spec, NULL);
+        sl_log_error("job_load_failed", "job=%s error=\"dataset %s: %s\"", row->name, row->dataset,
+                     sl_strerror(err));
+        return err == SL_EDB ? err : 0;
+    }
+    err = feed_job_add(f, &j, row->name, row->dataset, spec, d.samples, row->epoch, row->created_ms,
+                       row->elastic, row->elastic_len, msg, sizeof(msg));
+    if (err) {
+        /* Keep serving the other jobs; this one stays in the catalog for an operator. */
+        sl_log_error("job_load_failed", "job=%s error=\"%s\"", row->name, msg);
+        return err == SL_EDB ? err : 0;
+    }
+    j->version = row->version;
+    sl_log_info("job_loaded", "job=%s epoch=%llu world=%u resized_in_epoch=%d", j->name,
+                (unsigned long long)j->epoch, j->spec->world_size, j->src != NULL);
+    /* A crash between the report that completed the epoch (durable) and the write of the next
+     * epoch leaves a complete epoch behind: begin the next one now, as the report would have.
+     * (A batch job's completion is known once its plan is ready; stream.c checks it then.) */
+    if (!j->spec->manual_advance && feed_job_complete(j)) {
+        /* Loaded from another replica's announcement (the timer exists once the feed has
+         * started): the replica that made it complete advances it. */
+        if (f->orphans) {
+            feed_sync_unadvanced(f);
+            return 0;
+        }
+        err = feed_job_advance(j);
+        if (err && err != SL_ESTATE)
+            sl_log_error("epoch_advance_failed", "job=%s epoch=%llu error=\"%s\"", j->name,
+                         (unsigned long long)j->epoch, sl_strerror(err));
+        return err == SL_EDB ? err : 0;
+    }
+    return 0;
 }
 
 static int reconcile(const sl_cat_job *row, void *arg)

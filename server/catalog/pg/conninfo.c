@@ -14,6 +14,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+void sl_db_pg_clean(char *dst, size_t len, const char *msg)
+{
+    size_t j = 0;
+
+    for (size_t i = 0; msg && msg[i] && j + 1 < len; i++)
+        dst[j++] = msg[i] == '"' ? '\'' : msg[i] == '\n' ? ' ' : msg[i];
+    dst[j] = '\0';
+}
+
 int sl_db_pg_password_check(const char *path, char *msg, size_t len)
 {
     struct stat st;

@@ -76,15 +76,6 @@ static void log_where(PGconn *c, char *dst, size_t len)
              PQport(c) ? PQport(c) : "", PQdb(c) ? PQdb(c) : "", PQuser(c) ? PQuser(c) : "");
 }
 
-void sl_db_pg_clean(char *dst, size_t len, const char *msg)
-{
-    size_t j = 0;
-
-    for (size_t i = 0; msg && msg[i] && j + 1 < len; i++)
-        dst[j++] = msg[i] == '"' ? '\'' : msg[i] == '\n' ? ' ' : msg[i];
-    dst[j] = '\0';
-}
-
 /* The sluice code for a failed result (NULL: no result at all) on connection `c`. */
 static int code(PGconn *c, const PGresult *res, int constraint_err)
 {
