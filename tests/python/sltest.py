@@ -100,6 +100,26 @@ def _stop_shared_s3():
 _daemons = 0  # Daemons made by this process
 
 
+def _low_port():
+    """A port that is free now and below the kernel's ephemeral range (which port 0 draws
+    from)."""
+    import random
+    import socket
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    while True:
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+
+
 class Daemon:
     """A sluiced on 127.0.0.1 with port 0 and a temporary data dir (or a given one).
 
@@ -118,7 +138,8 @@ class Daemon:
     names the replicas in turn, so calls spread over them."""
 
     def __init__(self, data_dir=None, args=(), env=None, grace=2.0, store=None, s3=None,
-                 s3_endpoint=None, catalog=None, pg=None, replicas=None, _replica=0):
+                 s3_endpoint=None, catalog=None, pg=None, replicas=None, stable_port=False,
+                 _replica=0):
         self._tmp = None
         if data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="sluice-test-")
@@ -162,9 +183,10 @@ class Daemon:
         if replicas > 1 and self.catalog != "postgresql":
             raise ValueError("%d replicas need the postgresql catalog" % replicas)
         self.siblings = [Daemon(data_dir, args, env, grace, store, s3, s3_endpoint, catalog,
-                                self.pg, 1, k) for k in range(1, replicas)]
+                                self.pg, 1, stable_port, k) for k in range(1, replicas)]
         self._turn = 0
         self._pinned = None
+        self.stable_port = stable_port
         # Replicas share a data dir: each Daemon its own port file and log.
         global _daemons
         _daemons += 1
@@ -218,7 +240,9 @@ class Daemon:
 
     def pin_ports(self):
         """The next start listens on the ports of now (every replica on its own), as a daemon
-        restarted at a fixed address does."""
+        restarted at a fixed address does. Give such a Daemon stable_port=True: its first port
+        is then one the kernel never hands out for port 0, so that while it is down no other
+        process (torchrun picks its store's port by binding port 0) can take it."""
         for d in self.replicas:
             d._pinned = d.port
 
@@ -230,6 +254,19 @@ class Daemon:
         return self
 
     def _start(self, timeout):
+        if self.stable_port and self.port is None and not self._pinned:
+            # Below the kernel's ephemeral range; another test may take the port first: retry.
+            for _ in range(20):
+                self._pinned = _low_port()
+                try:
+                    return self._start_once(timeout)
+                except RuntimeError as e:
+                    if "in use" not in str(e):
+                        raise
+            raise RuntimeError("no free port below the ephemeral range")
+        return self._start_once(timeout)
+
+    def _start_once(self, timeout):
         if os.path.exists(self.port_file):
             os.unlink(self.port_file)
         self.signalled = False

@@ -60,7 +60,7 @@ def poll(fn, what, timeout=20.0):
 class Base(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="sluice-tckpt-")
-        self.d = Daemon(data_dir=os.path.join(self.tmp, "data")).start()
+        self.d = Daemon(data_dir=os.path.join(self.tmp, "data"), stable_port=True).start()
         self.c = Client(self.d.addr)
         self.ck = Checkpoints(self.d.addr)
         self.expect_rc = 0

@@ -207,7 +207,7 @@ class Watchdog(threading.Thread):
 class Base(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="sluice-ckpt-train-")
-        self.d = Daemon(data_dir=os.path.join(self.tmp, "data")).start()
+        self.d = Daemon(data_dir=os.path.join(self.tmp, "data"), stable_port=True).start()
         self.c = Client(self.d.addr)
         self.dumps = {}     # torchrun's out -> the watchdog's stack dumps of its stalls
 

@@ -126,7 +126,7 @@ class TorchDDPTest(unittest.TestCase):
 class SamplerRestartTest(unittest.TestCase):
     def test_daemon_restart_mid_epoch_sampler_continues(self):
         import sluice.torch as st
-        d = Daemon().start()
+        d = Daemon(stable_port=True).start()
         try:
             port = d.port
             # A small flow-control window keeps most of the epoch on the daemon's side.

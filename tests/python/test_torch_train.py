@@ -93,7 +93,7 @@ class Trained:
 class Base(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="sluice-train-")
-        self.d = Daemon(data_dir=os.path.join(self.tmp, "data")).start()
+        self.d = Daemon(data_dir=os.path.join(self.tmp, "data"), stable_port=True).start()
 
     def tearDown(self):
         rc = self.d.stop()
