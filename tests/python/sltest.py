@@ -335,8 +335,9 @@ class Daemon:
     def signal(self, sig=signal.SIGTERM):
         """Send a signal now (to every replica); a later stop() only waits."""
         for d in self.replicas:
-            d.proc.send_signal(sig)
-            d.signalled = True
+            if d.proc is not None:
+                d.proc.send_signal(sig)
+                d.signalled = True
 
     # -- the store as the daemon left it: files of a job, on either store --
 
