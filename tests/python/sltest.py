@@ -101,17 +101,12 @@ _daemons = 0  # Daemons made by this process
 
 
 def _low_port():
-    """A port that is free now and below the kernel's ephemeral range (which port 0 draws
-    from)."""
+    """A port that is free now, in [10000, 20000): below the kernel's ephemeral range (which
+    port 0 draws from) and away from torchrun's fixed ports (29400 for --standalone, 29500)."""
     import random
     import socket
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
     while True:
-        port = random.randrange(max(1024, low - 12000), low)
+        port = random.randrange(10000, 20000)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
