@@ -30,15 +30,18 @@
 #define CHANNEL "sluice"
 
 #define PREP_MAX 256
+#define SEEN_MAX 64
 
 typedef struct pg {
     PGconn *conn;
     int in_tx; /* a transaction is open (a lost connection ends it) */
     char sql[8192];
-    /* Statements prepared on this connection (their text, translated; the name is "s<index>"):
-     * parsed and planned once, not per call. Forgotten when the connection is made again. */
+    /* Statements prepared on this connection (their text, translated, and its hash; the name
+     * is "s<index>"): parsed and planned once, not per call. Forgotten when the connection is
+     * made again. `seen`: hashes of texts run once, unprepared (a ring). */
     char *prep[PREP_MAX];
-    int nprep;
+    uint64_t prep_hash[PREP_MAX], seen[SEEN_MAX];
+    int nprep, seen_at;
     uv_loop_t *loop; /* set while listening */
     sl_cat_notify_fn fn;
     void *fn_arg;
@@ -279,20 +282,40 @@ static void forget_prepared(pg *p)
     p->nprep = 0;
 }
 
-/* The name of p->sql prepared on the connection (preparing it the first time) into name: 1; 0
- * to send it unprepared (the cache is full, or PostgreSQL refused it: the unprepared statement
- * then reports why); SL_ECATDOWN if the connection failed or timed out. */
+/* FNV-1a of a statement's text. */
+static uint64_t text_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL;
+
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+/* The name of p->sql prepared on the connection (preparing it if needed) into name: 1; 0 to
+ * send it unprepared (its first use, the cache is full, or PostgreSQL refused it: the unprepared
+ * statement then reports why); SL_ECATDOWN if the connection failed or timed out. */
 static int prepared(sl_cat *cat, int nparams, char *name, size_t len, const char *op)
 {
     pg *p = PG(cat);
+    uint64_t h = text_hash(p->sql);
     PGresult *res;
-    int late, ok;
+    int late, ok, k;
 
     for (int i = 0; i < p->nprep; i++)
-        if (strcmp(p->prep[i], p->sql) == 0) {
+        if (p->prep_hash[i] == h && strcmp(p->prep[i], p->sql) == 0) {
             snprintf(name, len, "s%d", i);
             return 1;
         }
+    /* Prepared at its second use: a text that carries its values (a group commit's rows) is
+     * run once and never prepared. */
+    for (k = 0; k < SEEN_MAX && p->seen[k] != h; k++)
+        ;
+    if (k == SEEN_MAX) {
+        p->seen[p->seen_at] = h;
+        p->seen_at = (p->seen_at + 1) % SEEN_MAX;
+        return 0;
+    }
     if (p->nprep == PREP_MAX)
         return 0;
     snprintf(name, len, "s%d", p->nprep);
@@ -307,7 +330,7 @@ static int prepared(sl_cat *cat, int nparams, char *name, size_t len, const char
         return PQstatus(p->conn) == CONNECTION_OK ? 0 : SL_ECATDOWN;
     if (!(p->prep[p->nprep] = strdup(p->sql)))
         return 0; /* prepared but unnamed here: harmless */
-    p->nprep++;
+    p->prep_hash[p->nprep++] = h;
     return 1;
 }
 
