@@ -324,6 +324,12 @@ static int open_ckpt(sl_daemon *d)
     return sl_ckpt_svc_new(&d->ckpt, &d->loop, d->cat, d->data_dir, &o);
 }
 
+/* sl_rpc_server_opts.lane: handlers run in the catalog lane (PostgreSQL; SQLite: at once). */
+static void run_in_lane(void *cat, void (*fn)(void *a, int b), void *a, int b)
+{
+    sl_cat_lane_run(cat, fn, a, b);
+}
+
 static void on_handle_closed(uv_handle_t *h)
 {
 }
@@ -447,6 +453,10 @@ int main(int argc, char **argv)
     opts.max_key_calls = d.cfg.max_job_streams;
     opts.idle_timeout_ms = d.cfg.idle_timeout_ms;
     sl_ops_rpc_opts(&d.ops, &opts);
+    if (sl_cat_shared(d.cat)) {
+        opts.lane = run_in_lane;
+        opts.lane_arg = d.cat;
+    }
     err = sl_rpc_server_new(&d.rpc, &d.loop, &opts, services, 3 + SL_FEED_N_SERVICES);
     if (err) {
         sl_log_error("listen_failed", "listen=%s error=\"%s\"", d.cfg.listen, sl_strerror(err));
@@ -495,6 +505,13 @@ int main(int argc, char **argv)
         char status[400];
         snprintf(status, sizeof(status), "serving on %s", d.listen);
         sl_ops_ready(&d.ops, status);
+    }
+    /* From here on the loop never waits for a catalog server: see server/catalog/lane.h. */
+    if ((err = sl_cat_lane_start(d.cat)) != 0) {
+        sl_log_error("lane_failed", "error=\"%s\"", sl_strerror(err));
+        sl_rpc_server_shutdown(d.rpc, 0, NULL, NULL);
+        uv_run(&d.loop, UV_RUN_DEFAULT);
+        goto out;
     }
     uv_run(&d.loop, UV_RUN_DEFAULT);
     rc = 0;

@@ -116,8 +116,11 @@ static void collect(sl_metrics *m, void *arg)
             resident = 0;
         fclose(f);
     }
-    if (ops->d->cat)
+    if (ops->d->cat) {
         sl_metrics_set(m, "sluice_catalog_errors_total", NULL, (double)sl_cat_errors(ops->d->cat));
+        sl_metrics_set(m, "sluice_catalog_blocking_total", NULL,
+                       (double)sl_cat_blocking(ops->d->cat));
+    }
     if (ops->d->quar) {
         sl_quar_counts q;
         sl_quar_get_counts(ops->d->quar, &q);
@@ -484,20 +487,29 @@ int sl_ops_healthy(const sl_ops *ops)
     return !ops->listener_broken && !ops->catalog_lost && !ops->d->stopping;
 }
 
-/* Gauges that need the catalog are refreshed on the loop, which owns it. */
-static void on_refresh(uv_timer_t *t)
+/* Gauges that need the catalog are refreshed on the loop, which owns it, in the catalog lane. */
+static void refresh(void *a, int b)
 {
     static const char *const names[] = {NULL, "WRITING", "COMPLETE", "INCOMPLETE"};
-    sl_ops *ops = t->data;
+    sl_ops *ops = a;
     uint64_t counts[4];
     char labels[32];
 
+    (void)b;
     if (!ops->d->cat || sl_cat_ckpt_count_states(ops->d->cat, counts) != 0)
         return;
     for (int i = 1; i < 4; i++) {
         snprintf(labels, sizeof(labels), "state=\"%s\"", names[i]);
         sl_metrics_set(ops->metrics, "sluice_checkpoints", labels, (double)counts[i]);
     }
+}
+
+static void on_refresh(uv_timer_t *t)
+{
+    sl_ops *ops = t->data;
+
+    if (ops->d->cat)
+        sl_cat_lane_run(ops->d->cat, refresh, ops, 0);
 }
 
 int sl_ops_start(sl_ops *ops)

@@ -103,6 +103,9 @@ typedef struct sl_rpc_service {
     /* A call budget of its own (for services anyone may call, such as health checks), or NULL:
      * the service shares max_calls and max_peer_calls with the others. See sl_rpc_budget. */
     const struct sl_rpc_budget *budget;
+    /* 1: its handlers never wait on anything but the loop (health checks): they run as their
+     * events arrive even while the server's lane (sl_rpc_server_opts.lane) is busy. */
+    int outside_lane;
 } sl_rpc_service;
 
 /* Decide whether a call may proceed, before its handler sees it (loop thread). `token` is the
@@ -175,6 +178,14 @@ typedef struct sl_rpc_server_opts {
     /* A connection is closed after this long whatever it does: GOAWAY, then its calls may
      * finish (no grace limit). 0: never. */
     uint64_t max_connection_age_ms;
+    /* Optional: where handlers run (the daemon's catalog lane, which lets them wait for a
+     * catalog server without blocking the loop). lane(lane_arg, fn, a, b) calls fn(a, b) on the
+     * loop thread, now or later, in the order given. A call's start, messages and end are handed
+     * to it, and so are its send completions while any of its events wait there, so a call's
+     * events keep their order and a handler suspended in the lane never sees its call change
+     * under it. NULL: every handler runs as its event arrives. */
+    void (*lane)(void *lane_arg, void (*fn)(void *a, int b), void *a, int b);
+    void *lane_arg;
 } sl_rpc_server_opts;
 
 /* Create a server bound to opts->listen serving `services` (the array is copied; the services

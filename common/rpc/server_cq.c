@@ -63,6 +63,52 @@ static void teardown(sl_rpc_server *srv)
     uv_close((uv_handle_t *)&srv->guard_timer, on_handle_closed);
 }
 
+/* One completion of a call's operation, or its start, routed to its handler's side. */
+static void route(tag *t, int ok)
+{
+    switch (t->kind) {
+    case TAG_START:
+        srv_on_start(t->ptr);
+        break;
+    case TAG_SEND:
+        srv_on_send_done(t->ptr, ok);
+        break;
+    case TAG_RECV:
+        srv_on_recv_done(t->ptr, ok);
+        break;
+    case TAG_CLOSE:
+        srv_on_close_done(t->ptr);
+        break;
+    case TAG_WRITABLE:
+        srv_on_writable(t->ptr);
+        break;
+    default:
+        break;
+    }
+}
+
+/* In the lane: a call's event, in its turn. The call's own reference keeps it. */
+static void in_lane(void *a, int ok)
+{
+    tag *t = a;
+    sl_rpc_call *c = t->ptr;
+
+    c->lane_n--;
+    route(t, ok);
+    sl_rpc_call_unref(c);
+}
+
+/* Whether a call's event goes to the lane: its start, messages and end do (unless its service
+ * is outside the lane); its send completions only behind earlier events waiting there. */
+static int laned(const sl_rpc_server *srv, tag *t)
+{
+    sl_rpc_call *c = t->ptr;
+
+    if (!srv->opts.lane || (c->reg && c->reg->svc->outside_lane))
+        return 0;
+    return t->kind == TAG_START || t->kind == TAG_RECV || t->kind == TAG_CLOSE || c->lane_n > 0;
+}
+
 void srv_on_async(uv_async_t *a)
 {
     sl_rpc_server *srv = a->data;
@@ -96,22 +142,21 @@ void srv_on_async(uv_async_t *a)
             case TAG_SLOT: /* handled on the completion-queue threads */
                 break;
             case TAG_START:
-                srv_on_start(t->ptr);
+            case TAG_SEND:
+            case TAG_RECV:
+            case TAG_CLOSE:
+            case TAG_WRITABLE:
+                if (laned(srv, t)) {
+                    sl_rpc_call *c = t->ptr;
+                    c->lane_n++;
+                    sl_rpc_call_ref(c);
+                    srv->opts.lane(srv->opts.lane_arg, in_lane, t, ok);
+                } else {
+                    route(t, ok);
+                }
                 break;
             case TAG_KICK:
                 srv_maybe_finish_shutdown(srv);
-                break;
-            case TAG_SEND:
-                srv_on_send_done(t->ptr, ok);
-                break;
-            case TAG_RECV:
-                srv_on_recv_done(t->ptr, ok);
-                break;
-            case TAG_CLOSE:
-                srv_on_close_done(t->ptr);
-                break;
-            case TAG_WRITABLE:
-                srv_on_writable(t->ptr);
                 break;
             case TAG_SHUTDOWN:
                 srv->shutdown_seen = 1;

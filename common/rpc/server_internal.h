@@ -172,6 +172,8 @@ struct sl_rpc_call {
     /* Bumped by whichever thread sees a message arrive, a read start or a send complete; the idle
      * sweep compares it with the value it saw last (`idle_seen`, at `idle_since_us`). */
     atomic_uint progress;
+    /* Events of this call handed to the server's lane and not run yet (loop thread). */
+    unsigned lane_n;
     unsigned idle_seen;
     uint64_t idle_since_us;
 };

@@ -369,10 +369,65 @@ int sl_cat_listen(sl_cat *cat, struct uv_loop_s *loop, sl_cat_notify_fn fn, void
     return cat->eng->listen ? cat->eng->listen(cat, loop, fn, arg) : 0;
 }
 
+static void unlisten_now(void *arg)
+{
+    sl_cat *cat = arg;
+
+    cat->lane_on = 0;
+    if (cat->eng->unlisten)
+        cat->eng->unlisten(cat);
+}
+
+/* The socket watch the lane's statements wait on goes only once the lane is idle. */
 void sl_cat_unlisten(sl_cat *cat)
 {
-    if (cat && cat->eng->unlisten)
-        cat->eng->unlisten(cat);
+    if (!cat)
+        return;
+    if (cat->lane)
+        sl_lane_when_idle(cat->lane, unlisten_now, cat);
+    else
+        unlisten_now(cat);
+}
+
+int sl_cat_lane_start(sl_cat *cat)
+{
+    int err;
+
+    if (!sl_cat_shared(cat) || cat->lane)
+        return 0;
+    if ((err = sl_lane_new(&cat->lane)) != 0)
+        return err;
+    cat->lane_on = 1;
+    return 0;
+}
+
+void sl_cat_lane_run(sl_cat *cat, sl_cat_work_fn fn, void *a, int b)
+{
+    if (cat && cat->lane_on)
+        sl_lane_run(cat->lane, fn, a, b);
+    else
+        fn(a, b);
+}
+
+int sl_cat_lane_idle(const sl_cat *cat)
+{
+    return !cat || sl_lane_idle(cat->lane);
+}
+
+unsigned long sl_cat_blocking(const sl_cat *cat)
+{
+    return cat ? atomic_load(&cat->blocking) : 0;
+}
+
+int sl_db_outside_lane(sl_cat *cat, const char *op)
+{
+    if (!cat->lane_on || sl_lane_here(cat->lane))
+        return 0;
+    atomic_fetch_add(&cat->blocking, 1);
+    sl_log_limited(SL_LOG_ERROR, 1000, "catalog_blocking",
+                   "op=%s msg=\"a statement waited on the loop thread outside the catalog lane\"",
+                   op);
+    return 1;
 }
 
 int sl_cat_peers(sl_cat *cat)
@@ -446,5 +501,6 @@ void sl_cat_close(sl_cat *cat)
     sl_cat_unlisten(cat);
     if (cat->conn)
         cat->eng->close(cat);
+    sl_lane_free(cat->lane);
     free(cat);
 }

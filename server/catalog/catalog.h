@@ -94,6 +94,21 @@ typedef void (*sl_cat_notify_fn)(const char *payload, void *arg);
 int sl_cat_listen(sl_cat *cat, struct uv_loop_s *loop, sl_cat_notify_fn fn, void *arg);
 void sl_cat_unlisten(sl_cat *cat);
 
+/* The loop's catalog lane (lane.h) for a shared catalog, from now until sl_cat_unlisten (which
+ * waits for it to be idle): every piece of loop work that may run a statement must be handed to
+ * sl_cat_lane_run, where a statement suspends it instead of blocking the loop thread. A statement
+ * on the loop's own stack meanwhile is logged as catalog_blocking and counted (sl_cat_blocking).
+ * No-op for SQLite (a local file: statements run where they are called). Loop thread. */
+int sl_cat_lane_start(sl_cat *cat);
+/* Run fn(a, b) in the lane (at once if it is idle, else after the work queued before it); at
+ * once on the caller's stack while there is no lane. Loop thread. */
+typedef void (*sl_cat_work_fn)(void *a, int b);
+void sl_cat_lane_run(sl_cat *cat, sl_cat_work_fn fn, void *a, int b);
+/* No lane work runs, waits or is queued. NULL: 1. */
+int sl_cat_lane_idle(const sl_cat *cat);
+/* Statements that waited on the loop thread outside the lane while it was on. Thread-safe. */
+unsigned long sl_cat_blocking(const sl_cat *cat);
+
 /* How many other replicas are connected to this shared catalog now (PostgreSQL: sessions of
  * sluiced in pg_stat_activity); 0 with SQLite, or when it cannot tell. */
 int sl_cat_peers(sl_cat *cat);

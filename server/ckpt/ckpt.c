@@ -133,10 +133,18 @@ static const sl_rpc_method ckpt_methods[] = {
     },
 };
 
+static void sweep(void *arg, int b)
+{
+    (void)b;
+    ckpt_sweep(arg, 0);
+    ckpt_auto_commit_pending(arg);
+}
+
 static void on_sweep(uv_timer_t *t)
 {
-    ckpt_sweep(t->data, 0);
-    ckpt_auto_commit_pending(t->data);
+    sl_ckpt_svc *s = t->data;
+
+    sl_cat_lane_run(s->cat, sweep, s, 0);
 }
 
 /* Every half upload timeout, at most every SWEEP_PERIOD_MS, at least every 100 ms. */

@@ -387,8 +387,11 @@ static void rewrite_work(uv_work_t *w)
         st->ops->put(st, j->ck.job, j->file, j->json.p, j->json.len, j->errmsg, sizeof(j->errmsg));
 }
 
-static void rewrite_after(uv_work_t *w, int status)
+static void rewrite_after(uv_work_t *w, int status);
+
+static void rewrite_after_lane(void *arg, int status)
 {
+    uv_work_t *w = arg;
     commit_job *j = w->data;
 
     (void)status;
@@ -398,6 +401,12 @@ static void rewrite_after(uv_work_t *w, int status)
     if (j->call)
         ckpt_reply(j->svc, j->call, &j->ck);
     commit_job_free(j);
+}
+
+/* In the catalog lane (its statements, and the state lane work holds). */
+static void rewrite_after(uv_work_t *w, int status)
+{
+    sl_cat_lane_run(((commit_job *)w->data)->svc->cat, rewrite_after_lane, w, status);
 }
 
 /* metadata.json as the catalog has the checkpoint now (another replica's commit), written on the
@@ -421,8 +430,11 @@ static int rewrite_metadata(commit_job *j)
     return 0;
 }
 
-static void commit_after(uv_work_t *w, int status)
+static void commit_after(uv_work_t *w, int status);
+
+static void commit_after_lane(void *arg, int status)
 {
+    uv_work_t *w = arg;
     commit_job *j = w->data;
     sl_ckpt_svc *s = j->svc;
     int err = j->err;
@@ -472,6 +484,12 @@ static void commit_after(uv_work_t *w, int status)
         sl_log_warn("ckpt_retention_failed", "job=%s error=\"%s\"", j->ck.job, sl_strerror(err));
 out:
     commit_job_free(j);
+}
+
+/* In the catalog lane (its statements, and the state lane work holds). */
+static void commit_after(uv_work_t *w, int status)
+{
+    sl_cat_lane_run(((commit_job *)w->data)->svc->cat, commit_after_lane, w, status);
 }
 
 /* Whether checkpoint ck may be committed now. Returns 0 to go on, 1 if it is COMPLETE already (a

@@ -104,8 +104,9 @@ void ckpt_download_pump(sl_rpc_call *call, void *arg)
     uv_queue_work(dl->svc->loop, &dl->work, dl_work, dl_after);
 }
 
-static void dl_after(uv_work_t *w, int status)
+static void dl_after_lane(void *arg, int status)
 {
+    uv_work_t *w = arg;
     download *dl = w->data;
     sl_rpc_call *call = dl->call;
     Sluice__V1__DownloadShardResponse m = SLUICE__V1__DOWNLOAD_SHARD_RESPONSE__INIT;
@@ -142,6 +143,12 @@ static void dl_after(uv_work_t *w, int status)
         ckpt_download_pump(call, NULL);
 out:
     sl_rpc_call_unref(call);
+}
+
+/* In the catalog lane (its statements, and the state lane work holds). */
+static void dl_after(uv_work_t *w, int status)
+{
+    sl_cat_lane_run(((download *)w->data)->svc->cat, dl_after_lane, w, status);
 }
 
 /* The shard the request names, from the catalog; answers the call if there is none. */

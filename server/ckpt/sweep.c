@@ -277,8 +277,11 @@ void ckpt_svc_release(sl_ckpt_svc *s)
         free(s);
 }
 
-static void rs_after(uv_work_t *w, int status)
+static void rs_after(uv_work_t *w, int status);
+
+static void rs_after_lane(void *arg, int status)
 {
+    uv_work_t *w = arg;
     ckpt_rsweep *r = w->data;
     sl_ckpt_svc *s = r->svc;
 
@@ -297,6 +300,12 @@ static void rs_after(uv_work_t *w, int status)
     rs_free(r);
     if (s->stopping)
         ckpt_svc_release(s);
+}
+
+/* In the catalog lane (its statements, and the state lane work holds). */
+static void rs_after(uv_work_t *w, int status)
+{
+    sl_cat_lane_run(((ckpt_rsweep *)w->data)->svc->cat, rs_after_lane, w, status);
 }
 
 /* A sweep of object storage. At startup it runs here, before any call is served; later ones

@@ -400,8 +400,9 @@ static void up_record(upload *up)
 }
 
 /* The write lane returned from the job the state names. */
-static void up_after_write(uv_work_t *w, int status)
+static void up_after_write_lane(void *arg, int status)
 {
+    uv_work_t *w = arg;
     upload *up = w->data;
     sl_rpc_call *call = up->call;
 
@@ -445,8 +446,15 @@ static void up_after_write(uv_work_t *w, int status)
     sl_rpc_call_unref(call);
 }
 
-static void up_after_hash(uv_work_t *w, int status)
+/* In the catalog lane (its statements, and the state lane work holds). */
+static void up_after_write(uv_work_t *w, int status)
 {
+    sl_cat_lane_run(((upload *)w->data)->svc->cat, up_after_write_lane, w, status);
+}
+
+static void up_after_hash_lane(void *arg, int status)
+{
+    uv_work_t *w = arg;
     upload *up = w->data;
     sl_rpc_call *call = up->call;
 
@@ -457,6 +465,12 @@ static void up_after_hash(uv_work_t *w, int status)
     else
         up_continue(up);
     sl_rpc_call_unref(call);
+}
+
+/* In the catalog lane (its statements, and the state lane work holds). */
+static void up_after_hash(uv_work_t *w, int status)
+{
+    sl_cat_lane_run(((upload *)w->data)->svc->cat, up_after_hash_lane, w, status);
 }
 
 /* ---- the header ---- */

@@ -476,8 +476,9 @@ static void verify_done(verify *v)
     sl_rpc_call_unref(call);
 }
 
-static void vjob_after(uv_work_t *w, int status)
+static void vjob_after_lane(void *arg, int status)
 {
+    uv_work_t *w = arg;
     vjob *j = w->data;
     verify *v = j->v;
     sl_ckpt_svc *s = v->svc;
@@ -490,6 +491,12 @@ static void vjob_after(uv_work_t *w, int status)
         verify_done(v);
     if (deep)
         deep_dispatch(s);
+}
+
+/* In the catalog lane (its statements, and the state lane work holds). */
+static void vjob_after(uv_work_t *w, int status)
+{
+    sl_cat_lane_run(((vjob *)w->data)->v->svc->cat, vjob_after_lane, w, status);
 }
 
 void ckpt_verify_cancel(sl_rpc_call *call, void *arg)

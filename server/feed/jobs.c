@@ -619,8 +619,11 @@ static void flush_answer(fgroup *fl)
     free(fl);
 }
 
-static void flush_after(uv_work_t *w, int status)
+static void flush_after(uv_work_t *w, int status);
+
+static void flush_after_lane(void *arg, int status)
 {
+    uv_work_t *w = arg;
     fgroup *fl = w->data;
     sl_feed *f = fl->f;
 
@@ -629,6 +632,12 @@ static void flush_after(uv_work_t *w, int status)
     flush_answer(fl);
     if (f->n_pending && f->flush)
         uv_check_start(f->flush, on_flush);
+}
+
+/* In the catalog lane (its statements, and the state lane work holds). */
+static void flush_after(uv_work_t *w, int status)
+{
+    sl_cat_lane_run(((fgroup *)w->data)->f->cat, flush_after_lane, w, status);
 }
 
 static void on_flush(uv_check_t *h)

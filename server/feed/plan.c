@@ -140,8 +140,11 @@ out:
     free(order);
 }
 
-static void plan_done(uv_work_t *w, int status)
+static void plan_done(uv_work_t *w, int status);
+
+static void plan_done_lane(void *arg, int status)
 {
+    uv_work_t *w = arg;
     fplan *p = w->data;
     fjob *j = p->job;
 
@@ -163,6 +166,12 @@ static void plan_done(uv_work_t *w, int status)
     if (j && p->state == 1)
         p->f->hooks.plan_ready(j);
     fplan_unref(p);
+}
+
+/* In the catalog lane (its statements, and the state lane work holds). */
+static void plan_done(uv_work_t *w, int status)
+{
+    sl_cat_lane_run(((fplan *)w->data)->f->cat, plan_done_lane, w, status);
 }
 
 /* The worker's copies of the chain's steps (the job's may change while it plans): per step the

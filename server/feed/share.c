@@ -24,8 +24,11 @@ static void share_work(uv_work_t *w)
     sh->err = sl_sample_new(&sh->s, &sh->cfg, sh->msg, sizeof(sh->msg));
 }
 
-static void share_done(uv_work_t *w, int status)
+static void share_done(uv_work_t *w, int status);
+
+static void share_done_lane(void *arg, int status)
 {
+    uv_work_t *w = arg;
     fshare *sh = w->data;
 
     if (status != 0 && !sh->err) {
@@ -37,6 +40,12 @@ static void share_done(uv_work_t *w, int status)
      * checks whether its stream still waits. */
     feed_waiters_run(&sh->waiters, sh->f, sh->job_name);
     fshare_unref(sh);
+}
+
+/* In the catalog lane (its statements, and the state lane work holds). */
+static void share_done(uv_work_t *w, int status)
+{
+    sl_cat_lane_run(((fshare *)w->data)->f->cat, share_done_lane, w, status);
 }
 
 static int share_new(fshare **out, fjob *j, const sl_sample_config *cfg, char *msg, size_t len)

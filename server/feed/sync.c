@@ -30,10 +30,11 @@ typedef struct refresh {
  * with advanced=true), so this only acts when that replica died in between. */
 #define ORPHAN_ADVANCE_MS 1000
 
-static void on_orphans(uv_timer_t *t)
+static void orphans(void *arg, int b)
 {
-    sl_feed *f = t->data;
+    sl_feed *f = arg;
 
+    (void)b;
     for (fjob *j = f->jobs; j; j = j->next) {
         int err;
         if (j->spec->manual_advance || !feed_job_complete(j))
@@ -45,6 +46,13 @@ static void on_orphans(uv_timer_t *t)
             sl_log_error("epoch_advance_failed", "job=%s epoch=%llu error=\"%s\"", j->name,
                          (unsigned long long)j->epoch, sl_strerror(err));
     }
+}
+
+static void on_orphans(uv_timer_t *t)
+{
+    sl_feed *f = t->data;
+
+    sl_cat_lane_run(f->cat, orphans, f, 0);
 }
 
 static void unadvanced_if_complete(sl_feed *f, fjob *j)

@@ -27,7 +27,10 @@ SLUICED = os.environ.get("SLUICED", "sluiced")
 SLUICE_CLI = os.environ.get("SLUICE_CLI", "sluice")
 
 # Reports from the sanitizers in a sanitized build: any of these in a daemon's stderr is a failure.
-SANITIZER_RE = re.compile(r"ERROR: (Address|Leak|Thread)Sanitizer|runtime error:|SUMMARY: \w+Sanitizer")
+# So is a catalog statement that waited on the loop thread outside the catalog lane (PostgreSQL:
+# server/catalog/lane.h), in any build.
+SANITIZER_RE = re.compile(r"ERROR: (Address|Leak|Thread)Sanitizer|runtime error:|SUMMARY: \w+Sanitizer"
+                          r"|catalog_blocking")
 
 
 # The shard store the Daemons of this process use unless told: "dir" (the data dir) or "s3".

@@ -387,7 +387,7 @@ static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, in
     _Static_assert(sizeof(s->methods) == sizeof(methods), "the method table is copied whole");
     memcpy(s->methods, methods, sizeof(methods));
     s->svc = (sl_rpc_service){
-        "sluice.test.Test", s->methods, sizeof(methods) / sizeof(methods[0]), s, NULL, 0};
+        "sluice.test.Test", s->methods, sizeof(methods) / sizeof(methods[0]), s, NULL, 0, 0};
     svcs[0] = &s->svc;
     memset(&opts, 0, sizeof(opts));
     opts.listen = "127.0.0.1:0";

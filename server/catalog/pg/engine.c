@@ -45,9 +45,12 @@ typedef struct pg {
     uv_loop_t *loop; /* set while listening */
     sl_cat_notify_fn fn;
     void *fn_arg;
-    uv_poll_t *poll;       /* readable: notifications (or the connection's end) */
-    uv_timer_t *deliver;   /* hands queued payloads to fn outside any statement */
-    uv_timer_t *reconnect; /* every second while the connection is lost */
+    uv_poll_t *poll;        /* readable: notifications (or the connection's end) */
+    uv_timer_t *deliver;    /* hands queued payloads to fn outside any statement */
+    uv_timer_t *reconnect;  /* every second while the connection is lost */
+    uv_timer_t *wait_timer; /* a lane statement's deadline */
+    int waiting;            /* a lane statement waits for the socket (or its deadline) */
+    int woke;               /* why it was resumed: 1 the socket, 0 the deadline, -1 an error */
     char **queue;
     size_t nq, capq;
     int missed;        /* a payload could not be queued: deliver "*" */
@@ -184,19 +187,63 @@ static int wait_socket(PGconn *c, short events, uint64_t deadline)
     }
 }
 
+static void on_io(uv_poll_t *h, int status, int events);
+
+static void on_wait_timeout(uv_timer_t *t)
+{
+    sl_cat *cat = t->data;
+    pg *p = PG(cat);
+
+    if (p->waiting) {
+        p->waiting = 0;
+        p->woke = 0;
+        sl_lane_resume(cat->lane);
+    }
+}
+
+/* wait_socket for a statement in the catalog lane: the lane is suspended, the loop goes on. */
+static int lane_wait(sl_cat *cat, short events, uint64_t deadline)
+{
+    pg *p = PG(cat);
+    uint64_t now = mono_ms();
+
+    if (now >= deadline)
+        return 0;
+    p->waiting = 1;
+    p->woke = -1;
+    uv_poll_start(p->poll, (events & POLLOUT ? UV_WRITABLE : 0) | UV_READABLE, on_io);
+    uv_timer_start(p->wait_timer, on_wait_timeout, deadline - now, 0);
+    sl_lane_suspend(cat->lane);
+    uv_timer_stop(p->wait_timer);
+    p->waiting = 0;
+    if (p->poll)
+        uv_poll_start(p->poll, UV_READABLE, on_io);
+    return p->woke;
+}
+
+/* The lane's statements wait through the loop (the connection's socket watch); any other waits
+ * on the socket (startup, shutdown, the feed's worker connection). */
+static int wait_for(sl_cat *cat, short events, uint64_t deadline, int in_lane)
+{
+    return in_lane && PG(cat)->poll ? lane_wait(cat, events, deadline)
+                                    : wait_socket(PG(cat)->conn, events, deadline);
+}
+
 /* The results of the statement(s) just sent (PQsendQuery*), waited for no longer than the
  * catalog timeout: the first failed result, else the last; NULL when the connection failed (its
  * status says so) or, with *late set, when the server did not answer in time (the connection
  * must be given up). */
-static PGresult *await(PGconn *c, int *late)
+static PGresult *await(sl_cat *cat, int *late, const char *op)
 {
     uint64_t deadline = mono_ms() + (uint64_t)timeout_ms;
+    PGconn *c = PG(cat)->conn;
     PGresult *keep = NULL, *r;
-    int w;
+    int w, in_lane = sl_lane_here(cat->lane);
 
     *late = 0;
+    sl_db_outside_lane(cat, op);
     while ((w = PQflush(c)) == 1) {
-        if ((w = wait_socket(c, POLLOUT | POLLIN, deadline)) <= 0)
+        if ((w = wait_for(cat, POLLOUT | POLLIN, deadline, in_lane)) <= 0)
             goto out;
         if (!PQconsumeInput(c))
             return NULL;
@@ -205,7 +252,7 @@ static PGresult *await(PGconn *c, int *late)
         return NULL;
     for (;;) {
         while (PQisBusy(c)) {
-            if ((w = wait_socket(c, POLLIN, deadline)) <= 0)
+            if ((w = wait_for(cat, POLLIN, deadline, in_lane)) <= 0)
                 goto out;
             if (!PQconsumeInput(c))
                 goto out;
@@ -253,7 +300,7 @@ static int script(sl_cat *cat, const char *sql, const char *op)
         return err;
     if (!PQsendQuery(PG(cat)->conn, sql))
         return fail(cat, NULL, op, 0);
-    res = await(PG(cat)->conn, &late);
+    res = await(cat, &late, op);
     if (late)
         return timed_out(cat, op);
     if (!res || (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK))
@@ -321,7 +368,7 @@ static int prepared(sl_cat *cat, int nparams, char *name, size_t len, const char
     snprintf(name, len, "s%d", p->nprep);
     if (!PQsendPrepare(p->conn, name, p->sql, nparams, NULL))
         return fail(cat, NULL, op, 0);
-    res = await(p->conn, &late);
+    res = await(cat, &late, op);
     if (late)
         return timed_out(cat, op);
     ok = res && PQresultStatus(res) == PGRES_COMMAND_OK;
@@ -369,7 +416,7 @@ static int run(sl_db_q *q, const char *sql, int constraint_err)
     if (!(prep ? PQsendQueryPrepared(p->conn, name, q->nparams, values, lengths, formats, 0)
                : PQsendQueryParams(p->conn, p->sql, q->nparams, NULL, values, lengths, formats, 0)))
         return fail(q->cat, NULL, q->op, constraint_err);
-    res = await(p->conn, &late);
+    res = await(q->cat, &late, q->op);
     if (late)
         return timed_out(q->cat, q->op);
     collect(q->cat);
@@ -582,9 +629,10 @@ static void collect(sl_cat *cat)
     }
 }
 
-static void on_deliver(uv_timer_t *t)
+/* In the lane: the notify callback reads the catalog. */
+static void deliver(void *a, int b)
 {
-    sl_cat *cat = t->data;
+    sl_cat *cat = a;
     pg *p = PG(cat);
     char **q = p->queue;
     size_t n = p->nq;
@@ -602,14 +650,28 @@ static void on_deliver(uv_timer_t *t)
     for (size_t i = 0; i < n; i++)
         free(q[i]);
     free(q);
+    (void)b;
 }
 
-static void on_readable(uv_poll_t *h, int status, int events)
+static void on_deliver(uv_timer_t *t)
+{
+    sl_cat_lane_run(t->data, deliver, t->data, 0);
+}
+
+/* The connection's socket: a lane statement waiting for it continues; otherwise announcements
+ * (or the connection's end) arrived. */
+static void on_io(uv_poll_t *h, int status, int events)
 {
     sl_cat *cat = h->data;
     pg *p = PG(cat);
 
     (void)events;
+    if (p->waiting) {
+        p->waiting = 0;
+        p->woke = status < 0 ? -1 : 1;
+        sl_lane_resume(cat->lane);
+        return;
+    }
     if (status < 0 || !PQconsumeInput(p->conn) || PQstatus(p->conn) != CONNECTION_OK) {
         /* The server went away: watch no dead socket; the reconnect timer takes over. */
         listen_lost(p);
@@ -722,7 +784,7 @@ static int listen_again(sl_cat *cat)
         return SL_ECATDOWN;
     }
     p->poll->data = cat;
-    uv_poll_start(p->poll, UV_READABLE, on_readable);
+    uv_poll_start(p->poll, UV_READABLE, on_io);
     push(p, "*");
     return 0;
 }
@@ -736,15 +798,18 @@ static int pg_listen(sl_cat *cat, uv_loop_t *loop, sl_cat_notify_fn fn, void *ar
     p->fn_arg = arg;
     p->deliver = calloc(1, sizeof(*p->deliver));
     p->reconnect = calloc(1, sizeof(*p->reconnect));
-    if (!p->deliver || !p->reconnect) {
+    p->wait_timer = calloc(1, sizeof(*p->wait_timer));
+    if (!p->deliver || !p->reconnect || !p->wait_timer) {
         free(p->deliver);
         free(p->reconnect);
-        p->deliver = p->reconnect = NULL;
+        free(p->wait_timer);
+        p->deliver = p->reconnect = p->wait_timer = NULL;
         return -ENOMEM;
     }
     uv_timer_init(loop, p->deliver);
     uv_timer_init(loop, p->reconnect);
-    p->deliver->data = p->reconnect->data = cat;
+    uv_timer_init(loop, p->wait_timer);
+    p->deliver->data = p->reconnect->data = p->wait_timer->data = cat;
     p->loop = loop;
     err = listen_again(cat);
     /* Nothing was missed yet: the "*" listen_again queues is for reconnects. */
@@ -763,8 +828,9 @@ static void pg_unlisten(sl_cat *cat)
     close_handle((uv_handle_t *)p->poll);
     close_handle((uv_handle_t *)p->deliver);
     close_handle((uv_handle_t *)p->reconnect);
+    close_handle((uv_handle_t *)p->wait_timer);
     p->poll = NULL;
-    p->deliver = p->reconnect = NULL;
+    p->deliver = p->reconnect = p->wait_timer = NULL;
     p->loop = NULL;
     for (size_t i = 0; i < p->nq; i++)
         free(p->queue[i]);
