@@ -350,9 +350,10 @@ static void on_rpc_stopped(void *arg)
     signal(SIGINT, SIG_IGN);
 }
 
-static void on_signal(uv_signal_t *s, int signum)
+/* In the catalog lane: the services' shutdown callbacks change what lane work may hold. */
+static void stop(void *arg, int signum)
 {
-    sl_daemon *d = s->data;
+    sl_daemon *d = arg;
 
     if (d->stopping) {
         sl_log_info("signal_ignored", "signal=%s reason=\"already stopping\"", strsignal(signum));
@@ -364,6 +365,13 @@ static void on_signal(uv_signal_t *s, int signum)
     sl_ops_stopping(&d->ops);
     sl_health_set_all(d->health, SL_HEALTH_NOT_SERVING);
     sl_rpc_server_shutdown(d->rpc, d->cfg.grace_ms, on_rpc_stopped, d);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    sl_daemon *d = s->data;
+
+    sl_cat_lane_run(d->cat, stop, d, signum);
 }
 
 int main(int argc, char **argv)

@@ -51,6 +51,8 @@ class ReplicaBase(PgTestCase):
             rc = d.stop()
             if rc not in (0, None, -9):
                 self.fail("replica exited with %s:\n%s" % (rc, d.log()[-3000:]))
+            # Sanitizer reports, and statements that blocked the loop outside the catalog lane.
+            self.assertEqual(d.sanitizer_reports(), [], d.log()[-3000:])
         self.tmp.cleanup()
 
     def logs(self):
@@ -411,6 +413,38 @@ class PgFaultTest(ReplicaBase):
             "replica 1's writer to reconnect")
         for c in self.cs:
             wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 60, 5, "position 60")
+
+    def test_loop_serves_while_a_statement_waits(self):
+        # A statement waits for the catalog server in the catalog lane, not on the loop thread:
+        # while a CreateJob waits for a frozen server (up to the catalog timeout, 2 s here), the
+        # same replica answers health checks and keeps an open index stream flowing.
+        from sluice._health import health_pb2 as hp
+        self.cs[0].create_dataset("ds", 200000)
+        self.cs[0].create_job("job", "ds", 1)
+        stream = self.cs[0].stream_indices("job", 0, max_chunk=16)
+        self.assertEqual(next(stream).start, 0)
+        check = self.cs[0].channel.unary_unary("/grpc.health.v1.Health/Check")
+        outcome = []
+        self.pg.freeze()
+        try:
+            waiter = threading.Thread(target=lambda: outcome.append(self.unavailable_or_ok(
+                lambda: self.cs[0].create_job("j2", "ds", 1))))
+            waiter.start()
+            time.sleep(0.3)  # CreateJob's statement is on its way
+            t0 = time.monotonic()
+            r = check(hp.HealthCheckRequest().SerializeToString(), timeout=5)
+            self.assertEqual(hp.HealthCheckResponse.FromString(r).status,
+                             hp.HealthCheckResponse.SERVING)
+            chunks = [next(stream) for _ in range(200)]
+            took = time.monotonic() - t0
+            self.assertTrue(waiter.is_alive(), "CreateJob did not wait for the frozen server")
+            self.assertLess(took, 1.0, "a health check and 200 chunks while a statement waits")
+            self.assertEqual(chunks[-1].start, 200 * 16)
+            waiter.join(10)
+            self.assertEqual(outcome, ["unavailable"])
+        finally:
+            self.pg.thaw()
+        stream.cancel()
 
     def test_postgresql_restarted(self):
         self.cs[0].create_dataset("ds", 300)

@@ -22,7 +22,18 @@ struct sl_testsrv {
     atomic_size_t max_send_bytes; /* the most Count had queued or in flight after a send */
     sl_rpc_method methods[6];
     sl_rpc_service svc;
+    /* With sl_testsrv_laned: the lane, a queue run on a later turn of the loop (as a lane busy
+     * with a statement would). */
+    uv_idle_t lane_idle;
+    struct lane_item {
+        void (*fn)(void *, int);
+        void *a;
+        int b;
+    } * lane, *lane_run;
+    size_t lane_n, lane_cap, lane_run_cap;
 };
+
+int sl_testsrv_laned;
 
 /* ---- Echo: answers at once, or after delay_ms from a timer ---- */
 
@@ -350,11 +361,48 @@ static int authorize(const char *method, unsigned access, const char *token, cha
 
 /* ---- harness ---- */
 
+static void lane_drain(uv_idle_t *h)
+{
+    sl_testsrv *s = h->data;
+    struct lane_item *run = s->lane;
+    size_t n = s->lane_n, cap = s->lane_cap;
+
+    /* Swap: what the items queue runs on the next turn. */
+    s->lane = s->lane_run;
+    s->lane_cap = s->lane_run_cap;
+    s->lane_n = 0;
+    s->lane_run = run;
+    s->lane_run_cap = cap;
+    for (size_t i = 0; i < n; i++)
+        run[i].fn(run[i].a, run[i].b);
+    if (s->lane_n == 0)
+        uv_idle_stop(h);
+}
+
+static void lane_push(void *arg, void (*fn)(void *, int), void *a, int b)
+{
+    sl_testsrv *s = arg;
+
+    if (s->lane_n == s->lane_cap) {
+        size_t cap = s->lane_cap ? 2 * s->lane_cap : 64;
+        struct lane_item *q = realloc(s->lane, cap * sizeof(*q));
+        if (!q) {
+            fn(a, b);
+            return;
+        }
+        s->lane = q;
+        s->lane_cap = cap;
+    }
+    s->lane[s->lane_n++] = (struct lane_item){fn, a, b};
+    uv_idle_start(&s->lane_idle, lane_drain);
+}
+
 static void on_stopped(void *arg)
 {
     sl_testsrv *s = arg;
 
     uv_close((uv_handle_t *)&s->stop, NULL);
+    uv_close((uv_handle_t *)&s->lane_idle, NULL);
 }
 
 static void on_stop(uv_async_t *a)
@@ -384,6 +432,8 @@ static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, in
     uv_loop_init(&s->loop);
     uv_async_init(&s->loop, &s->stop, on_stop);
     s->stop.data = s;
+    uv_idle_init(&s->loop, &s->lane_idle);
+    s->lane_idle.data = s;
     _Static_assert(sizeof(s->methods) == sizeof(methods), "the method table is copied whole");
     memcpy(s->methods, methods, sizeof(methods));
     s->svc = (sl_rpc_service){
@@ -394,6 +444,10 @@ static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, in
     opts.max_recv_bytes = max_recv_bytes;
     opts.tls = tls;
     opts.authorize = auth ? authorize : NULL;
+    if (sl_testsrv_laned) {
+        opts.lane = lane_push;
+        opts.lane_arg = s;
+    }
     if (limits) {
         opts.max_calls = limits->max_calls;
         opts.max_key_calls = limits->max_key_calls;
@@ -405,6 +459,7 @@ static int start(sl_testsrv **out, int max_recv_bytes, const sl_rpc_tls *tls, in
     err = sl_rpc_server_new(&s->srv, &s->loop, &opts, svcs, 1);
     if (err) {
         uv_close((uv_handle_t *)&s->stop, NULL);
+        uv_close((uv_handle_t *)&s->lane_idle, NULL);
         uv_run(&s->loop, UV_RUN_DEFAULT);
         uv_loop_close(&s->loop);
         free(s);
@@ -450,6 +505,8 @@ size_t sl_testsrv_stop(sl_testsrv *s, uint64_t grace_ms)
     live = s->live_at_stop;
     sl_rpc_server_free(s->srv);
     uv_loop_close(&s->loop);
+    free(s->lane);
+    free(s->lane_run);
     free(s);
     return live;
 }

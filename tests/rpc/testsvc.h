@@ -24,6 +24,11 @@ int sl_testsrv_start_auth(sl_testsrv **out);
 #define SL_TESTSRV_COUNT_BUDGET (64u << 10)
 int sl_testsrv_start_limits(sl_testsrv **out, const sl_rpc_server_opts *limits);
 
+/* Set before starting: servers started from then on hand their handlers' events to a lane
+ * (sl_rpc_server_opts.lane) that runs them on a later turn of the loop, as a daemon's catalog
+ * lane busy with a statement would. */
+extern int sl_testsrv_laned;
+
 /* The most bytes a Count call had queued or in flight right after one of its sends. */
 size_t sl_testsrv_max_send_bytes(sl_testsrv *s);
 

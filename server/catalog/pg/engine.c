@@ -1,6 +1,9 @@
-/* The PostgreSQL engine: the only code that includes <libpq-fe.h>.
+/* The PostgreSQL engine's statements (server/catalog/pg/ is the only code that includes
+ * <libpq-fe.h>; listen.c watches the connection on the loop).
  *
- * One connection per daemon. Parameters go as text (integers) or binary (bytea), results come
+ * One connection per daemon (and one for the feed's writer). A statement in the catalog lane
+ * waits for its answer with the lane suspended, the loop going on (listen.c); elsewhere (startup,
+ * shutdown, the writer's worker thread) it polls the socket. Parameters go as text (integers) or binary (bytea), results come
  * back as text. A connection the server closed (restart, pg_terminate_backend, network) fails
  * the statement with SL_ECATDOWN and is made again by the next one. No wait on the server is
  * unbounded: a statement unanswered after the catalog timeout (--catalog-timeout) gives the
@@ -8,7 +11,7 @@
  * that vanished while the connection was idle. The password is never in the
  * conninfo: it comes from a file named in the configuration or libpq's PGPASSFILE/~/.pgpass.
  */
-#include "../internal.h"
+#include "internal.h"
 
 #include "err.h"
 #include "log.h"
@@ -25,58 +28,17 @@
 /* Any constant: the advisory lock that serializes migrations of daemons starting at once. */
 #define MIGRATE_LOCK "SELECT pg_advisory_xact_lock(5193041203)"
 
-/* Listening for the other replicas' announcements (NOTIFY on CHANNEL). Handles are on the heap:
- * each is freed by its close callback, which may run after the catalog is gone. */
-#define CHANNEL "sluice"
-
-#define PREP_MAX 256
-#define SEEN_MAX 64
-
-typedef struct pg {
-    PGconn *conn;
-    int in_tx; /* a transaction is open (a lost connection ends it) */
-    char sql[8192];
-    /* Statements prepared on this connection (their text, translated, and its hash; the name
-     * is "s<index>"): parsed and planned once, not per call. Forgotten when the connection is
-     * made again. `seen`: hashes of texts run once, unprepared (a ring). */
-    char *prep[PREP_MAX];
-    uint64_t prep_hash[PREP_MAX], seen[SEEN_MAX];
-    int nprep, seen_at;
-    uv_loop_t *loop; /* set while listening */
-    sl_cat_notify_fn fn;
-    void *fn_arg;
-    uv_poll_t *poll;        /* readable: notifications (or the connection's end) */
-    uv_timer_t *deliver;    /* hands queued payloads to fn outside any statement */
-    uv_timer_t *reconnect;  /* every second while the connection is lost */
-    uv_timer_t *wait_timer; /* a lane statement's deadline */
-    int waiting;            /* a lane statement waits for the socket (or its deadline) */
-    int woke;               /* why it was resumed: 1 the socket, 0 the deadline, -1 an error */
-    char **queue;
-    size_t nq, capq;
-    int missed;        /* a payload could not be queued: deliver "*" */
-    int resetting;     /* the connection is being made again (PQresetStart .. PQresetPoll) */
-    int stalled;       /* a statement went unanswered: the connection is given up */
-    uint64_t reset_ms; /* when `resetting` began (mono_ms) */
-} pg;
-
 /* How long one statement (or one reconnect) may go unanswered, in ms: the daemon's
  * --catalog-timeout, the same for all its connections. */
-static int timeout_ms = SL_CAT_TIMEOUT_MS;
+int sl_pg_timeout_ms = SL_CAT_TIMEOUT_MS;
 
 void sl_db_pg_set_timeout(int ms)
 {
-    timeout_ms = ms > 0 ? ms : SL_CAT_TIMEOUT_MS;
+    sl_pg_timeout_ms = ms > 0 ? ms : SL_CAT_TIMEOUT_MS;
 }
-
-static uint64_t mono_ms(void)
-{
-    return sl_mono_ns() / 1000000;
-}
-
-#define PG(cat) ((pg *)(cat)->conn)
 
 /* Where the catalog is, for logs: never the password (which is never in the conninfo). */
-static void log_where(PGconn *c, char *dst, size_t len)
+void sl_pg_where(PGconn *c, char *dst, size_t len)
 {
     snprintf(dst, len, "host=%s port=%s dbname=%s user=%s", PQhost(c) ? PQhost(c) : "",
              PQport(c) ? PQport(c) : "", PQdb(c) ? PQdb(c) : "", PQuser(c) ? PQuser(c) : "");
@@ -115,7 +77,7 @@ static int fail(sl_cat *cat, const PGresult *res, const char *op, int constraint
         return err;
     sl_db_pg_clean(line, sizeof(line), msg);
     sl_db_count_error(cat);
-    log_where(c, where, sizeof(where));
+    sl_pg_where(c, where, sizeof(where));
     sl_log_error("catalog_error", "engine=postgresql op=%s sqlstate=%s msg=\"%s\" %s", op,
                  res && PQresultErrorField(res, PG_DIAG_SQLSTATE)
                      ? PQresultErrorField(res, PG_DIAG_SQLSTATE)
@@ -124,20 +86,15 @@ static int fail(sl_cat *cat, const PGresult *res, const char *op, int constraint
     return err;
 }
 
-static void listen_lost(pg *p);
-
-static void unreachable(pg *p)
+void sl_pg_unreachable(pg *p)
 {
     char where[512], msg[512];
 
-    log_where(p->conn, where, sizeof(where));
+    sl_pg_where(p->conn, where, sizeof(where));
     sl_db_pg_clean(msg, sizeof(msg), PQerrorMessage(p->conn));
     sl_log_limited(SL_LOG_WARN, 1000, "catalog_unreachable", "engine=postgresql %s msg=\"%s\"",
                    where, msg);
 }
-static int listen_again(sl_cat *cat);
-static void collect(sl_cat *cat);
-static void forget_prepared(pg *p);
 
 /* A connection the server closed is made again before the next statement outside a
  * transaction (inside one, the transaction died with it: its statements fail until it ends). */
@@ -151,17 +108,17 @@ static int ready(sl_cat *cat)
     /* While listening, the loop makes the connection again in the background (on_reconnect):
      * statements meanwhile are answered at once. */
     if (p->in_tx || p->loop) {
-        listen_lost(p);
+        sl_pg_listen_lost(p);
         return SL_ECATDOWN;
     }
     PQreset(p->conn); /* bounded by connect_timeout */
-    log_where(p->conn, where, sizeof(where));
+    sl_pg_where(p->conn, where, sizeof(where));
     if (PQstatus(p->conn) != CONNECTION_OK) {
-        unreachable(p);
+        sl_pg_unreachable(p);
         return SL_ECATDOWN;
     }
     p->stalled = 0;
-    forget_prepared(p);
+    sl_pg_forget_prepared(p);
     sl_log_info("catalog_reconnected", "engine=postgresql %s", where);
     return 0;
 }
@@ -187,46 +144,13 @@ static int wait_socket(PGconn *c, short events, uint64_t deadline)
     }
 }
 
-static void on_io(uv_poll_t *h, int status, int events);
-
-static void on_wait_timeout(uv_timer_t *t)
-{
-    sl_cat *cat = t->data;
-    pg *p = PG(cat);
-
-    if (p->waiting) {
-        p->waiting = 0;
-        p->woke = 0;
-        sl_lane_resume(cat->lane);
-    }
-}
-
-/* wait_socket for a statement in the catalog lane: the lane is suspended, the loop goes on. */
-static int lane_wait(sl_cat *cat, short events, uint64_t deadline)
-{
-    pg *p = PG(cat);
-    uint64_t now = mono_ms();
-
-    if (now >= deadline)
-        return 0;
-    p->waiting = 1;
-    p->woke = -1;
-    uv_poll_start(p->poll, (events & POLLOUT ? UV_WRITABLE : 0) | UV_READABLE, on_io);
-    uv_timer_start(p->wait_timer, on_wait_timeout, deadline - now, 0);
-    sl_lane_suspend(cat->lane);
-    uv_timer_stop(p->wait_timer);
-    p->waiting = 0;
-    if (p->poll)
-        uv_poll_start(p->poll, UV_READABLE, on_io);
-    return p->woke;
-}
-
 /* The lane's statements wait through the loop (the connection's socket watch); any other waits
  * on the socket (startup, shutdown, the feed's worker connection). */
 static int wait_for(sl_cat *cat, short events, uint64_t deadline, int in_lane)
 {
-    return in_lane && PG(cat)->poll ? lane_wait(cat, events, deadline)
-                                    : wait_socket(PG(cat)->conn, events, deadline);
+    if (in_lane) /* no watch: the connection is being made again */
+        return PG(cat)->poll ? sl_pg_lane_wait(cat, events, deadline) : -1;
+    return wait_socket(PG(cat)->conn, events, deadline);
 }
 
 /* The results of the statement(s) just sent (PQsendQuery*), waited for no longer than the
@@ -235,7 +159,7 @@ static int wait_for(sl_cat *cat, short events, uint64_t deadline, int in_lane)
  * must be given up). */
 static PGresult *await(sl_cat *cat, int *late, const char *op)
 {
-    uint64_t deadline = mono_ms() + (uint64_t)timeout_ms;
+    uint64_t deadline = mono_ms() + (uint64_t)sl_pg_timeout_ms;
     PGconn *c = PG(cat)->conn;
     PGresult *keep = NULL, *r;
     int w, in_lane = sl_lane_here(cat->lane);
@@ -284,14 +208,14 @@ static int timed_out(sl_cat *cat, const char *op)
 
     p->stalled = 1;
     sl_db_count_error(cat);
-    log_where(p->conn, where, sizeof(where));
-    sl_log_error("catalog_timeout", "engine=postgresql op=%s after_ms=%d %s", op, timeout_ms,
+    sl_pg_where(p->conn, where, sizeof(where));
+    sl_log_error("catalog_timeout", "engine=postgresql op=%s after_ms=%d %s", op, sl_pg_timeout_ms,
                  where);
-    listen_lost(p);
+    sl_pg_listen_lost(p);
     return SL_ECATDOWN;
 }
 
-static int script(sl_cat *cat, const char *sql, const char *op)
+int sl_pg_script(sl_cat *cat, const char *sql, const char *op)
 {
     PGresult *res;
     int late, err = ready(cat);
@@ -306,7 +230,7 @@ static int script(sl_cat *cat, const char *sql, const char *op)
     if (!res || (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK))
         err = fail(cat, res, op, 0);
     PQclear(res);
-    collect(cat);
+    sl_pg_collect(cat);
     return err;
 }
 
@@ -322,7 +246,7 @@ static int translate(pg *p, const char *sql)
     return 0;
 }
 
-static void forget_prepared(pg *p)
+void sl_pg_forget_prepared(pg *p)
 {
     for (int i = 0; i < p->nprep; i++)
         free(p->prep[i]);
@@ -419,7 +343,7 @@ static int run(sl_db_q *q, const char *sql, int constraint_err)
     res = await(q->cat, &late, q->op);
     if (late)
         return timed_out(q->cat, q->op);
-    collect(q->cat);
+    sl_pg_collect(q->cat);
     st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
     if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
         err = fail(q->cat, res, q->op, constraint_err);
@@ -490,7 +414,7 @@ static void end(sl_db_q *q)
 
 static int tx_begin(sl_cat *cat)
 {
-    int err = script(cat, "BEGIN", "begin");
+    int err = sl_pg_script(cat, "BEGIN", "begin");
 
     if (!err)
         PG(cat)->in_tx = 1;
@@ -502,9 +426,9 @@ static int tx_end(sl_cat *cat, int err)
     pg *p = PG(cat);
 
     if (!err)
-        err = script(cat, "COMMIT", "commit");
+        err = sl_pg_script(cat, "COMMIT", "commit");
     if (err && PQstatus(p->conn) == CONNECTION_OK && PQtransactionStatus(p->conn) != PQTRANS_IDLE)
-        script(cat, "ROLLBACK", "rollback");
+        sl_pg_script(cat, "ROLLBACK", "rollback");
     p->in_tx = 0;
     return err;
 }
@@ -532,7 +456,7 @@ static void describe(const sl_cat *cat, char *buf, size_t len)
 {
     char where[512];
 
-    log_where(((const pg *)cat->conn)->conn, where, sizeof(where));
+    sl_pg_where(((const pg *)cat->conn)->conn, where, sizeof(where));
     snprintf(buf, len, "postgresql %s", where);
 }
 
@@ -542,301 +466,11 @@ static void pg_close(sl_cat *cat)
 
     if (!p)
         return;
-    forget_prepared(p);
+    sl_pg_forget_prepared(p);
     PQfinish(p->conn);
     explicit_bzero(p, sizeof(*p));
     free(p);
     cat->conn = NULL;
-}
-
-/* This process's mark on its announcements, the same on all its connections (the feed writes
- * progress on a second one): "<mark> <payload>". Its own are not delivered back to it. */
-static char mark[17];
-
-static const char *own_mark(void)
-{
-    unsigned char rnd[8];
-
-    if (!mark[0]) {
-        if (getentropy(rnd, sizeof(rnd)) != 0)
-            memset(rnd, 0x5a, sizeof(rnd));
-        for (size_t i = 0; i < sizeof(rnd); i++)
-            snprintf(mark + 2 * i, 3, "%02x", rnd[i]);
-    }
-    return mark;
-}
-
-static int announce(sl_cat *cat, const char *payload)
-{
-    char text[SL_CAT_FEED_NAME_MAX + 32];
-    sl_db_q q;
-
-    snprintf(text, sizeof(text), "%s %s", own_mark(), payload);
-    sl_db_q_init(&q, cat, "announce");
-    sl_db_text(&q, text);
-    return sl_db_exec(&q, "SELECT pg_notify('" CHANNEL "', ?1)", 0, NULL);
-}
-
-static void free_handle(uv_handle_t *h)
-{
-    free(h);
-}
-
-static void close_handle(uv_handle_t *h)
-{
-    if (h && !uv_is_closing(h))
-        uv_close(h, free_handle);
-}
-
-static void on_deliver(uv_timer_t *t);
-
-/* Queue a payload for the deliver timer, which hands it over once the loop is back at the top,
- * never inside a statement's caller. Out of memory: "*" is delivered first (read everything). */
-static void push(pg *p, const char *payload)
-{
-    char *s = NULL;
-
-    if (p->nq == p->capq) {
-        size_t cap = p->capq ? p->capq * 2 : 16;
-        char **q = realloc(p->queue, cap * sizeof(*q));
-        if (q) {
-            p->queue = q;
-            p->capq = cap;
-        }
-    }
-    if (p->nq < p->capq && (s = strdup(payload)) != NULL)
-        p->queue[p->nq++] = s;
-    if (!s)
-        p->missed = 1;
-    if (p->deliver)
-        uv_timer_start(p->deliver, on_deliver, 0, 0);
-}
-
-/* Queue what arrived (libpq read it during a statement or from the socket). */
-static void collect(sl_cat *cat)
-{
-    pg *p = PG(cat);
-    const char *me = own_mark();
-    size_t len = strlen(me);
-    PGnotify *n;
-
-    while ((n = PQnotifies(p->conn)) != NULL) {
-        const char *s = n->extra;
-        /* Another process's ("<mark> <payload>"), not this one's own. */
-        if (p->loop && s && strlen(s) > len + 1 && s[len] == ' ' && strncmp(s, me, len) != 0)
-            push(p, s + len + 1);
-        PQfreemem(n);
-    }
-}
-
-/* In the lane: the notify callback reads the catalog. */
-static void deliver(void *a, int b)
-{
-    sl_cat *cat = a;
-    pg *p = PG(cat);
-    char **q = p->queue;
-    size_t n = p->nq;
-
-    p->queue = NULL;
-    p->nq = p->capq = 0;
-    if (p->missed && p->fn) {
-        p->missed = 0;
-        p->fn("*", p->fn_arg);
-    }
-    for (size_t i = 0; i < n; i++)
-        /* A burst of reports announces the same job many times: once is enough. */
-        if (!(i > 0 && !strcmp(q[i], q[i - 1])) && p->fn)
-            p->fn(q[i], p->fn_arg);
-    for (size_t i = 0; i < n; i++)
-        free(q[i]);
-    free(q);
-    (void)b;
-}
-
-static void on_deliver(uv_timer_t *t)
-{
-    sl_cat_lane_run(t->data, deliver, t->data, 0);
-}
-
-/* The connection's socket: a lane statement waiting for it continues; otherwise announcements
- * (or the connection's end) arrived. */
-static void on_io(uv_poll_t *h, int status, int events)
-{
-    sl_cat *cat = h->data;
-    pg *p = PG(cat);
-
-    (void)events;
-    if (p->waiting) {
-        p->waiting = 0;
-        p->woke = status < 0 ? -1 : 1;
-        sl_lane_resume(cat->lane);
-        return;
-    }
-    if (status < 0 || !PQconsumeInput(p->conn) || PQstatus(p->conn) != CONNECTION_OK) {
-        /* The server went away: watch no dead socket; the reconnect timer takes over. */
-        listen_lost(p);
-        return;
-    }
-    collect(cat);
-}
-
-static void reset_step(sl_cat *cat);
-
-static void on_reset_io(uv_poll_t *h, int status, int events)
-{
-    (void)status;
-    (void)events;
-    reset_step(h->data);
-}
-
-/* One step of making the connection again without blocking: libpq says which way its socket
- * must be ready next (it may change sockets between hosts), the loop waits for that. */
-static void reset_step(sl_cat *cat)
-{
-    pg *p = PG(cat);
-    PostgresPollingStatusType st = PQresetPoll(p->conn);
-    char where[512];
-
-    close_handle((uv_handle_t *)p->poll);
-    p->poll = NULL;
-    if (st == PGRES_POLLING_FAILED) {
-        p->resetting = 0;
-        unreachable(p); /* the reconnect timer tries again in a second */
-        return;
-    }
-    if (st == PGRES_POLLING_OK) {
-        p->resetting = 0;
-        p->stalled = 0;
-        forget_prepared(p);
-        uv_timer_stop(p->reconnect);
-        log_where(p->conn, where, sizeof(where));
-        sl_log_info("catalog_reconnected", "engine=postgresql %s", where);
-        if (listen_again(cat) != 0)
-            listen_lost(p);
-        return;
-    }
-    if (!(p->poll = calloc(1, sizeof(*p->poll))) ||
-        uv_poll_init_socket(p->loop, p->poll, PQsocket(p->conn)) != 0) {
-        free(p->poll);
-        p->poll = NULL;
-        p->resetting = 0;
-        return;
-    }
-    p->poll->data = cat;
-    uv_poll_start(p->poll, st == PGRES_POLLING_WRITING ? UV_WRITABLE : UV_READABLE, on_reset_io);
-}
-
-static void on_reconnect(uv_timer_t *t)
-{
-    sl_cat *cat = t->data;
-    pg *p = PG(cat);
-
-    if (p->in_tx)
-        return;
-    if (p->resetting && mono_ms() - p->reset_ms < (uint64_t)timeout_ms)
-        return;
-    if (p->resetting) { /* the server took the connection but never answered: again */
-        close_handle((uv_handle_t *)p->poll);
-        p->poll = NULL;
-        p->resetting = 0;
-        unreachable(p);
-    }
-    if (PQstatus(p->conn) == CONNECTION_OK && !p->stalled) {
-        uv_timer_stop(t);
-        return;
-    }
-    if (!PQresetStart(p->conn)) {
-        unreachable(p);
-        return;
-    }
-    p->resetting = 1;
-    p->reset_ms = mono_ms();
-    reset_step(cat);
-}
-
-/* The connection is lost (or about to be made again): stop watching its socket, try again every
- * second. */
-static void listen_lost(pg *p)
-{
-    if (!p->loop || p->resetting)
-        return;
-    close_handle((uv_handle_t *)p->poll);
-    p->poll = NULL;
-    if (!uv_is_active((uv_handle_t *)p->reconnect))
-        uv_timer_start(p->reconnect, on_reconnect, 1000, 1000);
-}
-
-/* LISTEN on the (new) connection and watch its socket; queue "*" since announcements made while
- * there was no connection were lost. */
-static int listen_again(sl_cat *cat)
-{
-    pg *p = PG(cat);
-    int err;
-
-    if ((err = script(cat, "LISTEN " CHANNEL, "listen")) != 0)
-        return err;
-    close_handle((uv_handle_t *)p->poll);
-    if (!(p->poll = calloc(1, sizeof(*p->poll))))
-        return -ENOMEM;
-    if (uv_poll_init_socket(p->loop, p->poll, PQsocket(p->conn)) != 0) {
-        free(p->poll);
-        p->poll = NULL;
-        return SL_ECATDOWN;
-    }
-    p->poll->data = cat;
-    uv_poll_start(p->poll, UV_READABLE, on_io);
-    push(p, "*");
-    return 0;
-}
-
-static int pg_listen(sl_cat *cat, uv_loop_t *loop, sl_cat_notify_fn fn, void *arg)
-{
-    pg *p = PG(cat);
-    int err;
-
-    p->fn = fn;
-    p->fn_arg = arg;
-    p->deliver = calloc(1, sizeof(*p->deliver));
-    p->reconnect = calloc(1, sizeof(*p->reconnect));
-    p->wait_timer = calloc(1, sizeof(*p->wait_timer));
-    if (!p->deliver || !p->reconnect || !p->wait_timer) {
-        free(p->deliver);
-        free(p->reconnect);
-        free(p->wait_timer);
-        p->deliver = p->reconnect = p->wait_timer = NULL;
-        return -ENOMEM;
-    }
-    uv_timer_init(loop, p->deliver);
-    uv_timer_init(loop, p->reconnect);
-    uv_timer_init(loop, p->wait_timer);
-    p->deliver->data = p->reconnect->data = p->wait_timer->data = cat;
-    p->loop = loop;
-    err = listen_again(cat);
-    /* Nothing was missed yet: the "*" listen_again queues is for reconnects. */
-    for (size_t i = 0; i < p->nq; i++)
-        free(p->queue[i]);
-    p->nq = 0;
-    return err;
-}
-
-static void pg_unlisten(sl_cat *cat)
-{
-    pg *p = PG(cat);
-
-    if (!p || !p->loop)
-        return;
-    close_handle((uv_handle_t *)p->poll);
-    close_handle((uv_handle_t *)p->deliver);
-    close_handle((uv_handle_t *)p->reconnect);
-    close_handle((uv_handle_t *)p->wait_timer);
-    p->poll = NULL;
-    p->deliver = p->reconnect = p->wait_timer = NULL;
-    p->loop = NULL;
-    for (size_t i = 0; i < p->nq; i++)
-        free(p->queue[i]);
-    free(p->queue);
-    p->queue = NULL;
-    p->nq = p->capq = 0;
 }
 
 /* Session advisory locks: held until released or the connection ends. The key is the
@@ -867,7 +501,7 @@ const sl_db_engine sl_db_pg = {
     .migrations = sl_db_pg_migrations,
     .n_migrations = SL_DB_PG_MIGRATIONS,
     .migrate_lock = MIGRATE_LOCK,
-    .script = script,
+    .script = sl_pg_script,
     .run = run,
     .next = next,
     .isnull = isnull,
@@ -881,9 +515,9 @@ const sl_db_engine sl_db_pg = {
     .copy = copy,
     .problem = problem,
     .describe = describe,
-    .announce = announce,
-    .listen = pg_listen,
-    .unlisten = pg_unlisten,
+    .announce = sl_pg_announce,
+    .listen = sl_pg_listen,
+    .unlisten = sl_pg_unlisten,
     .chore = chore,
     .close = pg_close,
 };
@@ -916,9 +550,9 @@ int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file)
         return -ENOMEM;
     cat->conn = p;
     /* "sluiced <mark>": the process's connections tell other replicas' apart (sl_cat_peers). */
-    snprintf(app, sizeof(app), "sluiced %s", own_mark());
-    snprintf(connect_s, sizeof(connect_s), "%d", (timeout_ms + 999) / 1000);
-    snprintf(user_ms, sizeof(user_ms), "%d", timeout_ms > 10000 ? timeout_ms : 10000);
+    snprintf(app, sizeof(app), "sluiced %s", sl_pg_mark());
+    snprintf(connect_s, sizeof(connect_s), "%d", (sl_pg_timeout_ms + 999) / 1000);
+    snprintf(user_ms, sizeof(user_ms), "%d", sl_pg_timeout_ms > 10000 ? sl_pg_timeout_ms : 10000);
     if ((err = sl_db_pg_check_conninfo(where)) != 0)
         return err;
     if (password_file && (err = sl_db_pg_read_password(password_file, pw, sizeof(pw))) != 0)
@@ -932,7 +566,7 @@ int sl_db_pg_open(sl_cat *cat, const char *where, const char *password_file)
     if (!p->conn)
         return -ENOMEM;
     PQsetNoticeProcessor(p->conn, quiet, NULL);
-    log_where(p->conn, desc, sizeof(desc));
+    sl_pg_where(p->conn, desc, sizeof(desc));
     if (PQstatus(p->conn) != CONNECTION_OK) {
         char msg[512];
         sl_db_pg_clean(msg, sizeof(msg), PQerrorMessage(p->conn));
