@@ -87,14 +87,16 @@ static void route(tag *t, int ok)
     }
 }
 
-/* In the lane: a call's event, in its turn. The call's own reference keeps it. */
+/* In the lane: a call's event, in its turn (the reference taken when it was queued keeps the
+ * call). It counts as waiting until its handler returned: an event arriving while the handler
+ * is suspended in the lane queues behind it. */
 static void in_lane(void *a, int ok)
 {
     tag *t = a;
     sl_rpc_call *c = t->ptr;
 
-    c->lane_n--;
     route(t, ok);
+    c->lane_n--;
     sl_rpc_call_unref(c);
 }
 

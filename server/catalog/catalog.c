@@ -409,11 +409,6 @@ void sl_cat_lane_run(sl_cat *cat, sl_cat_work_fn fn, void *a, int b)
         fn(a, b);
 }
 
-int sl_cat_lane_idle(const sl_cat *cat)
-{
-    return !cat || sl_lane_idle(cat->lane);
-}
-
 unsigned long sl_cat_blocking(const sl_cat *cat)
 {
     return cat ? atomic_load(&cat->blocking) : 0;

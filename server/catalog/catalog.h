@@ -104,8 +104,6 @@ int sl_cat_lane_start(sl_cat *cat);
  * once on the caller's stack while there is no lane. Loop thread. */
 typedef void (*sl_cat_work_fn)(void *a, int b);
 void sl_cat_lane_run(sl_cat *cat, sl_cat_work_fn fn, void *a, int b);
-/* No lane work runs, waits or is queued. NULL: 1. */
-int sl_cat_lane_idle(const sl_cat *cat);
 /* Statements that waited on the loop thread outside the lane while it was on. Thread-safe. */
 unsigned long sl_cat_blocking(const sl_cat *cat);
 

@@ -640,15 +640,17 @@ static void flush_after(uv_work_t *w, int status)
     sl_cat_lane_run(((fgroup *)w->data)->f->cat, flush_after_lane, w, status);
 }
 
-static void on_flush(uv_check_t *h)
+/* In the catalog lane: with SQLite, or PostgreSQL while shutting down, the group is written
+ * here. */
+static void flush_now(void *arg, int b)
 {
-    sl_feed *f = h->data;
+    sl_feed *f = arg;
     freport *batch = f->pending;
     size_t n = f->n_pending;
     fgroup *fl;
 
-    uv_check_stop(h);
-    if (f->flushing)
+    (void)b;
+    if (f->flushing || n == 0)
         return; /* the group commit on its way starts the next one when it ends */
     f->pending = NULL;
     f->n_pending = f->cap_pending = 0;
@@ -675,6 +677,14 @@ static void on_flush(uv_check_t *h)
     flush_answer(fl);
 }
 
+static void on_flush(uv_check_t *h)
+{
+    sl_feed *f = h->data;
+
+    uv_check_stop(h);
+    sl_cat_lane_run(f->cat, flush_now, f, 0);
+}
+
 static void on_flush_closed(uv_handle_t *h)
 {
     free(h);
@@ -692,8 +702,10 @@ int feed_reports_init(sl_feed *f)
 
 void feed_reports_close(sl_feed *f)
 {
+    if (f->flush)
+        uv_check_stop(f->flush);
     if (f->n_pending)
-        on_flush(f->flush);
+        flush_now(f, 0);
     if (f->flush)
         uv_close((uv_handle_t *)f->flush, on_flush_closed);
     f->flush = NULL;
