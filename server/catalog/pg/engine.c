@@ -1,15 +1,15 @@
 /* The PostgreSQL engine's statements (server/catalog/pg/ is the only code that includes
- * <libpq-fe.h>; listen.c watches the connection on the loop).
+ * <libpq-fe.h>; conn.c watches the connection on the loop).
  *
  * One connection per daemon (and one for the feed's writer). A statement in the catalog lane
- * waits for its answer with the lane suspended, the loop going on (listen.c); elsewhere (startup,
- * shutdown, the writer's worker thread) it polls the socket. Parameters go as text (integers) or binary (bytea), results come
- * back as text. A connection the server closed (restart, pg_terminate_backend, network) fails
- * the statement with SL_ECATDOWN and is made again by the next one. No wait on the server is
- * unbounded: a statement unanswered after the catalog timeout (--catalog-timeout) gives the
- * connection up (SL_ECATDOWN; made again as after a close), and TCP keepalives find a server
- * that vanished while the connection was idle. The password is never in the
- * conninfo: it comes from a file named in the configuration or libpq's PGPASSFILE/~/.pgpass.
+ * waits for its answer with the lane suspended, the loop going on (conn.c); elsewhere (startup,
+ * shutdown, the writer's worker thread) it polls the socket. Parameters go as text (integers) or
+ * binary (bytea), results come back as text. A connection the server closed (restart,
+ * pg_terminate_backend, network) fails the statement with SL_ECATDOWN and is made again by the next
+ * one. No wait on the server is unbounded: a statement unanswered after the catalog timeout
+ * (--catalog-timeout) gives the connection up (SL_ECATDOWN; made again as after a close), and TCP
+ * keepalives find a server that vanished while the connection was idle. The password is never in
+ * the conninfo: it comes from a file named in the configuration or libpq's PGPASSFILE/~/.pgpass.
  */
 #include "internal.h"
 
@@ -35,13 +35,6 @@ int sl_pg_timeout_ms = SL_CAT_TIMEOUT_MS;
 void sl_db_pg_set_timeout(int ms)
 {
     sl_pg_timeout_ms = ms > 0 ? ms : SL_CAT_TIMEOUT_MS;
-}
-
-/* Where the catalog is, for logs: never the password (which is never in the conninfo). */
-void sl_pg_where(PGconn *c, char *dst, size_t len)
-{
-    snprintf(dst, len, "host=%s port=%s dbname=%s user=%s", PQhost(c) ? PQhost(c) : "",
-             PQport(c) ? PQport(c) : "", PQdb(c) ? PQdb(c) : "", PQuser(c) ? PQuser(c) : "");
 }
 
 /* The sluice code for a failed result (NULL: no result at all) on connection `c`. */
@@ -84,16 +77,6 @@ static int fail(sl_cat *cat, const PGresult *res, const char *op, int constraint
                      : "-",
                  line, where);
     return err;
-}
-
-void sl_pg_unreachable(pg *p)
-{
-    char where[512], msg[512];
-
-    sl_pg_where(p->conn, where, sizeof(where));
-    sl_db_pg_clean(msg, sizeof(msg), PQerrorMessage(p->conn));
-    sl_log_limited(SL_LOG_WARN, 1000, "catalog_unreachable", "engine=postgresql %s msg=\"%s\"",
-                   where, msg);
 }
 
 /* A connection the server closed is made again before the next statement outside a
@@ -244,13 +227,6 @@ static int translate(pg *p, const char *sql)
     for (size_t i = 0; i <= n; i++)
         p->sql[i] = sql[i] == '?' ? '$' : sql[i];
     return 0;
-}
-
-void sl_pg_forget_prepared(pg *p)
-{
-    for (int i = 0; i < p->nprep; i++)
-        free(p->prep[i]);
-    p->nprep = 0;
 }
 
 /* FNV-1a of a statement's text. */
@@ -473,6 +449,45 @@ static void pg_close(sl_cat *cat)
     cat->conn = NULL;
 }
 
+static int announce(sl_cat *cat, const char *payload)
+{
+    char text[SL_CAT_FEED_NAME_MAX + 32];
+    sl_db_q q;
+
+    snprintf(text, sizeof(text), "%s %s", sl_pg_mark(), payload);
+    sl_db_q_init(&q, cat, "announce");
+    sl_db_text(&q, text);
+    return sl_db_exec(&q, "SELECT pg_notify('" CHANNEL "', ?1)", 0, NULL);
+}
+
+/* LISTEN on the connection. */
+static int listen_cmd(sl_cat *cat)
+{
+    return sl_pg_script(cat, "LISTEN " CHANNEL, "listen");
+}
+
+/* In the lane, after a reconnect: LISTEN again, and "*" since announcements made while there was
+ * no connection were lost. */
+static void relisten(void *arg, int b)
+{
+    sl_cat *cat = arg;
+
+    (void)b;
+    if (!PG(cat)->loop)
+        return;
+    if (listen_cmd(cat) != 0)
+        sl_pg_listen_lost(PG(cat));
+    else
+        sl_pg_push(PG(cat), "*");
+}
+
+static int pg_listen(sl_cat *cat, uv_loop_t *loop, sl_cat_notify_fn fn, void *arg)
+{
+    int err = sl_pg_watch_start(cat, loop, fn, arg, relisten);
+
+    return err ? err : listen_cmd(cat);
+}
+
 /* Session advisory locks: held until released or the connection ends. The key is the
  * migration lock's plus the chore's id. */
 static int chore(sl_cat *cat, int id, int how)
@@ -515,8 +530,8 @@ const sl_db_engine sl_db_pg = {
     .copy = copy,
     .problem = problem,
     .describe = describe,
-    .announce = sl_pg_announce,
-    .listen = sl_pg_listen,
+    .announce = announce,
+    .listen = pg_listen,
     .unlisten = sl_pg_unlisten,
     .chore = chore,
     .close = pg_close,

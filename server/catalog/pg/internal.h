@@ -1,5 +1,5 @@
 /* Private to server/catalog/pg/: the connection's state, shared by engine.c (statements) and
- * listen.c (its socket on the loop: announcements, reconnecting, the lane's waits). */
+ * conn.c (the connection on the loop: announcements, reconnecting, the lane's waits). */
 #ifndef SL_CATALOG_PG_INTERNAL_H
 #define SL_CATALOG_PG_INTERNAL_H
 
@@ -31,12 +31,13 @@ typedef struct pg {
     uv_loop_t *loop; /* set while listening */
     sl_cat_notify_fn fn;
     void *fn_arg;
-    uv_poll_t *poll;        /* readable: notifications (or the connection's end) */
-    uv_timer_t *deliver;    /* hands queued payloads to fn outside any statement */
-    uv_timer_t *reconnect;  /* every second while the connection is lost */
-    uv_timer_t *wait_timer; /* a lane statement's deadline */
-    int waiting;            /* a lane statement waits for the socket (or its deadline) */
-    int woke;               /* why it was resumed: 1 the socket, 0 the deadline, -1 an error */
+    uv_poll_t *poll;         /* readable: notifications (or the connection's end) */
+    uv_timer_t *deliver;     /* hands queued payloads to fn outside any statement */
+    uv_timer_t *reconnect;   /* every second while the connection is lost */
+    uv_timer_t *wait_timer;  /* a lane statement's deadline */
+    sl_cat_work_fn relisten; /* engine.c's LISTEN after a reconnect, run in the lane */
+    int waiting;             /* a lane statement waits for the socket (or its deadline) */
+    int woke;                /* why it was resumed: 1 the socket, 0 the deadline, -1 an error */
     char **queue;
     size_t nq, capq;
     int missed;        /* a payload could not be queued: deliver "*" */
@@ -55,20 +56,24 @@ static inline uint64_t mono_ms(void)
     return sl_mono_ns() / 1000000;
 }
 
-/* engine.c */
+/* engine.c (above conn.c: it calls conn.c, never the other way) */
+int sl_pg_script(sl_cat *cat, const char *sql, const char *op);
+
+/* conn.c: the connection on the loop */
 void sl_pg_where(PGconn *c, char *dst, size_t len); /* for logs: never a password */
 void sl_pg_unreachable(pg *p);                      /* logged, rate-limited */
 void sl_pg_forget_prepared(pg *p);
-int sl_pg_script(sl_cat *cat, const char *sql, const char *op);
-
-/* listen.c */
 const char *sl_pg_mark(void); /* this process's mark on its connections and announcements */
-int sl_pg_announce(sl_cat *cat, const char *payload);
-int sl_pg_listen(sl_cat *cat, uv_loop_t *loop, sl_cat_notify_fn fn, void *arg);
+/* Watch the connection's socket on `loop`: announcements are handed to fn (in the lane); after
+ * a reconnect, relisten(cat, 0) runs in the lane (it sends LISTEN). */
+int sl_pg_watch_start(sl_cat *cat, uv_loop_t *loop, sl_cat_notify_fn fn, void *arg,
+                      sl_cat_work_fn relisten);
 void sl_pg_unlisten(sl_cat *cat);
 /* The connection is lost: stop watching its socket, try again every second. */
 void sl_pg_listen_lost(pg *p);
-/* Queue the announcements libpq read (during a statement or from the socket). */
+/* Queue a payload for fn, or the announcements libpq read (during a statement or from the
+ * socket). */
+void sl_pg_push(pg *p, const char *payload);
 void sl_pg_collect(sl_cat *cat);
 /* In the lane: wait for the socket (POLLIN/POLLOUT) or the deadline (mono_ms) with the lane
  * suspended: 1 ready, 0 the deadline passed, -1 an error. */

@@ -1,7 +1,8 @@
 /* A PostgreSQL catalog's connection on the loop: its socket watched by libuv for the other
  * replicas' announcements (LISTEN/NOTIFY) and for the answers the catalog lane's statements
- * wait for; a lost connection made again in the background (PQresetPoll), LISTEN sent again in
- * the lane. Loop thread.
+ * wait for; a lost connection made again in the background (PQresetPoll), LISTEN then sent again
+ * by engine.c's hook in the lane; the helpers engine.c shares (logging, the prepared statements
+ * forgotten). Below engine.c: it calls nothing there. Loop thread.
  */
 #include "internal.h"
 
@@ -15,9 +16,32 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Where the catalog is, for logs: never the password (which is never in the conninfo). */
+void sl_pg_where(PGconn *c, char *dst, size_t len)
+{
+    snprintf(dst, len, "host=%s port=%s dbname=%s user=%s", PQhost(c) ? PQhost(c) : "",
+             PQport(c) ? PQport(c) : "", PQdb(c) ? PQdb(c) : "", PQuser(c) ? PQuser(c) : "");
+}
+
+void sl_pg_unreachable(pg *p)
+{
+    char where[512], msg[512];
+
+    sl_pg_where(p->conn, where, sizeof(where));
+    sl_db_pg_clean(msg, sizeof(msg), PQerrorMessage(p->conn));
+    sl_log_limited(SL_LOG_WARN, 1000, "catalog_unreachable", "engine=postgresql %s msg=\"%s\"",
+                   where, msg);
+}
+
+void sl_pg_forget_prepared(pg *p)
+{
+    for (int i = 0; i < p->nprep; i++)
+        free(p->prep[i]);
+    p->nprep = 0;
+}
+
 static void on_io(uv_poll_t *h, int status, int events);
 static int watch(sl_cat *cat);
-static void relisten(void *arg, int b);
 
 /* This process's mark on its announcements, the same on all its connections (the feed writes
  * progress on a second one): "<mark> <payload>". Its own are not delivered back to it. */
@@ -36,17 +60,6 @@ const char *sl_pg_mark(void)
     return mark;
 }
 
-int sl_pg_announce(sl_cat *cat, const char *payload)
-{
-    char text[SL_CAT_FEED_NAME_MAX + 32];
-    sl_db_q q;
-
-    snprintf(text, sizeof(text), "%s %s", sl_pg_mark(), payload);
-    sl_db_q_init(&q, cat, "sl_pg_announce");
-    sl_db_text(&q, text);
-    return sl_db_exec(&q, "SELECT pg_notify('" CHANNEL "', ?1)", 0, NULL);
-}
-
 static void free_handle(uv_handle_t *h)
 {
     free(h);
@@ -62,7 +75,7 @@ static void on_deliver(uv_timer_t *t);
 
 /* Queue a payload for the deliver timer, which hands it over once the loop is back at the top,
  * never inside a statement's caller. Out of memory: "*" is delivered first (read everything). */
-static void push(pg *p, const char *payload)
+void sl_pg_push(pg *p, const char *payload)
 {
     char *s = NULL;
 
@@ -94,7 +107,7 @@ void sl_pg_collect(sl_cat *cat)
         const char *s = n->extra;
         /* Another process's ("<mark> <payload>"), not this one's own. */
         if (p->loop && s && strlen(s) > len + 1 && s[len] == ' ' && strncmp(s, me, len) != 0)
-            push(p, s + len + 1);
+            sl_pg_push(p, s + len + 1);
         PQfreemem(n);
     }
 }
@@ -186,7 +199,7 @@ static void reset_step(sl_cat *cat)
         if (watch(cat) != 0)
             sl_pg_listen_lost(p);
         else
-            sl_cat_lane_run(cat, relisten, cat, 0);
+            sl_cat_lane_run(cat, p->relisten, cat, 0);
         return;
     }
     if (!(p->poll = calloc(1, sizeof(*p->poll))) ||
@@ -258,58 +271,6 @@ static int watch(sl_cat *cat)
     return 0;
 }
 
-/* LISTEN on the (new) connection; queue "*" since announcements made while there was no
- * connection were lost. */
-static int listen_again(sl_cat *cat)
-{
-    int err = sl_pg_script(cat, "LISTEN " CHANNEL, "listen");
-
-    if (!err)
-        push(PG(cat), "*");
-    return err;
-}
-
-/* In the lane, after a reconnect. */
-static void relisten(void *arg, int b)
-{
-    sl_cat *cat = arg;
-
-    (void)b;
-    if (PG(cat)->loop && listen_again(cat) != 0)
-        sl_pg_listen_lost(PG(cat));
-}
-
-int sl_pg_listen(sl_cat *cat, uv_loop_t *loop, sl_cat_notify_fn fn, void *arg)
-{
-    pg *p = PG(cat);
-    int err;
-
-    p->fn = fn;
-    p->fn_arg = arg;
-    p->deliver = calloc(1, sizeof(*p->deliver));
-    p->reconnect = calloc(1, sizeof(*p->reconnect));
-    p->wait_timer = calloc(1, sizeof(*p->wait_timer));
-    if (!p->deliver || !p->reconnect || !p->wait_timer) {
-        free(p->deliver);
-        free(p->reconnect);
-        free(p->wait_timer);
-        p->deliver = p->reconnect = p->wait_timer = NULL;
-        return -ENOMEM;
-    }
-    uv_timer_init(loop, p->deliver);
-    uv_timer_init(loop, p->reconnect);
-    uv_timer_init(loop, p->wait_timer);
-    p->deliver->data = p->reconnect->data = p->wait_timer->data = cat;
-    p->loop = loop;
-    if ((err = watch(cat)) == 0)
-        err = listen_again(cat);
-    /* Nothing was missed yet: the "*" listen_again queues is for reconnects. */
-    for (size_t i = 0; i < p->nq; i++)
-        free(p->queue[i]);
-    p->nq = 0;
-    return err;
-}
-
 void sl_pg_unlisten(sl_cat *cat)
 {
     pg *p = PG(cat);
@@ -360,4 +321,32 @@ int sl_pg_lane_wait(sl_cat *cat, short events, uint64_t deadline)
     if (p->poll)
         uv_poll_start(p->poll, UV_READABLE, on_io);
     return p->woke;
+}
+
+/* Watch the connection on `loop`: announcements go to fn; after a reconnect, relisten runs in
+ * the lane. */
+int sl_pg_watch_start(sl_cat *cat, uv_loop_t *loop, sl_cat_notify_fn fn, void *arg,
+                      sl_cat_work_fn relisten)
+{
+    pg *p = PG(cat);
+
+    p->fn = fn;
+    p->fn_arg = arg;
+    p->relisten = relisten;
+    p->deliver = calloc(1, sizeof(*p->deliver));
+    p->reconnect = calloc(1, sizeof(*p->reconnect));
+    p->wait_timer = calloc(1, sizeof(*p->wait_timer));
+    if (!p->deliver || !p->reconnect || !p->wait_timer) {
+        free(p->deliver);
+        free(p->reconnect);
+        free(p->wait_timer);
+        p->deliver = p->reconnect = p->wait_timer = NULL;
+        return -ENOMEM;
+    }
+    uv_timer_init(loop, p->deliver);
+    uv_timer_init(loop, p->reconnect);
+    uv_timer_init(loop, p->wait_timer);
+    p->deliver->data = p->reconnect->data = p->wait_timer->data = cat;
+    p->loop = loop;
+    return watch(cat);
 }
