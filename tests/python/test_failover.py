@@ -158,7 +158,7 @@ class PythonFailoverTest(ReplicasCase):
         """A DistributedSampler streams through A, A is SIGKILLed mid-epoch: the sampler goes on
         through B at the position reached, and rank 0's share of the epoch comes out whole."""
         import sluice.torch
-        n = 2_000_000          # a share far larger than what sits in buffers when A dies
+        n = 8_000_000  # a share (32 MB) far larger than what HTTP/2 windows and sockets hold
         a = self.replica()
         self.make_job(a, "s", n, world=2)
         b = self.replica()
