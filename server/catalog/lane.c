@@ -28,6 +28,14 @@
 #ifdef SL_LANE_ASAN
 #include <sanitizer/common_interface_defs.h>
 #endif
+/* Under valgrind the fiber's stack is registered, or memcheck takes each switch for a stack
+ * overflow. The header comes with Debian's valgrind package (a no-op outside valgrind). */
+#if defined(__has_include)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#define SL_LANE_VALGRIND 1
+#endif
+#endif
 
 /* Handlers keep paths and messages on the stack, and sanitizers make frames larger: generous,
  * and only the pages touched are ever resident. A guard page below catches an overflow. */
@@ -51,6 +59,9 @@ struct sl_lane {
     size_t head, len, cap;
     void (*on_idle)(void *);
     void *on_idle_arg;
+#ifdef SL_LANE_VALGRIND
+    unsigned vg_stack;
+#endif
 #ifdef SL_LANE_ASAN
     void *fake_main, *fake_fib;
     const void *main_bottom;
@@ -83,6 +94,9 @@ int sl_lane_new(sl_lane **out)
         free(l);
         return -errno;
     }
+#ifdef SL_LANE_VALGRIND
+    l->vg_stack = VALGRIND_STACK_REGISTER(l->map + (l->map_len - STACK_BYTES), l->map + l->map_len);
+#endif
     *out = l;
     return 0;
 }
@@ -93,6 +107,9 @@ void sl_lane_free(sl_lane *l)
         return;
     if (l->state != IDLE || l->len)
         sl_log_error("lane_freed_busy", "state=%d queued=%zu", l->state, l->len);
+#ifdef SL_LANE_VALGRIND
+    VALGRIND_STACK_DEREGISTER(l->vg_stack);
+#endif
     munmap(l->map, l->map_len);
     free(l->q);
     free(l);
