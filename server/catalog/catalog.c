@@ -409,6 +409,28 @@ void sl_cat_lane_run(sl_cat *cat, sl_cat_work_fn fn, void *a, int b)
         fn(a, b);
 }
 
+static void after_in_lane(void *a, int status)
+{
+    sl_cat_work *w = a;
+
+    w->after(&w->work, status);
+}
+
+static void after_work(uv_work_t *u, int status)
+{
+    sl_cat_work *w = (sl_cat_work *)u; /* `work` is its first member */
+
+    sl_cat_lane_run(w->cat, after_in_lane, w, status);
+}
+
+int sl_cat_queue_work(sl_cat *cat, uv_loop_t *loop, sl_cat_work *w, uv_work_cb fn,
+                      uv_after_work_cb after)
+{
+    w->cat = cat;
+    w->after = after;
+    return uv_queue_work(loop, &w->work, fn, after_work);
+}
+
 unsigned long sl_cat_blocking(const sl_cat *cat)
 {
     return cat ? atomic_load(&cat->blocking) : 0;

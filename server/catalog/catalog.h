@@ -30,6 +30,7 @@
 #define SL_CATALOG_H
 
 #include <stddef.h>
+#include <uv.h>
 
 typedef struct sl_cat sl_cat;
 struct uv_loop_s;
@@ -104,6 +105,16 @@ int sl_cat_lane_start(sl_cat *cat);
  * once on the caller's stack while there is no lane. Loop thread. */
 typedef void (*sl_cat_work_fn)(void *a, int b);
 void sl_cat_lane_run(sl_cat *cat, sl_cat_work_fn fn, void *a, int b);
+/* uv_queue_work whose `after` runs in the lane (sl_cat_lane_run): for worker jobs whose
+ * completion may run statements or touch what lane work holds. `w->work` is what `fn` and
+ * `after` get, its `data` the caller's, as with uv_queue_work. Returns uv_queue_work's code. */
+typedef struct sl_cat_work {
+    uv_work_t work;
+    sl_cat *cat;
+    uv_after_work_cb after;
+} sl_cat_work;
+int sl_cat_queue_work(sl_cat *cat, uv_loop_t *loop, sl_cat_work *w, uv_work_cb fn,
+                      uv_after_work_cb after);
 /* Statements that waited on the loop thread outside the lane while it was on. Thread-safe. */
 unsigned long sl_cat_blocking(const sl_cat *cat);
 

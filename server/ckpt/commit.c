@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 
 typedef struct removal {
-    uv_work_t work;
+    sl_cat_work work;
     sl_sstore *store;
     char job[SL_SHARD_NAME_MAX + 1], name[SL_SHARD_NAME_MAX + 1];
     int32_t world_size;
@@ -55,7 +55,7 @@ static void remove_files(sl_ckpt_svc *s, const sl_cat_ckpt *c)
     if (!r)
         return;
     r->store = s->opts.store;
-    r->work.data = r;
+    r->work.work.data = r;
     snprintf(r->job, sizeof(r->job), "%s", c->job);
     snprintf(r->name, sizeof(r->name), "%s", c->name);
     r->world_size = c->world_size;
@@ -245,7 +245,7 @@ void ckpt_set_retention(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
 /* ---- Commit ---- */
 
 typedef struct commit_job {
-    uv_work_t work;
+    sl_cat_work work;
     sl_ckpt_svc *svc;
     sl_rpc_call *call; /* NULL: an auto-commit */
     sl_cat_ckpt ck;
@@ -387,11 +387,8 @@ static void rewrite_work(uv_work_t *w)
         st->ops->put(st, j->ck.job, j->file, j->json.p, j->json.len, j->errmsg, sizeof(j->errmsg));
 }
 
-static void rewrite_after(uv_work_t *w, int status);
-
-static void rewrite_after_lane(void *arg, int status)
+static void rewrite_after(uv_work_t *w, int status)
 {
-    uv_work_t *w = arg;
     commit_job *j = w->data;
 
     (void)status;
@@ -401,12 +398,6 @@ static void rewrite_after_lane(void *arg, int status)
     if (j->call)
         ckpt_reply(j->svc, j->call, &j->ck);
     commit_job_free(j);
-}
-
-/* In the catalog lane (its statements, and the state lane work holds). */
-static void rewrite_after(uv_work_t *w, int status)
-{
-    sl_cat_lane_run(((commit_job *)w->data)->svc->cat, rewrite_after_lane, w, status);
 }
 
 /* metadata.json as the catalog has the checkpoint now (another replica's commit), written on the
@@ -430,11 +421,8 @@ static int rewrite_metadata(commit_job *j)
     return 0;
 }
 
-static void commit_after(uv_work_t *w, int status);
-
-static void commit_after_lane(void *arg, int status)
+static void commit_after(uv_work_t *w, int status)
 {
-    uv_work_t *w = arg;
     commit_job *j = w->data;
     sl_ckpt_svc *s = j->svc;
     int err = j->err;
@@ -484,12 +472,6 @@ static void commit_after_lane(void *arg, int status)
         sl_log_warn("ckpt_retention_failed", "job=%s error=\"%s\"", j->ck.job, sl_strerror(err));
 out:
     commit_job_free(j);
-}
-
-/* In the catalog lane (its statements, and the state lane work holds). */
-static void commit_after(uv_work_t *w, int status)
-{
-    sl_cat_lane_run(((commit_job *)w->data)->svc->cat, commit_after_lane, w, status);
 }
 
 /* Whether checkpoint ck may be committed now. Returns 0 to go on, 1 if it is COMPLETE already (a
@@ -631,12 +613,12 @@ static int commit_start(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck
     j->mark.id = ck->id;
     j->mark.next = s->committing;
     s->committing = &j->mark;
-    j->work.data = j;
+    j->work.work.data = j;
     if (call) {
         j->call = call;
         sl_rpc_call_ref(call);
     }
-    uv_queue_work(s->loop, &j->work, commit_work, commit_after);
+    sl_cat_queue_work(s->cat, s->loop, &j->work, commit_work, commit_after);
     return 0;
 fail:
     commit_job_free(j);

@@ -17,7 +17,7 @@
 #include <string.h>
 
 typedef struct download {
-    uv_work_t work;
+    sl_cat_work work;
     sl_ckpt_svc *svc;
     sl_rpc_call *call;
     char job[SL_SHARD_NAME_MAX + 1], file[NAME_MAX + 1];
@@ -101,12 +101,11 @@ void ckpt_download_pump(sl_rpc_call *call, void *arg)
         return;
     dl->busy = 1;
     sl_rpc_call_ref(call);
-    uv_queue_work(dl->svc->loop, &dl->work, dl_work, dl_after);
+    sl_cat_queue_work(dl->svc->cat, dl->svc->loop, &dl->work, dl_work, dl_after);
 }
 
-static void dl_after_lane(void *arg, int status)
+static void dl_after(uv_work_t *w, int status)
 {
-    uv_work_t *w = arg;
     download *dl = w->data;
     sl_rpc_call *call = dl->call;
     Sluice__V1__DownloadShardResponse m = SLUICE__V1__DOWNLOAD_SHARD_RESPONSE__INIT;
@@ -143,12 +142,6 @@ static void dl_after_lane(void *arg, int status)
         ckpt_download_pump(call, NULL);
 out:
     sl_rpc_call_unref(call);
-}
-
-/* In the catalog lane (its statements, and the state lane work holds). */
-static void dl_after(uv_work_t *w, int status)
-{
-    sl_cat_lane_run(((download *)w->data)->svc->cat, dl_after_lane, w, status);
 }
 
 /* The shard the request names, from the catalog; answers the call if there is none. */
@@ -202,7 +195,7 @@ void ckpt_download(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     dl->rank = req->rank;
     dl->data_size = sh.data_size;
     dl->pos = req->offset;
-    dl->work.data = dl;
+    dl->work.work.data = dl;
     memcpy(dl->sha, sh.sha256, sizeof(dl->sha));
     sl_rpc_call_set_data(call, dl, dl_free);
     snprintf(dl->job, sizeof(dl->job), "%s", ck.job);

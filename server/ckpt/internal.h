@@ -175,9 +175,9 @@ struct upload {
     uint32_t pos_world;
     up_chunk ring[UP_RING];
     uint64_t seq_tail, seq_free, seq_hash, seq_write, hash_end, write_end;
-    uv_work_t work, hwork; /* write lane, hash lane */
-    int err, herr;         /* results of the last write-lane / hash-lane job */
-    char errmsg[256];      /* what the write-lane job could not do */
+    sl_cat_work work, hwork; /* write lane, hash lane */
+    int err, herr;           /* results of the last write-lane / hash-lane job */
+    char errmsg[256];        /* what the write-lane job could not do */
     /* The answer STOPPING or FAILING sends on DONE (answer_err 0: none, the client is gone). */
     int answer_err;
     char answer_msg[CKPT_MSG_MAX];
@@ -202,15 +202,16 @@ static inline int ckpt_is_committing(const sl_ckpt_svc *s, int64_t id)
 }
 
 /* Run a small store job: on the worker pool with a remote store (the loop never waits on the
- * network), right here with a local one (fn, then after, as the pool would). */
-static inline void ckpt_store_job(sl_ckpt_svc *s, uv_work_t *w, uv_work_cb fn,
+ * network; `after` then runs in the catalog lane), right here with a local one (fn, then after,
+ * as the pool would). */
+static inline void ckpt_store_job(sl_ckpt_svc *s, sl_cat_work *w, uv_work_cb fn,
                                   uv_after_work_cb after)
 {
     if (sl_sstore_remote(s->opts.store)) {
-        uv_queue_work(s->loop, w, fn, after);
+        sl_cat_queue_work(s->cat, s->loop, w, fn, after);
     } else {
-        fn(w);
-        after(w, 0);
+        fn(&w->work);
+        after(&w->work, 0);
     }
 }
 

@@ -188,7 +188,7 @@ void ckpt_latest(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
 /* An UploadStatus answered after the store said what it holds (object storage: on the worker
  * pool). */
 typedef struct status_job {
-    uv_work_t work;
+    sl_cat_work work;
     sl_sstore *store;
     sl_rpc_call *call;
     char job[SL_SHARD_NAME_MAX + 1], name[SL_SHARD_NAME_MAX + 1];
@@ -261,7 +261,7 @@ void ckpt_upload_status(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
         sl_rpc_call_fail(call, -ENOMEM, "out of memory");
         return;
     }
-    j->work.data = j;
+    j->work.work.data = j;
     j->store = s->opts.store;
     j->call = call;
     j->rank = req->rank;

@@ -186,7 +186,7 @@ typedef struct rs_item {
 } rs_item;
 
 struct ckpt_rsweep {
-    uv_work_t work;
+    sl_cat_work work;
     sl_ckpt_svc *svc;
     int startup, phase; /* 0: listing, 1: acting */
     int peers;
@@ -277,11 +277,8 @@ void ckpt_svc_release(sl_ckpt_svc *s)
         free(s);
 }
 
-static void rs_after(uv_work_t *w, int status);
-
-static void rs_after_lane(void *arg, int status)
+static void rs_after(uv_work_t *w, int status)
 {
-    uv_work_t *w = arg;
     ckpt_rsweep *r = w->data;
     sl_ckpt_svc *s = r->svc;
 
@@ -290,7 +287,7 @@ static void rs_after_lane(void *arg, int status)
                     sl_strerror(r->err));
     if (r->phase == 0 && !s->stopping && may_sweep(s) && rs_decide(r)) {
         r->phase = 1;
-        uv_queue_work(s->loop, &r->work, rs_work, rs_after);
+        sl_cat_queue_work(s->cat, s->loop, &r->work, rs_work, rs_after);
         return;
     }
     if (!s->stopping)
@@ -300,12 +297,6 @@ static void rs_after_lane(void *arg, int status)
     rs_free(r);
     if (s->stopping)
         ckpt_svc_release(s);
-}
-
-/* In the catalog lane (its statements, and the state lane work holds). */
-static void rs_after(uv_work_t *w, int status)
-{
-    sl_cat_lane_run(((ckpt_rsweep *)w->data)->svc->cat, rs_after_lane, w, status);
 }
 
 /* A sweep of object storage. At startup it runs here, before any call is served; later ones
@@ -321,16 +312,16 @@ static void sweep_remote(sl_ckpt_svc *s, int startup)
     r->svc = s;
     r->startup = startup;
     r->peers = startup ? sl_cat_peers(s->cat) : 0;
-    r->work.data = r;
+    r->work.work.data = r;
     if (!startup) {
         s->rsweep = r;
-        uv_queue_work(s->loop, &r->work, rs_work, rs_after);
+        sl_cat_queue_work(s->cat, s->loop, &r->work, rs_work, rs_after);
         return;
     }
-    rs_work(&r->work);
+    rs_work(&r->work.work);
     if (rs_decide(r)) {
         r->phase = 1;
-        rs_work(&r->work);
+        rs_work(&r->work.work);
     }
     sweep_done(s, 1, r->sure, r->removed, r->moved);
     sl_cat_chore_done(s->cat, SL_CHORE_SWEEP);

@@ -162,11 +162,11 @@ static void up_release(upload *up, up_state from)
 /* ---- the lanes ---- */
 
 /* Start a job on a lane; it holds a call reference until its after-callback ran. */
-static void up_lane(upload *up, uv_work_t *w, uv_work_cb fn, uv_after_work_cb after)
+static void up_lane(upload *up, sl_cat_work *w, uv_work_cb fn, uv_after_work_cb after)
 {
     up->jobs++;
     sl_rpc_call_ref(up->call);
-    uv_queue_work(up->svc->loop, w, fn, after);
+    sl_cat_queue_work(up->svc->cat, up->svc->loop, w, fn, after);
 }
 
 /* A write-lane job: open, write or finalize. */
@@ -400,9 +400,8 @@ static void up_record(upload *up)
 }
 
 /* The write lane returned from the job the state names. */
-static void up_after_write_lane(void *arg, int status)
+static void up_after_write(uv_work_t *w, int status)
 {
-    uv_work_t *w = arg;
     upload *up = w->data;
     sl_rpc_call *call = up->call;
 
@@ -446,15 +445,8 @@ static void up_after_write_lane(void *arg, int status)
     sl_rpc_call_unref(call);
 }
 
-/* In the catalog lane (its statements, and the state lane work holds). */
-static void up_after_write(uv_work_t *w, int status)
+static void up_after_hash(uv_work_t *w, int status)
 {
-    sl_cat_lane_run(((upload *)w->data)->svc->cat, up_after_write_lane, w, status);
-}
-
-static void up_after_hash_lane(void *arg, int status)
-{
-    uv_work_t *w = arg;
     upload *up = w->data;
     sl_rpc_call *call = up->call;
 
@@ -465,12 +457,6 @@ static void up_after_hash_lane(void *arg, int status)
     else
         up_continue(up);
     sl_rpc_call_unref(call);
-}
-
-/* In the catalog lane (its statements, and the state lane work holds). */
-static void up_after_hash(uv_work_t *w, int status)
-{
-    sl_cat_lane_run(((upload *)w->data)->svc->cat, up_after_hash_lane, w, status);
 }
 
 /* ---- the header ---- */
@@ -650,8 +636,8 @@ void ckpt_upload_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg
     up->svc = arg;
     up->call = call;
     up->state = UP_HEADER;
-    up->work.data = up;
-    up->hwork.data = up;
+    up->work.work.data = up;
+    up->hwork.work.data = up;
     sl_rpc_call_set_data(call, up, up_data_free);
     sl_rpc_call_read(call);
 }

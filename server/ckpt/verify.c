@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 typedef struct vjob {
-    uv_work_t work;
+    sl_cat_work work;
     verify *v;
     int32_t rank; /* -1: the metadata file */
     int queued;
@@ -455,7 +455,7 @@ static void deep_dispatch(sl_ckpt_svc *s)
         v->next = r + 1;
         v->jobs[r].deep = 1;
         s->deep_running++;
-        uv_queue_work(s->loop, &v->jobs[r].work, vjob_work, vjob_after);
+        sl_cat_queue_work(s->cat, s->loop, &v->jobs[r].work, vjob_work, vjob_after);
         if (deep_next(v) < v->ck.world_size)
             deep_enqueue(s, v);
     }
@@ -476,9 +476,8 @@ static void verify_done(verify *v)
     sl_rpc_call_unref(call);
 }
 
-static void vjob_after_lane(void *arg, int status)
+static void vjob_after(uv_work_t *w, int status)
 {
-    uv_work_t *w = arg;
     vjob *j = w->data;
     verify *v = j->v;
     sl_ckpt_svc *s = v->svc;
@@ -491,12 +490,6 @@ static void vjob_after_lane(void *arg, int status)
         verify_done(v);
     if (deep)
         deep_dispatch(s);
-}
-
-/* In the catalog lane (its statements, and the state lane work holds). */
-static void vjob_after(uv_work_t *w, int status)
-{
-    sl_cat_lane_run(((vjob *)w->data)->v->svc->cat, vjob_after_lane, w, status);
 }
 
 void ckpt_verify_cancel(sl_rpc_call *call, void *arg)
@@ -582,7 +575,7 @@ static int verify_plan(verify *v)
     for (int32_t r = 0; r <= n; r++) {
         v->jobs[r].v = v;
         v->jobs[r].rank = r < n ? r : -1;
-        v->jobs[r].work.data = &v->jobs[r];
+        v->jobs[r].work.work.data = &v->jobs[r];
         v->jobs[r].verdict = SLUICE__V1__VERDICT__NOT_UPLOADED;
     }
     v->jobs[n].verdict = SLUICE__V1__VERDICT__VERDICT_UNSPECIFIED;
@@ -639,7 +632,7 @@ void ckpt_verify(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     sl_rpc_call_set_data(call, v, NULL);
     for (int32_t r = 0; r <= n; r++)
         if (v->jobs[r].queued && (!v->deep || r == n))
-            uv_queue_work(s->loop, &v->jobs[r].work, vjob_work, vjob_after);
+            sl_cat_queue_work(s->cat, s->loop, &v->jobs[r].work, vjob_work, vjob_after);
     if (v->deep) {
         v->counted = 1;
         s->deep_calls++;

@@ -67,7 +67,7 @@ typedef struct fshare {
     sl_sample *s;
     char job_name[SL_CAT_FEED_NAME_MAX + 1];
     fwaiters waiters; /* streams waiting for it */
-    uv_work_t work;
+    sl_cat_work work;
 } fshare;
 
 /* A batch plan for one (job, epoch), computed on the worker pool and shared by all ranks. */
@@ -91,7 +91,7 @@ typedef struct fplan {
     sl_feed *f;
     char job_name[SL_CAT_FEED_NAME_MAX + 1];
     fwaiters waiters; /* calls waiting for it (streams, Epochs.Get) */
-    uv_work_t work;
+    sl_cat_work work;
     /* inputs for the worker, owned until it finishes */
     sl_batch_config cfg; /* cfg.rank_weights points to rank_weights */
     double *rank_weights;

@@ -466,7 +466,7 @@ typedef struct fseen {
 } fseen;
 
 typedef struct fgroup {
-    uv_work_t work;
+    sl_cat_work work;
     sl_feed *f;
     sl_cat *cat; /* the connection that writes */
     freport *batch;
@@ -619,11 +619,8 @@ static void flush_answer(fgroup *fl)
     free(fl);
 }
 
-static void flush_after(uv_work_t *w, int status);
-
-static void flush_after_lane(void *arg, int status)
+static void flush_after(uv_work_t *w, int status)
 {
-    uv_work_t *w = arg;
     fgroup *fl = w->data;
     sl_feed *f = fl->f;
 
@@ -632,12 +629,6 @@ static void flush_after_lane(void *arg, int status)
     flush_answer(fl);
     if (f->n_pending && f->flush)
         uv_check_start(f->flush, on_flush);
-}
-
-/* In the catalog lane (its statements, and the state lane work holds). */
-static void flush_after(uv_work_t *w, int status)
-{
-    sl_cat_lane_run(((fgroup *)w->data)->f->cat, flush_after_lane, w, status);
 }
 
 /* In the catalog lane: with SQLite, or PostgreSQL while shutting down, the group is written
@@ -666,14 +657,14 @@ static void flush_now(void *arg, int b)
      * its own while the loop goes on; the local SQLite file is written here. */
     if (f->wcat && !f->shutting_down) {
         fl->cat = f->wcat;
-        fl->work.data = fl;
+        fl->work.work.data = fl;
         f->flushing = 1;
-        uv_queue_work(f->loop, &fl->work, flush_write, flush_after);
+        sl_cat_queue_work(f->cat, f->loop, &fl->work, flush_write, flush_after);
         return;
     }
     fl->cat = f->cat;
-    fl->work.data = fl;
-    flush_write(&fl->work);
+    fl->work.work.data = fl;
+    flush_write(&fl->work.work);
     flush_answer(fl);
 }
 

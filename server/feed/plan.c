@@ -140,11 +140,8 @@ out:
     free(order);
 }
 
-static void plan_done(uv_work_t *w, int status);
-
-static void plan_done_lane(void *arg, int status)
+static void plan_done(uv_work_t *w, int status)
 {
-    uv_work_t *w = arg;
     fplan *p = w->data;
     fjob *j = p->job;
 
@@ -166,12 +163,6 @@ static void plan_done_lane(void *arg, int status)
     if (j && p->state == 1)
         p->f->hooks.plan_ready(j);
     fplan_unref(p);
-}
-
-/* In the catalog lane (its statements, and the state lane work holds). */
-static void plan_done(uv_work_t *w, int status)
-{
-    sl_cat_lane_run(((fplan *)w->data)->f->cat, plan_done_lane, w, status);
 }
 
 /* The worker's copies of the chain's steps (the job's may change while it plans): per step the
@@ -268,8 +259,8 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
     snprintf(p->sha256, sizeof(p->sha256), "%s", d.lengths_sha256);
     p->refs = 2; /* the job's and the worker's */
     p->job = j;
-    p->work.data = p;
-    err = uv_queue_work(j->feed->loop, &p->work, plan_work, plan_done);
+    p->work.work.data = p;
+    err = sl_cat_queue_work(j->feed->cat, j->feed->loop, &p->work, plan_work, plan_done);
     if (err) {
         free(p->rank_weights);
         steps_free(p->steps, p->nsteps);

@@ -24,11 +24,8 @@ static void share_work(uv_work_t *w)
     sh->err = sl_sample_new(&sh->s, &sh->cfg, sh->msg, sizeof(sh->msg));
 }
 
-static void share_done(uv_work_t *w, int status);
-
-static void share_done_lane(void *arg, int status)
+static void share_done(uv_work_t *w, int status)
 {
-    uv_work_t *w = arg;
     fshare *sh = w->data;
 
     if (status != 0 && !sh->err) {
@@ -40,12 +37,6 @@ static void share_done_lane(void *arg, int status)
      * checks whether its stream still waits. */
     feed_waiters_run(&sh->waiters, sh->f, sh->job_name);
     fshare_unref(sh);
-}
-
-/* In the catalog lane (its statements, and the state lane work holds). */
-static void share_done(uv_work_t *w, int status)
-{
-    sl_cat_lane_run(((fshare *)w->data)->f->cat, share_done_lane, w, status);
 }
 
 static int share_new(fshare **out, fjob *j, const sl_sample_config *cfg, char *msg, size_t len)
@@ -60,8 +51,8 @@ static int share_new(fshare **out, fjob *j, const sl_sample_config *cfg, char *m
     sh->f = j->feed;
     sh->cfg = *cfg;
     snprintf(sh->job_name, sizeof(sh->job_name), "%s", j->name);
-    sh->work.data = sh;
-    if (uv_queue_work(j->feed->loop, &sh->work, share_work, share_done) != 0) {
+    sh->work.work.data = sh;
+    if (sl_cat_queue_work(j->feed->cat, j->feed->loop, &sh->work, share_work, share_done) != 0) {
         free(sh);
         snprintf(msg, len, "cannot queue work");
         return SL_EUNAVAILABLE;
