@@ -33,18 +33,25 @@ static void print_ckpt(const sl_cli *cli, const sl_ckpt *c, int last)
     }
 }
 
+/* The feed state's JSON members, without the braces. */
+static void json_feed_state(const sl_ckpt_feed_state *fs)
+{
+    printf("\"feed_job\":");
+    sl_cli_json_str(stdout, fs->job);
+    printf(",\"epoch\":%" PRIu64 ",\"world_size\":%u,\"unit\":\"%s\",\"samples\":%" PRIu64
+           ",\"elastic\":%s,\"positions\":[",
+           fs->epoch, fs->world_size, fs->unit, fs->samples, fs->elastic ? "true" : "false");
+    for (size_t i = 0; i < fs->n_positions; i++)
+        printf("%s%" PRIu64, i ? "," : "", fs->positions[i]);
+    printf("]");
+}
+
 static void print_feed_state(const sl_cli *cli, const sl_ckpt_feed_state *fs, uint64_t epoch_now,
                              uint32_t world_now, int restored)
 {
     if (cli->json) {
-        printf("{\"feed_job\":");
-        sl_cli_json_str(stdout, fs->job);
-        printf(",\"epoch\":%" PRIu64 ",\"world_size\":%u,\"unit\":\"%s\",\"samples\":%" PRIu64
-               ",\"elastic\":%s,\"positions\":[",
-               fs->epoch, fs->world_size, fs->unit, fs->samples, fs->elastic ? "true" : "false");
-        for (size_t i = 0; i < fs->n_positions; i++)
-            printf("%s%" PRIu64, i ? "," : "", fs->positions[i]);
-        printf("]");
+        printf("{");
+        json_feed_state(fs);
         if (restored)
             printf(",\"job_epoch\":%" PRIu64 ",\"job_world_size\":%u", epoch_now, world_now);
         printf("}\n");
@@ -152,11 +159,17 @@ static int run_ls(sl_cli *cli, sl_client *c, void *opts, int argc, char **argv)
 static int run_show(sl_cli *cli, sl_client *c, void *o, int argc, char **argv)
 {
     sl_ckpt_shard *sh = NULL;
+    sl_ckpt_feed_state fs;
     size_t n = 0;
     sl_ckpt ck;
+    int have_fs;
 
     if (sl_ckpt_get(c, &ck, &sh, &n, argv[0], argv[1]))
         return sl_cli_call_fail(cli, "ckpt show");
+    /* The data position of a COMPLETE checkpoint bound to a feed job (FAILED_PRECONDITION for
+     * one without: not an error here). */
+    have_fs =
+        ck.state == SL_CKPT_STATE_COMPLETE && sl_ckpt_feed_state_get(c, &fs, argv[0], argv[1]) == 0;
     if (cli->json) {
         printf("{\"checkpoint\":");
         print_ckpt(cli, &ck, 0);
@@ -168,22 +181,27 @@ static int run_show(sl_cli *cli, sl_client *c, void *o, int argc, char **argv)
             sl_cli_json_str(stdout, sh[i].path);
             printf(",\"tensors\":%u}", sh[i].tensor_count);
         }
-        printf("]}\n");
+        printf("],\"feed_state\":");
+        if (have_fs) {
+            printf("{");
+            json_feed_state(&fs);
+            printf("}");
+        } else {
+            printf("null");
+        }
+        printf("}\n");
     } else {
-        sl_ckpt_feed_state fs;
-
         print_ckpt(cli, &ck, 1);
         if (ck.user_metadata[0])
             printf("metadata: %s\n", ck.user_metadata);
-        if (ck.state == SL_CKPT_STATE_COMPLETE &&
-            sl_ckpt_feed_state_get(c, &fs, argv[0], argv[1]) == 0) {
+        if (have_fs)
             print_feed_state(cli, &fs, 0, 0, 0);
-            free(fs.positions);
-        }
         for (size_t i = 0; i < n; i++)
             printf("  rank %-5d %14" PRIu64 " bytes  %s  %s\n", sh[i].rank, sh[i].data_size,
                    sh[i].sha256, sh[i].path);
     }
+    if (have_fs)
+        free(fs.positions);
     free(sh);
     return SL_CLI_OK;
 }

@@ -381,6 +381,47 @@ class PositionTest(unittest.TestCase):
         self.assertEqual(self.feed.get_epoch("run").ranks[0].position, 40)
 
 
+    def test_cli_begin_binds_and_shows_the_feed_state(self):
+        # sluice ckpt begin --auto-commit / --feed-job / --no-feed (libsluice's
+        # sl_ckpt_begin_ex), then ckpt show --json and ckpt feed state of the COMPLETE one.
+        self.job()
+        self.job("other")
+        out = cli("ckpt", "begin", "run", "a", "--world", "2", "--auto-commit", addr=self.d.addr)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        for r, p in enumerate((40, 60)):
+            self.ck.UploadShard(shard("run", "a", r, 2, (0, p)), timeout=10)
+        self.wait_complete("a")
+        out = cli("--json", "ckpt", "show", "run", "a", addr=self.d.addr)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        doc = json.loads(out.stdout)
+        fs = doc["feed_state"]
+        self.assertEqual(doc["checkpoint"]["state"], "COMPLETE")   # committed by the daemon
+        self.assertEqual((fs["feed_job"], fs["epoch"], fs["world_size"], fs["unit"],
+                          fs["positions"]), ("run", 0, 2, "indices", [40, 60]))
+        text = cli("ckpt", "show", "run", "a", addr=self.d.addr)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertRegex(text.stdout, r"feed.*run.*epoch 0")
+        self.assertIn("40", text.stdout)
+
+        out = cli("ckpt", "begin", "run", "b", "--world", "2", "--feed-job", "other",
+                  addr=self.d.addr)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(self.ck.Get(pb.CheckpointRef(job="run", name="b"), timeout=10).feed_job,
+                         "other")
+        out = cli("ckpt", "begin", "run", "c", "--world", "2", "--no-feed", addr=self.d.addr)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        c = self.ck.Get(pb.CheckpointRef(job="run", name="c"), timeout=10)
+        self.assertEqual((c.feed_job, c.auto_commit), ("", False))
+        # Bad combinations and a feed job that does not exist: exit 1, the value named.
+        out = cli("ckpt", "begin", "run", "d", "--world", "2", "--feed-job", "nosuch",
+                  addr=self.d.addr)
+        self.assertEqual(out.returncode, 1, out.stdout)
+        self.assertIn("nosuch", out.stderr)
+        out = cli("ckpt", "begin", "run", "d", "--world", "2", "--feed-job", "other",
+                  "--no-feed", addr=self.d.addr)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("no_feed", out.stderr)
+
     # ---- review of issue 14 ----
 
     def test_restore_refused_by_its_resize_changes_nothing(self):

@@ -57,6 +57,13 @@ def poll(fn, what, timeout=20.0):
         time.sleep(0.02)
 
 
+
+class _Opaque:
+    """An object the state format has no encoding for (saved only with allow_pickle)."""
+
+    def __init__(self, v):
+        self.v = v
+
 class Base(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="sluice-tckpt-")
@@ -611,6 +618,59 @@ class ManagerTest(ManagerBase):
         with self.assertRaises(ValueError):
             st.CheckpointManager(s, address=self.d.addr, rank=0, world_size=1,
                                  reuse_buffers=False).reserve(state)
+
+    def test_one_save_in_flight_and_every_rng_state(self):
+        # The next save() waits for the upload in flight; the state may hold every RNG state a
+        # training loop keeps (torch's, numpy's, Python's) and, with allow_pickle, any object.
+        import random
+        import threading
+
+        import numpy as np
+        s = self.sampler("inflight", 10)
+        m = st.CheckpointManager(s, address=self.d.addr, rank=0, world_size=1, allow_pickle=True)
+        gate, entered = threading.Event(), threading.Event()
+        upload = m._upload
+
+        def held_upload(*args):
+            entered.set()
+            if not gate.wait(30):
+                raise RuntimeError("the test never opened the gate")
+            return upload(*args)
+        m._upload = held_upload
+        random.seed(3)
+        np.random.seed(4)
+        torch.manual_seed(5)
+        state = {"py": random.getstate(), "np": np.random.get_state(),
+                 "torch": torch.get_rng_state(), "obj": _Opaque(7), "np_scalar": np.float32(1.5)}
+        m.save(1, state)
+        self.assertTrue(entered.wait(10), "the upload of step 1 started")
+        second = threading.Thread(target=m.save, args=(2, {"n": 2}))
+        second.start()
+        second.join(0.5)
+        self.assertTrue(second.is_alive(), "save(2) waits while step 1 uploads")
+        gate.set()
+        second.join(30)
+        self.assertFalse(second.is_alive(), "save(2) returned once step 1 was durable")
+        m.wait()
+        self.complete("inflight", "step_1")
+        self.complete("inflight", "step_2")
+        want = (random.random(), np.random.random(), torch.rand(1))
+        got = m.restore(step=1)
+        random.setstate(got["py"])
+        np.random.set_state(got["np"])
+        torch.set_rng_state(got["torch"])
+        self.assertEqual((random.random(), np.random.random()), want[:2])
+        self.assertTrue(torch.equal(torch.rand(1), want[2]))
+        self.assertEqual((type(got["obj"]), got["obj"].v), (_Opaque, 7))
+        self.assertIs(type(got["np_scalar"]), np.float32)
+        # Without allow_pickle the pickled object is refused, naming where it is.
+        plain = st.CheckpointManager(s, address=self.d.addr, rank=0, world_size=1)
+        with self.assertRaisesRegex(ValueError, r"obj: the state holds a pickled .*_Opaque"):
+            plain.restore(step=1)
+        with self.assertRaisesRegex(TypeError, r"obj: .*allow_pickle=True"):
+            plain.save(3, {"obj": _Opaque(1)})
+        m.close()
+        plain.close()
 
     def test_bad_input(self):
         s = self.sampler("bad", 10)

@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import math
+import pickle
 import re
 import struct
 from collections import OrderedDict
@@ -67,8 +68,16 @@ class _Chain(io.RawIOBase):
 #     ["f", "nan"|"inf"|"-inf"]  ["i", "0x..."]           other floats, integers beyond 63 bits
 #     ["b", base64]  ["ba", base64]                       bytes, bytearray
 #     ["dt", "float32"]  ["sz", 2, 3]  ["dev", "cuda:0"]  torch.dtype, torch.Size, torch.device
+#     ["s", node...]  ["fs", node...]                     set, frozenset
+#     ["c", float-node, float-node]                       complex (real, imaginary)
+#     ["na", "<u4", [624], base64]                        numpy.ndarray (dtype.str, shape, bytes
+#                                                         in C order; not object or structured)
+#     ["ns", "<f8", base64]                               a numpy scalar (numpy.float64(0.5))
+#     ["P", "module.qualname", base64]                    any other object, pickled; only with
+#                                                         allow_pickle (saving and loading)
 #
-# Loading parses this with json and builds only these types: nothing in a shard is executed.
+# Loading parses this with json and builds only these types: nothing in a shard is executed,
+# unless the caller passes allow_pickle=True and the shard holds "P" nodes.
 # Every tensor is referenced exactly once; tensors sharing storage are stored as separate copies.
 # The TensorInfo of a tensor (its key path, escaped to printable ASCII and cut to 1024
 # characters; dtype "bytes" for dtypes the daemon does not know) is for people and tools only:
@@ -120,22 +129,54 @@ def _key_part(k):
     return k if type(k) is str else repr(k)
 
 
+def _numpy():
+    import numpy
+    return numpy
+
+
+def _numpy_plain(v):
+    """True for a numpy array or scalar whose bytes describe it fully (not object, structured
+    or void dtypes, which go through pickle). Never imports numpy for other values."""
+    mod = type(v).__module__
+    if mod != "numpy" and not mod.startswith("numpy."):
+        return False
+    np = _numpy()
+    if not isinstance(v, (np.ndarray, np.generic)) or type(v) is np.matrix:
+        return False
+    if isinstance(v, np.ndarray) and type(v) is not np.ndarray:
+        return False                      # subclasses (masked arrays, ...) keep more than bytes
+    return not (v.dtype.hasobject or v.dtype.fields is not None or v.dtype.kind == "V")
+
+
+def _numpy_scalar(v):
+    return _numpy_plain(v) and not isinstance(v, _numpy().ndarray)
+
+
 class _Encoder:
     """Turns a state dict into a skeleton node and the list of its tensors (in order)."""
 
-    def __init__(self, torch):
+    def __init__(self, torch, allow_pickle=False):
         self.torch = torch
+        self.allow_pickle = allow_pickle
         self.tensors = []      # (path, tensor)
         self._open = set()     # ids of the containers being encoded (cycle check)
 
     def key(self, k, path):
         t = type(k)
-        if k is None or t is bool or t is str or t is int or t is float:
+        if k is None or t is bool or t is str or t is int or t is float or t is complex:
             return self.node(k, path)
-        if t is tuple:
-            return ["t"] + [self.key(x, path) for x in k]
-        raise TypeError("%s: cannot save a dict key of type %s (keys may be str, int, float, "
-                        "bool, None or tuples of those)" % (_path_str(path), t.__name__))
+        if t is tuple or t is frozenset:
+            return ["t" if t is tuple else "fs"] + [self.key(x, path) for x in k]
+        if _numpy_scalar(k):
+            return self.node(k, path)
+        raise TypeError("%s: cannot save a dict key or set item of type %s (they may be str, "
+                        "int, float, complex, bool, None, numpy scalars or tuples and frozensets "
+                        "of those)"
+                        % (_path_str(path), t.__name__))
+
+    @staticmethod
+    def _float(v):
+        return v if math.isfinite(v) else ["f", repr(v)]
 
     def node(self, v, path):
         torch, t = self.torch, type(v)
@@ -144,7 +185,9 @@ class _Encoder:
         if t is int:
             return v if v.bit_length() <= 63 else ["i", hex(v)]
         if t is float:
-            return v if math.isfinite(v) else ["f", repr(v)]
+            return self._float(v)
+        if t is complex:
+            return ["c", self._float(v.real), self._float(v.imag)]
         if isinstance(v, torch.Tensor):
             self.tensor(v, path)
             return ["T", len(self.tensors) - 1]
@@ -171,10 +214,26 @@ class _Encoder:
             return ["sz"] + list(v)
         if t is torch.device:
             return ["dev", str(v)]
+        if t is set or t is frozenset:
+            return ["s" if t is set else "fs"] + [self.key(x, path) for x in v]
+        if _numpy_plain(v):
+            data = base64.b64encode(v.tobytes(order="C")).decode("ascii")
+            if isinstance(v, _numpy().ndarray):
+                return ["na", v.dtype.str, list(v.shape), data]
+            return ["ns", v.dtype.str, data]
+        if self.allow_pickle:
+            try:
+                data = pickle.dumps(v, protocol=4)
+            except Exception as e:
+                raise TypeError("%s: cannot pickle a value of type %s.%s: %s"
+                                % (_path_str(path), t.__module__, t.__qualname__, e)) from None
+            return ["P", "%s.%s" % (t.__module__, t.__qualname__),
+                    base64.b64encode(data).decode("ascii")]
         raise TypeError("%s: cannot save a value of type %s.%s (supported: tensors, dict, "
-                        "OrderedDict, list, tuple, str, int, float, bool, None, bytes, bytearray, "
-                        "torch.dtype, torch.Size, torch.device)"
-                        % (_path_str(path), t.__module__, t.__qualname__))
+                        "OrderedDict, list, tuple, set, frozenset, str, int, float, complex, "
+                        "bool, None, bytes, bytearray, numpy arrays and scalars, torch.dtype, "
+                        "torch.Size, torch.device; anything else torch.save takes with "
+                        "allow_pickle=True)" % (_path_str(path), t.__module__, t.__qualname__))
 
     def tensor(self, v, path):
         torch = self.torch
@@ -191,9 +250,10 @@ class _Encoder:
 class _Decoder:
     """Builds the state from a skeleton node; every malformed node is a ValueError."""
 
-    def __init__(self, torch, tensors):
+    def __init__(self, torch, tensors, allow_pickle=False):
         self.torch = torch
         self.tensors = tensors
+        self.allow_pickle = allow_pickle
         self.used = set()
         self.dtypes = _dtypes(torch)
 
@@ -203,11 +263,34 @@ class _Decoder:
     def key(self, n, path):
         if n is None or type(n) in (bool, str, int, float):
             return n
-        if type(n) is list and n and n[0] in ("t", "f", "i"):
-            if n[0] == "t":
-                return tuple(self.key(x, path) for x in n[1:])
+        if type(n) is list and n and n[0] in ("t", "fs", "f", "i", "c", "ns"):
+            if n[0] in ("t", "fs"):
+                return (tuple if n[0] == "t" else frozenset)(self.key(x, path) for x in n[1:])
             return self.node(n, path)
-        raise self._bad(path, "a dict key must be a scalar or a tuple")
+        raise self._bad(path, "a dict key or set item must be a scalar, a tuple or a frozenset")
+
+    def _float(self, n, path):
+        if type(n) is float or type(n) is int:
+            return float(n)
+        if type(n) is list and len(n) == 2 and n[0] == "f" and n[1] in _FLOAT_WORDS:
+            return float(n[1])
+        raise self._bad(path, "a complex number's parts must be floats")
+
+    def _numpy_dtype(self, code, path):
+        np = _numpy()
+        try:
+            dt = np.dtype(code) if type(code) is str and len(code) <= 32 else None
+        except TypeError:
+            dt = None
+        if dt is None or dt.hasobject or dt.fields is not None or dt.kind == "V":
+            raise self._bad(path, "bad numpy dtype %r" % (str(code)[:32],))
+        return dt
+
+    def _b64(self, one, path):
+        try:
+            return base64.b64decode(one.encode("ascii"), validate=True)
+        except (ValueError, binascii.Error, AttributeError):
+            raise self._bad(path, "bad base64") from None
 
     def node(self, n, path):
         t = type(n)
@@ -242,11 +325,38 @@ class _Decoder:
         if tag == "i" and type(one) is str and _INT_HEX.match(one):
             return int(one, 16)
         if tag in ("b", "ba") and type(one) is str:
-            try:
-                b = base64.b64decode(one.encode("ascii"), validate=True)
-            except (ValueError, binascii.Error):
-                raise self._bad(path, "bad base64") from None
+            b = self._b64(one, path)
             return b if tag == "b" else bytearray(b)
+        if tag in ("s", "fs"):
+            try:
+                return (set if tag == "s" else frozenset)(self.key(x, path) for x in a)
+            except TypeError:
+                raise self._bad(path, "a set item that cannot be hashed") from None
+        if tag == "c" and len(a) == 2:
+            return complex(self._float(a[0], path), self._float(a[1], path))
+        if tag == "ns" and len(a) == 2 and type(a[1]) is str:
+            dt, b = self._numpy_dtype(a[0], path), self._b64(a[1], path)
+            if len(b) != dt.itemsize:
+                raise self._bad(path, "a numpy %s scalar of %d bytes" % (dt, len(b)))
+            return _numpy().frombuffer(b, dtype=dt)[0]
+        if (tag == "na" and len(a) == 3 and type(a[1]) is list and len(a[1]) <= 64
+                and all(type(x) is int and x >= 0 for x in a[1]) and type(a[2]) is str):
+            dt, b = self._numpy_dtype(a[0], path), self._b64(a[2], path)
+            if len(b) != math.prod(a[1]) * dt.itemsize:
+                raise self._bad(path, "a numpy array of shape %s and dtype %s in %d bytes"
+                                % (a[1], dt, len(b)))
+            return _numpy().frombuffer(bytearray(b), dtype=dt).reshape(a[1])
+        if tag == "P" and len(a) == 2 and type(a[0]) is str and type(a[1]) is str:
+            if not self.allow_pickle:
+                raise ValueError("%s: the state holds a pickled %s, which only "
+                                 "allow_pickle=True loads (unpickling runs code from the "
+                                 "checkpoint: only for checkpoints you trust)"
+                                 % (_path_str(path), a[0][:200]))
+            try:
+                return pickle.loads(self._b64(a[1], path))
+            except Exception as e:
+                raise ValueError("%s: unpickling a %s failed: %s: %s"
+                                 % (_path_str(path), a[0][:200], type(e).__name__, e)) from None
         if tag == "dt" and type(one) is str and one in self.dtypes:
             return self.dtypes[one]
         if tag == "sz" and all(type(x) is int and x >= 0 for x in a):
@@ -294,11 +404,12 @@ def _check_template(got, want, path, torch):
             _check_template(got[k], w, path + [_key_part(k)], torch)
 
 
-def encode_state(torch, state_dict):
+def encode_state(torch, state_dict, allow_pickle=False):
     """(skeleton root, [(key path, tensor)]) of a state dict: the structure and its non-tensor
-    values (copied: JSON-ready nodes) and the tensors themselves (not copied). TypeError names
-    the key path of a value that cannot be saved; ValueError for too many tensors or nesting."""
-    enc = _Encoder(torch)
+    values (copied: JSON-ready nodes; objects of other types pickled with allow_pickle) and the
+    tensors themselves (not copied). TypeError names the key path of a value that cannot be
+    saved; ValueError for too many tensors or nesting."""
+    enc = _Encoder(torch, allow_pickle)
     try:
         root = enc.node(state_dict, [])
     except RecursionError:
@@ -379,7 +490,7 @@ def _byte_view(torch, t):
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
-def _read_skeleton_shard(s, torch, template):
+def _read_skeleton_shard(s, torch, template, allow_pickle=False):
     """The state of a save_state_dict shard from the stream `s` (positioned at its start)."""
     size = s.announced()
     head = s.read(len(SKELETON_MAGIC) + 8)
@@ -428,7 +539,7 @@ def _read_skeleton_shard(s, torch, template):
         if nbytes:
             spans.append((off, nbytes, tensors[-1]))
             end = off + nbytes
-    dec = _Decoder(torch, tensors)
+    dec = _Decoder(torch, tensors, allow_pickle)
     try:
         state = dec.node(doc["root"], [])
     except RecursionError:

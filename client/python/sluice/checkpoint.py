@@ -384,12 +384,16 @@ class Checkpoints:
 
     # ---- torch ----
 
-    def save_state_dict(self, job, name, rank, state_dict, chunk_size=CHUNK, data_position=None):
+    def save_state_dict(self, job, name, rank, state_dict, chunk_size=CHUNK, data_position=None,
+                        allow_pickle=False):
         """Upload a state dict as rank's shard: anything torch.save takes that is built from
-        dict, OrderedDict, list, tuple, tensors, str, int, float, bool, None, bytes, bytearray,
-        torch.dtype, torch.Size and torch.device (dict keys: str, int, float, bool, None or
-        tuples of those), e.g. ``{"model": model.state_dict(), "optimizer": opt.state_dict(),
-        "step": 5}``.
+        dict, OrderedDict, list, tuple, set, frozenset, tensors, str, int, float, complex, bool,
+        None, bytes, bytearray, numpy arrays and scalars (numeric, bool, string and datetime
+        dtypes: e.g. ``numpy.random.get_state()``), torch.dtype, torch.Size and torch.device
+        (dict keys: scalars, tuples and frozensets), e.g. ``{"model": model.state_dict(),
+        "optimizer": opt.state_dict(), "step": 5}``. With ``allow_pickle=True`` any other
+        object torch.save takes is pickled into the skeleton (loading it then needs
+        allow_pickle=True too, since unpickling runs code: the trust torch.load asks for).
 
         The data section is a skeleton entry (the structure and the non-tensor values, JSON; see
         the comment above SKELETON_NAME) followed by the tensors' bytes, each at a multiple of
@@ -400,13 +404,15 @@ class Checkpoints:
         appear twice. Tensor subclasses (nn.Parameter) are saved as plain tensors, without
         requires_grad.
 
-        A value of another type raises TypeError naming its key path before anything is sent.
+        A value of another type (without allow_pickle) raises TypeError naming its key path
+        before anything is sent.
         The data is hashed first and the daemon checks that hash, so a state that changes while
         it is sent is refused (ChecksumError) and nothing is stored. ``data_position``: as for
         upload(), where this rank was in the feed when the state was taken."""
         import torch
         position = to_data_position(data_position)   # checked before anything is hashed
-        shard = _StateShard(torch, *encode_state(torch, state_dict), chunk_size=chunk_size)
+        shard = _StateShard(torch, *encode_state(torch, state_dict, allow_pickle),
+                            chunk_size=chunk_size)
         try:
             return self.upload(job, name, rank, shard.reader(), tensors=shard.layout,
                                chunk_size=chunk_size, size=shard.size, sha256=shard.sha256(),
@@ -417,12 +423,14 @@ class Checkpoints:
                                     % e.details()) from e
             raise
 
-    def load_state_dict(self, job, name, rank, template=None):
+    def load_state_dict(self, job, name, rank, template=None, allow_pickle=False):
         """Download rank's shard written by save_state_dict and rebuild the state: the same
         container types and keys, the non-tensor values, and tensors with the saved dtype, shape
         and bytes (contiguous, on CPU). Tensors are filled as the data arrives; the shard is
         never held in memory twice. Nothing in the shard is executed: the skeleton is JSON read
-        into the types listed in save_state_dict.
+        into the types listed in save_state_dict. A state saved with allow_pickle holding
+        pickled objects loads only with ``allow_pickle=True`` (ValueError naming the key path
+        and type otherwise): only for checkpoints you trust.
 
         ``template`` is optional. With a shard of this format, the loaded state must have the
         template's structure (container types, dict and OrderedDict counting as one; keys; dtype
@@ -440,7 +448,7 @@ class Checkpoints:
         try:
             head = s.peek(len(SKELETON_MAGIC) + 8)
             if len(head) == len(SKELETON_MAGIC) + 8 and head.startswith(SKELETON_MAGIC):
-                state = _read_skeleton_shard(s, torch, template)
+                state = _read_skeleton_shard(s, torch, template, allow_pickle)
             elif template is None:
                 raise ValueError("rank %d of %s/%s has no state skeleton (a shard of the earlier "
                                  "flat format, or not written by save_state_dict): pass the "

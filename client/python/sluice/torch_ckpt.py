@@ -73,11 +73,14 @@ class CheckpointManager:
     up to ``retry_seconds``; an interrupted upload resumes where the daemon kept it.
     ``reuse_buffers``: keep the host copies of the last save for the next one when its tensors
     have the same dtypes and shapes (no fresh memory to fault in; one copy of the state stays
-    allocated)."""
+    allocated). ``allow_pickle``: save objects of types the state format has no encoding for
+    (anything else torch.save takes) pickled, and unpickle them on restore: as torch.load
+    without weights_only, only for checkpoints you trust (see Checkpoints.save_state_dict)."""
 
     def __init__(self, data=None, *, job=None, address=None, keep_last=None, rank=None,
                  world_size=None, retry_seconds=60.0, restore_timeout=300.0,
-                 reuse_buffers=True, chunk_size=CHUNK, token=None, checkpoints=None):
+                 reuse_buffers=True, chunk_size=CHUNK, token=None, checkpoints=None,
+                 allow_pickle=False):
         from sluice.torch import _world_and_rank
         self.world, self.rank = _world_and_rank(world_size, rank)
         self._source = None
@@ -94,6 +97,7 @@ class CheckpointManager:
         self.retry_seconds = retry_seconds
         self.restore_timeout = restore_timeout
         self.reuse_buffers = reuse_buffers
+        self.allow_pickle = allow_pickle
         self.chunk_size = chunk_size
         if address is None and self._source is not None:
             address = self._source.client.address
@@ -190,7 +194,7 @@ class CheckpointManager:
             raise ValueError("step %r must be an integer >= 0" % (step,))
         t0 = time.perf_counter()
         self.wait()
-        root, tensors = encode_state(torch, state_dict)
+        root, tensors = encode_state(torch, state_dict, self.allow_pickle)
         copies = self._stage(tensors)
         position = self._source.data_position() if self._source is not None else None
         self._thread = threading.Thread(target=self._background, name="sluice-ckpt-%d" % step,
@@ -207,7 +211,7 @@ class CheckpointManager:
         if not self.reuse_buffers:
             raise ValueError("reserve() keeps buffers for the saves: not with reuse_buffers=False")
         self.wait()
-        _, tensors = encode_state(torch, state_dict)
+        _, tensors = encode_state(torch, state_dict, self.allow_pickle)
         key = [(t.dtype, tuple(t.shape)) for _, t in tensors]
         if key != self._staged_key:
             self._staged = self._staged_key = None
@@ -345,7 +349,8 @@ class CheckpointManager:
         self.restored_step = info["step"]
         if shard_rank is None:
             shard_rank = self.rank % info["world"]
-        return self._retry(self.ck.load_state_dict, self.job, info["name"], shard_rank)
+        return self._retry(self.ck.load_state_dict, self.job, info["name"], shard_rank,
+                           allow_pickle=self.allow_pickle)
 
     def _find(self, step):
         """The checkpoint to restore: step's, or the latest COMPLETE one (None if none)."""
