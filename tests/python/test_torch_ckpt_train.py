@@ -12,7 +12,8 @@ asynchronously by sluice.torch.CheckpointManager every K steps (torch_ckpt_worke
 - sluiced SIGKILLed while a checkpoint uploads, restarted on the same data dir: the upload
   resumes, the checkpoint completes, a rank is killed after it and the group restores it;
   bit-identical again.
-- A restart into another world size (3 ranks, then 2): every epoch is covered exactly once.
+- A restart into another world size (3 ranks, then 2): every epoch is covered exactly once; the
+  same with a batch job (BatchSampler), its rest of the epoch dealt out in equal counts.
 
 Each uninterrupted reference run is made once per configuration and shared by the tests.
 SLUICE_TEST_KEEP=1 keeps the logs. A run that trains no step for STALL seconds gets SIGUSR1 on
@@ -359,6 +360,8 @@ BATCH_CFG = ["--mode", "batches", "--samples", str(LENGTHS_N), "--epochs", "2", 
              "--num-workers", "2"]
 RESIZE_CFG = ["--samples", "96", "--batch-size", "8", "--epochs", "3", "--every", "3",
               "--num-workers", "2", "--seed", "6", "--drop-last", "--restore-first"]
+RESIZE_BATCH_CFG = ["--mode", "batches", "--samples", str(LENGTHS_N), "--epochs", "2", "--every",
+                    "3", "--num-workers", "2", "--restore-first"]
 
 
 class ExactTest(Base):
@@ -445,6 +448,50 @@ class ResizeTest(Base):
             got = sorted(i for (ep, i), c in per_epoch.items() if ep == e for _ in range(c))
             self.assertEqual(got, list(range(96)), "epoch %d coverage%s" % (e, ctx))
         self.assertEqual(self.c.get_epoch("rs").epoch, 3)
+
+    def test_restart_into_another_world_batch_job(self):
+        # The same with token-budget batches (BatchSampler): 3 ranks die after step 4 once
+        # step 3 is saved, 2 ranks restore step 3 mid-epoch; the rest of epoch 0's batches is
+        # dealt out over them in equal counts (an odd one out is left, the drop remainder rule).
+        # Epoch 0 trains the uninterrupted 3-rank run's samples once each, but for at most that
+        # one batch; epoch 1 (planned for 2 ranks) holds no sample twice.
+        ref = self.reference("batch-resize", RESIZE_BATCH_CFG)
+        self.make_job("rsb", RESIZE_BATCH_CFG)
+        out1 = os.path.join(self.tmp, "b3")
+        self.torchrun(out1, "rsb", RESIZE_BATCH_CFG, world=3, env={"KILL_AT": "1:4:wait"},
+                      expect_fail=True)
+        out2 = os.path.join(self.tmp, "b2")
+        self.torchrun(out2, "rsb", RESIZE_BATCH_CFG, world=2)
+        ctx = "\n" + self.logs(out1, out2)
+        run1, run2 = Run([out1]), Run([out2])
+        self.assertEqual(run2.restores(), [3], ctx)
+        self.assertEqual(self.c.get_job("rsb").world_size, 2)
+        per_epoch = collections.Counter()
+        for rank in range(3):
+            for _, e, idx in run1.timeline(rank, restores=[3]):
+                per_epoch.update((e, i) for i in idx)
+        steps2 = []
+        for rank in range(2):
+            steps = [t[0] for t in run2.timeline(rank)]
+            self.assertEqual(steps, list(range(4, 4 + len(steps))), ctx)
+            steps2.append(len(steps))
+            for _, e, idx in run2.timeline(rank):
+                per_epoch.update((e, i) for i in idx)
+        self.assertEqual(steps2[0], steps2[1], "equal batch counts per rank" + ctx)
+        # Epoch 0: no sample twice, nothing the uninterrupted run did not train, and the
+        # plan's remainder rule at the resize: at most R' - 1 = 1 of its batches left out.
+        ref_batches = [collections.Counter(idx) for rank in range(3)
+                       for _, e, idx in ref.timeline(rank) if e == 0]
+        want0 = sum(ref_batches, collections.Counter())
+        got0 = collections.Counter(i for (e, i), c in per_epoch.items() if e == 0
+                                   for _ in range(c))
+        self.assertEqual(got0 - want0, collections.Counter(), "epoch 0: samples twice" + ctx)
+        left = want0 - got0
+        self.assertIn(left, [collections.Counter()] + ref_batches,
+                      "epoch 0: more than one batch left out" + ctx)
+        self.assertEqual(max(c for (e, _), c in per_epoch.items() if e == 1), 1, ctx)
+        self.assertGreater(sum(1 for (e, _) in per_epoch if e == 1), 0, ctx)
+        self.assertEqual(self.c.get_epoch("rsb").epoch, 2)
 
 
 if __name__ == "__main__":
