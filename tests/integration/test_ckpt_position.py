@@ -276,11 +276,14 @@ class PositionTest(unittest.TestCase):
         self.feed.delete_dataset("run-ds")
         self.feed.create_dataset("run-ds", N + 1)
         self.feed.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=3)
+        self.feed.report_progress("run", 1, 0, 5)
         with self.assertRaises(grpc.RpcError) as e:
             self.restore("s")
         self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
         self.assertIn("has 1001 samples; the checkpoint was taken with 1000",
                       e.exception.details())
+        ep = self.feed.get_epoch("run")                   # nothing changed
+        self.assertEqual((ep.epoch, [p.position for p in ep.ranks]), (0, [0, 5]))
         self.feed.delete_job("run")
         self.feed.delete_dataset("run-ds")
         self.feed.create_dataset("run-ds", N)
