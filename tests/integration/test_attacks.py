@@ -54,10 +54,11 @@ class H2:
     own framing, a path with a newline, streams reset at once). A reader thread answers SETTINGS
     and PING, tracks flow-control windows and collects each stream's headers and data."""
 
-    def __init__(self, addr, source=None, timeout=10):
+    def __init__(self, addr, source=None, timeout=10, connect_timeout=None):
         host, port = addr.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout,
+        self.sock = socket.create_connection((host, int(port)), timeout=connect_timeout or timeout,
                                              source_address=(source, 0) if source else None)
+        self.sock.settimeout(timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.lock = threading.Lock()
         self.cv = threading.Condition()
