@@ -136,15 +136,18 @@ static int write_port_file(const char *path, int port)
 /* A WAL without its catalog: catalog.db was removed while the daemon was down, or while it ran
  * and was killed before it noticed (once it notices, it empties its WAL). SQLite deletes a WAL it
  * finds next to the new empty catalog it makes; this one holds the lost catalog's last
- * transactions, so it goes to the quarantine instead, for an operator. */
-static void quarantine_stale_wal(sl_daemon *d, const char *cat_path)
+ * transactions, so it goes to the quarantine instead, for an operator. Only the data dir's own
+ * catalog: the quarantine takes files under the data dir. Looked at with no link followed: a
+ * link at either name is left for the catalog's open to refuse (server/catalog/sqlite). */
+static void quarantine_stale_wal(sl_daemon *d)
 {
-    char wal[PATH_MAX + 32];
+    char cat[PATH_MAX + 32], wal[PATH_MAX + 48];
     struct stat st;
 
-    snprintf(wal, sizeof(wal), "%s-wal", cat_path);
-    if (lstat(cat_path, &st) != 0 && errno == ENOENT && lstat(wal, &st) == 0 &&
-        S_ISREG(st.st_mode) && st.st_size > 0)
+    snprintf(cat, sizeof(cat), "%s/catalog.db", d->data_dir);
+    snprintf(wal, sizeof(wal), "%s-wal", cat);
+    if (sl_store_stat(cat, &st) == -ENOENT && sl_store_stat(wal, &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_size > 0)
         sl_quar_move(d->quar, d->data_dir, "catalog.db-wal", "WAL of a catalog that is gone");
 }
 
@@ -233,11 +236,12 @@ static int open_catalog(sl_daemon *d)
     if ((err = sl_quar_new(&d->quar, d->data_dir)) != 0)
         return err;
     if (!spec[0] || !sl_cat_is_pg(spec)) {
-        if (!spec[0])
+        if (!spec[0]) {
             snprintf(path, sizeof(path), "%s/catalog.db", d->data_dir);
-        else
+            quarantine_stale_wal(d);
+        } else {
             snprintf(path, sizeof(path), "%s", strncmp(spec, "sqlite:", 7) ? spec : spec + 7);
-        quarantine_stale_wal(d, path);
+        }
         spec = path;
     }
     sl_cat_set_timeout((int)d->cfg.catalog_timeout_ms);

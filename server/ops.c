@@ -10,6 +10,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -428,7 +429,29 @@ void sl_ops_rpc_opts(sl_ops *ops, sl_rpc_server_opts *opts)
 
 /* Save the catalog the daemon has open, the only copy left of a removed one and the newest of a
  * replaced one, as <data dir>/quarantine/catalog-lost-<UTC time>.db; but not into a data dir that
- * is no longer the one this daemon locked (its path may be another daemon's now). */
+ * is no longer the one this daemon locked (its path may be another daemon's now). The file is
+ * made new (0600, never replacing anything) with no link followed on its way, and the catalog
+ * writes into that fd: a link planted at the quarantine cannot send the copy elsewhere. */
+static int save_catalog(sl_daemon *d, const char *path)
+{
+    int fd, err;
+
+    if ((err = sl_store_mkdirs(sl_quar_path(d->quar))) != 0)
+        return err;
+    fd = sl_store_open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        return fd;
+    if ((err = sl_cat_copy(d->cat, fd)) == 0 && fsync(fd) != 0)
+        err = -errno;
+    if (close(fd) != 0 && !err)
+        err = -errno;
+    if (err)
+        sl_store_unlink(path); /* the partial copy this call made */
+    else
+        err = sl_store_fsync_dir(sl_quar_path(d->quar));
+    return err;
+}
+
 static void rescue_catalog(sl_ops *ops)
 {
     sl_daemon *d = ops->d;
@@ -445,8 +468,8 @@ static void rescue_catalog(sl_ops *ops)
     gmtime_r(&now, &tm);
     strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
     snprintf(path, sizeof(path), "%s/catalog-lost-%s.db", sl_quar_path(d->quar), stamp);
-    if ((err = sl_store_mkdirs(sl_quar_path(d->quar))) != 0 || (err = sl_cat_copy(d->cat, path)))
-        sl_log_error("catalog_not_rescued", "path=%s error=\"%s\"", path, sl_strerror(err));
+    if ((err = save_catalog(d, path)) != 0)
+        sl_log_error("catalog_not_rescued", "path=%s error=\"%s\"", path, sl_store_strerror(err));
     else
         sl_log_warn("catalog_rescued",
                     "path=%s hint=\"a copy of the catalog this daemon had open: restore it (stop, "

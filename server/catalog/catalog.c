@@ -495,9 +495,9 @@ int sl_cat_check(sl_cat *cat)
     return cat->eng->check(cat);
 }
 
-int sl_cat_copy(sl_cat *cat, const char *path)
+int sl_cat_copy(sl_cat *cat, int fd)
 {
-    return cat->eng->copy(cat, path);
+    return cat->eng->copy(cat, fd);
 }
 
 const char *sl_cat_problem(const sl_cat *cat)

@@ -150,12 +150,13 @@ unsigned long sl_cat_errors(const sl_cat *cat);
  * and counts as unchanged. Two system calls. Loop thread. */
 int sl_cat_check(sl_cat *cat);
 
-/* Write a consistent copy of the catalog as it is open (VACUUM INTO) to `path`, a new file
- * (mode 0600; an existing file is never touched): how a daemon saves the catalog whose file was
- * removed or replaced under it. Returns 0, -errno (the file could not be created) or SL_EDB
- * (logged; the partial copy is removed); SL_EUNIMPL with PostgreSQL. Blocking: reads the whole
- * catalog. Loop thread. */
-int sl_cat_copy(sl_cat *cat, const char *path);
+/* Write a consistent copy of the catalog as it is open into `fd` (a new empty file the caller
+ * made, opened for writing; it fsyncs and closes it): how a daemon saves the catalog whose file
+ * was removed or replaced under it. The copy is a database file SQLite opens as it is. The
+ * catalog never opens a path for it, so where the file is (and that no link leads there) is the
+ * caller's to decide. Returns 0, -errno (a write failed) or SL_EDB (logged); SL_EUNIMPL with
+ * PostgreSQL. Blocking: reads the whole catalog into memory, then writes it. Loop thread. */
+int sl_cat_copy(sl_cat *cat, int fd);
 
 /* What sl_cat_check found ("catalog /d/catalog.db was removed while sluiced ran (...)"), or NULL
  * while the file is fine. Valid while the catalog is. Loop thread. */

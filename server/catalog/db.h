@@ -98,7 +98,7 @@ typedef struct sl_db_engine {
     int (*tx_begin)(sl_cat *cat);
     int (*tx_end)(sl_cat *cat, int err);
     int (*check)(sl_cat *cat);
-    int (*copy)(sl_cat *cat, const char *path);
+    int (*copy)(sl_cat *cat, int fd);
     const char *(*problem)(const sl_cat *cat);
     void (*describe)(const sl_cat *cat, char *buf, size_t len);
     /* Shared catalogs only (NULL for SQLite). */

@@ -317,18 +317,19 @@ static int upload_open(sl_rpc_call *call, upload *u, const char *name)
 }
 
 /* The staged file is gone: did another replica (sharing the data dir) move it into place? Its
- * name is its checksum, so if the catalog still records that checksum and the file is there, the
- * file in place is this upload's content. */
+ * name is its checksum, so if the catalog still records that checksum and the file is there (a
+ * regular file, reached with no link followed), the file in place is this upload's content. */
 static int same_in_place(upload *u, const char *hex, const char *path)
 {
     sl_cat_dataset d;
+    struct stat st;
     const char *sha;
 
     if (!sl_cat_shared(u->f->cat) || sl_cat_dataset_get(u->f->cat, &d, u->name) != 0)
         return 0;
     sha = u->kind->labels ? (d.has_labels ? d.labels_sha256 : NULL)
                           : (d.has_lengths ? d.lengths_sha256 : NULL);
-    return sha && strcmp(sha, hex) == 0 && access(path, F_OK) == 0;
+    return sha && strcmp(sha, hex) == 0 && sl_store_stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 static void upload_finish(sl_rpc_call *call, upload *u)

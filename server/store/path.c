@@ -244,6 +244,19 @@ int sl_store_mkdirs(const char *path)
     return 0;
 }
 
+int sl_store_mkdir(const char *path, mode_t mode)
+{
+    char name[NAME_MAX + 1];
+    int dfd = open_parent(path, name), err = 0;
+
+    if (dfd < 0)
+        return dfd;
+    if (mkdirat(dfd, name, mode) != 0)
+        err = -errno;
+    close(dfd);
+    return err;
+}
+
 int sl_store_fsync_dir(const char *path)
 {
     int fd = sl_store_open(path, O_RDONLY | O_DIRECTORY, 0), err = 0;

@@ -60,10 +60,11 @@ static void walk(int dfd, int depth, uint64_t *files, uint64_t *bytes)
     closedir(d);
 }
 
+/* A quarantine that is a link (or has one on its way) is not walked: it counts as empty. */
 static void walk_all(sl_quar *q)
 {
     uint64_t files = 0, bytes = 0;
-    int fd = open(q->root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = sl_store_open(q->root, O_RDONLY | O_DIRECTORY, 0);
 
     if (fd >= 0)
         walk(fd, 0, &files, &bytes);
@@ -102,7 +103,10 @@ const char *sl_quar_path(const sl_quar *q)
     return q->root;
 }
 
-/* Open a batch: <root>/<UTC time>, or with "-2", "-3", ... if taken. */
+/* Open a batch: <root>/<UTC time>, or with "-2", "-3", ... if taken. Neither the quarantine nor
+ * a batch is ever reached through a link: a link planted at the quarantine's name fails the
+ * mkdirs with -ELOOP, one planted at a batch's name takes that name (-EEXIST, the next is
+ * tried), and every move into the batch resolves its path with no link followed again. */
 static int open_batch(sl_quar *q)
 {
     char stamp[32];
@@ -121,9 +125,8 @@ static int open_batch(sl_quar *q)
             err = -ENAMETOOLONG;
             break;
         }
-        if (mkdir(q->batch, 0750) == 0)
+        if ((err = sl_store_mkdir(q->batch, 0750)) == 0)
             return sl_store_fsync_dir(q->root);
-        err = -errno;
         if (err != -EEXIST)
             break;
     }
@@ -173,8 +176,8 @@ int sl_quar_move(sl_quar *q, const char *dir, const char *name, const char *why)
     n = snprintf(from, sizeof(from), "%s/%s", dir, name);
     if (n < 0 || (size_t)n >= sizeof(from))
         return -ENAMETOOLONG;
-    if (lstat(from, &st) != 0)
-        return -errno;
+    if ((err = sl_store_stat(from, &st)) != 0)
+        return err;
     if (!q->batch[0] && (err = open_batch(q)) != 0)
         goto out;
     n = snprintf(dest, sizeof(dest), "%s%s", q->batch, rel);
@@ -199,8 +202,8 @@ int sl_quar_move(sl_quar *q, const char *dir, const char *name, const char *why)
 out:
     if (err)
         sl_log_limited(SL_LOG_WARN, 1000, "quarantine_failed",
-                       "file=%s error=\"%s\" hint=\"the file stays where it is\"", from,
-                       sl_strerror(err));
+                       "file=%s quarantine=%s error=\"%s\" hint=\"the file stays where it is\"",
+                       from, q->root, sl_store_strerror(err));
     return err;
 }
 

@@ -67,6 +67,11 @@ const char *sl_store_strerror(int err);
  * durable files is itself durable. Returns 0 or -errno (-ELOOP for a link on the way). */
 int sl_store_mkdirs(const char *path);
 
+/* mkdir(2) of `path` alone with `mode`, its parent resolved with no link followed (the new name
+ * itself is never followed: something there, a link included, is -EEXIST). Does not fsync the
+ * parent. Returns 0, -EEXIST, or -errno (-ELOOP for a link on the way). */
+int sl_store_mkdir(const char *path, mode_t mode);
+
 /* fsync a directory (makes renames and unlinks in it durable). Returns 0 or -errno. */
 int sl_store_fsync_dir(const char *path);
 

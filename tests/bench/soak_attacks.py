@@ -19,15 +19,24 @@ seconds, one attack after the other in a loop, each from its own source address 
   disk      UploadShard headers announcing the disk's free space minus 64 KiB, then only empty
             chunks
 
+Attacks stop --tail seconds (15) before the end, so that the load runs alone for a while and the
+daemon's descriptors can be compared before and after. A phase never waits past its end for a
+connection (the daemon filters a flooding address for 10 s). --small shrinks the attacks for a
+short run (the sizes are in SMALL below).
+
 Legitimate calls are the soak's (its own error count), a grpcio client calling Health.Check every
-0.2 s with a 1 s deadline, and the trainer of the parked phase. The daemon's RSS is sampled every
-0.5 s. Prints per-phase figures and a summary; exits 1 on any error of a legitimate call, a Check
-that failed or took 1 s or more, RSS at the end more than --rss-drift MiB above its level after
-the first round of phases (or above --rss-max), or a daemon that did not exit 0 on SIGTERM.
+0.2 s with a 1 s deadline, and the trainer of the parked phase (at least one save). The daemon's
+RSS is sampled every 0.5 s. Prints per-phase figures and a summary; exits 1 on any error of a
+legitimate call, a Check that failed or took 1 s or more, RSS at the end more than --rss-drift MiB
+above its level after the first round of phases (or above --rss-max), a daemon that did not exit
+0 on SIGTERM, or an attack of --attacks that never ran a phase to its end (the first round did
+not complete).
 
     SLUICED=build/rel/server/sluiced SOAK=build/rel/tests/soak \\
     PYTHONPATH=build/rel/python:tests/python /usr/bin/python3 tests/bench/soak_attacks.py \\
-        --duration 600
+        --duration 600 --phase 20 --streams 256
+
+The ctest smoke (tests/cmake/soak.cmake) is --duration 60 --phase 4 --tail 8 --small.
 """
 import argparse
 import json
@@ -91,16 +100,30 @@ def reset(conn, sid):
         pass
 
 
-def open_conn(addr, source, cls=ta.H2):
-    while True:
+def open_conn(addr, source, until, cls=ta.H2):
+    """A connection from `source`, or None once `until` passed: the daemon filters an address
+    that flooded it for 10 s (its SYNs go unanswered), and a phase must not wait that out past its
+    end."""
+    while time.monotonic() < until:
         try:
-            return cls(addr, source=source)
+            return cls(addr, source=source,
+                       connect_timeout=max(0.2, min(10.0, until - time.monotonic())))
         except OSError:
             time.sleep(0.2)  # filtered by the daemon for a while: try again
+    return None
+
+
+# How much of each attack a phase does: the full sizes are issue 13's; --small ones let a short
+# run (the ctest smoke) go through every attack in a few seconds each. With --small the smoke
+# lowers --max-job-streams so that 2,000 parked streams still use up the job's reader budget.
+FULL = {"watch": 4000, "paths": 3000, "conns": 600, "unread": 400, "parked": 9000, "disk": 64}
+SMALL = {"watch": 1000, "paths": 500, "conns": 200, "unread": 100, "parked": 2000, "disk": 16}
 
 
 class Attacks:
     """Each attack runs until `until` (time.monotonic()) and returns a dict of counts."""
+
+    SIZES = FULL
 
     def __init__(self, addr):
         self.addr = addr
@@ -131,7 +154,9 @@ class Attacks:
             z.compress(zeros) for _ in range(512)) + z.flush()
         sent = refused = 0
         while time.monotonic() < until:
-            c = open_conn(self.addr, src)
+            c = open_conn(self.addr, src, until)
+            if c is None:
+                break
             try:
                 for path in (CHECK, INFO, ta.UPLOAD):
                     sid = c.call(path, message=bomb, compressed=True)
@@ -146,8 +171,10 @@ class Attacks:
     def watch(self, until, src):
         opened = refused = 0
         conns = []
-        while time.monotonic() < until and opened < 4000:
-            c = open_conn(self.addr, src)
+        while time.monotonic() < until and opened < self.SIZES["watch"]:
+            c = open_conn(self.addr, src, until)
+            if c is None:
+                break
             conns.append(c)
             sids = [c.call(WATCH, message=hp.HealthCheckRequest().SerializeToString())
                     for _ in range(500)]
@@ -164,9 +191,11 @@ class Attacks:
     def paths(self, until, src):
         n = 0
         while time.monotonic() < until:
-            c = open_conn(self.addr, src)
+            c = open_conn(self.addr, src, until)
+            if c is None:
+                break
             try:
-                for i in range(3000):
+                for i in range(self.SIZES["paths"]):
                     if time.monotonic() >= until:
                         break
                     c.call('/x.Y/m%d"}\nsluice_fake_total{a="%d' % (n, n), reset=True)
@@ -180,7 +209,7 @@ class Attacks:
     def conns(self, until, src):
         host, port = self.addr.rsplit(":", 1)
         held, failed = [], 0
-        while time.monotonic() < until and len(held) < 600:
+        while time.monotonic() < until and len(held) < self.SIZES["conns"]:
             try:
                 s = socket.create_connection((host, int(port)), timeout=2,
                                              source_address=(src, 0))
@@ -206,8 +235,10 @@ class Attacks:
     def unread(self, until, src):
         conns, opened = [], 0
         req = fp.StreamIndicesRequest(job=ATTACK_JOB, rank=0, max_chunk=65536).SerializeToString()
-        while time.monotonic() < until and opened < 400:
-            c = open_conn(self.addr, src, Unread)
+        while time.monotonic() < until and opened < self.SIZES["unread"]:
+            c = open_conn(self.addr, src, until, Unread)
+            if c is None:
+                break
             conns.append(c)
             for _ in range(100):
                 c.call(STREAM, message=req)
@@ -224,16 +255,20 @@ class Attacks:
         ep = legit.feed.get_epoch(ATTACK_JOB).epoch
         req = fp.StreamIndicesRequest(job=ATTACK_JOB, rank=1, epoch=ep + 1, epoch_set=True)
         body = req.SerializeToString()
-        while time.monotonic() < until and opened < 9000:
-            c = open_conn(self.addr, src)
+        while time.monotonic() < until and opened < self.SIZES["parked"]:
+            c = open_conn(self.addr, src, until)
+            if c is None:
+                break
             conns.append(c)
             for _ in range(1000):
                 c.call(STREAM, message=body)
                 opened += 1
             time.sleep(0.3)
         # The job's trainer checkpoints while its readers' budget is taken.
-        saves = 0
-        while time.monotonic() < until:
+        # At least one save, even if opening the streams took the whole phase.
+        saves = tries = 0
+        while time.monotonic() < until or tries == 0:
+            tries += 1
             name = "p%d" % time.monotonic_ns()
             try:
                 legit.ckpt.begin(ATTACK_JOB, name, world_size=1)
@@ -252,7 +287,9 @@ class Attacks:
         body = cp.VerifyRequest(job=ATTACK_JOB, name="big", mode=cp.DEEP).SerializeToString()
         n = 0
         while time.monotonic() < until:
-            c = open_conn(self.addr, src)
+            c = open_conn(self.addr, src, until)
+            if c is None:
+                break
             try:
                 sids = [c.call(VERIFY, message=body) for _ in range(50)]
                 time.sleep(0.05)
@@ -270,10 +307,13 @@ class Attacks:
         size = st.f_bavail * st.f_frsize - (64 << 10)
         conns, held = [], 0
         name = "disk%d" % time.monotonic_ns()
-        legit.ckpt.begin(ATTACK_JOB, name, world_size=64)
-        c = open_conn(self.addr, src)
+        ranks = self.SIZES["disk"]
+        legit.ckpt.begin(ATTACK_JOB, name, world_size=ranks)
+        c = open_conn(self.addr, src, until)
+        if c is None:
+            raise RuntimeError("no connection before the phase's end")
         sids = []
-        for rank in range(64):
+        for rank in range(ranks):
             hdr = cp.UploadShardRequest(header=cp.ShardHeader(
                 job=ATTACK_JOB, checkpoint=name, rank=rank, data_size=size,
                 tensors=[cp.TensorInfo(name="t", dtype="u8", shape=[size], offset=0, size=size)]))
@@ -352,6 +392,17 @@ class Legit:
         self.ch.close()
 
 
+def self_check_interval(daemon_args):
+    """--self-check-interval among the daemon's extra flags, else its default (10 s)."""
+    args = daemon_args.split()
+    for i, arg in enumerate(args):
+        if arg == "--self-check-interval" and i + 1 < len(args):
+            return float(args[i + 1])
+        if arg.startswith("--self-check-interval="):
+            return float(arg.split("=", 1)[1])
+    return 10.0
+
+
 def fd_kinds(pid):
     """The daemon's open file descriptors by kind (socket, pipe, anon_inode, file)."""
     kinds = {}
@@ -387,7 +438,18 @@ def main():
     ap.add_argument("--rss-max", type=float, default=1024)
     ap.add_argument("--rss-drift", type=float, default=64)
     ap.add_argument("--daemon-args", default="", help="extra sluiced flags, space-separated")
+    ap.add_argument("--tail", type=float, default=15,
+                    help="seconds of the load alone at the end, after the last attack")
+    ap.add_argument("--small", action="store_true",
+                    help="smaller attacks, for a short run: 1,000 Watch streams, 500 paths, 200 "
+                    "idle connections, 100 never-read and 2,000 parked streams, 16 huge headers")
     a = ap.parse_args()
+    names = a.attacks.split(",")
+    unknown = [n for n in names if not callable(getattr(Attacks, n, None))]
+    if unknown:
+        ap.error("unknown attacks: %s" % ",".join(unknown))
+    if a.small:
+        Attacks.SIZES = SMALL
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
@@ -400,15 +462,15 @@ def main():
         # The daemon's first self-check (--self-check-interval, 10 s) opens a connection to
         # itself that it keeps (a socket and /dev/null): let it happen before the fds are
         # counted, or the soak's before/after comparison sees it as one more of each.
-        time.sleep(max(0.0, 11.5 - (time.monotonic() - t_start)))
+        time.sleep(max(0.0, self_check_interval(a.daemon_args) + 1.5 -
+                       (time.monotonic() - t_start)))
         fds_before = fd_kinds(d.proc.pid)
         legit.start()
         soak = subprocess.Popen([a.soak, "--addr", d.addr, "--streams", str(a.streams),
                                  "--duration", str(a.duration), "--interval", "60", "--json"] + a.soak_args.split(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         atk = Attacks(d.addr)
-        names = a.attacks.split(",")
-        t_end = time.monotonic() + a.duration - 15
+        t_end = time.monotonic() + a.duration - a.tail
         first_round_end = None
         i = 0
         while time.monotonic() + 5 < t_end:
@@ -477,8 +539,16 @@ def main():
         print("  error: " + e)
     if soak.returncode != 0:
         print(err[-3000:])
-    ok = (rc == 0 and soak.returncode == 0 and soak_errors == 0 and not legit.errors and lat and lat[-1] < 1.0 and
-          end_rss < a.rss_max and end_rss - after_round < a.rss_drift)
+    # Every attack named must have run a phase to its end at least once: a run that reached only
+    # some of them (phases that overran, a duration too short) proves nothing about the others.
+    ran = {r["phase"] for r in results if "attacker_error" not in r}
+    missing = [n for n in names if n not in ran]
+    print("  phases: %d run, %d of the %d attacks named ran at least once%s"
+          % (len(results), len(names) - len(missing), len(names),
+             "; never: " + ",".join(missing) if missing else ""))
+    ok = (rc == 0 and soak.returncode == 0 and soak_errors == 0 and not legit.errors and lat and
+          lat[-1] < 1.0 and end_rss < a.rss_max and end_rss - after_round < a.rss_drift and
+          not missing and first_round_end is not None)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -54,10 +54,11 @@ class H2:
     own framing, a path with a newline, streams reset at once). A reader thread answers SETTINGS
     and PING, tracks flow-control windows and collects each stream's headers and data."""
 
-    def __init__(self, addr, source=None, timeout=10):
+    def __init__(self, addr, source=None, timeout=10, connect_timeout=None):
         host, port = addr.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout,
+        self.sock = socket.create_connection((host, int(port)), timeout=connect_timeout or timeout,
                                              source_address=(source, 0) if source else None)
+        self.sock.settimeout(timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.lock = threading.Lock()
         self.cv = threading.Condition()
@@ -66,6 +67,7 @@ class H2:
         self.conn_window = self.initial_window = 65535
         self.windows = {}
         self.closed = False
+        self.goaway = None  # (last stream id, error code, monotonic time) of a GOAWAY received
         self.dec = hpack.Decoder()
         self.send(PREFACE + frame(SETTINGS, 0, 0))
         threading.Thread(target=self._read, daemon=True).start()
@@ -127,6 +129,9 @@ class H2:
                               frame(WINDOW_UPDATE, 0, sid, struct.pack(">I", len(p))))
             elif ftype == RST_STREAM and st is not None:
                 st["rst"] = struct.unpack(">I", p)[0]
+            elif ftype == GOAWAY and self.goaway is None:
+                last, code = struct.unpack(">II", p[:8])
+                self.goaway = (last & 0x7FFFFFFF, code, time.monotonic())
             if st is not None and (flags & END_STREAM or ftype == RST_STREAM) and \
                     ftype in (HEADERS, DATA, RST_STREAM):
                 st["ended"] = True
@@ -606,6 +611,73 @@ class IdleConnectionTest(Base):
                 h.cv.wait(0.2)
         self.assertTrue(h.closed, "the idle connection is still open")
         h.close()
+
+
+def own_connections(port):
+    """Inodes of this process's established TCP connections to 127.0.0.1:port."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            t = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if t.startswith("socket:["):
+            mine.add(t[8:-1])
+    out = set()
+    # grpcio's sockets are IPv6 ones with v4-mapped addresses (tcp6).
+    remotes = ("0100007F:%04X" % port, "0000000000000000FFFF00000100007F:%04X" % port)
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "01" and cols[2] in remotes and cols[9] in mine:
+                    out.add(cols[9])
+    return out
+
+
+class MaxConnectionAgeTest(Base):
+    """--max-connection-age: a connection that keeps making calls (so never idle) is still asked
+    to go after the configured age (GOAWAY, error NO_ERROR) and closed once its calls finished;
+    a grpcio channel reconnects by itself, and no call fails."""
+    ARGS = ["--max-connection-age", "1"]
+
+    def test_busy_connection_is_closed_after_its_age(self):
+        h = H2(self.d.addr)
+        self.addCleanup(h.close)
+        t0 = time.monotonic()
+        calls = 0
+        while h.goaway is None and not h.closed and time.monotonic() < t0 + 15:
+            sid = h.call("/sluice.v1.Admin/GetInfo", b"")
+            st = h.status(sid, timeout=10)
+            if h.goaway is None:
+                self.assertEqual(st and st[0], 0, st)
+                calls += 1
+            time.sleep(0.05)
+        self.assertIsNotNone(h.goaway, "no GOAWAY after %d calls in 15 s" % calls)
+        last, code, when = h.goaway
+        self.assertEqual(code, 0)  # NO_ERROR: a graceful goodbye
+        # The age (1 s, jittered by gRPC up to 10 % either way), not idleness: calls all along.
+        self.assertGreaterEqual(when - t0, 0.85)
+        self.assertLess(when - t0, 5.0)
+        self.assertGreaterEqual(calls, 10)
+        with h.cv:
+            deadline = time.monotonic() + 10
+            while not h.closed and time.monotonic() < deadline:
+                h.cv.wait(0.2)
+        self.assertTrue(h.closed, "the connection is still open after its GOAWAY")
+
+    def test_grpcio_reconnects_without_failing_a_call(self):
+        ch = self.channel()
+        port = int(self.d.addr.rsplit(":", 1)[1])
+        seen, calls = set(), 0
+        t0 = time.monotonic()
+        while time.monotonic() < t0 + 4.5:
+            self.get_info(ch)  # raises on any failure
+            calls += 1
+            seen |= own_connections(port)
+            time.sleep(0.02)
+        # 4.5 s at 1 s each: at least 3 connections one after the other, never a failed call.
+        self.assertGreaterEqual(len(seen), 3, "%d calls over %d connections" % (calls, len(seen)))
 
 
 class FdFloodTest(unittest.TestCase):

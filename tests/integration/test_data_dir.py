@@ -10,10 +10,12 @@ path, logs data_dir_replaced and stops sweeping.
 
 Symbolic links planted in the data dir are never followed (issue 13; server/store/path.c): a
 linked job directory, a link at a `.part`, `.metadata.json.tmp` or lengths temp file's name, a
-linked shard. A data dir writable by other users is refused unless --allow-shared-data-dir.
+linked shard, a link at the quarantine directory or a batch directory's name, at catalog.db-wal or
+catalog.db-shm. A data dir writable by other users is refused unless --allow-shared-data-dir.
 """
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -134,6 +136,41 @@ class CatalogPermissionsTest(unittest.TestCase):
         finally:
             d.cleanup()
 
+    def test_linked_wal_and_shm_refused(self):
+        """A link at catalog.db-wal or catalog.db-shm: SQLite opens neither through it (it opens
+        them O_NOFOLLOW) but said only "unable to open database file"; the daemon refuses to
+        start naming the file, and the link's target is untouched."""
+        d = Daemon()
+        self.addCleanup(d.cleanup)
+        d.start()
+        self.assertEqual(d.stop(), 0, d.log())
+        cat = os.path.join(d.data_dir, "catalog.db")
+        victim = os.path.join(os.path.dirname(d.data_dir), "victim")
+        for suffix in ("-wal", "-shm"):
+            with open(victim, "wb") as f:
+                f.write(b"not a WAL\n" * 100)
+            for s in ("-wal", "-shm"):
+                if os.path.lexists(cat + s):
+                    os.unlink(cat + s)
+            os.symlink(victim, cat + suffix)
+            d = Daemon(data_dir=d.data_dir)
+            self.addCleanup(d.cleanup)
+            with self.assertRaises(RuntimeError) as e:
+                d.start()
+            msg = str(e.exception)
+            self.assertIn("event=catalog_open_failed path=%s%s " % (cat, suffix), msg)
+            self.assertIn("symbolic link", msg)
+            with open(victim, "rb") as f:
+                self.assertEqual(f.read(), b"not a WAL\n" * 100, suffix)
+            self.assertTrue(os.path.islink(cat + suffix))
+            os.unlink(cat + suffix)
+        # With the link gone, the catalog opens as it was.
+        d = Daemon(data_dir=d.data_dir)
+        self.addCleanup(d.cleanup)
+        d.start()
+        self.assertEqual(d.stop(), 0, d.log())
+        self.assertEqual(d.sanitizer_reports(), [], d.log())
+
 
 class StoreLinksTest(unittest.TestCase):
     """Links planted inside the data dir (by anyone who can write there) are refused or replaced,
@@ -252,6 +289,85 @@ class StoreLinksTest(unittest.TestCase):
         self.assertFalse(os.path.islink(planted[2]))
         with open(planted[2], "rb") as f:
             self.assertEqual(hashlib.sha256(f.read()).hexdigest(), sha)
+
+
+class QuarantineLinksTest(unittest.TestCase):
+    """A link planted at the quarantine directory or at a batch directory's name is never
+    followed (server/store/quarantine.c): files the catalog does not know stay where they are (or
+    go to a real batch directory), the copy of a lost catalog is not saved through it, and
+    nothing lands outside the data dir."""
+
+    def setUp(self):
+        self.d = Daemon()
+        self.addCleanup(self.d.cleanup)
+        self.d.start()
+        self.outside = os.path.join(os.path.dirname(self.d.data_dir), "outside")
+        os.mkdir(self.outside)
+        self.quarantine = os.path.join(self.d.data_dir, "quarantine")
+        self.catalog = os.path.join(self.d.data_dir, "catalog.db")
+        self.job_dir = os.path.join(self.d.data_dir, "checkpoints", "j")
+        channel = grpc.insecure_channel(self.d.addr)
+        ck = pbg.CheckpointsStub(channel)
+        ck.Begin(pb.BeginRequest(job="j", name="c", world_size=1), timeout=10)
+        data = b"shard data " * 1000
+        ck.UploadShard(requests(data, len(data), hashlib.sha256(data).hexdigest()), timeout=30)
+        self.assertEqual(ck.Commit(pb.CheckpointRef(job="j", name="c"), timeout=10).state,
+                         pb.COMPLETE)
+        channel.close()
+        self.files = sorted(os.listdir(self.job_dir))
+        self.assertEqual(self.files, ["c.metadata.json", "c_shard_0.shard"])
+
+    def forget_catalog(self):
+        """Stop, remove the catalog: the next start knows none of the files."""
+        self.assertEqual(self.d.stop(), 0, self.d.log())
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(self.catalog + suffix):
+                os.unlink(self.catalog + suffix)
+
+    def test_linked_quarantine_dir(self):
+        os.symlink(self.outside, self.quarantine)
+        # While running: the catalog removed, its copy is not saved through the link.
+        os.unlink(self.catalog)
+        deadline = time.monotonic() + 15
+        while "event=catalog_not_rescued" not in self.d.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertRegex(self.d.log(), r"event=catalog_not_rescued path=%s/catalog-lost-\S+ "
+                         r"error=\"a symbolic link is in the path" % re.escape(self.quarantine))
+        self.assertEqual(os.listdir(self.outside), [])
+        # At the restart with a new empty catalog, the files stay where they are.
+        self.forget_catalog()
+        self.d.start()
+        log = self.d.log()
+        self.assertRegex(log, r"event=quarantine_failed file=%s/c[._]\S+ quarantine=%s "
+                         r"error=\"a symbolic link is in the path" %
+                         (re.escape(self.job_dir), re.escape(self.quarantine)))
+        self.assertEqual(os.listdir(self.outside), [])
+        self.assertEqual(sorted(os.listdir(self.job_dir)), self.files)
+        self.assertTrue(os.path.islink(self.quarantine))
+        self.assertEqual(self.d.stop(), 0, self.d.log())
+        self.assertEqual(self.d.sanitizer_reports(), [], self.d.log())
+
+    def test_linked_batch_dir(self):
+        # A batch is named after the UTC second of its first move: links at the names of the
+        # next 30 seconds, so that the restart's batch finds its name taken by one.
+        os.mkdir(self.quarantine)
+        now = time.time()
+        stamps = {time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now + i)) for i in range(30)}
+        for s in stamps:
+            os.symlink(self.outside, os.path.join(self.quarantine, s))
+        self.forget_catalog()
+        self.d.start()
+        self.assertEqual(self.d.stop(), 0, self.d.log())
+        self.assertEqual(os.listdir(self.outside), [])
+        batches = [b for b in os.listdir(self.quarantine)
+                   if not os.path.islink(os.path.join(self.quarantine, b))]
+        self.assertEqual(len(batches), 1, os.listdir(self.quarantine))
+        self.assertRegex(batches[0], r"^\d{8}T\d{6}Z-2$")
+        self.assertIn(batches[0][:-2], stamps)
+        self.assertEqual(sorted(os.listdir(os.path.join(self.quarantine, batches[0],
+                                                        "checkpoints", "j"))), self.files)
+        self.assertEqual(os.listdir(self.job_dir), [])
+        self.assertEqual(self.d.sanitizer_reports(), [], self.d.log())
 
 
 class SharedDataDirTest(unittest.TestCase):

@@ -91,6 +91,14 @@ static void test_mkdirs(void)
     put(at(p, sizeof(p), "afile"), "x");
     CHECK(sl_store_mkdirs(at(p, sizeof(p), "afile/sub")) == -ENOTDIR);
     CHECK(sl_store_mkdirs("") == -ENAMETOOLONG);
+    /* One directory alone: made with its mode, never over anything (a link included). */
+    CHECK(sl_store_mkdir(at(p, sizeof(p), "a/one"), 0700) == 0);
+    CHECK(stat(p, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700);
+    CHECK(sl_store_mkdir(p, 0700) == -EEXIST);
+    CHECK(symlink(at(q, sizeof(q), "a/elsewhere"), at(p, sizeof(p), "a/linked")) == 0);
+    CHECK(sl_store_mkdir(p, 0700) == -EEXIST);
+    CHECK(lstat(q, &st) != 0 && errno == ENOENT);
+    CHECK(sl_store_mkdir(at(p, sizeof(p), "missing/one"), 0700) == -ENOENT);
     {
         char *long_path = malloc(PATH_MAX + 16);
         memset(long_path, 'a', PATH_MAX + 15);
@@ -480,6 +488,7 @@ static void test_no_links(open_fn open_path, const char *label)
             CHECK(sl_store_fsync_dir(p) == -ELOOP);
             CHECK(sl_store_free_bytes(p, &free_bytes) == -ELOOP);
             CHECK(sl_store_mkdirs(in(q, p, "sub")) == -ELOOP);
+            CHECK(sl_store_mkdir(in(q, p, "sub"), 0750) == -ELOOP);
             CHECK(sl_store_write_file(p, "m.json", "{}", 2) == -ELOOP);
             CHECK(sl_store_rename_noreplace(victim, in(q, p, "moved")) == -ELOOP);
             CHECK(sl_store_rename(in(q, p, "f"), at(r, sizeof(r), "real/moved")) == -ELOOP);

@@ -415,10 +415,10 @@ static int check(sl_cat *cat)
     return 0;
 }
 
-static int copy(sl_cat *cat, const char *path)
+static int copy(sl_cat *cat, int fd)
 {
     (void)cat;
-    (void)path;
+    (void)fd;
     return SL_EUNIMPL;
 }
 

@@ -330,6 +330,32 @@ static int own_file(lite *l, const char *path)
     return 0;
 }
 
+/* SQLite opens the -wal and -shm files beside the catalog with O_NOFOLLOW, so a link planted at
+ * either name is never followed, but the open then fails with "unable to open database file",
+ * naming neither the file nor why. Refuse it first, saying which. Anything else but a regular
+ * file there (a FIFO, a directory) is refused too. Only the last component is looked at: the
+ * directory is the catalog's own, which own_file opened. */
+static int refuse_odd_companions(const char *path)
+{
+    static const char *const suffixes[] = {"-wal", "-shm", "-journal"};
+    char p[PATH_MAX + 16];
+    struct stat st;
+
+    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+        snprintf(p, sizeof(p), "%s%s", path, suffixes[i]);
+        if (lstat(p, &st) != 0 || S_ISREG(st.st_mode))
+            continue;
+        sl_log_error("catalog_open_failed",
+                     "path=%s error=\"%s\" hint=\"remove it: SQLite "
+                     "makes this file itself\"",
+                     p,
+                     S_ISLNK(st.st_mode) ? "a symbolic link (the catalog follows none)"
+                                         : "not a regular file");
+        return SL_EINVAL;
+    }
+    return 0;
+}
+
 /* The file is lost: say so once, tell the daemon (which may save a copy, sl_cat_copy), then fold
  * the WAL into the open file and empty it. SQLite does not checkpoint a moved file when it
  * closes, so its WAL would stay at the path, where SQLite would apply it to the catalog opened
@@ -384,34 +410,39 @@ static int check(sl_cat *cat)
     return SL_ECATLOST;
 }
 
-static int copy(sl_cat *cat, const char *path)
+/* The image of the open database, pages read through SQLite's pager (so with what the WAL
+ * holds) in one read transaction, written to fd. sqlite3_serialize rather than VACUUM INTO: the
+ * latter opens its output by path, resolving links on the way (SQLite's unix VFS does), and the
+ * copy must land in the file the caller made with none followed. */
+static int copy(sl_cat *cat, int fd)
 {
     sqlite3 *db = LITE(cat)->db;
-    sqlite3_stmt *st = NULL;
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600), rc;
+    sqlite3_int64 size = 0;
+    unsigned char *img;
+    size_t done = 0;
+    int err = 0;
 
-    /* Made empty and 0600 first: VACUUM INTO writes into an empty file, and would create one
-     * readable by everyone the umask lets read. */
-    if (fd < 0) {
-        int err = -errno;
-        sl_log_error("catalog_copy_failed", "path=%s error=\"%s\"", path, sl_strerror(err));
-        return err;
-    }
-    close(fd);
-    rc = sqlite3_prepare_v2(db, "VACUUM INTO ?1", -1, &st, NULL);
-    if (rc == SQLITE_OK) {
-        sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
-        rc = sqlite3_step(st);
-    }
-    sqlite3_finalize(st);
-    if (rc != SQLITE_OK && rc != SQLITE_DONE) {
+    img = sqlite3_serialize(db, "main", &size, 0);
+    if (!img) {
         sl_db_count_error(cat);
-        sl_log_error("catalog_copy_failed", "path=%s code=%d msg=\"%s\"", path, rc,
+        sl_log_error("catalog_copy_failed", "code=%d msg=\"%s\"", sqlite3_extended_errcode(db),
                      sqlite3_errmsg(db));
-        unlink(path); /* the half-written copy this call made */
         return SL_EDB;
     }
-    return 0;
+    while (done < (size_t)size && !err) {
+        ssize_t n = write(fd, img + done, (size_t)size - done);
+        if (n > 0)
+            done += (size_t)n;
+        else if (n < 0 && errno != EINTR)
+            err = -errno;
+        else if (n == 0)
+            err = -EIO;
+    }
+    sqlite3_free(img);
+    if (err)
+        sl_log_error("catalog_copy_failed", "bytes=%lld error=\"%s\"", (long long)size,
+                     sl_strerror(err));
+    return err;
 }
 
 static const char *problem(const sl_cat *cat)
@@ -474,7 +505,7 @@ int sl_db_sqlite_open(sl_cat *cat, const char *path)
     if (strlen(path) >= sizeof(l->path))
         return -ENAMETOOLONG;
     snprintf(l->path, sizeof(l->path), "%s", path);
-    if ((err = own_file(l, path)) != 0)
+    if ((err = own_file(l, path)) != 0 || (err = refuse_odd_companions(path)) != 0)
         return err;
     rc = sqlite3_open_v2(path, &l->db,
                          SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
