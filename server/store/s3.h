@@ -79,7 +79,8 @@ void sl_s3_free(sl_s3 *c); /* accepts NULL */
 int sl_s3_check(sl_s3 *c, char *msg, size_t msglen);
 
 /* PutObject of len bytes (Content-MD5 and the payload's SHA-256 sent; the returned ETag checked
- * against the MD5). Atomic: readers see the old object or the new one. */
+ * against the MD5, and the body sent again as by sl_s3_mpu_part). Atomic: readers see the old
+ * object or the new one. */
 int sl_s3_put(sl_s3 *c, const char *key, const void *buf, size_t len, char *msg, size_t msglen);
 
 /* Ranged GET of exactly len bytes at off into buf (SL_ECORRUPT if the object is shorter). */
@@ -108,9 +109,12 @@ int sl_s3_list(sl_s3 *c, const char *prefix, sl_s3_list_fn fn, void *arg, char *
 /* Multipart uploads. */
 int sl_s3_mpu_create(sl_s3 *c, const char *key, char upload_id[SL_S3_UPLOAD_MAX], char *msg,
                      size_t msglen);
-/* UploadPart number part_no (1..10000) of the n ranges of iov, in order: Content-MD5 and the
- * part's SHA-256 as x-amz-content-sha256 are sent, and the ETag returned must be the MD5 (else
- * the part is sent again, then SL_ECORRUPT). etag receives the quoted ETag for Complete. */
+/* UploadPart number part_no (1..10000) of the n ranges of iov, in order. Signed
+ * UNSIGNED-PAYLOAD (no SHA-256 of the part: the caller hashes the shard's data, and the part's
+ * integrity is its Content-MD5, which the store checks); the ETag returned must be the MD5. A
+ * wrong ETag, or a 400 rejecting the body as received (BadDigest, InvalidDigest, IncompleteBody),
+ * sends the part again, 3 times at most; then SL_ECORRUPT (ETag) or the store's error
+ * (SL_EINVAL). etag receives the quoted ETag for Complete. */
 int sl_s3_mpu_part(sl_s3 *c, const char *key, const char *upload_id, int part_no,
                    const struct iovec *iov, int n, char etag[SL_S3_ETAG_MAX], char *msg,
                    size_t msglen);

@@ -277,18 +277,39 @@ class S3FaultTest(unittest.TestCase):
         rc, log = self.run_c(["mpu", "f/etag", 5 * MiB], timeout=120)
         self.assertEqual(rc, 0, log)
         self.assertEqual(self.proxy.seen("PUT", "partNumber=1&"), 2)
-        # Twice: SL_ECORRUPT, naming the part's MD5 and what the store answered.
+        # Every send (1 + 3 re-sends): SL_ECORRUPT, naming the part's MD5 and what the store
+        # answered.
         self.proxy.clear_log()
-        self.proxy.set(bad_etag=2, match="partNumber=1&")
+        self.proxy.set(bad_etag=4, match="partNumber=1&")
         rc, log = self.run_c(["mpu", "f/etag2", 5 * MiB], timeout=120)
         self.assertEqual(rc, 1, log)
         self.assertIn("rc=SL_ECORRUPT", log)
         self.assertIn("0123456789abcdef0123456789abcdef", log)
-        self.assertEqual(self.proxy.seen("PUT", "partNumber=1&"), 2)
+        self.assertIn("sent 4 times", log)
+        self.assertEqual(self.proxy.seen("PUT", "partNumber=1&"), 4)
         # A PutObject's ETag is checked the same way.
-        self.proxy.set(bad_etag=2, match="PUT /sluice/f/put-etag")
+        self.proxy.set(bad_etag=4, match="PUT /sluice/f/put-etag")
         rc, log = self.run_c(["put", "f/put-etag", 100])
         self.assertIn("rc=SL_ECORRUPT", log)
+
+    def test_part_rejected_is_sent_again(self):
+        # A part the store rejects as received (400 BadDigest: its bytes were damaged on the
+        # way) is sent again, and the upload completes with the right bytes.
+        self.proxy.set(bad_digest=1, match="partNumber=2&")
+        rc, log = self.run_c(["mpu", "f/digest", 5 * MiB], timeout=120)
+        self.assertEqual(rc, 0, log)
+        self.assertEqual(self.proxy.seen("PUT", "/sluice/f/digest?partNumber=2&"), 2)
+        size = self.s3.boto3_client().head_object(Bucket="sluice", Key="f/digest")["ContentLength"]
+        self.assertEqual(size, 5 * MiB + 1000)
+        # Rejected at every send (1 + 3 re-sends): the store's error, SL_EINVAL, after 4 sends.
+        self.proxy.clear_log()
+        self.proxy.set(bad_digest=4, match="partNumber=1&")
+        rc, log = self.run_c(["mpu", "f/digest2", 5 * MiB], timeout=120)
+        self.assertEqual(rc, 1, log)
+        self.assertIn("rc=SL_EINVAL", log)
+        self.assertIn("HTTP 400 BadDigest", log)
+        self.assertIn("sent 4 times", log)
+        self.assertEqual(self.proxy.seen("PUT", "/sluice/f/digest2?partNumber=1&"), 4)
 
     def test_abort_sends_delete_upload_id(self):
         rc, log = self.run_c(["abort", "f/abort"])

@@ -341,8 +341,8 @@ class S3StoreTest(unittest.TestCase):
         self.proxy.set(reset=1, match="PUT ", after=2)
         self.upload("f", "ck", 1, small)
         with self.proxy.lock:
-            self.assertEqual([v[0] for v in self.proxy.faults.values()], [0] * 6,
-                             "every fault was used")
+            self.assertEqual([v[0] for v in self.proxy.faults.values()],
+                             [0] * len(FaultProxy.FAULTS), "every fault was used")
         self.assertGreaterEqual(self.proxy.seen("PUT", "partNumber="), 3 + 3 + 2)
         self.assertEqual(self.stub.Commit(pb.CheckpointRef(job="f", name="ck"), timeout=30).state,
                          pb.COMPLETE)
@@ -481,6 +481,21 @@ class S3StoreTest(unittest.TestCase):
         self.assertIn("/%s/%s?uploadId=" % (self.s3.bucket, self.key("ab", "ck_shard_0.shard")),
                       aborts[0])
         self.assertEqual(self.status("ab", "ck", 0).held_bytes, 0)
+
+    def test_rejected_part_sent_again(self):
+        """A part the store rejects as received (400 BadDigest) is sent again: the upload
+        completes, deep verify is OK and the bytes are the client's."""
+        self.start(PART_ARGS, via_proxy=True)
+        self.stub.Begin(pb.BeginRequest(job="bd", name="ck", world_size=1), timeout=10)
+        data = shard_bytes(0, 3 * PART + 4321)
+        self.proxy.set(bad_digest=1, match="partNumber=3&")
+        rec = self.upload("bd", "ck", 0, data)
+        self.assertEqual(rec.sha256, hashlib.sha256(data).hexdigest())
+        self.assertEqual(self.proxy.seen("PUT", "partNumber=3&"), 2)
+        self.assertEqual(self.stub.Commit(pb.CheckpointRef(job="bd", name="ck"), timeout=30).state,
+                         pb.COMPLETE)
+        self.deep_ok("bd", "ck")
+        self.check_object("bd", "ck", 0, data)
 
 
 class BadConfigTest(unittest.TestCase):

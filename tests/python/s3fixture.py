@@ -13,7 +13,8 @@ through unchanged, so SigV4 signatures stay valid) whose faults are switched at 
 503 SlowDown to the next N requests, reset the next N connections (RST after reading the request),
 answer 200 with an InternalError body (as S3 may for CompleteMultipartUpload), forward a request
 but lose its answer (reset), answer 404 NoSuchUpload (as S3 does to a Complete retried after it
-succeeded), rewrite the ETag of the next N answers, delay every answer by X ms. It logs (method, path?query) of every request.
+succeeded), answer 400 BadDigest (a body the store rejects as received, not forwarded), rewrite
+the ETag of the next N answers, delay every answer by X ms. It logs (method, path?query) of every request.
 With verify=(access_key, secret_key[, session_token]) it checks every request as S3 does: the SigV4
 signature (recomputed here from the request as received, every x-amz-* header signed), that
 x-amz-content-sha256 is the SHA-256 of the body and that Content-MD5 is its MD5; a request that
@@ -412,15 +413,17 @@ class FaultProxy:
     def endpoint(self):
         return "http://127.0.0.1:%d" % self.port
 
-    FAULTS = ("slowdown", "reset", "error200", "bad_etag", "drop_answer", "no_such_upload")
+    FAULTS = ("slowdown", "reset", "error200", "bad_etag", "drop_answer", "no_such_upload",
+              "bad_digest")
 
     def set(self, slowdown=None, reset=None, error200=None, bad_etag=None, delay_ms=None,
-            match=None, drop_answer=None, no_such_upload=None, after=0):
+            match=None, drop_answer=None, no_such_upload=None, bad_digest=None, after=0):
         """Switch faults: the counts given apply to the next requests (only to those whose
         "METHOD target" contains `match`, e.g. "uploadId=", when given; and only after `after`
         such requests went by); delay_ms to every answer."""
         given = dict(slowdown=slowdown, reset=reset, error200=error200, bad_etag=bad_etag,
-                     drop_answer=drop_answer, no_such_upload=no_such_upload)
+                     drop_answer=drop_answer, no_such_upload=no_such_upload,
+                     bad_digest=bad_digest)
         with self.lock:
             for name, n in given.items():
                 if n is not None:
@@ -429,7 +432,8 @@ class FaultProxy:
                 self.delay_ms = delay_ms
 
     def passthrough(self):
-        self.set(slowdown=0, reset=0, error200=0, bad_etag=0, drop_answer=0, delay_ms=0)
+        self.set(slowdown=0, reset=0, error200=0, bad_etag=0, drop_answer=0, bad_digest=0,
+                 delay_ms=0)
 
     def clear_log(self):
         with self.lock:
@@ -551,6 +555,12 @@ class FaultProxy:
                                  b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown"
                                  b"</Code><Message>Please reduce your request rate.</Message>"
                                  b"</Error>")
+                    continue
+                if self._take("bad_digest", method, target):
+                    self._answer(conn, method, 400, "Bad Request",
+                                 b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>"
+                                 b"BadDigest</Code><Message>The Content-MD5 you specified did not "
+                                 b"match what we received.</Message></Error>")
                     continue
                 if self._take("no_such_upload", method, target) or \
                         self._unknown_upload(method, target):
