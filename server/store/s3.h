@@ -47,7 +47,8 @@ typedef struct sl_s3_cfg {
     char session_token[4096];    /* optional; never logged */
     uint32_t retry_deadline_ms;  /* retry a request this long; 0 means 30000 */
     uint32_t request_timeout_ms; /* one attempt (low-speed limit, not total size); 0: 60000 */
-    uint32_t list_max_keys;      /* keys per ListObjectsV2 page; 0: the store's (1000) */
+    uint32_t list_max_keys; /* keys (uploads) per ListObjectsV2 (ListMultipartUploads) page; 0: the
+                               store's (1000) */
 } sl_s3_cfg;
 
 /* Parse "s3://bucket[/prefix]" into cfg->bucket and cfg->prefix (other fields untouched).
@@ -125,5 +126,15 @@ int sl_s3_mpu_complete(sl_s3 *c, const char *key, const char *upload_id, int npa
 /* AbortMultipartUpload: the parts stored are freed. A missing upload is not an error;
  * SL_EUNIMPL where the store does not implement it (s3rver 3.7). */
 int sl_s3_mpu_abort(sl_s3 *c, const char *key, const char *upload_id, char *msg, size_t msglen);
+
+/* ListMultipartUploads of the uploads in progress on keys under `prefix` (relative, "" for all
+ * under the configured prefix), all pages (list_max_keys uploads per page when set): fn gets
+ * each upload's key (relative to the configured prefix), its upload id and when it was
+ * initiated (ms since the epoch; -1 if the store did not say); a non-zero return stops the
+ * listing and is returned. SL_EUNIMPL where the store does not implement it (s3rver 3.7). */
+typedef int (*sl_s3_upload_fn)(const char *key, const char *upload_id, int64_t initiated_ms,
+                               void *arg);
+int sl_s3_mpu_list(sl_s3 *c, const char *prefix, sl_s3_upload_fn fn, void *arg, char *msg,
+                   size_t msglen);
 
 #endif

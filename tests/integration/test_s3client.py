@@ -318,6 +318,36 @@ class S3FaultTest(unittest.TestCase):
         self.assertIn("AbortMultipartUpload s3://sluice/f/abort", log)
         self.assertEqual(self.proxy.seen("DELETE", "/sluice/f/abort?uploadId="), 1)
 
+    def test_list_multipart_uploads_paged(self):
+        # ListMultipartUploads, answered by the proxy (s3rver 3.7.1 answers 501), one upload per
+        # page: every upload under the prefix, in order, with its Initiated time; a 503 retried.
+        s3 = S3Server().start()
+        self.addCleanup(s3.stop)
+        px = FaultProxy(s3.port, verify=VERIFY, s3rver=s3, multipart=True).start()
+        self.addCleanup(px.stop)
+        ids = {}
+        for key in ("u/b", "u/a", "u/a", "v/c"):
+            rc, log = run(["create", key], px.endpoint)
+            self.assertEqual(rc, 0, log)
+            ids.setdefault(key, []).append(log.split("upload_id=")[1].split()[0])
+        px.set(slowdown=1, match="uploads=")
+        rc, log = run(["uploads", "u/"], px.endpoint, SL_S3_LIST_MAX_KEYS=1)
+        self.assertEqual(rc, 0, log)
+        self.assertIn("uploads=3", log)
+        listed = [(line.split("key=")[1].split()[0], line.split("id=")[1].split()[0])
+                  for line in log.splitlines() if line.startswith("upload ")]
+        self.assertEqual(listed, sorted([("u/a", i) for i in ids["u/a"]] +
+                                        [("u/b", ids["u/b"][0])]))
+        self.assertEqual(px.seen("GET", "uploads="), 4)  # 3 pages and the 503
+        self.assertNotRegex(log, r"initiated_ms=-1")
+        # The whole prefix in one page; the signatures were all good.
+        rc, log = run(["uploads", ""], px.endpoint)
+        self.assertIn("uploads=4", log)
+        self.assertEqual(px.rejected, [])
+        # Without the proxy's answers: s3rver's 501 is SL_EUNIMPL.
+        rc, log = run(["uploads", ""], self.proxy.endpoint)
+        self.assertIn("rc=SL_EUNIMPL", log)
+
     def test_list_and_delete_through_faults(self):
         rc, log = self.run_c(["put", "f/list/a", 10])
         self.assertEqual(rc, 0, log)

@@ -84,9 +84,13 @@ class S3StoreTest(unittest.TestCase):
 
     # -- helpers --
 
-    def start(self, args=(), via_proxy=False, env=None, data_dir=None):
+    def start(self, args=(), via_proxy=False, env=None, data_dir=None, multipart=False):
+        """multipart: the proxy answers ListMultipartUploads and AbortMultipartUpload, which
+        s3rver 3.7.1 does not implement."""
         if via_proxy and self.proxy is None:
-            self.proxy = FaultProxy(self.s3.port, verify=self.proxy_verify).start()
+            self.proxy = FaultProxy(self.s3.port, verify=self.proxy_verify,
+                                    s3rver=self.s3 if multipart else None,
+                                    multipart=multipart).start()
         if self.d is None:
             self.d = Daemon(data_dir=data_dir, store="s3", s3=self.s3, args=list(args), env=env,
                             s3_endpoint=self.proxy.endpoint if via_proxy else None)
@@ -481,6 +485,46 @@ class S3StoreTest(unittest.TestCase):
         self.assertIn("/%s/%s?uploadId=" % (self.s3.bucket, self.key("ab", "ck_shard_0.shard")),
                       aborts[0])
         self.assertEqual(self.status("ab", "ck", 0).held_bytes, 0)
+
+    def test_orphan_multipart_uploads_aborted(self):
+        """The sweep lists the multipart uploads under the prefix and aborts exactly those that
+        no upload state names and that are older than --upload-timeout: one started by a daemon
+        that died before its first state (made here with boto3), not a young one, not a live
+        upload's (old too, but its state names it); the live upload then completes."""
+        self.start(PART_ARGS + ["--upload-timeout", "10"], via_proxy=True, multipart=True)
+        self.stub.Begin(pb.BeginRequest(job="or", name="ck", world_size=1), timeout=10)
+        data = shard_bytes(0, 2 * PART + 999)
+        held, fut = self.hold_until_part_stored("or", "ck", 0, data, PART + MiB)
+        text = self.d.store_read("or", ".ck_shard_0.shard.part").decode()
+        live = re.search(r"^upload_id (\S+)$", text, re.M).group(1)
+        orphan = self.boto.create_multipart_upload(
+            Bucket=self.s3.bucket, Key=self.key("or", "gone_shard_1.shard"))["UploadId"]
+        self.boto.upload_part(Bucket=self.s3.bucket, Key=self.key("or", "gone_shard_1.shard"),
+                              UploadId=orphan, PartNumber=2, Body=b"x" * 1000)
+        young = self.boto.create_multipart_upload(
+            Bucket=self.s3.bucket, Key=self.key("or", "new_shard_0.shard"))["UploadId"]
+        long_ago = time.time() - 3600
+        self.proxy.set_initiated(orphan, long_ago)
+        self.proxy.set_initiated(live, long_ago)
+        abort = ("DELETE", "/%s/%s?uploadId=%s" % (self.s3.bucket,
+                                                    self.key("or", "gone_shard_1.shard"), orphan))
+        wait_for("the sweep's abort of the orphan", lambda: abort in self.proxy.requests,
+                 timeout=8)
+        aborts = [t for m, t in self.proxy.requests if m == "DELETE" and "uploadId=" in t]
+        self.assertEqual(aborts, [abort[1]], self.d.log())
+        self.assertGreaterEqual(self.proxy.seen("GET", "uploads="), 1)
+        ids = [u[1] for u in self.proxy.uploads()]
+        self.assertNotIn(orphan, ids)
+        self.assertIn(young, ids)
+        self.assertIn(live, ids)
+        self.assertIn("event=s3_upload_aborted", self.d.log())
+        held.release.set()
+        rec = fut.result(timeout=30)
+        self.assertEqual(rec.sha256, hashlib.sha256(data).hexdigest())
+        self.assertEqual(self.stub.Commit(pb.CheckpointRef(job="or", name="ck"), timeout=30).state,
+                         pb.COMPLETE)
+        self.deep_ok("or", "ck")
+        self.check_object("or", "ck", 0, data)
 
     def test_rejected_part_sent_again(self):
         """A part the store rejects as received (400 BadDigest) is sent again: the upload
