@@ -1,5 +1,6 @@
 /* A small S3 client over libcurl: the requests the shard store needs, signed with SigV4
- * (CURLOPT_AWS_SIGV4; x-amz-content-sha256 set by this code, since curl 7.88 does not), retried
+ * (CURLOPT_AWS_SIGV4; x-amz-content-sha256 set by this code, since curl 7.88 does not: the
+ * body's SHA-256, or UNSIGNED-PAYLOAD for UploadPart, whose Content-MD5 guards it), retried
  * with exponential backoff and full jitter on 500/503 (SlowDown, InternalError) and connection
  * errors until a deadline, then SL_EUNAVAILABLE.
  *
