@@ -490,13 +490,18 @@ class S3StoreTest(unittest.TestCase):
         """The sweep lists the multipart uploads under the prefix and aborts exactly those that
         no upload state names and that are older than --upload-timeout: one started by a daemon
         that died before its first state (made here with boto3), not a young one, not a live
-        upload's (old too, but its state names it); the live upload then completes."""
+        upload's (old too, but its state names it), nor that of a live upload whose state was
+        removed behind the daemon's back (it runs here); both live uploads then complete."""
         self.start(PART_ARGS + ["--upload-timeout", "10"], via_proxy=True, multipart=True)
-        self.stub.Begin(pb.BeginRequest(job="or", name="ck", world_size=1), timeout=10)
-        data = shard_bytes(0, 2 * PART + 999)
-        held, fut = self.hold_until_part_stored("or", "ck", 0, data, PART + MiB)
-        text = self.d.store_read("or", ".ck_shard_0.shard.part").decode()
-        live = re.search(r"^upload_id (\S+)$", text, re.M).group(1)
+        self.stub.Begin(pb.BeginRequest(job="or", name="ck", world_size=2), timeout=10)
+        data = [shard_bytes(r, 2 * PART + 999 + r) for r in range(2)]
+        helds = [self.hold_until_part_stored("or", "ck", r, data[r], PART + MiB)
+                 for r in range(2)]
+        lives = []
+        for r in range(2):
+            text = self.d.store_read("or", ".ck_shard_%d.shard.part" % r).decode()
+            lives.append(re.search(r"^upload_id (\S+)$", text, re.M).group(1))
+        self.d.store_remove("or", ".ck_shard_1.shard.part")
         orphan = self.boto.create_multipart_upload(
             Bucket=self.s3.bucket, Key=self.key("or", "gone_shard_1.shard"))["UploadId"]
         self.boto.upload_part(Bucket=self.s3.bucket, Key=self.key("or", "gone_shard_1.shard"),
@@ -504,8 +509,8 @@ class S3StoreTest(unittest.TestCase):
         young = self.boto.create_multipart_upload(
             Bucket=self.s3.bucket, Key=self.key("or", "new_shard_0.shard"))["UploadId"]
         long_ago = time.time() - 3600
-        self.proxy.set_initiated(orphan, long_ago)
-        self.proxy.set_initiated(live, long_ago)
+        for u in [orphan] + lives:
+            self.proxy.set_initiated(u, long_ago)
         abort = ("DELETE", "/%s/%s?uploadId=%s" % (self.s3.bucket,
                                                     self.key("or", "gone_shard_1.shard"), orphan))
         wait_for("the sweep's abort of the orphan", lambda: abort in self.proxy.requests,
@@ -516,15 +521,18 @@ class S3StoreTest(unittest.TestCase):
         ids = [u[1] for u in self.proxy.uploads()]
         self.assertNotIn(orphan, ids)
         self.assertIn(young, ids)
-        self.assertIn(live, ids)
+        for u in lives:
+            self.assertIn(u, ids)
         self.assertIn("event=s3_upload_aborted", self.d.log())
-        held.release.set()
-        rec = fut.result(timeout=30)
-        self.assertEqual(rec.sha256, hashlib.sha256(data).hexdigest())
+        for r, (held, fut) in enumerate(helds):
+            held.release.set()
+            rec = fut.result(timeout=30)
+            self.assertEqual(rec.sha256, hashlib.sha256(data[r]).hexdigest())
         self.assertEqual(self.stub.Commit(pb.CheckpointRef(job="or", name="ck"), timeout=30).state,
                          pb.COMPLETE)
         self.deep_ok("or", "ck")
-        self.check_object("or", "ck", 0, data)
+        for r in range(2):
+            self.check_object("or", "ck", r, data[r])
 
     def test_rejected_part_sent_again(self):
         """A part the store rejects as received (400 BadDigest) is sent again: the upload
