@@ -166,7 +166,7 @@ static int may_sweep(sl_ckpt_svc *s)
 }
 
 /* The end of a sweep: the startup one dealt with every file of every recorded removal. */
-static void sweep_done(sl_ckpt_svc *s, int startup, int sure, int removed, int moved)
+static void sweep_done(sl_ckpt_svc *s, int startup, int sure, int removed, int moved, int aborted)
 {
     int err;
 
@@ -175,8 +175,9 @@ static void sweep_done(sl_ckpt_svc *s, int startup, int sure, int removed, int m
     /* The startup's batch stays open for the other startup sweeps (sluiced ends it). */
     if (!startup && s->opts.quarantine)
         sl_quar_end(s->opts.quarantine);
-    if (removed || moved)
-        sl_log_info("ckpt_sweep", "removed=%d quarantined=%d startup=%d", removed, moved, startup);
+    if (removed || moved || aborted)
+        sl_log_info("ckpt_sweep", "removed=%d quarantined=%d uploads_aborted=%d startup=%d",
+                    removed, moved, aborted, startup);
 }
 
 /* ---- object storage: list on a worker, decide on the loop, act on a worker ---- */
@@ -382,7 +383,7 @@ static void rs_after(uv_work_t *w, int status)
         return;
     }
     if (!s->stopping)
-        sweep_done(s, r->startup, r->sure, r->removed, r->moved);
+        sweep_done(s, r->startup, r->sure, r->removed, r->moved, r->aborted);
     sl_cat_chore_done(s->cat, SL_CHORE_SWEEP);
     s->rsweep = NULL;
     rs_free(r);
@@ -415,7 +416,7 @@ static void sweep_remote(sl_ckpt_svc *s, int startup)
         r->phase = 1;
         rs_work(&r->work.work);
     }
-    sweep_done(s, 1, r->sure, r->removed, r->moved);
+    sweep_done(s, 1, r->sure, r->removed, r->moved, r->aborted);
     sl_cat_chore_done(s->cat, SL_CHORE_SWEEP);
     rs_free(r);
 }
@@ -443,6 +444,6 @@ void ckpt_sweep(sl_ckpt_svc *s, int startup)
     if (err && err != -ENOENT)
         sl_log_warn("ckpt_sweep_failed", "store=%s error=\"%s\"", sl_sstore_kind(st),
                     sl_strerror(err));
-    sweep_done(s, startup, !c.unsure && !err, removed, moved);
+    sweep_done(s, startup, !c.unsure && !err, removed, moved, 0);
     sl_cat_chore_done(s->cat, SL_CHORE_SWEEP);
 }

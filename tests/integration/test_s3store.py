@@ -524,6 +524,7 @@ class S3StoreTest(unittest.TestCase):
         for u in lives:
             self.assertIn(u, ids)
         self.assertIn("event=s3_upload_aborted", self.d.log())
+        wait_for("the sweep's count", lambda: "uploads_aborted=1 " in self.d.log())
         for r, (held, fut) in enumerate(helds):
             held.release.set()
             rec = fut.result(timeout=30)
