@@ -4,7 +4,10 @@
  * of checkpoints whose removal the catalog recorded (Delete, Abort) that are no newer than that
  * decision. Any other checkpoint file the catalog does not know goes to the quarantine
  * (server/store/quarantine.h): a catalog restored from a backup, or a new one after catalog.db
- * was lost, does not know what was written after it, and removing that was data loss. */
+ * was lost, does not know what was written after it, and removing that was data loss. With
+ * object storage, a multipart upload that no state object names and that was initiated longer
+ * than the upload timeout ago is aborted too (a crash between its start and its first state, or
+ * a state lost), unless an upload of its rank runs here or holds a lease on another replica. */
 #include "internal.h"
 
 #include "err.h"
@@ -163,7 +166,7 @@ static int may_sweep(sl_ckpt_svc *s)
 }
 
 /* The end of a sweep: the startup one dealt with every file of every recorded removal. */
-static void sweep_done(sl_ckpt_svc *s, int startup, int sure, int removed, int moved)
+static void sweep_done(sl_ckpt_svc *s, int startup, int sure, int removed, int moved, int aborted)
 {
     int err;
 
@@ -172,8 +175,9 @@ static void sweep_done(sl_ckpt_svc *s, int startup, int sure, int removed, int m
     /* The startup's batch stays open for the other startup sweeps (sluiced ends it). */
     if (!startup && s->opts.quarantine)
         sl_quar_end(s->opts.quarantine);
-    if (removed || moved)
-        sl_log_info("ckpt_sweep", "removed=%d quarantined=%d startup=%d", removed, moved, startup);
+    if (removed || moved || aborted)
+        sl_log_info("ckpt_sweep", "removed=%d quarantined=%d uploads_aborted=%d startup=%d",
+                    removed, moved, aborted, startup);
 }
 
 /* ---- object storage: list on a worker, decide on the loop, act on a worker ---- */
@@ -185,6 +189,14 @@ typedef struct rs_item {
     int action;
 } rs_item;
 
+/* A multipart upload that no state object names (sl_sstore_ops.orphans). */
+typedef struct rs_orphan {
+    char job[SL_SHARD_NAME_MAX + 1];
+    char file[NAME_MAX + 1];
+    char upload_id[SL_SSTORE_UPLOAD_MAX];
+    int abort;
+} rs_orphan;
+
 struct ckpt_rsweep {
     sl_cat_work work;
     sl_ckpt_svc *svc;
@@ -192,7 +204,10 @@ struct ckpt_rsweep {
     int peers;
     rs_item *items;
     size_t n, cap;
-    int err, removed, moved, sure;
+    rs_orphan *orphans;
+    size_t norphans, orphans_cap;
+    int64_t before_ms; /* uploads initiated before this may be orphans */
+    int err, removed, moved, aborted, sure;
 };
 
 static int rs_collect(const char *job, const char *file, int64_t mtime_ms, void *arg)
@@ -218,15 +233,65 @@ static int rs_collect(const char *job, const char *file, int64_t mtime_ms, void 
     return 0;
 }
 
+static int rs_orphan_collect(const char *job, const char *file, const char *upload_id,
+                             int64_t initiated_ms, void *arg)
+{
+    ckpt_rsweep *r = arg;
+    rs_orphan *o;
+
+    (void)initiated_ms;
+    if (strlen(job) > SL_SHARD_NAME_MAX || strlen(file) > NAME_MAX)
+        return 0;
+    if (r->norphans == r->orphans_cap) {
+        size_t cap = r->orphans_cap ? r->orphans_cap * 2 : 16;
+        rs_orphan *p = realloc(r->orphans, cap * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        r->orphans = p;
+        r->orphans_cap = cap;
+    }
+    o = &r->orphans[r->norphans++];
+    snprintf(o->job, sizeof(o->job), "%s", job);
+    snprintf(o->file, sizeof(o->file), "%s", file);
+    snprintf(o->upload_id, sizeof(o->upload_id), "%s", upload_id);
+    o->abort = 0;
+    return 0;
+}
+
+/* Abort the multipart uploads decided to be orphans; SL_EUNAVAILABLE stops (the next sweep). */
+static void rs_abort_orphans(ckpt_rsweep *r, sl_sstore *st)
+{
+    for (size_t i = 0; i < r->norphans; i++) {
+        rs_orphan *o = &r->orphans[i];
+        int err;
+        if (!o->abort)
+            continue;
+        err = st->ops->abort_upload(st, o->job, o->file, o->upload_id);
+        if (err == SL_EUNAVAILABLE)
+            break;
+        if (!err) {
+            r->aborted++;
+            sl_log_info("s3_upload_aborted",
+                        "job=%s file=%s upload_id=%s why=\"no upload state names it\"", o->job,
+                        o->file, o->upload_id);
+        }
+    }
+}
+
 static void rs_work(uv_work_t *w)
 {
     ckpt_rsweep *r = w->data;
     sl_sstore *st = r->svc->opts.store;
 
     if (r->phase == 0) {
+        /* Uploads first, objects after: an upload old enough to be listed here wrote its
+         * first state (if its writer lives) before the objects are listed and read. */
+        if (st->ops->orphans && st->ops->orphans(st, r->before_ms, rs_orphan_collect, r) != 0)
+            r->norphans = 0;
         r->err = st->ops->list(st, rs_collect, r);
         return;
     }
+    rs_abort_orphans(r, st);
     for (size_t i = 0; i < r->n; i++) {
         rs_item *it = &r->items[i];
         int err;
@@ -249,10 +314,36 @@ static void rs_work(uv_work_t *w)
     }
 }
 
+/* A multipart upload no state names is aborted unless an upload of its (checkpoint, rank) runs
+ * here or holds a live lease on another replica (its writer may be about to write its first
+ * state), or the catalog cannot say. */
+static int orphan_abort(ckpt_rsweep *r, const rs_orphan *o)
+{
+    sl_ckpt_svc *s = r->svc;
+    char name[NAME_MAX + 1];
+    int32_t rank = 0;
+    sl_cat_ckpt ck;
+    int err;
+
+    if (sl_store_classify(o->file, name, sizeof(name), &rank) != SL_STORE_SHARD)
+        return 0;
+    err = sl_cat_ckpt_get(s->cat, &ck, o->job, name);
+    if (err == SL_ENOTFOUND || (!err && ck.state != SL_CKPT_WRITING))
+        return 1;
+    if (err)
+        return 0;
+    return !ckpt_upload_find(s, ck.id, rank) && !ckpt_lease_elsewhere(s, ck.id, rank);
+}
+
 /* Decide about every listed file (loop thread). Returns whether there is anything to do. */
 static int rs_decide(ckpt_rsweep *r)
 {
     int todo = 0;
+
+    for (size_t i = 0; i < r->norphans; i++) {
+        r->orphans[i].abort = orphan_abort(r, &r->orphans[i]);
+        todo |= r->orphans[i].abort;
+    }
 
     r->sure = r->err == 0;
     for (size_t i = 0; i < r->n; i++) {
@@ -267,6 +358,7 @@ static int rs_decide(ckpt_rsweep *r)
 
 static void rs_free(ckpt_rsweep *r)
 {
+    free(r->orphans);
     free(r->items);
     free(r);
 }
@@ -291,7 +383,7 @@ static void rs_after(uv_work_t *w, int status)
         return;
     }
     if (!s->stopping)
-        sweep_done(s, r->startup, r->sure, r->removed, r->moved);
+        sweep_done(s, r->startup, r->sure, r->removed, r->moved, r->aborted);
     sl_cat_chore_done(s->cat, SL_CHORE_SWEEP);
     s->rsweep = NULL;
     rs_free(r);
@@ -312,6 +404,7 @@ static void sweep_remote(sl_ckpt_svc *s, int startup)
     r->svc = s;
     r->startup = startup;
     r->peers = startup ? sl_cat_peers(s->cat) : 0;
+    r->before_ms = sl_now_ms() - (int64_t)s->opts.upload_timeout_ms;
     r->work.work.data = r;
     if (!startup) {
         s->rsweep = r;
@@ -323,7 +416,7 @@ static void sweep_remote(sl_ckpt_svc *s, int startup)
         r->phase = 1;
         rs_work(&r->work.work);
     }
-    sweep_done(s, 1, r->sure, r->removed, r->moved);
+    sweep_done(s, 1, r->sure, r->removed, r->moved, r->aborted);
     sl_cat_chore_done(s->cat, SL_CHORE_SWEEP);
     rs_free(r);
 }
@@ -351,6 +444,6 @@ void ckpt_sweep(sl_ckpt_svc *s, int startup)
     if (err && err != -ENOENT)
         sl_log_warn("ckpt_sweep_failed", "store=%s error=\"%s\"", sl_sstore_kind(st),
                     sl_strerror(err));
-    sweep_done(s, startup, !c.unsure && !err, removed, moved);
+    sweep_done(s, startup, !c.unsure && !err, removed, moved, 0);
     sl_cat_chore_done(s->cat, SL_CHORE_SWEEP);
 }

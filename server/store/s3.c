@@ -4,6 +4,7 @@
 #include "store/s3_internal.h"
 
 #include "err.h"
+#include "log.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -126,7 +127,18 @@ static int etag_is_md5(const char *etag, const char *md5_hex)
     return n == 34 && etag[0] == '"' && etag[33] == '"' && strncasecmp(etag + 1, md5_hex, 32) == 0;
 }
 
-/* PUT a body (PutObject or UploadPart), checking the ETag; a wrong ETag sends it once more. */
+/* An answer that rejects the body as received (a digest that does not match what arrived, a
+ * body cut short): the bytes were damaged on their way, so sending them again can succeed. */
+static int body_rejected(const s3_req *r)
+{
+    return r->status == 400 &&
+           (strcmp(r->code, "BadDigest") == 0 || strcmp(r->code, "InvalidDigest") == 0 ||
+            strcmp(r->code, "IncompleteBody") == 0 ||
+            strcmp(r->code, "XAmzContentSHA256Mismatch") == 0);
+}
+
+/* PUT a body (PutObject or UploadPart), checking the ETag. A wrong ETag, or an answer that
+ * rejects the body as received, sends it again, at most S3_PUT_RESENDS times. */
 int s3_put_body(sl_s3 *c, s3_req *r, const struct iovec *iov, int n, char *msg, size_t msglen)
 {
     char md5_b64[32], md5_hex[33];
@@ -145,15 +157,27 @@ int s3_put_body(sl_s3 *c, s3_req *r, const struct iovec *iov, int n, char *msg, 
     r->body_len = len;
     r->md5_b64 = md5_b64;
     r->hdr[0] = "Content-Type: application/octet-stream";
-    for (int round = 0; round < 2; round++) {
+    for (int round = 0; round <= S3_PUT_RESENDS; round++) {
         rc = s3_perform(c, r, msg, msglen);
-        if (rc != 0 || etag_is_md5(r->etag, md5_hex))
+        if (rc == 0 && etag_is_md5(r->etag, md5_hex))
+            return 0;
+        if (rc != 0 && !body_rejected(r))
             return rc;
+        if (round < S3_PUT_RESENDS)
+            sl_log_limited(SL_LOG_WARN, 1000, "s3_body_resent",
+                           "op=%s key=%s send=%d failure=\"%s\"", r->op, r->key, round + 1,
+                           rc ? r->code : "ETag is not the body's MD5");
+    }
+    if (rc != 0) {
+        size_t used = strlen(msg);
+        if (used + 1 < msglen)
+            snprintf(msg + used, msglen - used, " (sent %d times)", S3_PUT_RESENDS + 1);
+        return rc;
     }
     snprintf(msg, msglen,
              "%s %s: the store answered ETag %.80s for a body whose MD5 is %s "
-             "(sent twice)",
-             r->op, r->key, r->etag[0] ? r->etag : "(none)", md5_hex);
+             "(sent %d times)",
+             r->op, r->key, r->etag[0] ? r->etag : "(none)", md5_hex, S3_PUT_RESENDS + 1);
     return SL_ECORRUPT;
 }
 

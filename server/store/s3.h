@@ -1,5 +1,6 @@
 /* A small S3 client over libcurl: the requests the shard store needs, signed with SigV4
- * (CURLOPT_AWS_SIGV4; x-amz-content-sha256 set by this code, since curl 7.88 does not), retried
+ * (CURLOPT_AWS_SIGV4; x-amz-content-sha256 set by this code, since curl 7.88 does not: the
+ * body's SHA-256, or UNSIGNED-PAYLOAD for UploadPart, whose Content-MD5 guards it), retried
  * with exponential backoff and full jitter on 500/503 (SlowDown, InternalError) and connection
  * errors until a deadline, then SL_EUNAVAILABLE.
  *
@@ -47,7 +48,8 @@ typedef struct sl_s3_cfg {
     char session_token[4096];    /* optional; never logged */
     uint32_t retry_deadline_ms;  /* retry a request this long; 0 means 30000 */
     uint32_t request_timeout_ms; /* one attempt (low-speed limit, not total size); 0: 60000 */
-    uint32_t list_max_keys;      /* keys per ListObjectsV2 page; 0: the store's (1000) */
+    uint32_t list_max_keys; /* keys (uploads) per ListObjectsV2 (ListMultipartUploads) page; 0: the
+                               store's (1000) */
 } sl_s3_cfg;
 
 /* Parse "s3://bucket[/prefix]" into cfg->bucket and cfg->prefix (other fields untouched).
@@ -79,7 +81,8 @@ void sl_s3_free(sl_s3 *c); /* accepts NULL */
 int sl_s3_check(sl_s3 *c, char *msg, size_t msglen);
 
 /* PutObject of len bytes (Content-MD5 and the payload's SHA-256 sent; the returned ETag checked
- * against the MD5). Atomic: readers see the old object or the new one. */
+ * against the MD5, and the body sent again as by sl_s3_mpu_part). Atomic: readers see the old
+ * object or the new one. */
 int sl_s3_put(sl_s3 *c, const char *key, const void *buf, size_t len, char *msg, size_t msglen);
 
 /* Ranged GET of exactly len bytes at off into buf (SL_ECORRUPT if the object is shorter). */
@@ -108,9 +111,12 @@ int sl_s3_list(sl_s3 *c, const char *prefix, sl_s3_list_fn fn, void *arg, char *
 /* Multipart uploads. */
 int sl_s3_mpu_create(sl_s3 *c, const char *key, char upload_id[SL_S3_UPLOAD_MAX], char *msg,
                      size_t msglen);
-/* UploadPart number part_no (1..10000) of the n ranges of iov, in order: Content-MD5 and the
- * part's SHA-256 as x-amz-content-sha256 are sent, and the ETag returned must be the MD5 (else
- * the part is sent again, then SL_ECORRUPT). etag receives the quoted ETag for Complete. */
+/* UploadPart number part_no (1..10000) of the n ranges of iov, in order. Signed
+ * UNSIGNED-PAYLOAD (no SHA-256 of the part: the caller hashes the shard's data, and the part's
+ * integrity is its Content-MD5, which the store checks); the ETag returned must be the MD5. A
+ * wrong ETag, or a 400 rejecting the body as received (BadDigest, InvalidDigest, IncompleteBody),
+ * sends the part again, 3 times at most; then SL_ECORRUPT (ETag) or the store's error
+ * (SL_EINVAL). etag receives the quoted ETag for Complete. */
 int sl_s3_mpu_part(sl_s3 *c, const char *key, const char *upload_id, int part_no,
                    const struct iovec *iov, int n, char etag[SL_S3_ETAG_MAX], char *msg,
                    size_t msglen);
@@ -121,5 +127,15 @@ int sl_s3_mpu_complete(sl_s3 *c, const char *key, const char *upload_id, int npa
 /* AbortMultipartUpload: the parts stored are freed. A missing upload is not an error;
  * SL_EUNIMPL where the store does not implement it (s3rver 3.7). */
 int sl_s3_mpu_abort(sl_s3 *c, const char *key, const char *upload_id, char *msg, size_t msglen);
+
+/* ListMultipartUploads of the uploads in progress on keys under `prefix` (relative, "" for all
+ * under the configured prefix), all pages (list_max_keys uploads per page when set): fn gets
+ * each upload's key (relative to the configured prefix), its upload id and when it was
+ * initiated (ms since the epoch; -1 if the store did not say); a non-zero return stops the
+ * listing and is returned. SL_EUNIMPL where the store does not implement it (s3rver 3.7). */
+typedef int (*sl_s3_upload_fn)(const char *key, const char *upload_id, int64_t initiated_ms,
+                               void *arg);
+int sl_s3_mpu_list(sl_s3 *c, const char *prefix, sl_s3_upload_fn fn, void *arg, char *msg,
+                   size_t msglen);
 
 #endif

@@ -15,6 +15,7 @@
 #define S3_ERRBODY_MAX  (64 * 1024)        /* an error answer's body we read */
 #define S3_XMLBODY_MAX  (16 * 1024 * 1024) /* a listing page or another XML answer */
 #define S3_HEX_SHA256   65                 /* 64 hex digits + NUL */
+#define S3_PUT_RESENDS  3 /* a body the store rejected or stored wrong is sent again so often */
 #define S3_EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 struct sl_s3 {
@@ -54,6 +55,7 @@ typedef struct s3_req {
     size_t got; /* bytes written at dst */
     int over;   /* out would have grown past its cap */
     char etag[SL_S3_ETAG_MAX];
+    char code[64];    /* the S3 error code of a failed answer ("BadDigest"), "" if none */
     int64_t length;   /* Content-Length, -1 if absent */
     int64_t mtime_ms; /* Last-Modified, -1 if absent */
 } s3_req;
@@ -64,7 +66,9 @@ int s3_perform(sl_s3 *c, s3_req *req, char *msg, size_t msglen);
 
 /* s3.c's helpers for the requests in s3_mpu.c: a request's defaults (no body: the empty
  * string's SHA-256), the check of a caller's key (SL_EINVAL with msg), and the PUT of a body
- * with Content-MD5 whose answered ETag must be the MD5 (sent twice, then SL_ECORRUPT). */
+ * with Content-MD5 whose answered ETag must be the MD5: a wrong ETag, or a 400 that rejects the
+ * body as received (BadDigest, InvalidDigest, IncompleteBody, XAmzContentSHA256Mismatch), sends
+ * it again, S3_PUT_RESENDS times at most; then SL_ECORRUPT (ETag) or the store's error. */
 void s3_req_init(s3_req *r, const char *op, const char *method, const char *key);
 int s3_key_check(sl_s3 *c, const char *op, const char *key, char *msg, size_t msglen);
 int s3_put_body(sl_s3 *c, s3_req *r, const struct iovec *iov, int n, char *msg, size_t msglen);

@@ -411,6 +411,7 @@ static void judge(xfer *x, CURLcode e, const char *errbuf, outcome *o)
         snprintf(text, sizeof(text), "%s", reason(r->status));
     snprintf(o->what, sizeof(o->what), "HTTP %ld%s%s%s%s", r->status, code[0] ? " " : "", code,
              text[0] ? ": " : "", text);
+    snprintf(r->code, sizeof(r->code), "%s", code);
     o->retry = r->status == 500 || r->status == 502 || r->status == 503 || r->status == 504 ||
                retry_code(code);
     o->rc = o->retry ? SL_EUNAVAILABLE : s3_status_err(r->status, code);
@@ -471,6 +472,7 @@ int s3_perform(sl_s3 *c, s3_req *req, char *msg, size_t msglen)
         req->got = 0;
         req->over = 0;
         req->etag[0] = '\0';
+        req->code[0] = '\0';
         req->length = req->mtime_ms = -1;
         if (req->out)
             sl_buf_setlen(req->out, out_start);

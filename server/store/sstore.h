@@ -47,6 +47,13 @@ enum { SL_SSTORE_KEEP = 0, SL_SSTORE_REMOVE = 1, SL_SSTORE_QUARANTINE = 2 };
  * change in ms since the epoch. Returns one of SL_SSTORE_*. Called on the sweeping thread. */
 typedef int (*sl_sstore_verdict_fn)(const char *job, const char *file, int64_t mtime_ms, void *arg);
 
+/* A multipart upload no partial upload names (object storage): the shard file it was started
+ * on, its id (at most SL_SSTORE_UPLOAD_MAX - 1 bytes), when it was initiated. Returns 0 to go on.
+ */
+#define SL_SSTORE_UPLOAD_MAX 512
+typedef int (*sl_sstore_orphan_fn)(const char *job, const char *file, const char *upload_id,
+                                   int64_t initiated_ms, void *arg);
+
 typedef struct sl_sstore_ops {
     const char *kind; /* "dir", "s3" */
     int remote;       /* calls wait on the network */
@@ -99,6 +106,14 @@ typedef struct sl_sstore_ops {
     int (*sweep)(sl_sstore *s, sl_sstore_verdict_fn verdict, void *arg, int *removed, int *moved);
     int (*list)(sl_sstore *s, sl_sstore_verdict_fn fn, void *arg);
     int (*act)(sl_sstore *s, const char *job, const char *file, int64_t mtime_ms, int action);
+    /* Object storage (NULL elsewhere), on a worker: the multipart uploads on shard files that
+     * were initiated before `before_ms` and that no state object names (neither a partial
+     * upload's nor one in the quarantine), to `fn`: left by a crash between their start and
+     * their first state, or by a state removed behind the daemon's back. A store that cannot
+     * list its uploads (SL_EUNIMPL) lists none. abort_upload aborts one (a missing one is not an
+     * error). */
+    int (*orphans)(sl_sstore *s, int64_t before_ms, sl_sstore_orphan_fn fn, void *arg);
+    int (*abort_upload)(sl_sstore *s, const char *job, const char *file, const char *upload_id);
     void (*free)(sl_sstore *s);
 } sl_sstore_ops;
 

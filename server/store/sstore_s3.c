@@ -304,6 +304,8 @@ static const sl_sstore_ops s3_ops = {
     .sweep = NULL,
     .list = s_list,
     .act = s_act,
+    .orphans = s3s_orphans,
+    .abort_upload = s3s_abort_upload,
     .free = s_free,
 };
 

@@ -1,7 +1,7 @@
 /* Private to the object-storage backend of the shard store (sstore_s3*.c): its types and what
  * its files share. sstore_s3.c (readers, small objects, removals, sweeps, the constructor) ->
  * sstore_s3_write.c (the part threads, writers) -> sstore_s3_state.c (the state object of a
- * partial upload). */
+ * partial upload, and the multipart uploads no state names). */
 #ifndef SL_STORE_SSTORE_S3_INTERNAL_H
 #define SL_STORE_SSTORE_S3_INTERNAL_H
 
@@ -118,6 +118,9 @@ int s3s_state_load(s3store *s, const char *key, ustate *u, char (*etags)[SL_S3_E
                    int max_part, char *msg, size_t msglen);
 /* Abort the multipart upload a state object names and remove it with its head object. */
 void s3s_state_discard(s3store *s, const char *state_key);
+/* sl_sstore_ops.orphans and abort_upload. */
+int s3s_orphans(sl_sstore *base, int64_t before_ms, sl_sstore_orphan_fn fn, void *arg);
+int s3s_abort_upload(sl_sstore *base, const char *job, const char *file, const char *upload_id);
 /* sl_sstore_ops.held. */
 int s3s_held(sl_sstore *base, const char *job, const char *name, int32_t rank, uint64_t *held);
 

@@ -188,3 +188,92 @@ int s3s_held(sl_sstore *base, const char *job, const char *name, int32_t rank, u
     *held = u.data_done;
     return 0;
 }
+
+/* ---- multipart uploads that no state names ---- */
+
+typedef struct orphan_ctx {
+    s3store *s;
+    int64_t before_ms;
+    sl_sstore_orphan_fn fn;
+    void *arg;
+} orphan_ctx;
+
+/* Does the state object at "<dir><job>/.<file>.part" name upload_id? 1 yes, 0 no (none, another
+ * upload, unreadable text), -1 if the store could not say (kept: the next sweep decides). */
+static int state_names(s3store *s, const char *dir, const char *job, const char *file,
+                       const char *upload_id)
+{
+    char key[SL_S3_KEY_MAX], msg[256];
+    ustate u;
+    int n = snprintf(key, sizeof(key), "%s%s/.%s.part", dir, job, file);
+    int err;
+
+    if (n < 0 || (size_t)n >= sizeof(key))
+        return -1;
+    err = s3s_state_load(s, key, &u, NULL, 0, msg, sizeof(msg));
+    if (err == SL_ENOTFOUND || err == SL_ECORRUPT)
+        return 0;
+    if (err)
+        return -1;
+    return strcmp(u.upload_id, upload_id) == 0;
+}
+
+static int orphan_one(const char *key, const char *upload_id, int64_t initiated_ms, void *arg)
+{
+    orphan_ctx *o = arg;
+    const char *slash = strchr(key, '/');
+    char job[SL_SHARD_NAME_MAX + 1], name[NAME_MAX + 1];
+    size_t n = slash ? (size_t)(slash - key) : 0;
+    int32_t rank;
+
+    /* Only what this store starts: an upload on "<job>/<shard file>", old enough that a live
+     * writer has written its first state long since. */
+    if (initiated_ms < 0 || initiated_ms >= o->before_ms || !slash || n == 0 ||
+        n > SL_SHARD_NAME_MAX || strchr(slash + 1, '/') ||
+        strlen(upload_id) >= SL_SSTORE_UPLOAD_MAX)
+        return 0;
+    memcpy(job, key, n);
+    job[n] = '\0';
+    if (sl_shard_name_check(job) != 0 ||
+        sl_store_classify(slash + 1, name, sizeof(name), &rank) != SL_STORE_SHARD)
+        return 0;
+    /* Named by its partial upload (the sweep of that state object decides), or by one in the
+     * quarantine (an operator may still complete it): not an orphan. */
+    if (state_names(o->s, "", job, slash + 1, upload_id) != 0 ||
+        state_names(o->s, "quarantine/", job, slash + 1, upload_id) != 0)
+        return 0;
+    return o->fn(job, slash + 1, upload_id, initiated_ms, o->arg);
+}
+
+int s3s_orphans(sl_sstore *base, int64_t before_ms, sl_sstore_orphan_fn fn, void *arg)
+{
+    s3store *s = (s3store *)base;
+    orphan_ctx o = {s, before_ms, fn, arg};
+    char msg[256];
+    int err = sl_s3_mpu_list(s->c, "", orphan_one, &o, msg, sizeof(msg));
+
+    if (err == SL_EUNIMPL) {
+        sl_log_limited(SL_LOG_INFO, 3600 * 1000, "s3_list_uploads_unsupported",
+                       "error=\"%s\" hint=\"multipart uploads left without a state are not "
+                       "aborted; a lifecycle rule on the bucket can\"",
+                       msg);
+        return 0;
+    }
+    if (err)
+        sl_log_warn("s3_list_uploads_failed", "error=\"%s\"", msg);
+    return err;
+}
+
+int s3s_abort_upload(sl_sstore *base, const char *job, const char *file, const char *upload_id)
+{
+    s3store *s = (s3store *)base;
+    char key[SL_S3_KEY_MAX], msg[256];
+    int err;
+
+    if (obj_key(key, sizeof(key), job, file, NULL) != 0)
+        return SL_ELIMIT;
+    err = sl_s3_mpu_abort(s->c, key, upload_id, msg, sizeof(msg));
+    if (err && err != SL_EUNIMPL)
+        sl_log_warn("s3_abort_failed", "key=%s error=\"%s\"", key, msg);
+    return err;
+}

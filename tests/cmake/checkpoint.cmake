@@ -81,7 +81,8 @@ set_tests_properties(s3client_integration PROPERTIES
                      TIMEOUT 300 LABELS "checkpoint;s3")
 # sluiced on object storage (issue 16): boto3 reads back what it wrote, deep verify names damaged
 # objects, sluiced or s3rver killed mid-upload and mid-commit, 503s/resets/a dead store through
-# FaultProxy, the sweep's abort of abandoned uploads, bad configurations, the secret key kept out
+# FaultProxy, a part the store rejects (BadDigest) sent again, the sweep's abort of abandoned
+# uploads and of multipart uploads no state names, bad configurations, the secret key kept out
 # of logs, info and metrics; ~30 s.
 add_test(NAME s3store_integration
          COMMAND ${SL_PYTHON} -m unittest -v test_s3store

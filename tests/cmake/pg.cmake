@@ -33,12 +33,22 @@ foreach (spec ${SL_PG_TESTS})
   endif ()
 endforeach ()
 
+# The checkpoint suite once more over three replicas that share one bucket and prefix instead of
+# one directory (SL_TEST_STORE=s3: the test process's s3rver, sltest.shared_s3); ~30 s.
+add_test(NAME checkpoint_integration_pg_s3 COMMAND ${SL_PYTHON} -m unittest -v test_checkpoints
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(checkpoint_integration_pg_s3 PROPERTIES
+                     ENVIRONMENT
+                     "${SL_TEST_ENV};SL_TEST_CATALOG=postgresql;SL_TEST_REPLICAS=3;SL_TEST_STORE=s3"
+                     TIMEOUT 600 LABELS "checkpoint;pg;s3")
+
 # Three replicas on one PostgreSQL catalog and one data dir (tests/integration/test_replicas.py):
-# jobs, epochs and progress made through one reach the others; racing advances; identity; ~10 s.
+# jobs, epochs and progress made through one reach the others; racing advances; identity; a
+# multipart upload to a shared bucket taken over after its replica died; ~20 s.
 add_test(NAME replicas_integration COMMAND ${SL_PYTHON} -m unittest -v test_replicas
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
 set_tests_properties(replicas_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
-                     LABELS "feed;pg")
+                     LABELS "feed;checkpoint;pg;s3")
 
 # Replicas on PostgreSQL against the SQLite single node (tests/bench/replica_bench.py): reports/s,
 # unary calls/s, streams, latency and CPU per unit of work; ctest runs a small smoke round only.

@@ -277,18 +277,39 @@ class S3FaultTest(unittest.TestCase):
         rc, log = self.run_c(["mpu", "f/etag", 5 * MiB], timeout=120)
         self.assertEqual(rc, 0, log)
         self.assertEqual(self.proxy.seen("PUT", "partNumber=1&"), 2)
-        # Twice: SL_ECORRUPT, naming the part's MD5 and what the store answered.
+        # Every send (1 + 3 re-sends): SL_ECORRUPT, naming the part's MD5 and what the store
+        # answered.
         self.proxy.clear_log()
-        self.proxy.set(bad_etag=2, match="partNumber=1&")
+        self.proxy.set(bad_etag=4, match="partNumber=1&")
         rc, log = self.run_c(["mpu", "f/etag2", 5 * MiB], timeout=120)
         self.assertEqual(rc, 1, log)
         self.assertIn("rc=SL_ECORRUPT", log)
         self.assertIn("0123456789abcdef0123456789abcdef", log)
-        self.assertEqual(self.proxy.seen("PUT", "partNumber=1&"), 2)
+        self.assertIn("sent 4 times", log)
+        self.assertEqual(self.proxy.seen("PUT", "partNumber=1&"), 4)
         # A PutObject's ETag is checked the same way.
-        self.proxy.set(bad_etag=2, match="PUT /sluice/f/put-etag")
+        self.proxy.set(bad_etag=4, match="PUT /sluice/f/put-etag")
         rc, log = self.run_c(["put", "f/put-etag", 100])
         self.assertIn("rc=SL_ECORRUPT", log)
+
+    def test_part_rejected_is_sent_again(self):
+        # A part the store rejects as received (400 BadDigest: its bytes were damaged on the
+        # way) is sent again, and the upload completes with the right bytes.
+        self.proxy.set(bad_digest=1, match="partNumber=2&")
+        rc, log = self.run_c(["mpu", "f/digest", 5 * MiB], timeout=120)
+        self.assertEqual(rc, 0, log)
+        self.assertEqual(self.proxy.seen("PUT", "/sluice/f/digest?partNumber=2&"), 2)
+        size = self.s3.boto3_client().head_object(Bucket="sluice", Key="f/digest")["ContentLength"]
+        self.assertEqual(size, 5 * MiB + 1000)
+        # Rejected at every send (1 + 3 re-sends): the store's error, SL_EINVAL, after 4 sends.
+        self.proxy.clear_log()
+        self.proxy.set(bad_digest=4, match="partNumber=1&")
+        rc, log = self.run_c(["mpu", "f/digest2", 5 * MiB], timeout=120)
+        self.assertEqual(rc, 1, log)
+        self.assertIn("rc=SL_EINVAL", log)
+        self.assertIn("HTTP 400 BadDigest", log)
+        self.assertIn("sent 4 times", log)
+        self.assertEqual(self.proxy.seen("PUT", "/sluice/f/digest2?partNumber=1&"), 4)
 
     def test_abort_sends_delete_upload_id(self):
         rc, log = self.run_c(["abort", "f/abort"])
@@ -296,6 +317,36 @@ class S3FaultTest(unittest.TestCase):
         self.assertIn("rc=SL_EUNIMPL", log)
         self.assertIn("AbortMultipartUpload s3://sluice/f/abort", log)
         self.assertEqual(self.proxy.seen("DELETE", "/sluice/f/abort?uploadId="), 1)
+
+    def test_list_multipart_uploads_paged(self):
+        # ListMultipartUploads, answered by the proxy (s3rver 3.7.1 answers 501), one upload per
+        # page: every upload under the prefix, in order, with its Initiated time; a 503 retried.
+        s3 = S3Server().start()
+        self.addCleanup(s3.stop)
+        px = FaultProxy(s3.port, verify=VERIFY, s3rver=s3, multipart=True).start()
+        self.addCleanup(px.stop)
+        ids = {}
+        for key in ("u/b", "u/a", "u/a", "v/c"):
+            rc, log = run(["create", key], px.endpoint)
+            self.assertEqual(rc, 0, log)
+            ids.setdefault(key, []).append(log.split("upload_id=")[1].split()[0])
+        px.set(slowdown=1, match="uploads=")
+        rc, log = run(["uploads", "u/"], px.endpoint, SL_S3_LIST_MAX_KEYS=1)
+        self.assertEqual(rc, 0, log)
+        self.assertIn("uploads=3", log)
+        listed = [(line.split("key=")[1].split()[0], line.split("id=")[1].split()[0])
+                  for line in log.splitlines() if line.startswith("upload ")]
+        self.assertEqual(listed, sorted([("u/a", i) for i in ids["u/a"]] +
+                                        [("u/b", ids["u/b"][0])]))
+        self.assertEqual(px.seen("GET", "uploads="), 4)  # 3 pages and the 503
+        self.assertNotRegex(log, r"initiated_ms=-1")
+        # The whole prefix in one page; the signatures were all good.
+        rc, log = run(["uploads", ""], px.endpoint)
+        self.assertIn("uploads=4", log)
+        self.assertEqual(px.rejected, [])
+        # Without the proxy's answers: s3rver's 501 is SL_EUNIMPL.
+        rc, log = run(["uploads", ""], self.proxy.endpoint)
+        self.assertIn("rc=SL_EUNIMPL", log)
 
     def test_list_and_delete_through_faults(self):
         rc, log = self.run_c(["put", "f/list/a", 10])

@@ -84,9 +84,13 @@ class S3StoreTest(unittest.TestCase):
 
     # -- helpers --
 
-    def start(self, args=(), via_proxy=False, env=None, data_dir=None):
+    def start(self, args=(), via_proxy=False, env=None, data_dir=None, multipart=False):
+        """multipart: the proxy answers ListMultipartUploads and AbortMultipartUpload, which
+        s3rver 3.7.1 does not implement."""
         if via_proxy and self.proxy is None:
-            self.proxy = FaultProxy(self.s3.port, verify=self.proxy_verify).start()
+            self.proxy = FaultProxy(self.s3.port, verify=self.proxy_verify,
+                                    s3rver=self.s3 if multipart else None,
+                                    multipart=multipart).start()
         if self.d is None:
             self.d = Daemon(data_dir=data_dir, store="s3", s3=self.s3, args=list(args), env=env,
                             s3_endpoint=self.proxy.endpoint if via_proxy else None)
@@ -341,8 +345,8 @@ class S3StoreTest(unittest.TestCase):
         self.proxy.set(reset=1, match="PUT ", after=2)
         self.upload("f", "ck", 1, small)
         with self.proxy.lock:
-            self.assertEqual([v[0] for v in self.proxy.faults.values()], [0] * 6,
-                             "every fault was used")
+            self.assertEqual([v[0] for v in self.proxy.faults.values()],
+                             [0] * len(FaultProxy.FAULTS), "every fault was used")
         self.assertGreaterEqual(self.proxy.seen("PUT", "partNumber="), 3 + 3 + 2)
         self.assertEqual(self.stub.Commit(pb.CheckpointRef(job="f", name="ck"), timeout=30).state,
                          pb.COMPLETE)
@@ -481,6 +485,70 @@ class S3StoreTest(unittest.TestCase):
         self.assertIn("/%s/%s?uploadId=" % (self.s3.bucket, self.key("ab", "ck_shard_0.shard")),
                       aborts[0])
         self.assertEqual(self.status("ab", "ck", 0).held_bytes, 0)
+
+    def test_orphan_multipart_uploads_aborted(self):
+        """The sweep lists the multipart uploads under the prefix and aborts exactly those that
+        no upload state names and that are older than --upload-timeout: one started by a daemon
+        that died before its first state (made here with boto3), not a young one, not a live
+        upload's (old too, but its state names it), nor that of a live upload whose state was
+        removed behind the daemon's back (it runs here); both live uploads then complete."""
+        self.start(PART_ARGS + ["--upload-timeout", "10"], via_proxy=True, multipart=True)
+        self.stub.Begin(pb.BeginRequest(job="or", name="ck", world_size=2), timeout=10)
+        data = [shard_bytes(r, 2 * PART + 999 + r) for r in range(2)]
+        helds = [self.hold_until_part_stored("or", "ck", r, data[r], PART + MiB)
+                 for r in range(2)]
+        lives = []
+        for r in range(2):
+            text = self.d.store_read("or", ".ck_shard_%d.shard.part" % r).decode()
+            lives.append(re.search(r"^upload_id (\S+)$", text, re.M).group(1))
+        self.d.store_remove("or", ".ck_shard_1.shard.part")
+        orphan = self.boto.create_multipart_upload(
+            Bucket=self.s3.bucket, Key=self.key("or", "gone_shard_1.shard"))["UploadId"]
+        self.boto.upload_part(Bucket=self.s3.bucket, Key=self.key("or", "gone_shard_1.shard"),
+                              UploadId=orphan, PartNumber=2, Body=b"x" * 1000)
+        young = self.boto.create_multipart_upload(
+            Bucket=self.s3.bucket, Key=self.key("or", "new_shard_0.shard"))["UploadId"]
+        long_ago = time.time() - 3600
+        for u in [orphan] + lives:
+            self.proxy.set_initiated(u, long_ago)
+        abort = ("DELETE", "/%s/%s?uploadId=%s" % (self.s3.bucket,
+                                                    self.key("or", "gone_shard_1.shard"), orphan))
+        wait_for("the sweep's abort of the orphan", lambda: abort in self.proxy.requests,
+                 timeout=8)
+        aborts = [t for m, t in self.proxy.requests if m == "DELETE" and "uploadId=" in t]
+        self.assertEqual(aborts, [abort[1]], self.d.log())
+        self.assertGreaterEqual(self.proxy.seen("GET", "uploads="), 1)
+        ids = [u[1] for u in self.proxy.uploads()]
+        self.assertNotIn(orphan, ids)
+        self.assertIn(young, ids)
+        for u in lives:
+            self.assertIn(u, ids)
+        self.assertIn("event=s3_upload_aborted", self.d.log())
+        wait_for("the sweep's count", lambda: "uploads_aborted=1 " in self.d.log())
+        for r, (held, fut) in enumerate(helds):
+            held.release.set()
+            rec = fut.result(timeout=30)
+            self.assertEqual(rec.sha256, hashlib.sha256(data[r]).hexdigest())
+        self.assertEqual(self.stub.Commit(pb.CheckpointRef(job="or", name="ck"), timeout=30).state,
+                         pb.COMPLETE)
+        self.deep_ok("or", "ck")
+        for r in range(2):
+            self.check_object("or", "ck", r, data[r])
+
+    def test_rejected_part_sent_again(self):
+        """A part the store rejects as received (400 BadDigest) is sent again: the upload
+        completes, deep verify is OK and the bytes are the client's."""
+        self.start(PART_ARGS, via_proxy=True)
+        self.stub.Begin(pb.BeginRequest(job="bd", name="ck", world_size=1), timeout=10)
+        data = shard_bytes(0, 3 * PART + 4321)
+        self.proxy.set(bad_digest=1, match="partNumber=3&")
+        rec = self.upload("bd", "ck", 0, data)
+        self.assertEqual(rec.sha256, hashlib.sha256(data).hexdigest())
+        self.assertEqual(self.proxy.seen("PUT", "partNumber=3&"), 2)
+        self.assertEqual(self.stub.Commit(pb.CheckpointRef(job="bd", name="ck"), timeout=30).state,
+                         pb.COMPLETE)
+        self.deep_ok("bd", "ck")
+        self.check_object("bd", "ck", 0, data)
 
 
 class BadConfigTest(unittest.TestCase):

@@ -13,7 +13,10 @@ through unchanged, so SigV4 signatures stay valid) whose faults are switched at 
 503 SlowDown to the next N requests, reset the next N connections (RST after reading the request),
 answer 200 with an InternalError body (as S3 may for CompleteMultipartUpload), forward a request
 but lose its answer (reset), answer 404 NoSuchUpload (as S3 does to a Complete retried after it
-succeeded), rewrite the ETag of the next N answers, delay every answer by X ms. It logs (method, path?query) of every request.
+succeeded), answer 400 BadDigest (a body the store rejects as received, not forwarded), rewrite
+the ETag of the next N answers, delay every answer by X ms. With s3rver=S3Server and
+multipart=True it also answers ListMultipartUploads and AbortMultipartUpload from s3rver's
+directory, which s3rver 3.7.1 does not implement. It logs (method, path?query) of every request.
 With verify=(access_key, secret_key[, session_token]) it checks every request as S3 does: the SigV4
 signature (recomputed here from the request as received, every x-amz-* header signed), that
 x-amz-content-sha256 is the SHA-256 of the body and that Content-MD5 is its MD5; a request that
@@ -391,11 +394,15 @@ def sigv4_check(method, target, head_lines, body, access_key, secret_key, sessio
 class FaultProxy:
     """A fault-injecting HTTP proxy on 127.0.0.1 in front of 127.0.0.1:<upstream_port>."""
 
-    def __init__(self, upstream_port, upstream_host="127.0.0.1", verify=None, s3rver=None):
+    def __init__(self, upstream_port, upstream_host="127.0.0.1", verify=None, s3rver=None,
+                 multipart=False):
         self.upstream = (upstream_host, upstream_port)
         self.verify = verify
         # An S3Server: answer as S3 does where s3rver 3.7.1 does not (see _unknown_upload).
         self.s3rver = s3rver
+        # With s3rver: also answer ListMultipartUploads and AbortMultipartUpload, which s3rver
+        # 3.7.1 does not implement (501, 405), from and on its directory (_multipart).
+        self.multipart = multipart and s3rver is not None
         self.rejected = []  # (method, target, code) of requests refused by the verification
         self.lock = threading.Lock()
         self.requests = []
@@ -412,15 +419,17 @@ class FaultProxy:
     def endpoint(self):
         return "http://127.0.0.1:%d" % self.port
 
-    FAULTS = ("slowdown", "reset", "error200", "bad_etag", "drop_answer", "no_such_upload")
+    FAULTS = ("slowdown", "reset", "error200", "bad_etag", "drop_answer", "no_such_upload",
+              "bad_digest")
 
     def set(self, slowdown=None, reset=None, error200=None, bad_etag=None, delay_ms=None,
-            match=None, drop_answer=None, no_such_upload=None, after=0):
+            match=None, drop_answer=None, no_such_upload=None, bad_digest=None, after=0):
         """Switch faults: the counts given apply to the next requests (only to those whose
         "METHOD target" contains `match`, e.g. "uploadId=", when given; and only after `after`
         such requests went by); delay_ms to every answer."""
         given = dict(slowdown=slowdown, reset=reset, error200=error200, bad_etag=bad_etag,
-                     drop_answer=drop_answer, no_such_upload=no_such_upload)
+                     drop_answer=drop_answer, no_such_upload=no_such_upload,
+                     bad_digest=bad_digest)
         with self.lock:
             for name, n in given.items():
                 if n is not None:
@@ -429,7 +438,8 @@ class FaultProxy:
                 self.delay_ms = delay_ms
 
     def passthrough(self):
-        self.set(slowdown=0, reset=0, error200=0, bad_etag=0, drop_answer=0, delay_ms=0)
+        self.set(slowdown=0, reset=0, error200=0, bad_etag=0, drop_answer=0, bad_digest=0,
+                 delay_ms=0)
 
     def clear_log(self):
         with self.lock:
@@ -512,6 +522,69 @@ class FaultProxy:
         return not os.path.exists(os.path.join(self.s3rver.directory, self.s3rver.bucket,
                                                "._S3rver_uploads", m.group(1), "key"))
 
+    def uploads_dir(self):
+        return os.path.join(self.s3rver.directory, self.s3rver.bucket, "._S3rver_uploads")
+
+    def uploads(self):
+        """The multipart uploads s3rver holds: [(key, upload id, initiated as a time)], sorted.
+        s3rver keeps each in ._S3rver_uploads/<id>/ with a file `key` (made when it was
+        initiated: its mtime is the upload's Initiated)."""
+        out = []
+        root = self.uploads_dir()
+        for uid in os.listdir(root) if os.path.isdir(root) else []:
+            path = os.path.join(root, uid, "key")
+            try:
+                with open(path) as f:
+                    out.append((f.read(), uid, os.stat(path).st_mtime))
+            except OSError:
+                continue
+        return sorted(out)
+
+    def set_initiated(self, upload_id, when):
+        """Make an upload look initiated at `when` (seconds since the epoch)."""
+        path = os.path.join(self.uploads_dir(), upload_id, "key")
+        os.utime(path, (when, when))
+
+    def _multipart(self, method, target):
+        """ListMultipartUploads (GET /bucket?uploads, paged by max-uploads, key-marker and
+        upload-id-marker as S3 does) and AbortMultipartUpload (DELETE /bucket/key?uploadId=):
+        (status, reason, body), or None for any other request."""
+        path, _, query = target.partition("?")
+        q = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+        bucket = self.s3rver.bucket
+        if method == "GET" and path.strip("/") == bucket and "uploads" in q:
+            prefix = q.get("prefix", "")
+            km, im = q.get("key-marker", ""), q.get("upload-id-marker", "")
+            limit = int(q.get("max-uploads", "1000"))
+            todo = [u for u in self.uploads() if u[0].startswith(prefix) and
+                    (not km or u[0] > km or (im and u[0] == km and u[1] > im))]
+            page, more = todo[:limit], len(todo) > limit
+            esc = lambda t: (t.replace("&", "&amp;").replace("<", "&lt;")  # noqa: E731
+                             .replace(">", "&gt;"))
+            body = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListMultipartUploadsResult>"
+                    "<Bucket>%s</Bucket><KeyMarker>%s</KeyMarker><UploadIdMarker>%s"
+                    "</UploadIdMarker><Prefix>%s</Prefix><MaxUploads>%d</MaxUploads>"
+                    "<IsTruncated>%s</IsTruncated>"
+                    % (bucket, esc(km), esc(im), esc(prefix), limit, "true" if more else "false"))
+            if more:
+                body += ("<NextKeyMarker>%s</NextKeyMarker><NextUploadIdMarker>%s"
+                         "</NextUploadIdMarker>" % (esc(page[-1][0]), page[-1][1]))
+            for key, uid, when in page:
+                body += ("<Upload><Key>%s</Key><UploadId>%s</UploadId><Initiated>%s</Initiated>"
+                         "<StorageClass>STANDARD</StorageClass></Upload>"
+                         % (esc(key), uid, time.strftime("%Y-%m-%dT%H:%M:%S.000Z",
+                                                        time.gmtime(when))))
+            return 200, "OK", (body + "</ListMultipartUploadsResult>").encode()
+        if method == "DELETE" and path.startswith("/%s/" % bucket) and "uploadId" in q:
+            d = os.path.join(self.uploads_dir(), q["uploadId"])
+            if not re.fullmatch(r"[0-9a-fA-F]+", q["uploadId"]) or not os.path.isdir(d):
+                return 404, "Not Found", (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error>"
+                                          b"<Code>NoSuchUpload</Code><Message>The specified upload "
+                                          b"does not exist.</Message></Error>")
+            shutil.rmtree(d, ignore_errors=True)
+            return 204, "No Content", b""
+        return None
+
     @staticmethod
     def _answer(conn, method, status, reason, body):
         head = ("HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n"
@@ -551,6 +624,16 @@ class FaultProxy:
                                  b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown"
                                  b"</Code><Message>Please reduce your request rate.</Message>"
                                  b"</Error>")
+                    continue
+                if self._take("bad_digest", method, target):
+                    self._answer(conn, method, 400, "Bad Request",
+                                 b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>"
+                                 b"BadDigest</Code><Message>The Content-MD5 you specified did not "
+                                 b"match what we received.</Message></Error>")
+                    continue
+                done = self._multipart(method, target) if self.multipart else None
+                if done:
+                    self._answer(conn, method, *done)
                     continue
                 if self._take("no_such_upload", method, target) or \
                         self._unknown_upload(method, target):

@@ -402,6 +402,13 @@ static void test_threads(sl_s3 *c)
 
 /* ---- one request, for the fault tests ---- */
 
+static int on_upload(const char *key, const char *upload_id, int64_t initiated_ms, void *arg)
+{
+    (*(int *)arg)++;
+    printf("upload key=%s id=%s initiated_ms=%lld\n", key, upload_id, (long long)initiated_ms);
+    return 0;
+}
+
 static int one(sl_s3 *c, const char *op, const char *key, size_t n)
 {
     unsigned char *data = malloc(n ? n : 1);
@@ -443,6 +450,15 @@ static int one(sl_s3 *c, const char *op, const char *key, size_t n)
         if (rc == 0)
             rc = sl_s3_mpu_complete(c, key, id, 2, (const char(*)[SL_S3_ETAG_MAX])etags, msg,
                                     sizeof(msg));
+    } else if (strcmp(op, "uploads") == 0) {
+        int nup = 0;
+        rc = sl_s3_mpu_list(c, key, on_upload, &nup, msg, sizeof(msg));
+        if (rc == 0)
+            printf("uploads=%d\n", nup);
+    } else if (strcmp(op, "create") == 0) {
+        rc = sl_s3_mpu_create(c, key, id, msg, sizeof(msg));
+        if (rc == 0)
+            printf("upload_id=%s\n", id);
     } else if (strcmp(op, "abort") == 0) {
         rc = sl_s3_mpu_create(c, key, id, msg, sizeof(msg));
         if (rc == 0)
