@@ -385,6 +385,8 @@ int feed_labels_park(flabels *fl, sl_rpc_call *call, const ProtobufCMessage *m, 
                      void *arg);
 /* Load job `job` from its catalog row (feed_job_load) once fl is read. Returns 0 or -ENOMEM. */
 int feed_labels_defer_load(flabels *fl, const char *job);
+/* 1 if a load of `job` waits for labels being read (feed_labels_defer_load). */
+int feed_labels_loading(sl_feed *f, const char *job);
 /* If a load of `job` waits for labels (feed_labels_defer_load), park `call` as feed_labels_park
  * does and return 1; else 0 (-ENOMEM if parking failed). */
 int feed_labels_park_job(sl_feed *f, const char *job, sl_rpc_call *call, const ProtobufCMessage *m,

@@ -306,14 +306,29 @@ int feed_labels_defer_load(flabels *fl, const char *job)
     return 0;
 }
 
-int feed_labels_park_job(sl_feed *f, const char *job, sl_rpc_call *call, const ProtobufCMessage *m,
-                         feed_handler h, void *arg)
+/* The labels being read that a load of `job` waits for, or NULL. */
+static flabels *loading(sl_feed *f, const char *job)
 {
     for (flabels *fl = f->labels; fl; fl = fl->next)
         for (size_t i = 0; fl->state == 0 && i < fl->nloads; i++)
             if (strcmp(fl->loads[i], job) == 0)
-                return park(fl, call, m, h, arg) == 0 ? 1 : -ENOMEM;
-    return 0;
+                return fl;
+    return NULL;
+}
+
+int feed_labels_loading(sl_feed *f, const char *job)
+{
+    return loading(f, job) != NULL;
+}
+
+int feed_labels_park_job(sl_feed *f, const char *job, sl_rpc_call *call, const ProtobufCMessage *m,
+                         feed_handler h, void *arg)
+{
+    flabels *fl = loading(f, job);
+
+    if (!fl)
+        return 0;
+    return park(fl, call, m, h, arg) == 0 ? 1 : -ENOMEM;
 }
 
 int flabels_state(const flabels *fl)

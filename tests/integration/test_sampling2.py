@@ -276,9 +276,16 @@ class Sampling2Test(DaemonClientTest):
         reads = re.findall(r"labels_read\b.*big", self.d.log())
         self.assertLessEqual(len(reads), len(self.d.replicas), self.d.log())
         first = next(iter(self.c.stream_indices("j", 1))).indices[:8]
-        # Restarted, the jobs load while their labels are read off the loop; a stream opened
-        # meanwhile waits for them and is the same stream.
+        # Restarted, the jobs load while their labels are read off the loop; calls made
+        # meanwhile wait for them: a checkpoint begun then is bound to its namesake feed job (not
+        # begun without it), and a stream is the same stream.
+        from sluice.checkpoint import Checkpoints
         self.restart()
+        ck = Checkpoints(self.d.addr)
+        try:
+            self.assertEqual(ck.begin("j", "c1", world_size=4).feed_job, "j")
+        finally:
+            ck.close()
         self.assertEqual(list(next(iter(self.c.stream_indices("j", 1))).indices[:8]), list(first))
 
     def test_stratified_job_and_restart(self):
