@@ -49,6 +49,7 @@ struct flabels {
 
 /* A call parked until labels are read: its handler runs again then on a copy of its request. */
 typedef struct fparked {
+    flabels *fl; /* referenced until the handler ran again */
     feed_handler h;
     void *arg;
     const ProtobufCMessageDescriptor *desc;
@@ -252,10 +253,10 @@ static void parked_run(sl_rpc_call *call, sl_feed *f, const char *dataset)
 
     (void)dataset;
     sl_rpc_call_set_data(call, NULL, NULL);
-    if (!p || sl_rpc_call_is_done(call)) {
-        free(p);
+    if (!p)
         return;
-    }
+    if (sl_rpc_call_is_done(call))
+        goto out;
     if (f->shutting_down) {
         sl_rpc_call_finish(call, SL_RPC_UNAVAILABLE, "server shutting down");
     } else if (!(m = protobuf_c_message_unpack(p->desc, NULL, p->len, p->bytes))) {
@@ -264,6 +265,8 @@ static void parked_run(sl_rpc_call *call, sl_feed *f, const char *dataset)
         p->h(call, m, p->arg);
         protobuf_c_message_free_unpacked(m, NULL);
     }
+out:
+    flabels_unref(f, p->fl);
     free(p);
 }
 
@@ -276,6 +279,7 @@ static int park(flabels *fl, sl_rpc_call *call, const ProtobufCMessage *m, feed_
 
     if (!p)
         return -ENOMEM;
+    p->fl = fl;
     p->h = h;
     p->arg = arg;
     p->desc = m->descriptor;
