@@ -251,6 +251,29 @@ class Sampling2Test(DaemonClientTest):
         t.join(timeout=300)
         return took[0], worst, probes
 
+    def test_damaged_labels_at_create(self):
+        """A labels file that is not the catalog's (damaged on disk): the CreateJob that waited
+        for its read fails DATA_LOSS naming the dataset, every time (the failure is not kept),
+        and the daemon serves on; with the file repaired the job is created."""
+        self.dataset("ds", [0, 1, 1, 0, 2])
+        path = os.path.join(self.d.data_dir, "datasets", "ds.labels")
+        with open(path, "rb") as f:
+            good = f.read()
+        with open(path, "wb") as f:
+            f.write(struct.pack("<5I", 0, 0, 0, 0, 0))
+        for _ in range(2):
+            code, msg = self.code(self.c.create_job, "j", "ds", 2, stratify=True)
+            self.assertEqual(code, C.DATA_LOSS, msg)
+            self.assertIn("dataset 'ds'", msg)
+            self.assertIn("checksum differs", msg)
+        os.unlink(path)
+        code, msg = self.code(self.c.create_job, "j", "ds", 2, stratify=True)
+        self.assertIn("cannot open the labels of dataset 'ds'", msg)
+        self.assertEqual(self.c.get_dataset("ds").name, "ds")
+        with open(path, "wb") as f:
+            f.write(good)
+        self.assertTrue(self.c.create_job("j", "ds", 2, stratify=True).stratify)
+
     def test_large_labels_read_off_the_loop(self):
         """Reading a large labels file (O(N): hashed, then grouped by class) runs on the worker
         pool: while a job over it is created the daemon answers health checks and another
