@@ -25,7 +25,7 @@ typedef struct weight_list {
     size_t n;
 } weight_list;
 
-/* Resizes after the first (--consumed/--new-replicas): "C0,C1,...:R2". */
+/* Resizes after the first (--consumed/--new-replicas): "C0,C1,...:R2[:W0,W1,...]". */
 #define MAX_RESIZES 16
 
 typedef struct sample_opts {
@@ -36,8 +36,10 @@ typedef struct sample_opts {
     const char *labels_file;
     int stratify, balance;
     weight_list rank_w, class_w;
+    weight_list new_w; /* --new-rank-weights: the first resize's world */
     u64_list more[MAX_RESIZES];
     uint64_t more_R[MAX_RESIZES];
+    weight_list more_w[MAX_RESIZES]; /* each further resize's weights, or none */
     size_t n_more;
     sl_sample_labels *labels;
 } sample_opts;
@@ -138,28 +140,47 @@ static int set_class_weights(void *field, const char *arg)
     return set_weights(field, "class", arg);
 }
 
-/* One more resize, "C0,C1,...:R2", appended to the chain. */
+static int set_new_rank_weights(void *field, const char *arg)
+{
+    return set_weights(field, "rank", arg);
+}
+
+/* One more resize, "C0,C1,...:R2" or "C0,C1,...:R2:W0,W1,..." (the new world's rank weights),
+ * appended to the chain. */
 static int set_resize(void *field, const char *arg)
 {
     sample_opts *o = (sample_opts *)((char *)field - offsetof(sample_opts, n_more));
-    const char *colon = strrchr(arg, ':');
-    char *list;
-    int r;
+    const char *colon = strchr(arg, ':'), *wcolon = colon ? strchr(colon + 1, ':') : NULL;
+    char *list = NULL, *world = NULL;
+    size_t k = o->n_more;
+    int r = SL_CLI_USAGE;
 
-    if (o->n_more == MAX_RESIZES) {
+    if (k == MAX_RESIZES) {
         fprintf(stderr, "sluice sample: more than %d --resize steps\n", MAX_RESIZES);
         return SL_CLI_USAGE;
     }
-    if (!colon || sl_parse_u64(&o->more_R[o->n_more], colon + 1, 1, UINT32_MAX) != 0) {
-        fprintf(stderr, "sluice sample: --resize '%s' is not C0,C1,...:R2 (R2 >= 1)\n", arg);
-        return SL_CLI_USAGE;
-    }
-    if (!(list = strndup(arg, (size_t)(colon - arg))))
+    if (colon &&
+        !(world = wcolon ? strndup(colon + 1, (size_t)(wcolon - colon - 1)) : strdup(colon + 1)))
         return sl_cli_fail("sample", "out of memory");
-    r = parse_list(&o->more[o->n_more], "resize", list, UINT64_MAX, 1u << 20);
-    free(list);
+    if (!colon || sl_parse_u64(&o->more_R[k], world, 1, UINT32_MAX) != 0) {
+        fprintf(stderr,
+                "sluice sample: --resize '%s' is not C0,C1,...:R2 or C0,C1,...:R2:W0,W1,... "
+                "(R2 >= 1)\n",
+                arg);
+        goto out;
+    }
+    if (!(list = strndup(arg, (size_t)(colon - arg)))) {
+        r = sl_cli_fail("sample", "out of memory");
+        goto out;
+    }
+    r = parse_list(&o->more[k], "resize", list, UINT64_MAX, 1u << 20);
+    if (r == 0 && wcolon)
+        r = set_weights(&o->more_w[k], "rank", wcolon + 1);
     if (r == 0)
         o->n_more++;
+out:
+    free(world);
+    free(list);
     return r;
 }
 
@@ -210,9 +231,14 @@ static const sl_cli_opt sample_table[] = {
      AT(consumed), .call = set_consumed},
     {"new-replicas", SL_CLI_U64, "R2", "elastic remainder: the new dp world size (with --consumed)",
      AT(new_replicas), .max = UINT32_MAX, SL_CLI_SEEN(sample_opts, have_new)},
-    {"resize", SL_CLI_CALL, "C0,..:R2",
+    {"new-rank-weights", SL_CLI_CALL, "W0,W1,...",
+     "elastic remainder: one weight per rank of the new dp world\n(as --rank-weights; default "
+     "equal shares)",
+     AT(new_w), .call = set_new_rank_weights},
+    {"resize", SL_CLI_CALL, "C0,..:R2[:W0,..]",
      "a further resize in the same epoch (repeatable, after --consumed):\nwhat each rank of the "
-     "previous world read, and the next world size",
+     "previous world read, the next world size, and\noptionally its rank weights (as "
+     "--rank-weights, one per rank of R2)",
      AT(n_more), .call = set_resize},
     {"labels-file", SL_CLI_STR, "F", "class id of every sample, one decimal per line",
      AT(labels_file)},
@@ -251,8 +277,11 @@ static void sample_fini(void *opts)
     free(o->consumed.v);
     free(o->rank_w.v);
     free(o->class_w.v);
-    for (size_t k = 0; k < o->n_more; k++)
+    free(o->new_w.v);
+    for (size_t k = 0; k < o->n_more; k++) {
         free(o->more[k].v);
+        free(o->more_w[k].v);
+    }
     sl_sample_labels_free(o->labels);
 }
 
@@ -353,11 +382,11 @@ static int open_share(sl_sample **s, sl_sample_elastic **plan, sample_opts *o)
 
         sl_sample_resize steps[1 + MAX_RESIZES];
 
-        steps[0] =
-            (sl_sample_resize){o->consumed.v, o->consumed.n, (uint32_t)o->new_replicas, NULL, 0};
+        steps[0] = (sl_sample_resize){o->consumed.v, o->consumed.n, (uint32_t)o->new_replicas,
+                                      o->new_w.v, o->new_w.n};
         for (size_t k = 0; k < o->n_more; k++)
-            steps[k + 1] =
-                (sl_sample_resize){o->more[k].v, o->more[k].n, (uint32_t)o->more_R[k], NULL, 0};
+            steps[k + 1] = (sl_sample_resize){o->more[k].v, o->more[k].n, (uint32_t)o->more_R[k],
+                                              o->more_w[k].v, o->more_w[k].n};
         o->cfg.rank = 0;
         err = sl_sample_elastic_chain(plan, &o->cfg, steps, 1 + o->n_more, msg, sizeof(msg));
         if (!err)
@@ -413,6 +442,11 @@ static int sample_run(sl_cli *cli, struct sl_client *c, void *opts, int argc, ch
     }
     if (!!o->consumed.v != o->have_new) {
         fprintf(stderr, "sluice sample: --consumed and --new-replicas go together\n");
+        return SL_CLI_USAGE;
+    }
+    if (o->new_w.v && !o->consumed.v) {
+        fprintf(stderr, "sluice sample: --new-rank-weights goes with --consumed and "
+                        "--new-replicas\n");
         return SL_CLI_USAGE;
     }
     if (o->n_more && !o->consumed.v) {

@@ -39,7 +39,11 @@ static void help_row(FILE *f, const char *spec, const char *help, int width)
         fprintf(f, "  %s\n", spec);
         return;
     }
-    fprintf(f, "  %-*s", width, spec);
+    /* A spec as wide as the column or wider gets its help on the next line, never glued to it. */
+    if ((int)strlen(spec) >= width)
+        fprintf(f, "  %s\n%*s", spec, width + 2, "");
+    else
+        fprintf(f, "  %-*s", width, spec);
     while ((nl = strchr(help, '\n')) != NULL) {
         fprintf(f, "%.*s\n%*s", (int)(nl - help), help, width + 2, "");
         help = nl + 1;

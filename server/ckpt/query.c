@@ -32,11 +32,20 @@ void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     /* The feed job it carries the data position of: the one named, else the job's namesake. */
     feed_job = req->feed_job && *req->feed_job ? req->feed_job : NULL;
     if (feed_job && !(s->opts.feed && sl_feed_job_exists(s->opts.feed, feed_job))) {
-        sl_rpc_call_fail(call, SL_ENOTFOUND, "feed job '%s' not found", feed_job);
+        /* A job that is being loaded (its labels read) is waited for, not missed. */
+        if ((err = s->opts.feed
+                       ? sl_feed_park_job(s->opts.feed, feed_job, call, msg, ckpt_begin, arg)
+                       : 0) <= 0)
+            sl_rpc_call_fail(call, err ? err : SL_ENOTFOUND, "feed job '%s' %s", feed_job,
+                             err ? "could not be waited for" : "not found");
         return;
     }
-    if (!feed_job && !req->no_feed && s->opts.feed && sl_feed_job_exists(s->opts.feed, req->job))
-        feed_job = req->job;
+    if (!feed_job && !req->no_feed && s->opts.feed) {
+        if (sl_feed_job_exists(s->opts.feed, req->job))
+            feed_job = req->job;
+        else if ((err = sl_feed_park_job(s->opts.feed, req->job, call, msg, ckpt_begin, arg)) != 0)
+            goto parked;
+    }
     err = sl_cat_ckpt_begin_bound(s->cat, &ck, &created, req->job, name, req->step, req->world_size,
                                   req->user_metadata, sl_now_ms(), feed_job, req->auto_commit);
     if (err == SL_EEXIST) {
@@ -55,6 +64,10 @@ void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
         sl_log_info("ckpt_begin", "job=%s name=%s world_size=%d feed_job=%s auto_commit=%d",
                     req->job, name, req->world_size, ck.feed_job, ck.auto_commit);
     ckpt_reply(s, call, &ck);
+    return;
+parked:
+    if (err < 0)
+        sl_rpc_call_fail(call, err, "feed job '%s' could not be waited for", req->job);
 }
 
 typedef struct shard_list {

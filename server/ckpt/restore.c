@@ -20,7 +20,7 @@ void ckpt_restore(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     char why[CKPT_MSG_MAX];
     uint64_t epoch = 0;
     uint32_t world = 0;
-    int err;
+    int err, parked;
 
     if (!ckpt_names_ok(call, req->job, req->name))
         return;
@@ -56,7 +56,12 @@ void ckpt_restore(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     fr.mesh = req->mesh;
     why[0] = 0;
     err = sl_feed_restore(s->opts.feed, &fr, &epoch, &world, why, sizeof(why));
-    if (err) {
+    /* A feed job that is being loaded (its labels read): run again once it is. */
+    if (err == SL_ENOTFOUND &&
+        (parked = sl_feed_park_job(s->opts.feed, ck.feed_job, call, msg, ckpt_restore, arg)) != 0) {
+        if (parked < 0)
+            sl_rpc_call_fail(call, parked, "feed job '%s' could not be waited for", ck.feed_job);
+    } else if (err) {
         sl_rpc_call_fail(call, err, "%s", why[0] ? why : sl_strerror(err));
     } else {
         resp.restored = sluice__v1__feed_state__unpack(NULL, state.len, state.p);

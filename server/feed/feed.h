@@ -47,11 +47,19 @@ void sl_feed_set_metrics(sl_feed *f, struct sl_metrics *m);
 /* 1 if the feed job exists. */
 int sl_feed_job_exists(sl_feed *f, const char *name);
 
+/* If feed job `name` exists but is not loaded yet (its dataset's labels are being read on the
+ * worker pool, as after a start), park `call`: h(call, a copy of m, arg) runs again once the
+ * labels are read (or failed), and 1 is returned; else 0, or -ENOMEM if parking failed. Loop
+ * thread (the catalog lane with a shared catalog). */
+int sl_feed_park_job(sl_feed *f, const char *name, sl_rpc_call *call, const ProtobufCMessage *m,
+                     void (*h)(sl_rpc_call *call, const ProtobufCMessage *m, void *arg), void *arg);
+
 /* The feed state of a checkpoint whose `world` ranks were at positions rank_pos[0..world) of
  * `epoch` of feed job `job`: *state a packed sluice.v1.FeedState (positions per dp rank, the
  * lowest of each dp rank's replicas; the dataset's sample count and lengths checksum), *spec and
  * *elastic the job's spec and elastic state of that epoch (from the catalog's epoch records).
- * Returns 0, or SL_ENOTFOUND (no such job), SL_ESTATE (no record of the epoch, another world),
+ * Returns 0, or SL_ENOTFOUND (no such job), SL_EUNAVAILABLE (the job is being loaded: retry),
+ * SL_ESTATE (no record of the epoch, another world),
  * SL_EINVAL (a position past the dataset) with msg. Free the blobs with sl_cat_blob_free. */
 int sl_feed_capture(sl_feed *f, const char *job, uint64_t epoch, uint32_t world,
                     const uint64_t *rank_pos, sl_cat_blob *state, sl_cat_blob *spec,

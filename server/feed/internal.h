@@ -229,7 +229,9 @@ uint32_t feed_index_chunk(uint32_t max_chunk, uint64_t samples, size_t msg_bytes
 
 fjob *feed_job_find(sl_feed *f, const char *name);
 
-/* Create the in-memory job (and compute its epoch state). Takes ownership of spec. */
+/* Create the in-memory job (and compute its epoch state). Takes ownership of spec. Returns 0,
+ * FEED_PENDING when its labels are being read (no job is added: it is loaded from the catalog
+ * once they are, feed_labels_defer_load), or a failure with msg. */
 int feed_job_add(sl_feed *f, fjob **out, const char *name, const char *dataset,
                  Sluice__V1__Job *spec, uint64_t samples, uint64_t epoch, int64_t created_ms,
                  const void *elastic, size_t elastic_len, char *msg, size_t len);
@@ -363,10 +365,33 @@ void fsrc_unref(fsrc *s);
 /* 1 if the spec needs its dataset's labels (stratify, balance_classes or class_weights). */
 int feed_spec_wants_labels(const Sluice__V1__Job *spec);
 
-/* A reference to the labels of `dataset` as the catalog has them now, loaded (O(N), blocking) if
- * no job holds them yet. Returns 0, SL_ESTATE (the dataset has no labels), SL_ECORRUPT (the file
- * is not the catalog's), -errno or -ENOMEM with msg. Release with flabels_unref. */
+/* What feed_labels_get returns while the labels are being read on the worker pool. */
+#define FEED_PENDING 1
+
+/* A reference to the labels of `dataset` as the catalog has them now. Returns 0 (read),
+ * FEED_PENDING (being read on the worker pool: the reading is started if no one held them; wait
+ * with feed_labels_park or feed_labels_defer_load, or let go), SL_ESTATE (the dataset has no
+ * labels), SL_ECORRUPT (the file is not the catalog's), -errno or -ENOMEM with msg. Release with
+ * flabels_unref. Loop thread (lane). */
 int feed_labels_get(flabels **out, sl_feed *f, const char *dataset, char *msg, size_t len);
+/* 0 while being read, 1 read, -1 failed. */
+int flabels_state(const flabels *fl);
+/* A unary or server-streaming handler, as the RPC layer calls it. */
+typedef void (*feed_handler)(sl_rpc_call *call, const ProtobufCMessage *m, void *arg);
+/* Park `call` until the labels fl are read (or failed), then run h(call, a copy of m, arg) again
+ * (or end the call UNAVAILABLE at shutdown); fl is held meanwhile. Returns 0, -ENOMEM, or
+ * SL_ESTATE when fl is not being read. */
+int feed_labels_park(flabels *fl, sl_rpc_call *call, const ProtobufCMessage *m, feed_handler h,
+                     void *arg);
+/* Load job `job` from its catalog row (feed_job_load) once fl is read. Returns 0 or -ENOMEM. */
+int feed_labels_defer_load(flabels *fl, const char *job);
+/* 1 if a load of `job` waits for labels being read (feed_labels_defer_load). */
+int feed_labels_loading(sl_feed *f, const char *job);
+/* If a load of `job` waits for labels (feed_labels_defer_load), park `call` as feed_labels_park
+ * does and return 1; else 0 (-ENOMEM if parking failed). */
+int feed_labels_park_job(sl_feed *f, const char *job, sl_rpc_call *call, const ProtobufCMessage *m,
+                         feed_handler h, void *arg);
+/* The grouped labels once read, else NULL. */
 const sl_sample_labels *flabels_of(const flabels *fl);
 /* Read and group a stored labels file: fd open for reading, n labels (one u32 little-endian per
  * sample) whose SHA-256 must be `sha256` (lowercase hex). The size is checked before anything is
@@ -375,7 +400,8 @@ const sl_sample_labels *flabels_of(const flabels *fl);
  * Any thread (also the fuzz target tests/fuzz/fuzz_read_labels.c). */
 int feed_labels_read(sl_sample_labels **out, int fd, uint64_t n, const char *sha256, char *msg,
                      size_t len);
-/* Release a reference. Accepts NULL. */
+/* Take / release a reference. Accept NULL. */
+void flabels_ref(flabels *fl);
 void flabels_unref(sl_feed *f, flabels *fl);
 
 /* ---- wait.c ---- */

@@ -64,8 +64,11 @@ static void reply_job(sl_rpc_call *call, const fjob *j)
     sl_rpc_call_reply(call, &out.base);
 }
 
-/* Look a job up by a request's name: NOT_FOUND / INVALID_ARGUMENT are answered here. */
-static fjob *job_or_fail(sl_rpc_call *call, sl_feed *f, const char *name, int fresh)
+/* Look a job up by a request's name: NOT_FOUND / INVALID_ARGUMENT are answered here. A job
+ * whose load waits for its labels (read on the worker pool) parks the call: handler h runs again
+ * on m once they are read. NULL when answered or parked. */
+static fjob *job_or_fail(sl_rpc_call *call, const ProtobufCMessage *m, feed_handler h, sl_feed *f,
+                         const char *name, int fresh)
 {
     char msg[256];
     fjob *j;
@@ -87,8 +90,12 @@ static fjob *job_or_fail(sl_rpc_call *call, sl_feed *f, const char *name, int fr
         sl_rpc_call_fail(call, err, "job '%s': %s", name, sl_strerror(err));
         return NULL;
     }
-    if (!j)
-        sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", name);
+    if (!j && (err = feed_labels_park_job(f, name, call, m, h, f)) <= 0) {
+        if (err)
+            sl_rpc_call_fail(call, err, "out of memory");
+        else
+            sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", name);
+    }
     return j;
 }
 
@@ -135,9 +142,20 @@ static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
                  in->stratify ? "stratify" : "class-balanced epochs", in->dataset);
         goto fail;
     }
+    /* Labels not in memory yet are read on the worker pool (O(N)): the call waits for them
+     * parked, and this handler runs again once they are read (or failed). */
     if (feed_spec_wants_labels(in) &&
-        (err = feed_labels_get(&labels, f, in->dataset, msg, sizeof(msg))) != 0)
+        (err = feed_labels_get(&labels, f, in->dataset, msg, sizeof(msg))) != 0) {
+        if (err != FEED_PENDING)
+            goto fail;
+        err = feed_labels_park(labels, call, m, job_create, f);
+        flabels_unref(f, labels);
+        labels = NULL;
+        if (!err)
+            return;
+        snprintf(msg, sizeof(msg), "out of memory");
         goto fail;
+    }
     if ((err = feed_spec_config(&cfg, in, flabels_of(labels), d.samples, 0, msg, sizeof(msg))) != 0)
         goto fail;
     if ((err = sl_sample_dp_rank(&dp, &dp_size, &cfg, msg, sizeof(msg))) != 0)
@@ -189,6 +207,11 @@ static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     err = feed_job_add(f, &j, in->name, in->dataset, spec, d.samples, 0, row.created_ms, NULL, 0,
                        msg, sizeof(msg));
     spec = NULL;
+    if (err == FEED_PENDING) { /* other labels recorded meanwhile: it is loaded once read */
+        err = SL_EUNAVAILABLE;
+        snprintf(msg, sizeof(msg), "job '%s' created; its dataset's labels changed meanwhile",
+                 in->name);
+    }
     if (err)
         goto fail;
     sl_log_info("job_created", "job=%s dataset=%s world=%u partition=%s shuffle=%s", j->name,
@@ -209,7 +232,7 @@ fail:
 static void job_get(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__GetJobRequest *req = (const void *)m;
-    fjob *j = job_or_fail(call, arg, req->name, 1);
+    fjob *j = job_or_fail(call, m, job_get, arg, req->name, 1);
 
     if (j)
         reply_job(call, j);
@@ -266,7 +289,7 @@ static void job_delete(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     const Sluice__V1__DeleteJobRequest *req = (const void *)m;
     Sluice__V1__DeleteJobResponse resp = SLUICE__V1__DELETE_JOB_RESPONSE__INIT;
     sl_feed *f = arg;
-    fjob *j = job_or_fail(call, f, req->name, 1);
+    fjob *j = job_or_fail(call, m, job_delete, f, req->name, 1);
     int err;
 
     if (!j)
@@ -284,7 +307,7 @@ static void job_delete(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 static void job_resize(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__ResizeJobRequest *req = (const void *)m;
-    fjob *j = job_or_fail(call, arg, req->name, 1);
+    fjob *j = job_or_fail(call, m, job_resize, arg, req->name, 1);
     char msg[320];
     int err;
 
@@ -352,7 +375,7 @@ static void epoch_plan_ready(sl_rpc_call *call, sl_feed *f, const char *job)
 static void epoch_get(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__GetEpochRequest *req = (const void *)m;
-    fjob *j = job_or_fail(call, arg, req->job, 1);
+    fjob *j = job_or_fail(call, m, epoch_get, arg, req->job, 1);
     char msg[256];
 
     if (!j)
@@ -372,7 +395,7 @@ static void epoch_report(sl_rpc_call *call, const ProtobufCMessage *m, void *arg
     const Sluice__V1__ReportProgressRequest *req = (const void *)m;
     Sluice__V1__ReportProgressResponse resp = SLUICE__V1__REPORT_PROGRESS_RESPONSE__INIT;
     sl_feed *f = arg;
-    fjob *j = job_or_fail(call, f, req->job, 0);
+    fjob *j = job_or_fail(call, m, epoch_report, f, req->job, 0);
     char msg[256];
     uint32_t dp;
     int err;
@@ -705,7 +728,7 @@ void feed_reports_close(sl_feed *f)
 static void epoch_next(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__NextEpochRequest *req = (const void *)m;
-    fjob *j = job_or_fail(call, arg, req->job, 1);
+    fjob *j = job_or_fail(call, m, epoch_next, arg, req->job, 1);
     int err;
 
     if (!j)

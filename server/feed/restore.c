@@ -28,6 +28,12 @@ int sl_feed_job_exists(sl_feed *f, const char *name)
     return job_now(f, name) != NULL;
 }
 
+int sl_feed_park_job(sl_feed *f, const char *name, sl_rpc_call *call, const ProtobufCMessage *m,
+                     void (*h)(sl_rpc_call *call, const ProtobufCMessage *m, void *arg), void *arg)
+{
+    return feed_labels_park_job(f, name, call, m, h, arg);
+}
+
 /* A job spec packed without its world and mesh: what must not change between a checkpoint and
  * its restore (dataset, partition, shuffle, seed, drop_last, batching...). */
 static int pack_settings(const Sluice__V1__Job *spec, uint8_t **out, size_t *out_len)
@@ -79,6 +85,10 @@ int sl_feed_capture(sl_feed *f, const char *job, uint64_t epoch, uint32_t world,
     state->len = 0;
     spec_out->p = elastic_out->p = NULL;
     spec_out->len = elastic_out->len = 0;
+    if (!j && feed_labels_loading(f, job)) {
+        snprintf(msg, len, "feed job '%s' is being loaded (its labels are read); retry", job);
+        return SL_EUNAVAILABLE;
+    }
     if (!j) {
         snprintf(msg, len, "feed job '%s' not found", job);
         return SL_ENOTFOUND;

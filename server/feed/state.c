@@ -477,6 +477,10 @@ int feed_job_add(sl_feed *f, fjob **out, const char *name, const char *dataset,
     j->epoch = epoch;
     j->created_ms = created_ms;
     err = feed_spec_wants_labels(spec) ? feed_labels_get(&j->labels, f, dataset, msg, len) : 0;
+    if (err == FEED_PENDING && feed_labels_defer_load(j->labels, name) != 0) {
+        snprintf(msg, len, "out of memory");
+        err = -ENOMEM;
+    }
     if (!err)
         err = feed_spec_config(&j->cfg, spec, flabels_of(j->labels), samples, epoch, msg, len);
     if (!err)

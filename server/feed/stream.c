@@ -407,9 +407,11 @@ static void stream_begin(fstream *s)
     indices_ready(s, err, msg);
 }
 
-static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32_t rank,
-                         int has_epoch, uint64_t epoch, int has_pos, int group, uint64_t pos,
-                         uint32_t chunk, sl_feed *f)
+/* Open a stream on the job's state. Returns SL_ENOTFOUND, without answering, when this replica
+ * has no such job (the caller answers: job_missing), else 0 (answered or streaming). */
+static int stream_start(sl_rpc_call *call, int batches, const char *job, uint32_t rank,
+                        int has_epoch, uint64_t epoch, int has_pos, int group, uint64_t pos,
+                        uint32_t chunk, sl_feed *f)
 {
     fstream *s;
     fjob *j;
@@ -419,11 +421,11 @@ static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32
 
     if (f->shutting_down) {
         sl_rpc_call_finish(call, SL_RPC_UNAVAILABLE, "server shutting down");
-        return;
+        return 0;
     }
     if (sl_name_check("job", job, msg, sizeof(msg)) != 0) {
         sl_rpc_call_fail(call, SL_EINVAL, "%s", msg);
-        return;
+        return 0;
     }
     j = feed_job_find(f, job);
     /* Another replica may have made, resized or restored it, begun the epoch asked for or
@@ -433,43 +435,41 @@ static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32
     if ((!j || (has_epoch && epoch > j->epoch) || sl_cat_shared(f->cat)) &&
         (err = feed_job_current(f, job, &j)) != 0) {
         sl_rpc_call_fail(call, err, "job '%s': %s", job, sl_strerror(err));
-        return;
+        return 0;
     }
-    if (!j) {
-        sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", job);
-        return;
-    }
+    if (!j)
+        return SL_ENOTFOUND; /* or its load waits for its labels: job_missing */
     if (sl_rpc_call_claim(call, "feed", job, "job") != 0)
-        return;
+        return 0;
     if (batches && !j->spec->batching) {
         sl_rpc_call_fail(call, SL_ESTATE, "job '%s' has no batching config", job);
-        return;
+        return 0;
     }
     if (!batches && j->spec->batching) {
         sl_rpc_call_fail(call, SL_ESTATE, "job '%s' streams batches: use StreamBatches", job);
-        return;
+        return 0;
     }
     if ((err = feed_job_dp_rank(j, rank, &dp, msg, sizeof(msg))) != 0) {
         sl_rpc_call_fail(call, err, "%s", msg);
-        return;
+        return 0;
     }
     if (!has_epoch)
         epoch = j->epoch;
     if (epoch < j->epoch) {
         sl_rpc_call_fail(call, SL_ESTATE, "epoch %llu of job '%s' is over (current epoch %llu)",
                          (unsigned long long)epoch, job, (unsigned long long)j->epoch);
-        return;
+        return 0;
     }
     if (epoch > j->epoch + 1) {
         sl_rpc_call_fail(call, SL_ESTATE,
                          "epoch %llu of job '%s' is more than one ahead of the current epoch %llu",
                          (unsigned long long)epoch, job, (unsigned long long)j->epoch);
-        return;
+        return 0;
     }
     s = calloc(1, sizeof(*s));
     if (!s) {
         sl_rpc_call_fail(call, -ENOMEM, "out of memory");
-        return;
+        return 0;
     }
     s->f = f;
     s->call = call;
@@ -493,6 +493,20 @@ static void stream_start(sl_rpc_call *call, int batches, const char *job, uint32
         sl_log_debug("stream_waits", "job=%s rank=%u epoch=%llu", job, rank,
                      (unsigned long long)epoch);
     }
+    return 0;
+}
+
+/* stream_start found no job: if its load waits for its labels, park the call (h runs again on
+ * m once they are read), else NOT_FOUND. */
+static void job_missing(sl_rpc_call *call, const ProtobufCMessage *m, feed_handler h, sl_feed *f,
+                        const char *job)
+{
+    int r = feed_labels_park_job(f, job, call, m, h, f);
+
+    if (r < 0)
+        sl_rpc_call_fail(call, r, "out of memory");
+    else if (r == 0)
+        sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", job);
 }
 
 static void indices_start(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
@@ -505,8 +519,9 @@ static void indices_start(sl_rpc_call *call, const ProtobufCMessage *m, void *ar
                          MAX_CHUNK);
         return;
     }
-    stream_start(call, 0, req->job, req->rank, req->epoch_set, req->epoch, req->position_set,
-                 req->group_position, req->position, chunk, arg);
+    if (stream_start(call, 0, req->job, req->rank, req->epoch_set, req->epoch, req->position_set,
+                     req->group_position, req->position, chunk, arg) == SL_ENOTFOUND)
+        job_missing(call, m, indices_start, arg, req->job);
 }
 
 static void batches_start(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
@@ -519,8 +534,9 @@ static void batches_start(sl_rpc_call *call, const ProtobufCMessage *m, void *ar
                          MAX_BATCH_CHUNK);
         return;
     }
-    stream_start(call, 1, req->job, req->rank, req->epoch_set, req->epoch, req->step_set,
-                 req->group_position, req->step, chunk, arg);
+    if (stream_start(call, 1, req->job, req->rank, req->epoch_set, req->epoch, req->step_set,
+                     req->group_position, req->step, chunk, arg) == SL_ENOTFOUND)
+        job_missing(call, m, batches_start, arg, req->job);
 }
 
 static void on_writable(sl_rpc_call *call, void *arg)

@@ -101,6 +101,10 @@ int feed_job_load(const sl_cat_job *row, void *arg)
     }
     err = feed_job_add(f, &j, row->name, row->dataset, spec, d.samples, row->epoch, row->created_ms,
                        row->elastic, row->elastic_len, msg, sizeof(msg));
+    if (err == FEED_PENDING) {
+        sl_log_info("job_load_waits", "job=%s reading=labels", row->name);
+        return 0;
+    }
     if (err) {
         /* Keep serving the other jobs; this one stays in the catalog for an operator. */
         sl_log_error("job_load_failed", "job=%s error=\"%s\"", row->name, msg);
@@ -133,6 +137,7 @@ static int reconcile(const sl_cat_job *row, void *arg)
     refresh *r = arg;
     sl_feed *f = r->f;
     fjob *j = feed_job_find(f, row->name);
+    flabels *keep;
     uint64_t gen;
     int err;
 
@@ -152,9 +157,14 @@ static int reconcile(const sl_cat_job *row, void *arg)
     sl_log_info("job_changed_elsewhere", "job=%s epoch=%llu version=%llu", j->name,
                 (unsigned long long)row->epoch, (unsigned long long)row->version);
     gen = j->gen;
+    /* Its labels stay in memory across the replacement (not read again when it held the last
+     * reference). */
+    keep = j->labels;
+    flabels_ref(keep);
     feed_job_remove(f, j, SL_RPC_ABORTED,
                     "job changed through another replica (resize or restore); reopen the stream");
     err = feed_job_load(row, f);
+    flabels_unref(f, keep);
     if ((j = feed_job_find(f, row->name)) != NULL)
         j->gen = gen + 1;
     return err;

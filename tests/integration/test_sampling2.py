@@ -203,6 +203,114 @@ class Sampling2Test(DaemonClientTest):
             for c, nc in counts.items():
                 self.assertIn(got[c], (nc // world, -(-nc // world)), (c, nc, got[c]))
 
+    def big_labels(self, name, n):
+        """A dataset of n samples with 10 classes, its labels uploaded from a u32 file by the
+        CLI (fast at tens of millions)."""
+        import tempfile
+        import numpy as np
+        labels = np.random.default_rng(1).integers(0, 10, n, dtype=np.uint32).astype("<u4")
+        self.c.create_dataset(name, n)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "labels.u32")
+            labels.tofile(path)
+            del labels
+            r = cli("dataset", "labels", name, "--file", path, "--format", "u32",
+                    addr=self.d.addr, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr)
+
+    def probe_while(self, busy, other):
+        """Health checks and other's calls (a Client) in turn while busy() runs in a thread:
+        returns (busy's duration, the probes' largest latency, how many probes ran)."""
+        import threading
+        import time
+        from sluice._health import health_pb2 as hp
+        check = other.channel.unary_unary("/grpc.health.v1.Health/Check")
+        done, took = threading.Event(), []
+
+        def run():
+            t0 = time.monotonic()
+            try:
+                busy()
+            finally:
+                took.append(time.monotonic() - t0)
+                done.set()
+
+        t = threading.Thread(target=run)
+        t.start()
+        worst, probes = 0.0, 0
+        while not done.is_set():
+            t0 = time.monotonic()
+            r = hp.HealthCheckResponse.FromString(
+                check(hp.HealthCheckRequest().SerializeToString(), timeout=30))
+            self.assertEqual(r.status, hp.HealthCheckResponse.SERVING)
+            self.assertEqual(other.get_dataset("small").name, "small")
+            other.list_jobs()
+            worst = max(worst, time.monotonic() - t0)
+            probes += 1
+            time.sleep(0.005)
+        t.join(timeout=300)
+        return took[0], worst, probes
+
+    def test_damaged_labels_at_create(self):
+        """A labels file that is not the catalog's (damaged on disk): the CreateJob that waited
+        for its read fails DATA_LOSS naming the dataset, every time (the failure is not kept),
+        and the daemon serves on; with the file repaired the job is created."""
+        self.dataset("ds", [0, 1, 1, 0, 2])
+        path = os.path.join(self.d.data_dir, "datasets", "ds.labels")
+        with open(path, "rb") as f:
+            good = f.read()
+        with open(path, "wb") as f:
+            f.write(struct.pack("<5I", 0, 0, 0, 0, 0))
+        for _ in range(2):
+            code, msg = self.code(self.c.create_job, "j", "ds", 2, stratify=True)
+            self.assertEqual(code, C.DATA_LOSS, msg)
+            self.assertIn("dataset 'ds'", msg)
+            self.assertIn("checksum differs", msg)
+        os.unlink(path)
+        code, msg = self.code(self.c.create_job, "j", "ds", 2, stratify=True)
+        self.assertIn("cannot open the labels of dataset 'ds'", msg)
+        self.assertEqual(self.c.get_dataset("ds").name, "ds")
+        with open(path, "wb") as f:
+            f.write(good)
+        self.assertTrue(self.c.create_job("j", "ds", 2, stratify=True).stratify)
+
+    def test_large_labels_read_off_the_loop(self):
+        """Reading a large labels file (O(N): hashed, then grouped by class) runs on the worker
+        pool: while a job over it is created the daemon answers health checks and another
+        client's calls promptly; after a restart, a stream of that job waits for its load."""
+        n = int(os.environ.get("SL_TEST_BIG_LABELS", 30_000_000))
+        self.big_labels("big", n)
+        self.dataset("small", [0, 1, 0])
+        other, slow = Client(self.d.addr), Client(self.d.addr, timeout=300)
+        try:
+            took, worst, probes = self.probe_while(
+                lambda: slow.create_job("j", "big", 4, stratify=True, seed=3), other)
+        finally:
+            other.close()
+            slow.close()
+        print(f"\nlabels n={n}: create {took:.3f} s, probes {probes}, max latency "
+              f"{worst * 1000:.1f} ms")
+        self.assertGreater(probes, 0)
+        self.assertLess(worst, took / 4, (took, worst, probes))
+        self.assertTrue(self.c.get_job("j").stratify)
+        # A second job over the same labels shares the copy in memory: no second read.
+        self.c.create_job("j2", "big", 2, stratify=True)
+        import re
+        reads = re.findall(r"labels_read\b.*big", self.d.log())
+        self.assertLessEqual(len(reads), len(self.d.replicas), self.d.log())
+        first = next(iter(self.c.stream_indices("j", 1))).indices[:8]
+        # Restarted, the jobs load while their labels are read off the loop; calls made
+        # meanwhile wait for them: a checkpoint begun then is bound to its namesake feed job (not
+        # begun without it), and a stream is the same stream.
+        from sluice.checkpoint import Checkpoints
+        self.restart()
+        ck = Checkpoints(self.d.addr)
+        try:
+            self.assertEqual(ck.begin("j", "c1", world_size=4).feed_job, "j")
+        finally:
+            ck.close()
+        self.assertEqual(list(next(iter(self.c.stream_indices("j", 1))).indices[:8]), list(first))
+
     def test_stratified_job_and_restart(self):
         labels = imbalanced(3000, [1000, 100, 10, 1])
         self.dataset("ds", labels)

@@ -114,6 +114,46 @@ class Cli(unittest.TestCase):
         read = base[0][:5] + base[1][:7] + mid[0][:2] + mid[2][:4] + last[0] + last[1]
         self.assertEqual(sorted(read), list(range(40)))
 
+    def test_weighted_resizes(self):
+        """Each resize may weight its new world (--new-rank-weights for the first, ":W0,..."
+        after a --resize's world size): the rest is split in proportion to them, every index of
+        the epoch read exactly once."""
+        n, args = 200, ("--samples", 200, "--replicas", 2, "--seed", 3, "--drop-last")
+        base = [ints(*args, "--rank", r) for r in range(2)]
+        step1 = ("--consumed", "10,30", "--new-replicas", 3, "--new-rank-weights", "1,2,1")
+        mid = [ints(*args, *step1, "--rank", r) for r in range(3)]
+        self.assertEqual([len(s) for s in mid], [40, 80, 40])  # 160 left, 1:2:1
+        step2 = ("--resize", "5,20,0:2:3,1")
+        last = [ints(*args, *step1, *step2, "--rank", r) for r in range(2)]
+        self.assertEqual([len(s) for s in last], [101, 34])  # 135 left, 3:1 by largest remainder
+        step3 = ("--resize", "1,4:4:1,1,1,2")
+        tail = [ints(*args, *step1, *step2, *step3, "--rank", r) for r in range(4)]
+        self.assertEqual([len(s) for s in tail], [26, 26, 26, 52])  # 130 left, 1:1:1:2
+        read = (base[0][:10] + base[1][:30] + mid[0][:5] + mid[1][:20] + last[0][:1] +
+                last[1][:4] + [i for s in tail for i in s])
+        self.assertEqual(sorted(read), list(range(n)))
+        # Unweighted steps between weighted ones are equal shares as before.
+        plain = [ints(*args, *step1, "--resize", "5,20,0:2", "--rank", r) for r in range(2)]
+        self.assertEqual([len(s) for s in plain], [68, 67])
+        # Bad weights name the value; a weight count other than the new world's is refused.
+        p = run(*args, *step1, "--resize", "5,20,0:2:3,0")
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("rank weight 1 is 0", p.stderr)
+        p = run(*args, *step1, "--resize", "5,20,0:2:3,x")
+        self.assertEqual(p.returncode, 2, p.stderr)
+        p = run(*args, *step1, "--resize", "5,20,0:2:1,1,1")
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("3 rank weights for a new dp world of 2 ranks", p.stderr)
+        p = run(*args, "--consumed", "10,30", "--new-replicas", 3, "--new-rank-weights", "1,2")
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("2 rank weights for a new dp world of 3 ranks", p.stderr)
+        p = run(*args, "--new-rank-weights", "1,2")
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("--new-rank-weights goes with --consumed", p.stderr)
+        for bad in ("5,20,0", "5,20,0:", "5,20,0:0", "5,20,0:x:1"):
+            p = run(*args, *step1, "--resize", bad)
+            self.assertEqual(p.returncode, 2, (bad, p.stderr))
+
     def test_class_errors_exit_1(self):
         lf = self._labels([0, 1, 1])
         for args, needle in (
@@ -164,6 +204,11 @@ class Cli(unittest.TestCase):
         self.assertEqual(p.returncode, 0)
         self.assertIn("--partition", p.stdout)
         self.assertIn("--drop-last", p.stdout)
+        self.assertIn("--resize C0,..:R2[:W0,..]", p.stdout)
+        self.assertIn("--new-rank-weights", p.stdout)
+        # A long option spec never runs into its description.
+        self.assertNotIn("...target", p.stdout)
+        self.assertIn("--class-weights W0,W1,...\n", p.stdout)
 
 
 if __name__ == "__main__":
