@@ -132,6 +132,17 @@ int sl_sample_share_count(uint64_t *out, const sl_sample_config *cfg, char *msg,
 int sl_sample_epoch_order(uint64_t *out, uint64_t n, int shuffle_mode, uint64_t seed,
                           uint64_t epoch);
 
+/* The order of a whole epoch of cfg as one rank reads it, for planners that cut it into
+ * consecutive pieces (token-budget batches): with classes, the single-rank (R = 1) share of the
+ * stratified or class-balanced layout (every class spread along it with the window property;
+ * class-balanced: epoch_length draws, samples of a small class repeated), else the epoch order
+ * of sl_sample_epoch_order over cfg->samples. cfg's replicas, rank, mesh, rank weights and
+ * drop_last are ignored. Stores a new array in *out (caller frees) of *n entries. Returns 0, a
+ * config error, SL_ELIMIT (more than max entries) or -ENOMEM, with msg. O(n) time (class
+ * layouts: O(n x tree depth)). Thread-safe. */
+int sl_sample_plan_order(uint64_t **out, uint64_t *n, const sl_sample_config *cfg, uint64_t max,
+                         char *msg, size_t len);
+
 /* One position of the Feistel permutation of [0, n) keyed by (seed, epoch): the value
  * sl_sample_epoch_order would put at position pos in feistel mode. O(1) time and memory.
  * Returns 0 or SL_EINVAL (n = 0, pos >= n, n > SL_SAMPLE_MAX_N). Thread-safe. */
