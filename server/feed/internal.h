@@ -95,7 +95,9 @@ typedef struct fplan {
     /* inputs for the worker, owned until it finishes */
     sl_batch_config cfg; /* cfg.rank_weights points to rank_weights */
     double *rank_weights;
-    sl_sample_config scfg;
+    sl_sample_config scfg; /* its labels and class_weights point to the two below */
+    flabels *labels;       /* a reference while the plan exists, or NULL */
+    double *class_weights;
     char path[4200];
     char sha256[65];
     fplan_step *steps; /* re-plans after the epoch's first plan (feed_job_replans), or NULL */
@@ -368,6 +370,8 @@ int feed_spec_wants_labels(const Sluice__V1__Job *spec);
  * is not the catalog's), -errno or -ENOMEM with msg. Release with flabels_unref. */
 int feed_labels_get(flabels **out, sl_feed *f, const char *dataset, char *msg, size_t len);
 const sl_sample_labels *flabels_of(const flabels *fl);
+/* Another reference to fl (a batch plan's, while a worker reads the labels). Returns fl. */
+flabels *flabels_ref(flabels *fl);
 /* Read and group a stored labels file: fd open for reading, n labels (one u32 little-endian per
  * sample) whose SHA-256 must be `sha256` (lowercase hex). The size is checked before anything is
  * allocated. Returns 0 and *out (free with sl_sample_labels_free), SL_ECORRUPT (size or checksum

@@ -164,6 +164,13 @@ const sl_sample_labels *flabels_of(const flabels *fl)
     return fl ? fl->l : NULL;
 }
 
+flabels *flabels_ref(flabels *fl)
+{
+    if (fl)
+        fl->refs++;
+    return fl;
+}
+
 void flabels_unref(sl_feed *f, flabels *fl)
 {
     flabels **pp = &f->labels;
