@@ -240,6 +240,20 @@ int sl_sample_elastic_chain(sl_sample_elastic **out, const sl_sample_config *epo
 int sl_sample_elastic_extend(sl_sample_elastic **out, const sl_sample_elastic *prev,
                              const sl_sample_resize *step, char *msg, size_t len);
 
+/* Lockstep resizes of an epoch of units that every rank reads in the same number (a batch
+ * plan's batches, which DDP ranks take one per step): unit g = step x d0 + rank is "index" g of
+ * an interleaved, unshuffled epoch of per_rank x d0 over d0 ranks. Each step redistributes what
+ * the previous world did not consume (consumed counts clipped to its shares: a restored
+ * position may exceed a share it never saw), weights ignored (units keep their sizes); with pad
+ * the new shares are padded to equal counts by repeating units of the rest (the torch rule),
+ * without it every rank reads the smallest count (the others' last unit is left out). *count is
+ * what every rank of the last world reads. Returns 0, SL_EINVAL (a step's consumed count not
+ * the previous world's size, per_rank or d0 0) or -ENOMEM with msg. Caller frees *out with
+ * sl_sample_elastic_free. Thread-safe. */
+int sl_sample_elastic_lockstep(sl_sample_elastic **out, uint64_t *count, uint64_t per_rank,
+                               uint32_t d0, bool pad, const sl_sample_resize *steps, size_t n_steps,
+                               char *msg, size_t len);
+
 /* The dp world size of a plan's newest shares. Thread-safe. */
 uint32_t sl_sample_elastic_world(const sl_sample_elastic *e);
 
