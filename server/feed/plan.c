@@ -40,45 +40,6 @@ void fplan_unref(fplan *p)
     }
 }
 
-/* Visit the rest of `prev` after consumed[r] batches of each rank r: step by step, rank by rank,
- * each batch's samples as planned, written to v when it is not NULL. Returns how many samples
- * that is. */
-static size_t rest_walk(uint64_t *v, const sl_batch_plan *prev, const fplan_step *st)
-{
-    uint32_t D = sl_batch_plan_replicas(prev);
-    uint64_t B = sl_batch_plan_batches_per_rank(prev);
-    size_t at = 0;
-    sl_batch b;
-
-    for (uint64_t i = 0; i < B; i++)
-        for (uint32_t r = 0; r < D; r++) {
-            if (i < st->consumed[r] || sl_batch_plan_get(prev, r, i, &b) != 0)
-                continue;
-            for (uint32_t k = 0; v && k < b.count; k++)
-                v[at + k] = b.indices[k];
-            at += b.count;
-        }
-    return at;
-}
-
-/* The rest of `prev` after what each rank consumed as an order of samples, *out (caller frees,
- * never NULL on success) with *n entries, possibly none. */
-static int rest_order(uint64_t **out, size_t *n, const sl_batch_plan *prev, const fplan_step *st)
-{
-    size_t total;
-
-    *out = NULL;
-    *n = 0;
-    if (st->n_consumed != sl_batch_plan_replicas(prev))
-        return SL_ECORRUPT;
-    total = rest_walk(NULL, prev, st);
-    if (!(*out = malloc((total ? total : 1) * sizeof(**out))))
-        return -ENOMEM;
-    rest_walk(*out, prev, st);
-    *n = total;
-    return 0;
-}
-
 /* The re-plans of a weighted batch job resized mid-epoch, on the worker: each step plans the
  * rest of the plan before it for its world and weights. */
 static void replan(fplan *p, const uint32_t *lengths, uint64_t n)
@@ -87,11 +48,13 @@ static void replan(fplan *p, const uint32_t *lengths, uint64_t n)
         sl_batch_plan *next = NULL;
         uint64_t *order = NULL;
         size_t m = 0;
+        char why[200];
 
         /* A rest of nothing (every rank consumed its share) plans into no batches. */
-        p->err = rest_order(&order, &m, p->plan, &p->steps[k]);
+        p->err = sl_batch_plan_rest(&order, &m, p->plan, p->steps[k].consumed,
+                                    p->steps[k].n_consumed, why, sizeof(why));
         if (p->err) {
-            snprintf(p->msg, sizeof(p->msg), "resize %u: %s", k + 1, sl_strerror(p->err));
+            snprintf(p->msg, sizeof(p->msg), "resize %u: %s", k + 1, why);
         } else {
             p->err = sl_batch_plan_new(&next, &p->steps[k].cfg, lengths, (size_t)n, order, m,
                                        p->msg, sizeof(p->msg));
