@@ -6,6 +6,7 @@
 #include "sluice.h"
 #include "util/buf.h"
 #include "util/json.h"
+#include "util/lengths.h"
 #include "util/num.h"
 
 #include <errno.h>
@@ -166,4 +167,50 @@ int sl_cli_mesh(const char *arg, uint32_t *dp, uint32_t *tp, uint32_t *cp, uint3
     *cp = (uint32_t)v[2];
     *pp = (uint32_t)v[3];
     return 0;
+}
+
+int sl_cli_labels_read(uint32_t **out, size_t *n, FILE *f, int u32, const char *path,
+                       const char *cmd)
+{
+    size_t cap = 0;
+    char line[64];
+    uint8_t b[4];
+
+    *out = NULL;
+    *n = 0;
+    for (;;) {
+        unsigned long long v;
+        char *end;
+        if (u32) {
+            size_t got = fread(b, 1, 4, f);
+            if (got == 0)
+                break;
+            if (got != 4)
+                return sl_cli_fail(cmd,
+                                   "%s: %zu bytes after label %zu (a u32 file holds "
+                                   "4 bytes per label)",
+                                   path, got, *n);
+            v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+        } else {
+            if (!fgets(line, sizeof(line), f))
+                break;
+            line[strcspn(line, "\r\n")] = '\0';
+            errno = 0;
+            v = strtoull(line, &end, 10);
+            if (!line[0] || *end || errno || line[0] == '-' || v > UINT32_MAX)
+                return sl_cli_fail(cmd, "%s:%zu: '%s' is not a class id", path, *n + 1, line);
+        }
+        if (*n == SL_LENGTHS_MAX)
+            return sl_cli_fail(cmd, "%s: more than %zu labels", path, SL_LENGTHS_MAX);
+        if (*n == cap) {
+            size_t ncap = cap ? 2 * cap : 4096;
+            uint32_t *nv = realloc(*out, ncap * sizeof(*nv));
+            if (!nv)
+                return sl_cli_fail(cmd, "out of memory");
+            *out = nv;
+            cap = ncap;
+        }
+        (*out)[(*n)++] = (uint32_t)v;
+    }
+    return ferror(f) ? sl_cli_fail(cmd, "%s: read error", path) : 0;
 }

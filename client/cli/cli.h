@@ -49,6 +49,13 @@ void sl_cli_json_str(FILE *f, const char *s);
  * the error of sl_parse_u64_list. */
 int sl_cli_mesh(const char *arg, uint32_t *dp, uint32_t *tp, uint32_t *cp, uint32_t *pp);
 
+/* Read class ids from f, in the text form (one decimal per line) or with u32 the stored
+ * little-endian form, at most SL_LENGTHS_MAX of them (their range and count are checked by the
+ * sampler or the daemon). *out: a new array of *n ids (caller frees, also on failure). Returns
+ * 0, or SL_CLI_ERROR after printing "sluice <cmd>: <path>:<line>: ..." . */
+int sl_cli_labels_read(uint32_t **out, size_t *n, FILE *f, int u32, const char *path,
+                       const char *cmd);
+
 /* The commands, in cmd_<name>.c. */
 struct sl_cli_cmd;
 extern const struct sl_cli_cmd sl_cli_health, sl_cli_info, sl_cli_sample, sl_cli_batch, sl_cli_ckpt,

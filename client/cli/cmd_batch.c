@@ -1,9 +1,11 @@
 /* sluice batch: plan an epoch's token-budget batches from a file of sequence lengths (local, no
- * daemon). The epoch order comes from the sampling engine, the plan from common/batch/, the
- * lengths from the lengths-file module (util/lengths.h). */
+ * daemon). The epoch order comes from the sampling engine (with classes: batch_epoch.c), the plan
+ * from common/batch/, the lengths from the lengths-file module (util/lengths.h); mid-epoch
+ * resizes are applied to the plan as the daemon applies them (batch_epoch.c). */
 #include "cli.h"
 
 #include "batch/batch.h"
+#include "batch_epoch.h"
 #include "err.h"
 #include "opt.h"
 #include "sample/sample.h"
@@ -17,6 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Resizes after the first (--consumed/--new-replicas), as in `sluice sample`. */
+#define MAX_RESIZES 16
+
 typedef struct batch_opts {
     sl_batch_config cfg;
     sl_sample_config sc; /* the order: partition, chunk size, drop_last, mesh */
@@ -27,7 +32,92 @@ typedef struct batch_opts {
     int stats_only, partitioned, have_chunk;
     double *rank_w; /* --rank-weights: one per dp rank */
     size_t n_rank_w;
+    batch_classes cls;
+    /* Resizes: --consumed/--new-replicas, then each --resize "C0,C1,...:R2". */
+    batch_step first;
+    uint64_t new_replicas;
+    int have_new;
+    batch_step more[MAX_RESIZES];
+    size_t n_more;
 } batch_opts;
+
+/* Parse "A,B,..." (each a decimal in [0, 2^64)) into *st, replacing what it held. */
+static int set_steps_list(batch_step *st, const char *opt, const char *arg)
+{
+    size_t cnt = 1;
+    uint64_t *v;
+
+    for (const char *p = arg; *p; p++)
+        cnt += *p == ',';
+    if (cnt > SL_BATCH_MAX_REPLICAS) {
+        fprintf(stderr, "sluice batch: --%s has %zu entries, more than %u\n", opt, cnt,
+                SL_BATCH_MAX_REPLICAS);
+        return SL_CLI_USAGE;
+    }
+    if (!(v = calloc(cnt, sizeof(*v))))
+        return sl_cli_fail("batch", "out of memory");
+    if (sl_parse_u64_list(v, cnt, arg, ',', 0, UINT64_MAX) != 0) {
+        free(v);
+        fprintf(stderr, "sluice batch: --%s '%s' is not a list of batch counts C0,C1,...\n", opt,
+                arg);
+        return SL_CLI_USAGE;
+    }
+    free(st->consumed);
+    st->consumed = v;
+    st->n_consumed = cnt;
+    return 0;
+}
+
+static int set_consumed(void *field, const char *arg)
+{
+    return set_steps_list(field, "consumed", arg);
+}
+
+/* One more resize, "C0,C1,...:R2", appended to the chain. */
+static int set_resize(void *field, const char *arg)
+{
+    batch_opts *o = (batch_opts *)((char *)field - offsetof(batch_opts, n_more));
+    const char *colon = strrchr(arg, ':');
+    uint64_t world;
+    char *list;
+    int r;
+
+    if (o->n_more == MAX_RESIZES) {
+        fprintf(stderr, "sluice batch: more than %d --resize steps\n", MAX_RESIZES);
+        return SL_CLI_USAGE;
+    }
+    if (!colon || sl_parse_u64(&world, colon + 1, 1, SL_BATCH_MAX_REPLICAS) != 0) {
+        fprintf(stderr, "sluice batch: --resize '%s' is not C0,C1,...:R2 (R2 in [1, %u])\n", arg,
+                SL_BATCH_MAX_REPLICAS);
+        return SL_CLI_USAGE;
+    }
+    if (!(list = strndup(arg, (size_t)(colon - arg))))
+        return sl_cli_fail("batch", "out of memory");
+    r = set_steps_list(&o->more[o->n_more], "resize", list);
+    free(list);
+    if (r == 0)
+        o->more[o->n_more++].new_replicas = (uint32_t)world;
+    return r;
+}
+
+static int set_class_weights(void *field, const char *arg)
+{
+    batch_classes *c = field;
+    double *v = calloc(SL_SAMPLE_MAX_CLASSES, sizeof(*v));
+    char msg[256];
+
+    if (!v)
+        return sl_cli_fail("batch", "out of memory");
+    if (sl_sample_weights_parse(v, &c->n_class_w, SL_SAMPLE_MAX_CLASSES, arg, "class", msg,
+                                sizeof(msg)) != 0) {
+        free(v);
+        fprintf(stderr, "sluice batch: %s\n", msg);
+        return SL_CLI_USAGE;
+    }
+    free(c->class_w);
+    c->class_w = v;
+    return 0;
+}
 
 static int set_rank_weights(void *field, const char *arg)
 {
@@ -174,6 +264,32 @@ static const sl_cli_opt batch_table[] = {
      "one is given)",
      AT(sc.drop_last), SEEN(partitioned)},
     SL_CLI_LINE(""),
+    SL_CLI_LINE("Classes (as in `sluice sample`; the plan's order is the epoch's class layout):"),
+    {"labels-file", SL_CLI_STR, "F", "class id of every sample, one decimal per line",
+     AT(cls.labels_file)},
+    {"stratify", SL_CLI_FLAG, NULL,
+     "stratified order: every stretch of the epoch holds each class\nin proportion",
+     AT(cls.stratify)},
+    {"balance-classes", SL_CLI_FLAG, NULL,
+     "class-balanced epochs: draw classes uniformly (or by\n--class-weights)", AT(cls.balance)},
+    {"class-weights", SL_CLI_CALL, "W0,W1,...",
+     "target class proportions of balanced epochs (implies\n--balance-classes)", AT(cls),
+     .call = set_class_weights},
+    {"epoch-length", SL_CLI_U64, "L", "draws per balanced epoch (default N)", AT(cls.epoch_length),
+     .min = 1, .max = SL_BATCH_MAX_SEQUENCES},
+    SL_CLI_LINE(""),
+    SL_CLI_LINE("Mid-epoch resizes (as a daemon's batch job does them):"),
+    {"consumed", SL_CLI_CALL, "C0,C1,...",
+     "how many batches each rank of the epoch's D ranks has read;\nprints the rest of the "
+     "epoch's batches dealt over --new-replicas\nranks, the same number each",
+     AT(first), .call = set_consumed},
+    {"new-replicas", SL_CLI_U64, "R2", "the world after the resize (with --consumed)",
+     AT(new_replicas), .min = 1, .max = SL_BATCH_MAX_REPLICAS, SEEN(have_new)},
+    {"resize", SL_CLI_CALL, "C0,..:R2",
+     "a further resize in the same epoch (repeatable, after\n--consumed): what each rank of the "
+     "previous world read, and\nthe next world size",
+     AT(n_more), .call = set_resize},
+    SL_CLI_LINE(""),
     SL_CLI_LINE("Output:"),
     {"stats", SL_CLI_FLAG, NULL, "print only the summary line", AT(stats_only)},
     SL_CLI_ROW(
@@ -192,6 +308,17 @@ static void batch_init(void *opts)
     o->shuffle = SL_SAMPLE_SHUFFLE_FEISTEL;
     o->form = SL_LENGTHS_TEXT;
     o->rank = UINT64_MAX;
+}
+
+static void batch_fini(void *opts)
+{
+    batch_opts *o = opts;
+
+    free(o->rank_w);
+    free(o->cls.class_w);
+    free(o->first.consumed);
+    for (size_t k = 0; k < o->n_more; k++)
+        free(o->more[k].consumed);
 }
 
 /* ---- lengths ---- */
@@ -340,9 +467,19 @@ static void print_batch(FILE *f, uint32_t rank, uint64_t step, const sl_batch *b
     fputs("}\n", f);
 }
 
+/* What the summary line describes besides the plan's config: the order, and the world whose
+ * batches were printed (after resizes, if any). */
+typedef struct summary_ctx {
+    size_t n_lengths, n_order;
+    sl_sample_shuffle shuffle;
+    const char *partition, *classes;
+    size_t resizes;
+    uint32_t world;
+    uint64_t per_rank;
+} summary_ctx;
+
 static void print_summary(FILE *f, const sl_batch_plan *p, const sl_batch_stats *s, int64_t rank,
-                          size_t n_lengths, size_t n_order, sl_sample_shuffle shuffle,
-                          const char *partition)
+                          const summary_ctx *x)
 {
     const sl_batch_config *c = sl_batch_plan_config(p);
 
@@ -351,7 +488,7 @@ static void print_summary(FILE *f, const sl_batch_plan *p, const sl_batch_stats 
             ",\"max_seq_len\":%" PRIu32 ",\"max_tokens\":%" PRIu64 ",\"window\":%" PRIu64
             ",\"replicas\":%" PRIu32 ",",
             sl_batch_strategy_name(c->strategy), sl_batch_cost_name(c->cost), c->max_batch_size,
-            c->max_seq_len, c->max_tokens, c->window, c->replicas);
+            c->max_seq_len, c->max_tokens, c->window, x->world);
     if (c->n_rank_weights) {
         fputs("\"rank_weights\":[", f);
         for (uint32_t r = 0; r < c->replicas; r++)
@@ -375,16 +512,24 @@ static void print_summary(FILE *f, const sl_batch_plan *p, const sl_batch_stats 
     else
         fputs("\"rank\":null,", f);
     fprintf(f,
-            "\"shuffle\":\"%s\",\"partition\":\"%s\",\"seed\":%" PRIu64 ",\"epoch\":%" PRIu64
-            ",\"samples\":%zu,\"order\":%zu,"
+            "\"shuffle\":\"%s\",\"partition\":\"%s\",\"classes\":\"%s\",\"resizes\":%zu,"
+            "\"seed\":%" PRIu64 ",\"epoch\":%" PRIu64 ",\"samples\":%zu,\"order\":%zu,"
             "\"batches\":%" PRIu64 ",\"batches_per_rank\":%" PRIu64 ",\"sequences\":%" PRIu64
             ",\"tokens\":%" PRIu64 ",\"padded_tokens\":%" PRIu64
             ",\"padding_fraction\":%.6f,\"fill\":%.6f,\"truncated\":%" PRIu64
             ",\"skipped\":%" PRIu64 ",\"dropped\":%" PRIu64 ",\"repeated\":%" PRIu64 "}}\n",
-            sl_sample_shuffle_name(shuffle), partition, c->seed, c->epoch, n_lengths, n_order,
-            s->batches, sl_batch_plan_batches_per_rank(p), s->sequences, s->tokens,
+            sl_sample_shuffle_name(x->shuffle), x->partition, x->classes, x->resizes, c->seed,
+            c->epoch, x->n_lengths, x->n_order, s->batches, x->per_rank, s->sequences, s->tokens,
             s->padded_tokens, s->padding_fraction, s->fill, s->truncated, s->skipped, s->dropped,
             s->repeated);
+}
+
+/* The dp world whose batches are printed: the last resize's, else --replicas. */
+static uint64_t last_world(const batch_opts *o)
+{
+    if (o->n_more)
+        return o->more[o->n_more - 1].new_replicas;
+    return o->first.consumed ? o->new_replicas : o->cfg.replicas;
 }
 
 /* Checks that need several options, before any work. Returns 0 or SL_CLI_USAGE. */
@@ -397,9 +542,9 @@ static int check_opts(const batch_opts *o)
                         "required\nTry 'sluice batch --help'.\n");
         return SL_CLI_USAGE;
     }
-    if (o->rank != UINT64_MAX && o->rank >= o->cfg.replicas) {
-        fprintf(stderr, "sluice batch: --rank %" PRIu64 " out of range [0, %" PRIu32 ")\n", o->rank,
-                o->cfg.replicas);
+    if (o->rank != UINT64_MAX && o->rank >= last_world(o)) {
+        fprintf(stderr, "sluice batch: --rank %" PRIu64 " out of range [0, %" PRIu64 ")%s\n",
+                o->rank, last_world(o), o->first.consumed ? " of the world after the resizes" : "");
         return SL_CLI_USAGE;
     }
     if (o->have_chunk && o->sc.partition != SL_SAMPLE_CHUNKED)
@@ -408,6 +553,20 @@ static int check_opts(const batch_opts *o)
         why = "--partition chunked needs --chunk-size";
     else if (o->sc.mesh.order[0] && !o->sc.mesh.dp)
         why = "--mesh-order needs --mesh";
+    else if (!!o->first.consumed != o->have_new)
+        why = "--consumed and --new-replicas go together";
+    else if (o->n_more && !o->first.consumed)
+        why = "--resize follows --consumed and --new-replicas";
+    else if (o->first.consumed && o->sc.mesh.dp)
+        why = "--consumed does not take --mesh: give --replicas as the epoch's dp world";
+    else if (batch_classes_set(&o->cls) && o->partitioned)
+        why = "--partition and --drop-last do not apply with class options: the plan's order is "
+              "the whole epoch's class layout";
+    else if (o->cls.labels_file && strcmp(o->cls.labels_file, "-") == 0 &&
+             strcmp(o->path, "-") == 0)
+        why = "--lengths and --labels-file cannot both read stdin";
+    else if (o->cls.stratify && (o->cls.balance || o->cls.class_w))
+        why = "--stratify and --balance-classes exclude each other";
     if (why) {
         fprintf(stderr, "sluice batch: %s\n", why);
         return SL_CLI_USAGE;
@@ -444,6 +603,8 @@ static int epoch_order(uint64_t **order, size_t *n_order, batch_opts *o, size_t 
 
     *order = NULL;
     *n_order = n;
+    if (batch_classes_set(&o->cls))
+        return batch_class_order(order, n_order, &o->cls, n, o->shuffle, o->cfg.seed, o->cfg.epoch);
     if (o->partitioned) {
         o->sc.samples = n;
         o->sc.replicas = o->cfg.replicas;
@@ -464,31 +625,111 @@ static int epoch_order(uint64_t **order, size_t *n_order, batch_opts *o, size_t 
     return 0;
 }
 
-static int print_plan(const sl_batch_plan *plan, const batch_opts *o, size_t n, size_t n_order)
+/* Statistics of what a resized view serves (all ranks, or one): its batches as printed; the
+ * epoch-wide counts (skipped, dropped, repeated) are the epoch plan's. */
+static void view_stats(sl_batch_stats *st, const batch_view *v, int64_t rank)
+{
+    const sl_batch_plan *bp = v->replan ? v->replan : v->plan;
+    uint64_t budget = 0;
+    sl_batch_stats ep;
+
+    sl_batch_plan_stats(v->plan, -1, &ep);
+    memset(st, 0, sizeof(*st));
+    st->skipped = ep.skipped;
+    st->dropped = ep.dropped;
+    st->repeated = ep.repeated;
+    for (uint32_t k = 0; k < v->world; k++) {
+        uint64_t t = sl_batch_plan_config(bp)->max_tokens;
+        if (rank >= 0 && k != rank)
+            continue;
+        if (v->replan)
+            sl_batch_plan_rank_budget(v->replan, k, &t, NULL);
+        for (uint64_t i = 0; i < v->per_rank; i++) {
+            sl_batch b;
+            if (batch_view_get(v, k, i, &b) != 0)
+                continue;
+            st->batches++;
+            st->sequences += b.count;
+            st->tokens += b.tokens;
+            st->padded_tokens += b.padded_tokens;
+            budget += t;
+        }
+    }
+    if (st->padded_tokens)
+        st->padding_fraction = (double)(st->padded_tokens - st->tokens) / (double)st->padded_tokens;
+    if (budget)
+        st->fill = (double)st->tokens / (double)budget;
+}
+
+/* Print every batch of the plan, or of its view after resizes (v not NULL), then the summary. */
+static int print_plan(const sl_batch_plan *plan, const batch_view *v, const batch_opts *o,
+                      summary_ctx *x)
 {
     static char outbuf[1 << 20];
     int64_t rank = o->rank == UINT64_MAX ? -1 : (int64_t)o->rank;
-    uint64_t per = sl_batch_plan_batches_per_rank(plan);
-    uint32_t d = sl_batch_plan_replicas(plan);
     sl_batch_stats st;
 
+    x->world = v ? v->world : sl_batch_plan_replicas(plan);
+    x->per_rank = v ? v->per_rank : sl_batch_plan_batches_per_rank(plan);
     setvbuf(stdout, outbuf, _IOFBF, sizeof(outbuf));
-    for (uint64_t i = 0; !o->stats_only && i < per; i++) {
-        for (uint32_t k = 0; k < d; k++) {
+    for (uint64_t i = 0; !o->stats_only && i < x->per_rank; i++) {
+        for (uint32_t k = 0; k < x->world; k++) {
             sl_batch b;
 
             if (rank >= 0 && k != rank)
                 continue;
-            sl_batch_plan_get(plan, k, i, &b);
+            if (v)
+                batch_view_get(v, k, i, &b);
+            else
+                sl_batch_plan_get(plan, k, i, &b);
             print_batch(stdout, k, i, &b);
         }
     }
-    sl_batch_plan_stats(plan, rank, &st);
-    print_summary(stdout, plan, &st, rank, n, n_order, o->shuffle,
-                  o->partitioned ? sl_sample_partition_name(o->sc.partition) : "none");
+    if (v)
+        view_stats(&st, v, rank);
+    else
+        sl_batch_plan_stats(plan, rank, &st);
+    print_summary(stdout, v && v->replan ? v->replan : plan, &st, rank, x);
     if (fflush(stdout) != 0 || ferror(stdout))
         return sl_cli_fail("batch", "cannot write the plan: %s", strerror(errno));
     return SL_CLI_OK;
+}
+
+/* Plan the epoch and print it, after the resizes if any. */
+static int plan_and_print(const batch_opts *o, const uint32_t *lens, size_t n,
+                          const uint64_t *order, size_t n_order)
+{
+    batch_step steps[1 + MAX_RESIZES];
+    sl_batch_plan *plan = NULL;
+    batch_view v, *vp = NULL;
+    summary_ctx x = {n, n_order, o->shuffle, "none", "none", 0, 0, 0};
+    char msg[256] = "";
+    int r, err;
+
+    if (o->partitioned)
+        x.partition = sl_sample_partition_name(o->sc.partition);
+    if (batch_classes_set(&o->cls))
+        x.classes = o->cls.stratify ? "stratify" : "balance";
+    memset(&v, 0, sizeof(v));
+    err = sl_batch_plan_new(&plan, &o->cfg, lens, n, order, n_order, msg, sizeof(msg));
+    if (err)
+        return sl_cli_fail("batch", "%s", msg[0] ? msg : sl_strerror(err));
+    if (o->first.consumed) {
+        steps[0] = o->first;
+        steps[0].new_replicas = (uint32_t)o->new_replicas;
+        for (size_t k = 0; k < o->n_more; k++)
+            steps[k + 1] = o->more[k];
+        x.resizes = 1 + o->n_more;
+        r = batch_view_open(&v, plan, &o->cfg, lens, n, steps, 1 + o->n_more);
+        vp = &v;
+    } else {
+        r = 0;
+    }
+    if (r == 0)
+        r = print_plan(plan, vp, o, &x);
+    batch_view_close(&v);
+    sl_batch_plan_free(plan);
+    return r;
 }
 
 static int batch_run(sl_cli *cli, struct sl_client *c, void *opts, int argc, char **argv)
@@ -497,9 +738,8 @@ static int batch_run(sl_cli *cli, struct sl_client *c, void *opts, int argc, cha
     lengths lens = {NULL, 0};
     uint64_t *order = NULL;
     size_t n_order = 0;
-    sl_batch_plan *plan = NULL;
     char msg[256];
-    int r, err;
+    int r;
 
     if ((r = check_opts(o)) != 0 || (r = apply_mesh(o)) != 0)
         goto out;
@@ -513,19 +753,10 @@ static int batch_run(sl_cli *cli, struct sl_client *c, void *opts, int argc, cha
     if ((r = read_lengths(&lens, o->path, o->form)) != 0 ||
         (r = epoch_order(&order, &n_order, o, lens.n)) != 0)
         goto out;
-    err = sl_batch_plan_new(&plan, &o->cfg, lens.v, lens.n, order, n_order, msg, sizeof(msg));
-    free(order);
-    order = NULL;
-    if (err)
-        r = sl_cli_fail("batch", "%s", msg[0] ? msg : sl_strerror(err));
-    else
-        r = print_plan(plan, o, lens.n, n_order);
+    r = plan_and_print(o, lens.v, lens.n, order, n_order);
 out:
-    sl_batch_plan_free(plan);
     free(order);
     free(lens.v);
-    free(o->rank_w);
-    o->rank_w = NULL;
     return r;
 }
 
@@ -536,6 +767,7 @@ const sl_cli_cmd sl_cli_batch = {
     .opts = batch_table,
     .opts_size = sizeof(batch_opts),
     .init = batch_init,
+    .fini = batch_fini,
     .run = batch_run,
     .width = 26,
     .flags = SL_CLI_NO_COMMON_HELP,

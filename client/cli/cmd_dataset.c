@@ -86,53 +86,6 @@ static int upload_lengths(const sl_cli *cli, sl_client *c, const dataset_opts *o
     return SL_CLI_OK;
 }
 
-/* Read class ids in the text form (one decimal per line) or the stored u32 little-endian form,
- * at most SL_LENGTHS_MAX of them; the daemon checks their range and count. */
-static int read_labels(uint32_t **out, size_t *n, FILE *f, sl_lengths_form form, const char *path)
-{
-    size_t cap = 0;
-    char line[64];
-    uint8_t b[4];
-
-    *out = NULL;
-    *n = 0;
-    for (;;) {
-        unsigned long long v;
-        char *end;
-        if (form == SL_LENGTHS_U32) {
-            size_t got = fread(b, 1, 4, f);
-            if (got == 0)
-                break;
-            if (got != 4)
-                return sl_cli_fail("dataset",
-                                   "%s: %zu bytes after label %zu (a u32 file holds "
-                                   "4 bytes per label)",
-                                   path, got, *n);
-            v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-        } else {
-            if (!fgets(line, sizeof(line), f))
-                break;
-            line[strcspn(line, "\r\n")] = '\0';
-            errno = 0;
-            v = strtoull(line, &end, 10);
-            if (!line[0] || *end || errno || line[0] == '-' || v > UINT32_MAX)
-                return sl_cli_fail("dataset", "%s:%zu: '%s' is not a class id", path, *n + 1, line);
-        }
-        if (*n == SL_LENGTHS_MAX)
-            return sl_cli_fail("dataset", "%s: more than %zu labels", path, SL_LENGTHS_MAX);
-        if (*n == cap) {
-            size_t ncap = cap ? 2 * cap : 4096;
-            uint32_t *nv = realloc(*out, ncap * sizeof(*nv));
-            if (!nv)
-                return sl_cli_fail("dataset", "out of memory");
-            *out = nv;
-            cap = ncap;
-        }
-        (*out)[(*n)++] = (uint32_t)v;
-    }
-    return ferror(f) ? sl_cli_fail("dataset", "%s: read error", path) : 0;
-}
-
 static int upload_labels(const sl_cli *cli, sl_client *c, const dataset_opts *o, const char *name)
 {
     FILE *f = strcmp(o->file, "-") == 0 ? stdin : fopen(o->file, "rb");
@@ -143,7 +96,7 @@ static int upload_labels(const sl_cli *cli, sl_client *c, const dataset_opts *o,
 
     if (!f)
         return sl_cli_fail("dataset", "cannot open '%s': %s", o->file, strerror(errno));
-    r = read_labels(&v, &n, f, o->form, o->file);
+    r = sl_cli_labels_read(&v, &n, f, o->form == SL_LENGTHS_U32, o->file, "dataset");
     if (f != stdin)
         fclose(f);
     if (!r)

@@ -417,3 +417,41 @@ void sl_batch_plan_memory(const sl_batch_plan *plan, size_t *held, size_t *peak)
     if (peak)
         *peak = plan->peak;
 }
+
+/* Visit the rest of `plan` after consumed[r] batches of each rank r: step by step, rank by rank,
+ * each batch's samples as planned, written to v when it is not NULL. Returns how many. */
+static size_t rest_walk(uint64_t *v, const sl_batch_plan *plan, const uint64_t *consumed)
+{
+    uint32_t D = sl_batch_plan_replicas(plan);
+    uint64_t B = sl_batch_plan_batches_per_rank(plan);
+    size_t at = 0;
+    sl_batch b;
+
+    for (uint64_t i = 0; i < B; i++)
+        for (uint32_t r = 0; r < D; r++) {
+            if (i < consumed[r] || sl_batch_plan_get(plan, r, i, &b) != 0)
+                continue;
+            for (uint32_t k = 0; v && k < b.count; k++)
+                v[at + k] = b.indices[k];
+            at += b.count;
+        }
+    return at;
+}
+
+int sl_batch_plan_rest(uint64_t **out, size_t *n, const sl_batch_plan *plan,
+                       const uint64_t *consumed, size_t n_consumed, char *msg, size_t len)
+{
+    size_t total;
+
+    *out = NULL;
+    *n = 0;
+    if (!plan || n_consumed != sl_batch_plan_replicas(plan))
+        return sl_fail(msg, len, SL_EINVAL, "%zu consumed counts for a plan of %" PRIu32 " ranks",
+                       n_consumed, plan ? sl_batch_plan_replicas(plan) : 0);
+    total = rest_walk(NULL, plan, consumed);
+    if (!(*out = malloc((total ? total : 1) * sizeof(**out))))
+        return sl_fail(msg, len, -ENOMEM, "out of memory for the rest of %zu samples", total);
+    rest_walk(*out, plan, consumed);
+    *n = total;
+    return 0;
+}

@@ -154,6 +154,14 @@ uint64_t sl_batch_plan_batches_per_rank(const sl_batch_plan *plan);
  * Thread-safe on a plan that is not being freed. */
 int sl_batch_plan_get(const sl_batch_plan *plan, uint32_t rank, uint64_t i, sl_batch *out);
 
+/* The rest of `plan` once each rank r consumed its first consumed[r] batches (n_consumed = the
+ * plan's replicas; counts past the end mean all), as an order of samples to plan again (a
+ * resize re-plans it for a new world): step by step, rank by rank, each batch's samples as
+ * planned. Stores a new array in *out (caller frees; not NULL on success) of *n entries,
+ * possibly none. Returns 0, SL_EINVAL (wrong count) or -ENOMEM with msg. Thread-safe. */
+int sl_batch_plan_rest(uint64_t **out, size_t *n, const sl_batch_plan *plan,
+                       const uint64_t *consumed, size_t n_consumed, char *msg, size_t len);
+
 /* Statistics of the whole epoch (rank < 0) or of one rank. Returns 0, or SL_EINVAL if rank >= D.
  * Thread-safe on a plan that is not being freed. */
 int sl_batch_plan_stats(const sl_batch_plan *plan, int64_t rank, sl_batch_stats *out);

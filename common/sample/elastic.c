@@ -221,6 +221,88 @@ int sl_sample_new_elastic(sl_sample **out, const sl_sample_elastic *e, uint32_t 
     return 0;
 }
 
+int sl_sample_elastic_lockstep(sl_sample_elastic **out, uint64_t *count, uint64_t per_rank,
+                               uint32_t d0, bool pad, const sl_sample_resize *steps, size_t n_steps,
+                               char *msg, size_t len)
+{
+    sl_sample_config pc;
+    sl_sample_elastic *e = NULL;
+    uint64_t *shares = NULL, low = 0;
+    uint32_t world = d0;
+    int err = 0;
+
+    *out = NULL;
+    *count = 0;
+    sl_sample_config_init(&pc);
+    pc.replicas = d0;
+    pc.partition = SL_SAMPLE_INTERLEAVED;
+    pc.shuffle = SL_SAMPLE_SHUFFLE_NONE;
+    pc.drop_last = !pad;
+    if (d0 == 0 || per_rank == 0 || per_rank > SL_SAMPLE_MAX_N / d0 || n_steps == 0)
+        return sl_fail(msg, len, SL_EINVAL,
+                       "lockstep plan of %" PRIu64 " per rank over %" PRIu32
+                       " ranks and %zu resizes: each must be at least 1",
+                       per_rank, d0, n_steps);
+    pc.samples = per_rank * d0;
+    for (size_t k = 0; k < n_steps && !err; k++) {
+        sl_sample_resize st = steps[k];
+        uint64_t *cons;
+        sl_sample_elastic *next = NULL;
+
+        if (st.n_consumed != world) {
+            err = sl_fail(msg, len, SL_EINVAL,
+                          "resize %zu: %zu consumed counts for a world of %" PRIu32 " ranks", k + 1,
+                          st.n_consumed, world);
+            break;
+        }
+        if (!(cons = malloc(8 * (st.n_consumed ? st.n_consumed : 1)))) {
+            err = sl_fail(msg, len, -ENOMEM, "out of memory");
+            break;
+        }
+        for (size_t r = 0; r < st.n_consumed; r++) {
+            uint64_t cap = k == 0 ? per_rank : shares[r];
+            cons[r] = st.consumed[r] < cap ? st.consumed[r] : cap;
+        }
+        st.consumed = cons;
+        st.weights = NULL; /* the units keep the sizes they were planned with */
+        st.n_weights = 0;
+        err = k == 0 ? sl_sample_elastic_chain(&next, &pc, &st, 1, msg, len)
+                     : sl_sample_elastic_extend(&next, e, &st, msg, len);
+        free(cons);
+        sl_sample_elastic_free(e);
+        e = next;
+        free(shares);
+        shares = NULL;
+        if (err)
+            break;
+        world = st.new_replicas;
+        if (!(shares = calloc(world, sizeof(*shares)))) {
+            err = sl_fail(msg, len, -ENOMEM, "out of memory");
+            break;
+        }
+        low = UINT64_MAX;
+        for (uint32_t d = 0; d < world && !err; d++) {
+            sl_sample *s = NULL;
+            if ((err = sl_sample_new_elastic(&s, e, d, msg, len)) == 0) {
+                shares[d] = sl_sample_count(s);
+                low = shares[d] < low ? shares[d] : low;
+            }
+            sl_sample_free(s);
+        }
+        /* Every rank reads `low` of its share; the next level sees those as the shares. */
+        for (uint32_t d = 0; d < world; d++)
+            shares[d] = low;
+    }
+    free(shares);
+    if (err) {
+        sl_sample_elastic_free(e);
+        return err;
+    }
+    *out = e;
+    *count = low;
+    return 0;
+}
+
 void sl_sample_elastic_free(sl_sample_elastic *e)
 {
     if (!e)

@@ -413,6 +413,55 @@ int sl_sample_epoch_order(uint64_t *out, uint64_t n, int shuffle_mode, uint64_t 
     }
 }
 
+int sl_sample_plan_order(uint64_t **out, uint64_t *n, const sl_sample_config *cfg, uint64_t max,
+                         char *msg, size_t len)
+{
+    sl_sample_config one = *cfg;
+    sl_sample *s = NULL;
+    uint64_t cnt = cfg->samples, *v = NULL;
+    int err = 0;
+
+    *out = NULL;
+    *n = 0;
+    /* The whole epoch as one rank reads it: the class layout spreads every class evenly along
+     * it, and whatever cuts it into consecutive pieces (batches, windows) keeps the proportions. */
+    one.replicas = 1;
+    one.rank = 0;
+    memset(&one.mesh, 0, sizeof(one.mesh));
+    one.rank_weights = NULL;
+    one.n_rank_weights = 0;
+    one.drop_last = false;
+    if (one.classes != SL_SAMPLE_CLASSES_NONE) {
+        if ((err = sl_sample_new(&s, &one, msg, len)) != 0)
+            return err;
+        cnt = sl_sample_count(s);
+    } else if ((err = sl_sample_config_check(&one, msg, len)) != 0) {
+        return err;
+    }
+    if (cnt > max) {
+        err = sl_fail(msg, len, SL_ELIMIT,
+                      "the epoch's order holds %" PRIu64 " samples, over the limit %" PRIu64, cnt,
+                      max);
+        goto out;
+    }
+    if (!(v = malloc((cnt ? cnt : 1) * sizeof(*v)))) {
+        err = sl_fail(msg, len, -ENOMEM, "out of memory for an order of %" PRIu64 " samples", cnt);
+        goto out;
+    }
+    err = s ? sl_sample_fill(v, s, 0, (size_t)cnt)
+            : sl_sample_epoch_order(v, cnt, (int)one.shuffle, one.seed, one.epoch);
+    if (err) {
+        sl_fail(msg, len, err, "epoch order failed: %s", sl_strerror(err));
+        free(v);
+        goto out;
+    }
+    *out = v;
+    *n = cnt;
+out:
+    sl_sample_free(s);
+    return err;
+}
+
 int sl_sample_new(sl_sample **out, const sl_sample_config *cfg, char *msg, size_t len)
 {
     sl_sample *s = NULL;

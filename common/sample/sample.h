@@ -132,6 +132,17 @@ int sl_sample_share_count(uint64_t *out, const sl_sample_config *cfg, char *msg,
 int sl_sample_epoch_order(uint64_t *out, uint64_t n, int shuffle_mode, uint64_t seed,
                           uint64_t epoch);
 
+/* The order of a whole epoch of cfg as one rank reads it, for planners that cut it into
+ * consecutive pieces (token-budget batches): with classes, the single-rank (R = 1) share of the
+ * stratified or class-balanced layout (every class spread along it with the window property;
+ * class-balanced: epoch_length draws, samples of a small class repeated), else the epoch order
+ * of sl_sample_epoch_order over cfg->samples. cfg's replicas, rank, mesh, rank weights and
+ * drop_last are ignored. Stores a new array in *out (caller frees) of *n entries. Returns 0, a
+ * config error, SL_ELIMIT (more than max entries) or -ENOMEM, with msg. O(n) time (class
+ * layouts: O(n x tree depth)). Thread-safe. */
+int sl_sample_plan_order(uint64_t **out, uint64_t *n, const sl_sample_config *cfg, uint64_t max,
+                         char *msg, size_t len);
+
 /* One position of the Feistel permutation of [0, n) keyed by (seed, epoch): the value
  * sl_sample_epoch_order would put at position pos in feistel mode. O(1) time and memory.
  * Returns 0 or SL_EINVAL (n = 0, pos >= n, n > SL_SAMPLE_MAX_N). Thread-safe. */
@@ -228,6 +239,20 @@ int sl_sample_elastic_chain(sl_sample_elastic **out, const sl_sample_config *epo
  * Returns like sl_sample_elastic_chain. Thread-safe. */
 int sl_sample_elastic_extend(sl_sample_elastic **out, const sl_sample_elastic *prev,
                              const sl_sample_resize *step, char *msg, size_t len);
+
+/* Lockstep resizes of an epoch of units that every rank reads in the same number (a batch
+ * plan's batches, which DDP ranks take one per step): unit g = step x d0 + rank is "index" g of
+ * an interleaved, unshuffled epoch of per_rank x d0 over d0 ranks. Each step redistributes what
+ * the previous world did not consume (consumed counts clipped to its shares: a restored
+ * position may exceed a share it never saw), weights ignored (units keep their sizes); with pad
+ * the new shares are padded to equal counts by repeating units of the rest (the torch rule),
+ * without it every rank reads the smallest count (the others' last unit is left out). *count is
+ * what every rank of the last world reads. Returns 0, SL_EINVAL (a step's consumed count not
+ * the previous world's size, per_rank or d0 0) or -ENOMEM with msg. Caller frees *out with
+ * sl_sample_elastic_free. Thread-safe. */
+int sl_sample_elastic_lockstep(sl_sample_elastic **out, uint64_t *count, uint64_t per_rank,
+                               uint32_t d0, bool pad, const sl_sample_resize *steps, size_t n_steps,
+                               char *msg, size_t len);
 
 /* The dp world size of a plan's newest shares. Thread-safe. */
 uint32_t sl_sample_elastic_world(const sl_sample_elastic *e);

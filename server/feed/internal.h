@@ -95,7 +95,9 @@ typedef struct fplan {
     /* inputs for the worker, owned until it finishes */
     sl_batch_config cfg; /* cfg.rank_weights points to rank_weights */
     double *rank_weights;
-    sl_sample_config scfg;
+    sl_sample_config scfg; /* its labels and class_weights point to the two below */
+    flabels *labels;       /* a reference while the plan exists, or NULL */
+    double *class_weights;
     char path[4200];
     char sha256[65];
     fplan_step *steps; /* re-plans after the epoch's first plan (feed_job_replans), or NULL */
@@ -400,8 +402,9 @@ const sl_sample_labels *flabels_of(const flabels *fl);
  * Any thread (also the fuzz target tests/fuzz/fuzz_read_labels.c). */
 int feed_labels_read(sl_sample_labels **out, int fd, uint64_t n, const char *sha256, char *msg,
                      size_t len);
-/* Take / release a reference. Accept NULL. */
-void flabels_ref(flabels *fl);
+/* Take another reference (a batch plan's while a worker reads the labels; a job's across its
+ * replacement) and return fl / release one. Accept NULL. */
+flabels *flabels_ref(flabels *fl);
 void flabels_unref(sl_feed *f, flabels *fl);
 
 /* ---- wait.c ---- */

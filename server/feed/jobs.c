@@ -51,7 +51,7 @@ static void describe(const fjob *j, Sluice__V1__Job *out, Sluice__V1__Mesh *mesh
     out->epoch = j->epoch;
     out->created_ms = (uint64_t)j->created_ms;
     out->dp_size = j->dp_size;
-    out->resized_in_epoch = j->src != NULL || feed_job_replans(j);
+    out->resized_in_epoch = j->chain != NULL; /* batch jobs build j->src only once streamed */
 }
 
 static void reply_job(sl_rpc_call *call, const fjob *j)
@@ -167,6 +167,12 @@ static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
         err = SL_ELIMIT;
         snprintf(msg, sizeof(msg), "batching supports at most %u samples, dataset has %llu",
                  SL_BATCH_MAX_SEQUENCES, (unsigned long long)d.samples);
+        goto fail;
+    }
+    if (in->batching && in->epoch_length > SL_BATCH_MAX_SEQUENCES) {
+        err = SL_ELIMIT;
+        snprintf(msg, sizeof(msg), "epoch_length %llu of a batch job over the limit %u",
+                 (unsigned long long)in->epoch_length, SL_BATCH_MAX_SEQUENCES);
         goto fail;
     }
     /* Store the spec without the output-only fields. */

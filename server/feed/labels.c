@@ -345,10 +345,11 @@ const sl_sample_labels *flabels_of(const flabels *fl)
     return fl && fl->state == 1 ? fl->l : NULL;
 }
 
-void flabels_ref(flabels *fl)
+flabels *flabels_ref(flabels *fl)
 {
     if (fl)
         fl->refs++;
+    return fl;
 }
 
 void flabels_unref(sl_feed *f, flabels *fl)

@@ -1,5 +1,6 @@
 /* Batch plans: one per (job, epoch), computed on libuv's worker pool from the stored lengths file
- * (its SHA-256 checked first) and the epoch's global order, and shared by every rank of the job.
+ * (its SHA-256 checked first) and the epoch's global order (with classes: the stratified or
+ * class-balanced layout of the whole epoch, sl_sample_plan_order), and shared by every rank.
  * Calls that need a plan wait for it as waiters (a call reference and a callback); when it is
  * ready the job hears of it through the plan_ready hook. Loop thread, except plan_work. */
 #include "internal.h"
@@ -32,48 +33,11 @@ void fplan_unref(fplan *p)
     if (p && --p->refs == 0) {
         sl_batch_plan_free(p->plan);
         free(p->rank_weights);
+        free(p->class_weights);
+        flabels_unref(p->f, p->labels);
         steps_free(p->steps, p->nsteps);
         free(p);
     }
-}
-
-/* Visit the rest of `prev` after consumed[r] batches of each rank r: step by step, rank by rank,
- * each batch's samples as planned, written to v when it is not NULL. Returns how many samples
- * that is. */
-static size_t rest_walk(uint64_t *v, const sl_batch_plan *prev, const fplan_step *st)
-{
-    uint32_t D = sl_batch_plan_replicas(prev);
-    uint64_t B = sl_batch_plan_batches_per_rank(prev);
-    size_t at = 0;
-    sl_batch b;
-
-    for (uint64_t i = 0; i < B; i++)
-        for (uint32_t r = 0; r < D; r++) {
-            if (i < st->consumed[r] || sl_batch_plan_get(prev, r, i, &b) != 0)
-                continue;
-            for (uint32_t k = 0; v && k < b.count; k++)
-                v[at + k] = b.indices[k];
-            at += b.count;
-        }
-    return at;
-}
-
-/* The rest of `prev` after what each rank consumed as an order of samples, *out (caller frees,
- * never NULL on success) with *n entries, possibly none. */
-static int rest_order(uint64_t **out, size_t *n, const sl_batch_plan *prev, const fplan_step *st)
-{
-    size_t total;
-
-    *out = NULL;
-    *n = 0;
-    if (st->n_consumed != sl_batch_plan_replicas(prev))
-        return SL_ECORRUPT;
-    total = rest_walk(NULL, prev, st);
-    if (!(*out = malloc((total ? total : 1) * sizeof(**out))))
-        return -ENOMEM;
-    rest_walk(*out, prev, st);
-    *n = total;
-    return 0;
 }
 
 /* The re-plans of a weighted batch job resized mid-epoch, on the worker: each step plans the
@@ -84,11 +48,13 @@ static void replan(fplan *p, const uint32_t *lengths, uint64_t n)
         sl_batch_plan *next = NULL;
         uint64_t *order = NULL;
         size_t m = 0;
+        char why[200];
 
         /* A rest of nothing (every rank consumed its share) plans into no batches. */
-        p->err = rest_order(&order, &m, p->plan, &p->steps[k]);
+        p->err = sl_batch_plan_rest(&order, &m, p->plan, p->steps[k].consumed,
+                                    p->steps[k].n_consumed, why, sizeof(why));
         if (p->err) {
-            snprintf(p->msg, sizeof(p->msg), "resize %u: %s", k + 1, sl_strerror(p->err));
+            snprintf(p->msg, sizeof(p->msg), "resize %u: %s", k + 1, why);
         } else {
             p->err = sl_batch_plan_new(&next, &p->steps[k].cfg, lengths, (size_t)n, order, m,
                                        p->msg, sizeof(p->msg));
@@ -105,7 +71,7 @@ static void plan_work(uv_work_t *w)
 {
     fplan *p = w->data;
     uint32_t *lengths = NULL;
-    uint64_t *order = NULL;
+    uint64_t *order = NULL, n_order = 0;
     uint64_t n = p->scfg.samples;
 
     int fd = sl_store_open(p->path, O_RDONLY, 0);
@@ -120,19 +86,14 @@ static void plan_work(uv_work_t *w)
     close(fd);
     if (p->err)
         goto out;
-    order = malloc(sizeof(*order) * n);
-    if (!order) {
-        p->err = -ENOMEM;
-        snprintf(p->msg, sizeof(p->msg), "out of memory for the epoch order");
+    /* The epoch's order: the shuffled samples, or with classes the stratified or class-balanced
+     * layout of the whole epoch, so that the batches cut from it carry the class proportions. */
+    p->err = sl_sample_plan_order(&order, &n_order, &p->scfg, SL_BATCH_MAX_SEQUENCES, p->msg,
+                                  sizeof(p->msg));
+    if (p->err)
         goto out;
-    }
-    p->err = sl_sample_epoch_order(order, n, p->scfg.shuffle, p->scfg.seed, p->scfg.epoch);
-    if (p->err) {
-        snprintf(p->msg, sizeof(p->msg), "epoch order failed: %s", sl_strerror(p->err));
-        goto out;
-    }
-    p->err = sl_batch_plan_new(&p->plan, &p->cfg, lengths, (size_t)n, order, (size_t)n, p->msg,
-                               sizeof(p->msg));
+    p->err = sl_batch_plan_new(&p->plan, &p->cfg, lengths, (size_t)n, order, (size_t)n_order,
+                               p->msg, sizeof(p->msg));
     if (!p->err)
         replan(p, lengths, n);
 out:
@@ -201,6 +162,35 @@ static int replan_inputs(fplan *p, fjob *j, char *msg, size_t len)
     return err;
 }
 
+/* The worker's copy of the epoch's sample config: for a job with classes a reference to the
+ * dataset's labels and a copy of the class weights (the spec's may be freed by a resize). */
+static int order_inputs(fplan *p, const fjob *j, char *msg, size_t len)
+{
+    p->scfg = j->cfg;
+    p->scfg.rank_weights = NULL; /* the plan's order is the whole epoch's (one rank) */
+    p->scfg.n_rank_weights = 0;
+    p->scfg.class_weights = NULL;
+    p->scfg.n_class_weights = 0;
+    p->scfg.labels = NULL;
+    if (j->cfg.classes == SL_SAMPLE_CLASSES_NONE)
+        return 0;
+    if (!flabels_of(j->labels)) {
+        snprintf(msg, len, "the labels of dataset '%s' are not loaded yet", j->dataset);
+        return SL_EUNAVAILABLE;
+    }
+    p->labels = flabels_ref(j->labels);
+    p->scfg.labels = flabels_of(p->labels);
+    if (j->cfg.n_class_weights) {
+        p->class_weights = malloc(j->cfg.n_class_weights * sizeof(double));
+        if (!p->class_weights)
+            return -ENOMEM;
+        memcpy(p->class_weights, j->cfg.class_weights, j->cfg.n_class_weights * sizeof(double));
+        p->scfg.class_weights = p->class_weights;
+        p->scfg.n_class_weights = j->cfg.n_class_weights;
+    }
+    return 0;
+}
+
 int feed_plan_request(fjob *j, char *msg, size_t len)
 {
     sl_cat_dataset d;
@@ -229,6 +219,8 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
     p = calloc(1, sizeof(*p));
     if (!p)
         return -ENOMEM;
+    p->refs = 1; /* the job's; fplan_unref frees a plan that does not start */
+    p->f = j->feed;
     /* A job resized mid-epoch keeps the plan of the epoch's first world (its elastic shares
      * redistribute that plan's batches). */
     spec = feed_job_plan_spec(j, &dp_size);
@@ -245,16 +237,16 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
     if (!err && feed_job_replans(j))
         err = replan_inputs(p, j, msg, len);
     if (!err)
+        err = order_inputs(p, j, msg, len);
+    if (!err)
         err = feed_lengths_path(j->feed, j->dataset, p->path, sizeof(p->path));
     if (err) {
-        free(p->rank_weights);
-        steps_free(p->steps, p->nsteps);
-        free(p);
+        if (err == -ENOMEM)
+            snprintf(msg, len, "out of memory");
+        fplan_unref(p);
         return err;
     }
-    p->scfg = j->cfg;
     p->epoch = j->epoch;
-    p->f = j->feed;
     snprintf(p->job_name, sizeof(p->job_name), "%s", j->name);
     snprintf(p->sha256, sizeof(p->sha256), "%s", d.lengths_sha256);
     p->refs = 2; /* the job's and the worker's */
@@ -262,9 +254,8 @@ int feed_plan_request(fjob *j, char *msg, size_t len)
     p->work.work.data = p;
     err = sl_cat_queue_work(j->feed->cat, j->feed->loop, &p->work, plan_work, plan_done);
     if (err) {
-        free(p->rank_weights);
-        steps_free(p->steps, p->nsteps);
-        free(p);
+        p->refs = 1;
+        fplan_unref(p);
         snprintf(msg, len, "cannot queue the batch plan");
         return SL_EUNAVAILABLE;
     }

@@ -197,81 +197,15 @@ static int chain_index_plan(fjob *j, fchain *c, sl_sample_elastic **plan, char *
     return err;
 }
 
-/* A batch job's elastic plan over its epoch plan's batches: batch g = step x D0 + rank of the
- * plan is "index" g of an interleaved, unshuffled epoch of per_rank x D0 over D0 ranks (no
- * padding: every rank has per_rank). pad_remainder pads the new shares to equal counts by
- * repeating batches of the rest; drop gives every rank the smallest count (the other ranks'
- * last batch is left out, as the plan drops its own remainder). Consumed counts over a level's
- * shares are clipped to them (a restored position may exceed a share it never saw). */
+/* A batch job's elastic plan over its epoch plan's batches (sl_sample_elastic_lockstep). */
 static int batch_chain_plan(const fchain *c, uint64_t per_rank, int pad, sl_sample_elastic **out,
                             uint64_t *count, char *msg, size_t len)
 {
-    sl_sample_config pc;
-    sl_sample_elastic *e = NULL;
-    uint64_t *shares = NULL, low = 0;
-    int err = 0;
-
-    *out = NULL;
-    sl_sample_config_init(&pc);
-    pc.samples = per_rank * c->dp0;
-    pc.replicas = c->dp0;
-    pc.partition = SL_SAMPLE_INTERLEAVED;
-    pc.shuffle = SL_SAMPLE_SHUFFLE_NONE;
-    pc.drop_last = !pad;
-    if (pc.samples == 0) {
+    if (per_rank == 0) {
         snprintf(msg, len, "the epoch's batch plan is empty: nothing to redistribute");
         return SL_ESTATE;
     }
-    for (uint32_t k = 0; k < c->n && !err; k++) {
-        sl_sample_resize st = c->steps[k];
-        uint64_t *cons = malloc(8 * st.n_consumed);
-        sl_sample_elastic *next = NULL;
-
-        if (!cons) {
-            err = -ENOMEM;
-            break;
-        }
-        for (size_t r = 0; r < st.n_consumed; r++) {
-            uint64_t cap = k == 0 ? per_rank : shares[r];
-            cons[r] = st.consumed[r] < cap ? st.consumed[r] : cap;
-        }
-        st.consumed = cons;
-        st.weights = NULL; /* batches keep the sizes they were planned with */
-        st.n_weights = 0;
-        err = k == 0 ? sl_sample_elastic_chain(&next, &pc, &st, 1, msg, len)
-                     : sl_sample_elastic_extend(&next, e, &st, msg, len);
-        free(cons);
-        sl_sample_elastic_free(e);
-        e = next;
-        free(shares);
-        shares = NULL;
-        if (err)
-            break;
-        if (!(shares = calloc(st.new_replicas, sizeof(*shares)))) {
-            err = -ENOMEM;
-            break;
-        }
-        low = UINT64_MAX;
-        for (uint32_t d = 0; d < st.new_replicas && !err; d++) {
-            sl_sample *s = NULL;
-            if ((err = sl_sample_new_elastic(&s, e, d, msg, len)) == 0) {
-                shares[d] = sl_sample_count(s);
-                low = shares[d] < low ? shares[d] : low;
-            }
-            sl_sample_free(s);
-        }
-        /* Every rank reads `low` of its share; the next level sees those as the shares. */
-        for (uint32_t d = 0; d < st.new_replicas; d++)
-            shares[d] = low;
-    }
-    free(shares);
-    if (err) {
-        sl_sample_elastic_free(e);
-        return err;
-    }
-    *out = e;
-    *count = low;
-    return 0;
+    return sl_sample_elastic_lockstep(out, count, per_rank, c->dp0, pad, c->steps, c->n, msg, len);
 }
 
 /* A batch job's chain whose first steps dealt the plan's batches out as they are (no weights

@@ -71,6 +71,13 @@ add_test(NAME sampling2_integration
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
 set_tests_properties(sampling2_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
 
+# Batch jobs with classes (issue 17): stratified / class-balanced batch plans, mid-epoch
+# resizes, a restart mid-epoch.
+add_test(NAME class_batches_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_class_batches
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(class_batches_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300)
+
 # Stratified shares under torchrun (3 DDP ranks, gloo, CPU) on an imbalanced dataset; ~10 s.
 add_test(NAME sampling2_torchrun
          COMMAND ${SL_PYTHON} -m unittest -v test_torch_strat

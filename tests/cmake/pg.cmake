@@ -9,6 +9,7 @@ set(SL_PG_TESTS
     "feed_integration_pg|integration|test_feed|feed,pg"
     "feed_resize_integration_pg|integration|test_feed_resize|feed,pg"
     "sampling2_integration_pg|integration|test_sampling2|feed,pg"
+    "class_batches_integration_pg|integration|test_class_batches|feed,pg"
     "checkpoint_integration_pg|integration|test_checkpoints|checkpoint,pg"
     "ckpt_position_integration_pg|integration|test_ckpt_position|checkpoint,pg"
     "ckpt_torch_pg|python|test_torch_ckpt|checkpoint,pg,python"

@@ -265,6 +265,138 @@ class BatchCli(unittest.TestCase):
         self.assertEqual(p.returncode, 0)
         self.assertIn(b"--max-tokens", p.stdout)
 
+    # ---- classes and resizes (issue 17), against the daemon's batch jobs ----
+
+    def class_files(self):
+        """4,000 samples at 90:10 with lengths 1-100, as files and lists."""
+        import random
+        rng = random.Random(8)
+        labels = [1] * 400 + [0] * 3600
+        rng.shuffle(labels)
+        lengths = [rng.randint(1, 100) for _ in labels]
+        lab = self.write("labels90.txt", ("\n".join(map(str, labels)) + "\n").encode())
+        ln = self.write("lengths90.txt", ("\n".join(map(str, lengths)) + "\n").encode())
+        return labels, lengths, lab, ln
+
+    def cli_batches(self, ln, world, *extra):
+        p = run("--lengths", ln, "--max-batch-size", "20", "--max-seq-len", "128",
+                "--strategy", "pad", *extra)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        out = lines(p)
+        per = [[b["indices"] for b in out[:-1] if b["rank"] == r] for r in range(world)]
+        return per, out[-1]["summary"]
+
+    def test_classes_stratified_and_balanced(self):
+        labels, _, lab, ln = self.class_files()
+        per, s = self.cli_batches(ln, 4, "--replicas", "4", "--seed", "3", "--labels-file", lab,
+                                  "--stratify")
+        self.assertEqual((s["classes"], s["order"], s["batches_per_rank"]), ("stratify", 4000, 50))
+        self.assertEqual(sorted(i for x in per for b in x for i in b), list(range(4000)))
+        for x in per:
+            for b in x:  # every batch is a window of the stratified order: 2 +- 1 of class 1
+                self.assertIn(sum(labels[i] for i in b), (1, 2, 3))
+        per, s = self.cli_batches(ln, 2, "--replicas", "2", "--labels-file", lab,
+                                  "--class-weights", "1,3", "--epoch-length", "3000")
+        self.assertEqual((s["classes"], s["order"]), ("balance", 3000))
+        flat = [i for x in per for b in x for i in b]
+        self.assertEqual(len(flat), 3000)
+        self.assertLess(abs(sum(labels[i] for i in flat) - 2250), 1)
+        # Plain batches stray further from the proportions: the options are not ignored.
+        per, _ = self.cli_batches(ln, 4, "--replicas", "4", "--seed", "3")
+        self.assertTrue(any(abs(sum(labels[i] for i in b) - 2) >= 2 for x in per for b in x))
+
+    def test_classes_and_resizes_match_the_daemon(self):
+        from sltest import Daemon
+        from sluice.client import Client
+        labels, lengths, lab, ln = self.class_files()
+        d = Daemon().start()
+        c = Client(d.addr)
+        try:
+            c.create_dataset("ds", len(labels))
+            c.upload_labels("ds", labels)
+            c.upload_lengths("ds", lengths)
+            bc = dict(strategy="pad", max_batch_size=20, max_seq_len=128)
+
+            def served(job, world):
+                return [[list(b.indices) for ch in c.stream_batches(job, r, step=0)
+                         for b in ch.batches] for r in range(world)]
+
+            cases = (("s", ["--stratify"], dict(stratify=True), []),
+                     ("b", ["--class-weights", "1,3", "--epoch-length", "3000"],
+                      dict(class_weights=[1, 3], epoch_length=3000), []),
+                     ("w", ["--stratify", "--rank-weights", "1,0.5,0.5,1"], dict(stratify=True),
+                      [1, 0.5, 0.5, 1]))
+            for job, flags, kw, rw in cases:
+                c.create_job(job, "ds", 4, seed=5, batching=bc, rank_weights=rw or None, **kw)
+                base = ["--replicas", "4", "--seed", "5", "--labels-file", lab] + flags
+                per, _ = self.cli_batches(ln, 4, *base)
+                self.assertEqual(per, served(job, 4), job)
+                # Two resizes mid-epoch: 4 -> 3 -> 2 ranks.
+                first = [3, 1, 4, 2]
+                for r, k in enumerate(first):
+                    c.report_progress(job, r, 0, k)
+                c.resize_job(job, 3)
+                second = [2, 0, 1]
+                for r, k in enumerate(second):
+                    c.report_progress(job, r, 0, k)
+                c.resize_job(job, 2)
+                per, s = self.cli_batches(ln, 2, *base, "--consumed", "3,1,4,2",
+                                          "--new-replicas", "3", "--resize", "2,0,1:2")
+                self.assertEqual(s["resizes"], 2)
+                self.assertEqual(s["replicas"], 2)
+                self.assertEqual(per, served(job, 2), job)
+                self.assertEqual(s["batches_per_rank"], c.get_epoch(job).ranks[0].count)
+        finally:
+            c.close()
+            rc = d.stop()
+            log = d.log()
+            d.cleanup()
+        self.assertEqual(rc, 0, log)
+
+    def test_class_and_resize_errors(self):
+        _, _, lab, ln = self.class_files()
+        bad_lab = self.write("bad_labels.txt", b"0\n1\nx\n")
+        short = self.write("short_labels.txt", b"0\n1\n")
+
+        def err(*args, code=1, needle=""):
+            p = run("--lengths", ln, "--max-batch-size", "20", "--max-seq-len", "128", *args)
+            self.assertEqual(p.returncode, code, (args, p.stderr))
+            self.assertIn(needle, p.stderr.decode())
+
+        err("--stratify", needle="stratify needs labels")
+        err("--labels-file", lab, needle="need --stratify, --balance-classes or --class-weights")
+        err("--labels-file", bad_lab, "--stratify", needle="bad_labels.txt:3: 'x' is not a class id")
+        err("--labels-file", short, "--stratify", needle="labels count 2 does not match")
+        err("--labels-file", lab, "--class-weights", "1,0", code=2, needle="class weight 1 is 0")
+        err("--labels-file", lab, "--class-weights", "1,1,1", needle="3 class weights for 2")
+        err("--labels-file", lab, "--stratify", "--epoch-length", "10",
+            needle="epoch length need class-balanced epochs")
+        err("--labels-file", lab, "--stratify", "--balance-classes", code=2,
+            needle="exclude each other")
+        err("--labels-file", lab, "--stratify", "--shuffle", "torch", needle="torch")
+        err("--labels-file", lab, "--stratify", "--partition", "interleaved", code=2,
+            needle="--partition and --drop-last do not apply")
+        err("--replicas", "4", "--consumed", "1,1,1,1", code=2, needle="go together")
+        err("--replicas", "4", "--resize", "1,1:2", code=2, needle="--resize follows")
+        err("--replicas", "4", "--consumed", "1,x", "--new-replicas", "2", code=2,
+            needle="--consumed '1,x'")
+        err("--replicas", "4", "--consumed", "1,1,1,1", "--new-replicas", "2", "--resize",
+            "1,1", code=2, needle="--resize '1,1' is not C0,C1,...:R2")
+        err("--replicas", "4", "--consumed", "1,1,1", "--new-replicas", "2",
+            needle="3 consumed counts for a world of 4 ranks")
+        err("--replicas", "4", "--consumed", "1,1,99,1", "--new-replicas", "2",
+            needle="rank 2 consumed 99 batches, more than the 50")
+        err("--replicas", "4", "--consumed", "1,1,1,1", "--new-replicas", "2", "--resize",
+            "1,9999:3", needle="rank 1 consumed 9999 batches")
+        err("--replicas", "4", "--consumed", "1,1,1,1", "--new-replicas", "2", "--rank", "2",
+            code=2, needle="--rank 2 out of range [0, 2) of the world after the resizes")
+        err("--replicas", "4", "--mesh", "4,1,1,1", "--consumed", "1,1,1,1", "--new-replicas",
+            "2", code=2, needle="--consumed does not take --mesh")
+        p = subprocess.run([CLI, "batch", "--help"], capture_output=True)
+        for opt in (b"--labels-file", b"--stratify", b"--balance-classes", b"--class-weights",
+                    b"--epoch-length", b"--consumed", b"--new-replicas", b"--resize"):
+            self.assertIn(opt, p.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()

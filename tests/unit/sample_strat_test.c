@@ -816,6 +816,55 @@ static int rounds(int n)
     return k > 0 && n * k >= 1 ? (int)(n * k) : 1;
 }
 
+/* sl_sample_plan_order: the one-rank share of the class layout (with classes), the epoch order
+ * otherwise; whatever the config's world, weights or drop_last; the limit refused. */
+static void test_plan_order(int n_rounds)
+{
+    for (int it = 0; it < n_rounds; it++) {
+        uint64_t n, m = 0, cnt, *order = NULL, *want;
+        uint32_t C;
+        uint32_t *lab = random_labels(&n, &C);
+        sl_sample_labels *L = NULL;
+        sl_sample_config cfg, one;
+        sl_sample *s = NULL;
+        double w[2] = {1, 2};
+        char msg[256];
+
+        CHECK(sl_sample_labels_new(&L, lab, n, msg, sizeof(msg)) == 0, "%s", msg);
+        sl_sample_config_init(&cfg);
+        cfg.samples = n;
+        cfg.seed = rnd();
+        cfg.epoch = rnd_below(1000);
+        cfg.classes = (sl_sample_classes)rnd_below(3);
+        cfg.labels = cfg.classes ? L : NULL;
+        cfg.epoch_length = cfg.classes == SL_SAMPLE_CLASSES_BALANCE ? rnd_below(3 * n) : 0;
+        one = cfg;
+        cfg.replicas = 2; /* ignored, as are weights and drop_last */
+        cfg.rank = 1;
+        cfg.rank_weights = w;
+        cfg.n_rank_weights = 2;
+        cfg.drop_last = true;
+        CHECK(sl_sample_plan_order(&order, &m, &cfg, UINT32_MAX, msg, sizeof(msg)) == 0, "%s", msg);
+        CHECK(sl_sample_new(&s, &one, msg, sizeof(msg)) == 0, "%s", msg);
+        cnt = s ? sl_sample_count(s) : 0;
+        CHECK(m == cnt, "order of %" PRIu64 " entries, share of %" PRIu64, m, cnt);
+        want = malloc((cnt ? cnt : 1) * sizeof(*want));
+        if (s && order && m == cnt && sl_sample_fill(want, s, 0, (size_t)cnt) == 0)
+            CHECK(memcmp(order, want, cnt * sizeof(*want)) == 0, "order != one-rank share");
+        free(want);
+        free(order);
+        order = NULL;
+        if (cnt > 1) {
+            CHECK(sl_sample_plan_order(&order, &m, &cfg, cnt - 1, msg, sizeof(msg)) == SL_ELIMIT,
+                  "limit %" PRIu64, cnt - 1);
+            CHECK(order == NULL && m == 0, "nothing stored on failure");
+        }
+        sl_sample_free(s);
+        sl_sample_labels_free(L);
+        free(lab);
+    }
+}
+
 int main(void)
 {
     test_bad_input();
@@ -826,6 +875,7 @@ int main(void)
     test_balanced_random(rounds(300));
     test_chain_random(rounds(600));
     test_fill_matches_at(rounds(300));
+    test_plan_order(rounds(100));
     printf("largest window deviation seen: %.3f, largest S_c %.3f (bound %.1f), largest G_c "
            "%.3f (proven < 5); classes within +-1 in every window: %" PRIu64 " of %" PRIu64 "\n",
            max_window_dev, max_tree_bound, WINDOW_BOUND, max_global_bound, classes_within_one,
