@@ -146,6 +146,15 @@ static void random_tag(char *out, size_t len)
     snprintf(out, len, "%016llx", (unsigned long long)v);
 }
 
+/* sl_feed.load_row: a job whose load waited for its labels, loaded from its row unless it is in
+ * memory already. */
+static int load_if_absent(const sl_cat_job *row, void *arg)
+{
+    sl_feed *f = arg;
+
+    return feed_job_find(f, row->name) ? 0 : feed_job_load(row, f);
+}
+
 int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_dir,
                 sl_quar *quarantine)
 {
@@ -156,6 +165,7 @@ int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_di
     *out = NULL;
     if (!f)
         return -ENOMEM;
+    f->load_row = load_if_absent;
     f->loop = loop;
     f->cat = cat;
     random_tag(f->tmp_tag, sizeof(f->tmp_tag));

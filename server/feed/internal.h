@@ -195,6 +195,10 @@ struct sl_feed {
     void *scratch;
     size_t scratch_cap;
     flabels *labels; /* labels in memory, one per (dataset, checksum) (labels.c) */
+    /* Loads a job from its catalog row unless it is in memory already; labels.c runs it for the
+     * loads that waited for labels (feed.c sets it, so labels.c calls neither state.c nor
+     * sync.c, which call it). */
+    int (*load_row)(const sl_cat_job *row, void *feed);
 };
 
 /* ---- spec.c: names and specs (pure) ---- */

@@ -142,13 +142,6 @@ static void read_work(uv_work_t *w)
     close(fd);
 }
 
-static int load_if_absent(const sl_cat_job *row, void *arg)
-{
-    sl_feed *f = arg;
-
-    return feed_job_find(f, row->name) ? 0 : feed_job_load(row, f);
-}
-
 /* In the lane: the jobs whose load waited are loaded from their rows now (a job deleted
  * meanwhile is gone from the catalog too), then the parked calls run again and find them. */
 static void read_done(uv_work_t *w, int status)
@@ -170,7 +163,7 @@ static void read_done(uv_work_t *w, int status)
     for (size_t i = 0; i < fl->nloads; i++) {
         int err = SL_ECANCELLED;
         if (!f->shutting_down && fl->state == 1)
-            err = sl_cat_job_get(f->cat, fl->loads[i], load_if_absent, f);
+            err = sl_cat_job_get(f->cat, fl->loads[i], f->load_row, f);
         if (err && err != SL_ENOTFOUND)
             sl_log_error("job_load_failed", "job=%s error=\"%s\"", fl->loads[i],
                          fl->state == 1 ? sl_strerror(err) : fl->msg);
