@@ -313,10 +313,89 @@ out:
     return rc;
 }
 
-/* One Contents entry of a listing. */
-static int list_entry(sl_s3 *c, const char *p, const char *end, sl_s3_list_fn fn, void *arg,
-                      char *msg, size_t msglen)
+const char *s3_key_rel(sl_s3 *c, const char *op, const char *key, char *msg, size_t msglen)
 {
+    size_t pl = strlen(c->cfg.prefix);
+    if (!pl)
+        return key;
+    if (strncmp(key, c->cfg.prefix, pl) != 0 || key[pl] != '/') {
+        snprintf(msg, msglen, "%s: key %.200s is outside the prefix %s", op, key, c->cfg.prefix);
+        return NULL;
+    }
+    return key + pl + 1;
+}
+
+int s3_query_prefix(sl_s3 *c, sl_buf *q, const char *prefix)
+{
+    int rc = sl_buf_addstr(q, "prefix=");
+    if (rc == 0 && c->cfg.prefix[0]) {
+        rc = s3_uri_encode(q, c->cfg.prefix, 0);
+        if (rc == 0)
+            rc = sl_buf_addstr(q, "%2F");
+    }
+    if (rc == 0 && prefix)
+        rc = s3_uri_encode(q, prefix, 0);
+    return rc;
+}
+
+int s3_list_pages(sl_s3 *c, const s3_pager *pg, void *ctx, char *msg, size_t msglen)
+{
+    sl_buf q, body;
+    char trunc[16];
+    int rc = 0;
+    sl_buf_init(&q, pg->query_cap);
+    sl_buf_init(&body, S3_XMLBODY_MAX);
+    do {
+        s3_req r;
+        sl_buf_setlen(&q, 0);
+        rc = pg->query(c, ctx, &q);
+        if (rc != 0) {
+            snprintf(msg, msglen, "%s: %s", pg->op, sl_strerror(rc));
+            break;
+        }
+        s3_req_init(&r, pg->op, "GET", NULL);
+        r.query = sl_buf_str(&q);
+        r.out = &body;
+        sl_buf_setlen(&body, 0);
+        rc = s3_perform(c, &r, msg, msglen);
+        if (rc != 0)
+            break;
+        const char *p = body.p ? body.p : "", *end = p + body.len, *vs, *ve;
+        if (!s3_xml_find(p, end, pg->result, &vs, &ve)) {
+            snprintf(msg, msglen, "%s s3://%s: the answer is not a %s", pg->op, c->cfg.bucket,
+                     pg->result);
+            rc = SL_ECORRUPT;
+            break;
+        }
+        end = ve;
+        for (p = vs; rc == 0 && s3_xml_find(p, end, pg->entry, &vs, &ve); p = ve)
+            rc = pg->entry_fn(c, vs, ve, ctx, msg, msglen);
+        if (rc != 0)
+            break;
+        p = body.p;
+        end = body.p + body.len;
+        if (s3_xml_get(p, end, "IsTruncated", trunc, sizeof(trunc)) != 0 ||
+            strcmp(trunc, "true") != 0)
+            break;
+        rc = pg->next(c, p, end, ctx, msg, msglen);
+    } while (rc == 0);
+    sl_buf_free(&q);
+    sl_buf_free(&body);
+    return rc;
+}
+
+/* ListObjectsV2: the pages' continuation token, and where each object goes. */
+typedef struct {
+    const char *prefix;
+    sl_s3_list_fn fn;
+    void *arg;
+    char token[SL_S3_KEY_MAX + 1];
+} list_ctx;
+
+/* One Contents entry of a listing. */
+static int list_entry(sl_s3 *c, const char *p, const char *end, void *ctx, char *msg, size_t msglen)
+{
+    list_ctx *l = ctx;
     char key[SL_S3_KEY_MAX + 1], size[32], lm[64];
     if (s3_xml_get(p, end, "Key", key, sizeof(key)) != 0 ||
         s3_xml_get(p, end, "Size", size, sizeof(size)) != 0) {
@@ -332,28 +411,19 @@ static int list_entry(sl_s3 *c, const char *p, const char *end, sl_s3_list_fn fn
         return SL_ECORRUPT;
     }
     int64_t mt = s3_xml_get(p, end, "LastModified", lm, sizeof(lm)) == 0 ? s3_iso8601_ms(lm) : -1;
-    size_t pl = strlen(c->cfg.prefix);
-    const char *rel = key;
-    if (pl) {
-        if (strncmp(key, c->cfg.prefix, pl) != 0 || key[pl] != '/') {
-            snprintf(msg, msglen, "ListObjectsV2: key %.200s is outside the prefix %s", key,
-                     c->cfg.prefix);
-            return SL_ECORRUPT;
-        }
-        rel = key + pl + 1;
-    }
-    return fn(rel, (uint64_t)sz, mt, arg);
+    const char *rel = s3_key_rel(c, "ListObjectsV2", key, msg, msglen);
+    return rel ? l->fn(rel, (uint64_t)sz, mt, l->arg) : SL_ECORRUPT;
 }
 
 /* The canonical query of one listing page (parameters sorted by name, values encoded). */
-static int list_query(sl_s3 *c, const char *prefix, const char *token, sl_buf *q)
+static int list_query(sl_s3 *c, void *ctx, sl_buf *q)
 {
+    const list_ctx *l = ctx;
     int rc = 0;
-    sl_buf_setlen(q, 0);
-    if (token && token[0]) {
+    if (l->token[0]) {
         rc = sl_buf_addstr(q, "continuation-token=");
         if (rc == 0)
-            rc = s3_uri_encode(q, token, 0);
+            rc = s3_uri_encode(q, l->token, 0);
         if (rc == 0)
             rc = sl_buf_addstr(q, "&");
     }
@@ -361,70 +431,32 @@ static int list_query(sl_s3 *c, const char *prefix, const char *token, sl_buf *q
         rc = sl_buf_addstr(q, "list-type=2&");
     if (rc == 0 && c->cfg.list_max_keys)
         rc = sl_buf_printf(q, "max-keys=%u&", c->cfg.list_max_keys);
-    if (rc == 0)
-        rc = sl_buf_addstr(q, "prefix=");
-    if (rc == 0 && c->cfg.prefix[0]) {
-        rc = s3_uri_encode(q, c->cfg.prefix, 0);
-        if (rc == 0)
-            rc = sl_buf_addstr(q, "%2F");
+    return rc == 0 ? s3_query_prefix(c, q, l->prefix) : rc;
+}
+
+/* The next page's continuation token, which must be new. */
+static int list_next(sl_s3 *c, const char *p, const char *end, void *ctx, char *msg, size_t msglen)
+{
+    list_ctx *l = ctx;
+    char next[sizeof(l->token)];
+    if (s3_xml_get(p, end, "NextContinuationToken", next, sizeof(next)) != 0 || !next[0] ||
+        strcmp(next, l->token) == 0) {
+        snprintf(msg, msglen,
+                 "ListObjectsV2 s3://%s: a truncated page without a new NextContinuationToken",
+                 c->cfg.bucket);
+        return SL_ECORRUPT;
     }
-    if (rc == 0 && prefix)
-        rc = s3_uri_encode(q, prefix, 0);
-    return rc;
+    memcpy(l->token, next, sizeof(l->token));
+    return 0;
 }
 
 int sl_s3_list(sl_s3 *c, const char *prefix, sl_s3_list_fn fn, void *arg, char *msg, size_t msglen)
 {
-    sl_buf q, body;
-    char token[SL_S3_KEY_MAX + 1] = "", trunc[16];
-    int rc = 0;
-    sl_buf_init(&q, 3 * SL_S3_KEY_MAX + QUERY_MAX);
-    sl_buf_init(&body, S3_XMLBODY_MAX);
-    do {
-        s3_req r;
-        rc = list_query(c, prefix, token, &q);
-        if (rc != 0) {
-            snprintf(msg, msglen, "ListObjectsV2: %s", sl_strerror(rc));
-            break;
-        }
-        s3_req_init(&r, "ListObjectsV2", "GET", NULL);
-        r.query = sl_buf_str(&q);
-        r.out = &body;
-        sl_buf_setlen(&body, 0);
-        rc = s3_perform(c, &r, msg, msglen);
-        if (rc != 0)
-            break;
-        const char *p = body.p ? body.p : "", *end = p + body.len, *vs, *ve;
-        if (!s3_xml_find(p, end, "ListBucketResult", &vs, &ve)) {
-            snprintf(msg, msglen, "ListObjectsV2 s3://%s: the answer is not a ListBucketResult",
-                     c->cfg.bucket);
-            rc = SL_ECORRUPT;
-            break;
-        }
-        end = ve;
-        for (p = vs; rc == 0 && s3_xml_find(p, end, "Contents", &vs, &ve); p = ve)
-            rc = list_entry(c, vs, ve, fn, arg, msg, msglen);
-        if (rc != 0)
-            break;
-        if (s3_xml_get(body.p, body.p + body.len, "IsTruncated", trunc, sizeof(trunc)) != 0 ||
-            strcmp(trunc, "true") != 0)
-            break;
-        char next[sizeof(token)];
-        if (s3_xml_get(body.p, body.p + body.len, "NextContinuationToken", next, sizeof(next)) !=
-                0 ||
-            !next[0] || strcmp(next, token) == 0) {
-            snprintf(msg, msglen,
-                     "ListObjectsV2 s3://%s: a truncated page without a new "
-                     "NextContinuationToken",
-                     c->cfg.bucket);
-            rc = SL_ECORRUPT;
-            break;
-        }
-        memcpy(token, next, sizeof(token));
-    } while (1);
-    sl_buf_free(&q);
-    sl_buf_free(&body);
-    return rc;
+    static const s3_pager pager = {
+        "ListObjectsV2", "ListBucketResult", "Contents", 3 * SL_S3_KEY_MAX + QUERY_MAX,
+        list_query,      list_entry,         list_next};
+    list_ctx l = {prefix, fn, arg, ""};
+    return s3_list_pages(c, &pager, &l, msg, msglen);
 }
 
 static int g_inits;

@@ -73,6 +73,23 @@ void s3_req_init(s3_req *r, const char *op, const char *method, const char *key)
 int s3_key_check(sl_s3 *c, const char *op, const char *key, char *msg, size_t msglen);
 int s3_put_body(sl_s3 *c, s3_req *r, const struct iovec *iov, int n, char *msg, size_t msglen);
 
+/* Paged listings (ListObjectsV2 in s3.c, ListMultipartUploads in s3_mpu.c): `query` writes a
+ * page's canonical query from the listing's markers in ctx (into an empty q of query_cap
+ * bytes), each <entry> of the answer's <result> element goes to entry_fn, and while the answer
+ * says IsTruncated, `next` moves the markers on (SL_ECORRUPT with msg if they did not move). */
+typedef struct s3_pager {
+    const char *op, *result, *entry;
+    size_t query_cap;
+    int (*query)(sl_s3 *c, void *ctx, sl_buf *q);
+    int (*entry_fn)(sl_s3 *c, const char *p, const char *end, void *ctx, char *msg, size_t msglen);
+    int (*next)(sl_s3 *c, const char *p, const char *end, void *ctx, char *msg, size_t msglen);
+} s3_pager;
+int s3_list_pages(sl_s3 *c, const s3_pager *pg, void *ctx, char *msg, size_t msglen);
+/* A listed key relative to the store's prefix; NULL (msg: op and key) if it is outside it. */
+const char *s3_key_rel(sl_s3 *c, const char *op, const char *key, char *msg, size_t msglen);
+/* Append "prefix=" and the encoded store prefix, '/' and `prefix` (may be NULL). */
+int s3_query_prefix(sl_s3 *c, sl_buf *q, const char *prefix);
+
 /* The SL_E* code for an HTTP status and S3 error code ("" if none). */
 int s3_status_err(long status, const char *code);
 

@@ -262,34 +262,34 @@ int sl_s3_mpu_abort(sl_s3 *c, const char *key, const char *upload_id, char *msg,
     return rc;
 }
 
+/* ListMultipartUploads: the pages' markers, and where each upload goes. */
+typedef struct {
+    const char *prefix;
+    sl_s3_upload_fn fn;
+    void *arg;
+    char key_marker[SL_S3_KEY_MAX + 1], id_marker[SL_S3_UPLOAD_MAX];
+} uploads_ctx;
+
 /* The canonical query of one ListMultipartUploads page (parameters sorted by name). */
-static int uploads_query(sl_s3 *c, const char *prefix, const char *key_marker,
-                         const char *id_marker, sl_buf *q)
+static int uploads_query(sl_s3 *c, void *ctx, sl_buf *q)
 {
+    const uploads_ctx *u = ctx;
     int rc = 0;
-    sl_buf_setlen(q, 0);
-    if (key_marker[0]) {
+    if (u->key_marker[0]) {
         rc = sl_buf_addstr(q, "key-marker=");
         if (rc == 0)
-            rc = s3_uri_encode(q, key_marker, 0);
+            rc = s3_uri_encode(q, u->key_marker, 0);
         if (rc == 0)
             rc = sl_buf_addstr(q, "&");
     }
     if (rc == 0 && c->cfg.list_max_keys)
         rc = sl_buf_printf(q, "max-uploads=%u&", c->cfg.list_max_keys);
     if (rc == 0)
-        rc = sl_buf_addstr(q, "prefix=");
-    if (rc == 0 && c->cfg.prefix[0]) {
-        rc = s3_uri_encode(q, c->cfg.prefix, 0);
-        if (rc == 0)
-            rc = sl_buf_addstr(q, "%2F");
-    }
-    if (rc == 0 && prefix)
-        rc = s3_uri_encode(q, prefix, 0);
-    if (rc == 0 && id_marker[0]) {
+        rc = s3_query_prefix(c, q, u->prefix);
+    if (rc == 0 && u->id_marker[0]) {
         rc = sl_buf_addstr(q, "&upload-id-marker=");
         if (rc == 0)
-            rc = s3_uri_encode(q, id_marker, 0);
+            rc = s3_uri_encode(q, u->id_marker, 0);
     }
     if (rc == 0)
         rc = sl_buf_addstr(q, "&uploads=");
@@ -297,9 +297,10 @@ static int uploads_query(sl_s3 *c, const char *prefix, const char *key_marker,
 }
 
 /* One <Upload> of a listing page. */
-static int upload_entry(sl_s3 *c, const char *p, const char *end, sl_s3_upload_fn fn, void *arg,
-                        char *msg, size_t msglen)
+static int upload_entry(sl_s3 *c, const char *p, const char *end, void *ctx, char *msg,
+                        size_t msglen)
 {
+    uploads_ctx *u = ctx;
     char key[SL_S3_KEY_MAX + 1], id[SL_S3_UPLOAD_MAX], when[64];
     if (s3_xml_get(p, end, "Key", key, sizeof(key)) != 0 ||
         s3_xml_get(p, end, "UploadId", id, sizeof(id)) != 0 || !id[0]) {
@@ -309,81 +310,40 @@ static int upload_entry(sl_s3 *c, const char *p, const char *end, sl_s3_upload_f
         return SL_ECORRUPT;
     }
     int64_t t = s3_xml_get(p, end, "Initiated", when, sizeof(when)) == 0 ? s3_iso8601_ms(when) : -1;
-    size_t pl = strlen(c->cfg.prefix);
-    const char *rel = key;
-    if (pl) {
-        if (strncmp(key, c->cfg.prefix, pl) != 0 || key[pl] != '/') {
-            snprintf(msg, msglen, "ListMultipartUploads: key %.200s is outside the prefix %s", key,
-                     c->cfg.prefix);
-            return SL_ECORRUPT;
-        }
-        rel = key + pl + 1;
-    }
-    return fn(rel, id, t, arg);
+    const char *rel = s3_key_rel(c, "ListMultipartUploads", key, msg, msglen);
+    return rel ? u->fn(rel, id, t, u->arg) : SL_ECORRUPT;
 }
 
 /* The markers of the next page, which must move on. */
-static int uploads_next(sl_s3 *c, const sl_buf *body, char *key_marker, char *id_marker, char *msg,
+static int uploads_next(sl_s3 *c, const char *p, const char *end, void *ctx, char *msg,
                         size_t msglen)
 {
+    uploads_ctx *u = ctx;
     char nk[SL_S3_KEY_MAX + 1] = "", ni[SL_S3_UPLOAD_MAX] = "";
-    const char *p = body->p, *end = body->p + body->len;
     (void)s3_xml_get(p, end, "NextKeyMarker", nk, sizeof(nk));
     (void)s3_xml_get(p, end, "NextUploadIdMarker", ni, sizeof(ni));
-    if (!nk[0] || (strcmp(nk, key_marker) == 0 && strcmp(ni, id_marker) == 0)) {
+    if (!nk[0] || (strcmp(nk, u->key_marker) == 0 && strcmp(ni, u->id_marker) == 0)) {
         snprintf(msg, msglen,
                  "ListMultipartUploads s3://%s: a truncated page without new "
                  "NextKeyMarker/NextUploadIdMarker",
                  c->cfg.bucket);
         return SL_ECORRUPT;
     }
-    memcpy(key_marker, nk, sizeof(nk));
-    memcpy(id_marker, ni, sizeof(ni));
+    memcpy(u->key_marker, nk, sizeof(nk));
+    memcpy(u->id_marker, ni, sizeof(ni));
     return 0;
 }
 
 int sl_s3_mpu_list(sl_s3 *c, const char *prefix, sl_s3_upload_fn fn, void *arg, char *msg,
                    size_t msglen)
 {
-    sl_buf q, body;
-    char key_marker[SL_S3_KEY_MAX + 1] = "", id_marker[SL_S3_UPLOAD_MAX] = "", trunc[16];
-    int rc = 0;
-    sl_buf_init(&q, 6 * SL_S3_KEY_MAX + 4 * SL_S3_UPLOAD_MAX);
-    sl_buf_init(&body, S3_XMLBODY_MAX);
-    do {
-        s3_req r;
-        rc = uploads_query(c, prefix, key_marker, id_marker, &q);
-        if (rc != 0) {
-            snprintf(msg, msglen, "ListMultipartUploads: %s", sl_strerror(rc));
-            break;
-        }
-        s3_req_init(&r, "ListMultipartUploads", "GET", NULL);
-        r.query = sl_buf_str(&q);
-        r.out = &body;
-        sl_buf_setlen(&body, 0);
-        rc = s3_perform(c, &r, msg, msglen);
-        if (rc != 0)
-            break;
-        const char *p = body.p ? body.p : "", *end = p + body.len, *vs, *ve;
-        if (!s3_xml_find(p, end, "ListMultipartUploadsResult", &vs, &ve)) {
-            snprintf(msg, msglen,
-                     "ListMultipartUploads s3://%s: the answer is not a "
-                     "ListMultipartUploadsResult",
-                     c->cfg.bucket);
-            rc = SL_ECORRUPT;
-            break;
-        }
-        end = ve;
-        for (p = vs; rc == 0 && s3_xml_find(p, end, "Upload", &vs, &ve); p = ve)
-            rc = upload_entry(c, vs, ve, fn, arg, msg, msglen);
-        if (rc != 0)
-            break;
-        if (s3_xml_get(body.p, body.p + body.len, "IsTruncated", trunc, sizeof(trunc)) != 0 ||
-            strcmp(trunc, "true") != 0)
-            break;
-        rc = uploads_next(c, &body, key_marker, id_marker, msg, msglen);
-    } while (rc == 0);
-    sl_buf_free(&q);
-    sl_buf_free(&body);
-    return rc;
+    static const s3_pager pager = {"ListMultipartUploads",
+                                   "ListMultipartUploadsResult",
+                                   "Upload",
+                                   6 * SL_S3_KEY_MAX + 4 * SL_S3_UPLOAD_MAX,
+                                   uploads_query,
+                                   upload_entry,
+                                   uploads_next};
+    uploads_ctx u = {prefix, fn, arg, "", ""};
+    return s3_list_pages(c, &pager, &u, msg, msglen);
 }
