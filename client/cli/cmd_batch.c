@@ -100,42 +100,36 @@ static int set_resize(void *field, const char *arg)
     return r;
 }
 
-static int set_class_weights(void *field, const char *arg)
+/* Parse a weight list ("class" or "rank", at most max) into a new array that replaces *dst. */
+static int parse_weights(double **dst, size_t *n, size_t max, const char *arg, const char *kind)
 {
-    batch_classes *c = field;
-    double *v = calloc(SL_SAMPLE_MAX_CLASSES, sizeof(*v));
+    double *v = calloc(max, sizeof(*v));
     char msg[256];
 
     if (!v)
         return sl_cli_fail("batch", "out of memory");
-    if (sl_sample_weights_parse(v, &c->n_class_w, SL_SAMPLE_MAX_CLASSES, arg, "class", msg,
-                                sizeof(msg)) != 0) {
+    if (sl_sample_weights_parse(v, n, max, arg, kind, msg, sizeof(msg)) != 0) {
         free(v);
         fprintf(stderr, "sluice batch: %s\n", msg);
         return SL_CLI_USAGE;
     }
-    free(c->class_w);
-    c->class_w = v;
+    free(*dst);
+    *dst = v;
     return 0;
+}
+
+static int set_class_weights(void *field, const char *arg)
+{
+    batch_classes *c = field;
+
+    return parse_weights(&c->class_w, &c->n_class_w, SL_SAMPLE_MAX_CLASSES, arg, "class");
 }
 
 static int set_rank_weights(void *field, const char *arg)
 {
     batch_opts *o = (batch_opts *)((char *)field - offsetof(batch_opts, rank_w));
-    double *v = calloc(SL_BATCH_MAX_REPLICAS, sizeof(*v));
-    char msg[256];
 
-    if (!v)
-        return sl_cli_fail("batch", "out of memory");
-    if (sl_sample_weights_parse(v, &o->n_rank_w, SL_BATCH_MAX_REPLICAS, arg, "rank", msg,
-                                sizeof(msg)) != 0) {
-        free(v);
-        fprintf(stderr, "sluice batch: %s\n", msg);
-        return SL_CLI_USAGE;
-    }
-    free(o->rank_w);
-    o->rank_w = v;
-    return 0;
+    return parse_weights(&o->rank_w, &o->n_rank_w, SL_BATCH_MAX_REPLICAS, arg, "rank");
 }
 
 static int set_form(void *field, const char *arg)
