@@ -16,6 +16,7 @@
 #include "store/quarantine.h"
 #include "store/sstore.h"
 #include "store/store.h"
+#include "util/array.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -217,14 +218,8 @@ static int rs_collect(const char *job, const char *file, int64_t mtime_ms, void 
 
     if (strlen(job) > SL_SHARD_NAME_MAX || strlen(file) > NAME_MAX)
         return 0; /* not a name of ours */
-    if (r->n == r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 256;
-        rs_item *p = realloc(r->items, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        r->items = p;
-        r->cap = cap;
-    }
+    if (sl_array_grow((void **)&r->items, &r->cap, r->n, sizeof(*r->items), 256) != 0)
+        return -ENOMEM;
     it = &r->items[r->n++];
     snprintf(it->job, sizeof(it->job), "%s", job);
     snprintf(it->file, sizeof(it->file), "%s", file);
@@ -242,14 +237,9 @@ static int rs_orphan_collect(const char *job, const char *file, const char *uplo
     (void)initiated_ms;
     if (strlen(job) > SL_SHARD_NAME_MAX || strlen(file) > NAME_MAX)
         return 0;
-    if (r->norphans == r->orphans_cap) {
-        size_t cap = r->orphans_cap ? r->orphans_cap * 2 : 16;
-        rs_orphan *p = realloc(r->orphans, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        r->orphans = p;
-        r->orphans_cap = cap;
-    }
+    if (sl_array_grow((void **)&r->orphans, &r->orphans_cap, r->norphans, sizeof(*r->orphans),
+                      16) != 0)
+        return -ENOMEM;
     o = &r->orphans[r->norphans++];
     snprintf(o->job, sizeof(o->job), "%s", job);
     snprintf(o->file, sizeof(o->file), "%s", file);
