@@ -529,6 +529,9 @@ int main(int argc, char **argv)
     rc = 0;
 
 out:
+    /* A start that failed before the loop ran may have labels being read on the worker pool
+     * (jobs loaded from the catalog): they complete before anything they reach is freed. */
+    sl_feed_drain(d.feed);
     sl_rpc_server_free(d.rpc);
     sl_ckpt_svc_free(d.ckpt);
     sl_feed_free(d.feed);

@@ -217,6 +217,15 @@ void sl_feed_free(sl_feed *f)
     free(f);
 }
 
+void sl_feed_drain(sl_feed *f)
+{
+    if (!f)
+        return;
+    f->shutting_down = 1; /* the reads' completions load no job and answer no call */
+    while (feed_labels_reading(f))
+        uv_run(f->loop, UV_RUN_ONCE);
+}
+
 void sl_feed_set_writer(sl_feed *f, sl_cat *wcat)
 {
     f->wcat = wcat;

@@ -27,6 +27,11 @@ int sl_feed_new(sl_feed **out, uv_loop_t *loop, sl_cat *cat, const char *data_di
 
 /* Free the service. Accepts NULL. */
 void sl_feed_free(sl_feed *f);
+/* For a start that failed before the loop ran: runs the loop until no labels are being read on
+ * the worker pool (reads that jobs loaded from the catalog started), so that nothing completes
+ * after the feed, the catalog or the services it reaches are freed. Call it first when tearing
+ * down; a no-op once the loop ran to its end. NULL is fine. */
+void sl_feed_drain(sl_feed *f);
 
 /* The four service tables, in the order Datasets, Jobs, Epochs, Feed; their arg is f. */
 const sl_rpc_service *sl_feed_service(sl_feed *f, int i);

@@ -393,6 +393,8 @@ int feed_labels_park(flabels *fl, sl_rpc_call *call, const ProtobufCMessage *m, 
 int feed_labels_defer_load(flabels *fl, const char *job);
 /* 1 if a load of `job` waits for labels being read (feed_labels_defer_load). */
 int feed_labels_loading(sl_feed *f, const char *job);
+/* 1 while any labels are being read on the worker pool. */
+int feed_labels_reading(const sl_feed *f);
 /* If a load of `job` waits for labels (feed_labels_defer_load), park `call` as feed_labels_park
  * does and return 1; else 0 (-ENOMEM if parking failed). */
 int feed_labels_park_job(sl_feed *f, const char *job, sl_rpc_call *call, const ProtobufCMessage *m,

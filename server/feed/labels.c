@@ -50,6 +50,9 @@ struct flabels {
 /* A call parked until labels are read: its handler runs again then on a copy of its request. */
 typedef struct fparked {
     flabels *fl; /* referenced until the handler ran again */
+    /* Parked on the load of this job (feed_labels_park_job), "" otherwise: if the labels fail,
+     * the job is not loaded and the call gets their error, not NOT_FOUND. */
+    char job[SL_CAT_FEED_NAME_MAX + 1];
     feed_handler h;
     void *arg;
     const ProtobufCMessageDescriptor *desc;
@@ -252,6 +255,8 @@ static void parked_run(sl_rpc_call *call, sl_feed *f, const char *dataset)
         goto out;
     if (f->shutting_down) {
         sl_rpc_call_finish(call, SL_RPC_UNAVAILABLE, "server shutting down");
+    } else if (p->job[0] && p->fl->state < 0) {
+        sl_rpc_call_fail(call, p->fl->err, "job '%s' cannot be loaded: %s", p->job, p->fl->msg);
     } else if (!(m = protobuf_c_message_unpack(p->desc, NULL, p->len, p->bytes))) {
         sl_rpc_call_fail(call, -ENOMEM, "out of memory");
     } else {
@@ -273,6 +278,7 @@ static int park(flabels *fl, sl_rpc_call *call, const ProtobufCMessage *m, feed_
     if (!p)
         return -ENOMEM;
     p->fl = fl;
+    p->job[0] = '\0';
     p->h = h;
     p->arg = arg;
     p->desc = m->descriptor;
@@ -325,7 +331,18 @@ int feed_labels_park_job(sl_feed *f, const char *job, sl_rpc_call *call, const P
 
     if (!fl)
         return 0;
-    return park(fl, call, m, h, arg) == 0 ? 1 : -ENOMEM;
+    if (park(fl, call, m, h, arg) != 0)
+        return -ENOMEM;
+    snprintf(((fparked *)sl_rpc_call_data(call))->job, SL_CAT_FEED_NAME_MAX + 1, "%s", job);
+    return 1;
+}
+
+int feed_labels_reading(const sl_feed *f)
+{
+    for (const flabels *fl = f->labels; fl; fl = fl->next)
+        if (fl->state == 0)
+            return 1;
+    return 0;
 }
 
 int flabels_state(const flabels *fl)

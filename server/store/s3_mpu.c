@@ -302,8 +302,12 @@ static int upload_entry(sl_s3 *c, const char *p, const char *end, void *ctx, cha
 {
     uploads_ctx *u = ctx;
     char key[SL_S3_KEY_MAX + 1], id[SL_S3_UPLOAD_MAX], when[64];
-    if (s3_xml_get(p, end, "Key", key, sizeof(key)) != 0 ||
-        s3_xml_get(p, end, "UploadId", id, sizeof(id)) != 0 || !id[0]) {
+    int rk = s3_xml_get(p, end, "Key", key, sizeof(key));
+    int ri = s3_xml_get(p, end, "UploadId", id, sizeof(id));
+    if (rk == SL_ECORRUPT || ri == SL_ECORRUPT)
+        return 0; /* a key or id longer than any of ours: another tool's upload, not ours to abort
+                   */
+    if (rk != 0 || ri != 0 || !id[0]) {
         snprintf(msg, msglen,
                  "ListMultipartUploads s3://%s: an upload without a readable Key or UploadId",
                  c->cfg.bucket);

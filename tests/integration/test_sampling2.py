@@ -310,6 +310,21 @@ class Sampling2Test(DaemonClientTest):
         finally:
             ck.close()
         self.assertEqual(list(next(iter(self.c.stream_indices("j", 1))).indices[:8]), list(first))
+        # Damaged while the daemon was down: a call that waited for the job's load gets the
+        # labels' error naming the job (DATA_LOSS), not NOT_FOUND.
+        self.c.close()
+        self.assertEqual(self.d.stop(), 0, self.d.log())
+        with open(os.path.join(self.d.data_dir, "datasets", "big.labels"), "r+b") as f:
+            f.seek(-4, os.SEEK_END)
+            last = f.read(4)
+            f.seek(-4, os.SEEK_END)
+            f.write(b"\x07\x00\x00\x00" if last[0] != 7 else b"\x03\x00\x00\x00")
+        self.d.start()
+        self.c = Client(self.d.addr)
+        code, details = self.code(self.c.get_job, "j")
+        self.assertEqual(code, grpc.StatusCode.DATA_LOSS, details + self.d.log()[-3000:])
+        self.assertIn("job 'j' cannot be loaded", details)
+        self.assertIn("big", details)
 
     def test_stratified_job_and_restart(self):
         labels = imbalanced(3000, [1000, 100, 10, 1])
