@@ -303,12 +303,28 @@ static void on_wait_timeout(uv_timer_t *t)
     }
 }
 
+/* 1 if the socket watch is the live connection's. libpq closes its socket when the connection
+ * fails (PQsocket is then -1); libuv aborts the process when the events of a watch on a closed
+ * descriptor change (epoll_ctl fails with EBADF), so such a watch is never started again. A
+ * watch made for a reconnect (reset_step) is not the lane's either. */
+static int watch_live(pg *p)
+{
+    uv_os_fd_t fd;
+
+    return p->poll && !p->resetting && PQstatus(p->conn) == CONNECTION_OK &&
+           uv_fileno((uv_handle_t *)p->poll, &fd) == 0 && fd == PQsocket(p->conn);
+}
+
 /* wait_socket for a statement in the catalog lane: the lane is suspended, the loop goes on. */
 int sl_pg_lane_wait(sl_cat *cat, short events, uint64_t deadline)
 {
     pg *p = PG(cat);
     uint64_t now = mono_ms();
 
+    if (!watch_live(p)) {
+        sl_pg_listen_lost(p);
+        return -1;
+    }
     if (now >= deadline)
         return 0;
     p->waiting = 1;
@@ -318,8 +334,10 @@ int sl_pg_lane_wait(sl_cat *cat, short events, uint64_t deadline)
     sl_lane_suspend(cat->lane);
     uv_timer_stop(p->wait_timer);
     p->waiting = 0;
-    if (p->poll)
+    if (watch_live(p))
         uv_poll_start(p->poll, UV_READABLE, on_io);
+    else
+        sl_pg_listen_lost(p); /* no-op while a reconnect runs */
     return p->woke;
 }
 
