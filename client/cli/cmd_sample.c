@@ -174,8 +174,10 @@ static int set_resize(void *field, const char *arg)
         goto out;
     }
     r = parse_list(&o->more[k], "resize", list, UINT64_MAX, 1u << 20);
-    if (r == 0 && wcolon)
-        r = set_weights(&o->more_w[k], "rank", wcolon + 1);
+    if (r == 0 && wcolon && (r = set_weights(&o->more_w[k], "rank", wcolon + 1)) != 0) {
+        free(o->more[k].v); /* a step not taken: the options' cleanup frees only n_more steps */
+        o->more[k].v = NULL;
+    }
     if (r == 0)
         o->n_more++;
 out:
