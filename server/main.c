@@ -10,6 +10,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <malloc.h>
 #include <signal.h>
@@ -19,6 +20,44 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* A fatal signal (an abort in a library, a crash) leaves a line and the stack on stderr, which
+ * the journal keeps, before the default action ends the process: a libuv abort() is otherwise
+ * silent. Only async-signal-safe calls (backtrace() is loaded at start, so it allocates
+ * nothing here). */
+static void on_fatal(int signum)
+{
+    static const char head[] = "level=error event=fatal_signal signal=";
+    void *frames[64];
+    const char *name = signum == SIGABRT   ? "SIGABRT\n"
+                       : signum == SIGSEGV ? "SIGSEGV\n"
+                       : signum == SIGBUS  ? "SIGBUS\n"
+                       : signum == SIGILL  ? "SIGILL\n"
+                                           : "SIGFPE\n";
+    int n = backtrace(frames, 64);
+
+    if (write(STDERR_FILENO, head, sizeof(head) - 1) < 0 ||
+        write(STDERR_FILENO, name, strlen(name)) < 0)
+        n = 0;
+    backtrace_symbols_fd(frames, n, STDERR_FILENO);
+    signal(signum, SIG_DFL);
+    raise(signum);
+}
+
+/* Only where nothing else (a sanitizer) handles the signal already. */
+static void catch_fatal(void)
+{
+    static const int sigs[] = {SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE};
+    void *frame;
+
+    (void)backtrace(&frame, 1);
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+        struct sigaction old, sa = {.sa_handler = on_fatal, .sa_flags = SA_RESETHAND};
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+            !(old.sa_flags & SA_SIGINFO))
+            sigaction(sigs[i], &sa, NULL);
+    }
+}
 
 /* mkdir -p with mode 0750 for the directories it creates. The operator's path may go through
  * symbolic links (/var/lib/sluice -> /var/lib/private/sluice under systemd's DynamicUser): it
@@ -410,6 +449,7 @@ int main(int argc, char **argv)
         }
     }
     signal(SIGPIPE, SIG_IGN);
+    catch_fatal();
     /* With object storage, upload write lanes, removals and verifies wait on the network in
      * libuv's worker pool (4 threads by default): give it more, unless the operator chose. Set
      * before the pool's first use. */

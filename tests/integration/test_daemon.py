@@ -174,6 +174,15 @@ class ShutdownTest(unittest.TestCase):
             self.assertEqual(d.stop(signal.SIGINT), 0, d.log())
             self.assertEqual(d.sanitizer_reports(), [], d.log())
 
+    def test_fatal_signal_leaves_its_name_and_stack(self):
+        # A library's abort() (libuv's on a failed epoll_ctl) says nothing by itself: the
+        # daemon's handler writes a line and the stack before the default action (sanitizers
+        # keep their own handlers for the signals they handle).
+        with Daemon() as d:
+            self.assertEqual(d.stop(signal.SIGABRT), -signal.SIGABRT)
+            self.assertIn("event=fatal_signal signal=SIGABRT", d.log())
+            self.assertIn("uv_run", d.log())
+
 
 class ConfigTest(unittest.TestCase):
     def run_daemon(self, *args, env=None, timeout=10):
