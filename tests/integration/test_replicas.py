@@ -4,6 +4,7 @@ one shared data dir, any of which serves any rank of any job.
 Each test bounds its waits; a hang is a failure."""
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -14,6 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import grpc  # noqa: E402
 from sltest import Daemon  # noqa: E402
+import pgfixture  # noqa: E402
 from pgfixture import PgTestCase  # noqa: E402
 from sluice.client import Client  # noqa: E402
 
@@ -448,7 +450,7 @@ class PgFaultTest(ReplicaBase):
             return "ok"
         except grpc.RpcError as e:
             self.assertEqual(e.code(), grpc.StatusCode.UNAVAILABLE, e.details())
-            self.assertIn("catalog", e.details())
+            self.assertIn("catalog", e.details(), self.logs())
             return "unavailable"
 
     def test_connections_terminated(self):
@@ -474,6 +476,50 @@ class PgFaultTest(ReplicaBase):
                  "job2 on replica 1")
         for c in self.cs:
             wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 50, 5, "position 50")
+
+    def test_connection_terminated_mid_statement(self):
+        # The server ends a connection while a statement waits for its answer (here: for a lock
+        # another session holds): libpq reads the error, then the connection's end, and closes
+        # the socket within the statement. The replica answers UNAVAILABLE, stays up (it once
+        # aborted, registering the closed socket with its loop) and connects again.
+        self.cs[0].create_dataset("ds", 300)
+        db = self.ds[0].pg_db
+        env = dict(os.environ, PGPASSWORD=self.pg.password, PGAPPNAME="locker")
+        locker = subprocess.Popen(
+            [pgfixture.PSQL, "-X", "-q", "-h", "127.0.0.1", "-p", str(self.pg.port), "-U",
+             self.pg.user, "-d", db, "-c",
+             "BEGIN; LOCK TABLE feed_datasets IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(30)"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        outcome = []
+        t = threading.Thread(target=lambda: outcome.append(self.unavailable_or_ok(
+            lambda: self.cs[0].create_dataset("mid", 5))))
+        try:
+            wait_for(lambda: self.pg.psql(
+                "SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                "WHERE c.relname = 'feed_datasets' AND l.mode = 'AccessExclusiveLock' "
+                "AND l.granted", db=db), 10, "the lock")
+            t.start()
+            wait_for(lambda: self.pg.psql(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = '%s' AND application_name "
+                "LIKE 'sluiced %%' AND wait_event_type = 'Lock'" % db), 1.5,
+                "the statement to wait for the lock")  # the catalog timeout is 2 s
+            self.assertGreaterEqual(self.pg.terminate(db), REPLICAS)
+        finally:
+            # The lock's session ends with its backend (pg_sleep never notices its client gone).
+            self.pg.psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE application_name = 'locker'")
+            locker.kill()
+            locker.wait()
+        t.join(10)
+        self.assertFalse(t.is_alive(), "the call hung")
+        self.assertEqual(outcome, ["unavailable"], self.logs())
+        for d in self.ds:
+            self.assertIsNone(d.proc.poll(), self.logs())
+        probes = iter(range(1000))
+        for i, c in enumerate(self.cs):
+            wait_for(lambda c=c: self.unavailable_or_ok(
+                lambda: c.create_dataset("probe-%d" % next(probes), 5)) == "ok", 10,
+                "replica %d to reconnect" % i)
 
     def test_postgresql_frozen(self):
         # The server stops answering (SIGSTOP: its host hangs, or the network drops packets

@@ -281,8 +281,10 @@ void sl_pg_unlisten(sl_cat *cat)
     close_handle((uv_handle_t *)p->deliver);
     close_handle((uv_handle_t *)p->reconnect);
     close_handle((uv_handle_t *)p->wait_timer);
+    close_handle((uv_handle_t *)p->guard);
     p->poll = NULL;
     p->deliver = p->reconnect = p->wait_timer = NULL;
+    p->guard = NULL;
     p->loop = NULL;
     for (size_t i = 0; i < p->nq; i++)
         free(p->queue[i]);
@@ -313,6 +315,20 @@ static int watch_live(pg *p)
 
     return p->poll && !p->resetting && PQstatus(p->conn) == CONNECTION_OK &&
            uv_fileno((uv_handle_t *)p->poll, &fd) == 0 && fd == PQsocket(p->conn);
+}
+
+/* Right before the loop polls. Every uv_poll_start makes libuv register the descriptor again at
+ * the next poll; a statement that meets the connection's end after its wait (PQconsumeInput,
+ * PQgetResult) has libpq close the socket in between, and registering a closed descriptor makes
+ * libuv abort the process. So a watch that is no longer the live connection's is dropped here,
+ * whoever closed its socket, and the reconnect timer takes over. A reconnect's own watch
+ * (reset_step) is replaced in the same callback that changes its socket. */
+static void on_guard(uv_prepare_t *h)
+{
+    pg *p = PG((sl_cat *)h->data);
+
+    if (p->poll && !p->resetting && !watch_live(p))
+        sl_pg_listen_lost(p);
 }
 
 /* wait_socket for a statement in the catalog lane: the lane is suspended, the loop goes on. */
@@ -354,17 +370,23 @@ int sl_pg_watch_start(sl_cat *cat, uv_loop_t *loop, sl_cat_notify_fn fn, void *a
     p->deliver = calloc(1, sizeof(*p->deliver));
     p->reconnect = calloc(1, sizeof(*p->reconnect));
     p->wait_timer = calloc(1, sizeof(*p->wait_timer));
-    if (!p->deliver || !p->reconnect || !p->wait_timer) {
+    p->guard = calloc(1, sizeof(*p->guard));
+    if (!p->deliver || !p->reconnect || !p->wait_timer || !p->guard) {
         free(p->deliver);
         free(p->reconnect);
         free(p->wait_timer);
+        free(p->guard);
         p->deliver = p->reconnect = p->wait_timer = NULL;
+        p->guard = NULL;
         return -ENOMEM;
     }
     uv_timer_init(loop, p->deliver);
     uv_timer_init(loop, p->reconnect);
     uv_timer_init(loop, p->wait_timer);
-    p->deliver->data = p->reconnect->data = p->wait_timer->data = cat;
+    uv_prepare_init(loop, p->guard);
+    p->deliver->data = p->reconnect->data = p->wait_timer->data = p->guard->data = cat;
+    uv_prepare_start(p->guard, on_guard);
+    uv_unref((uv_handle_t *)p->guard); /* it never keeps the loop running */
     p->loop = loop;
     return watch(cat);
 }

@@ -35,6 +35,7 @@ typedef struct pg {
     uv_timer_t *deliver;     /* hands queued payloads to fn outside any statement */
     uv_timer_t *reconnect;   /* every second while the connection is lost */
     uv_timer_t *wait_timer;  /* a lane statement's deadline */
+    uv_prepare_t *guard;     /* before each poll: no watch on a socket libpq closed */
     sl_cat_work_fn relisten; /* engine.c's LISTEN after a reconnect, run in the lane */
     int waiting;             /* a lane statement waits for the socket (or its deadline) */
     int woke;                /* why it was resumed: 1 the socket, 0 the deadline, -1 an error */
