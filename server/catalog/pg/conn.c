@@ -350,10 +350,8 @@ int sl_pg_lane_wait(sl_cat *cat, short events, uint64_t deadline)
     sl_lane_suspend(cat->lane);
     uv_timer_stop(p->wait_timer);
     p->waiting = 0;
-    if (watch_live(p))
+    if (watch_live(p)) /* else on_guard drops the watch before the loop polls */
         uv_poll_start(p->poll, UV_READABLE, on_io);
-    else
-        sl_pg_listen_lost(p); /* no-op while a reconnect runs */
     return p->woke;
 }
 
