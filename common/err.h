@@ -27,7 +27,8 @@
     X(SL_EUNIMPL, -1016, "not implemented")                                                        \
     X(SL_EDBBUSY, -1017, "catalog busy: another process holds its write lock")                     \
     X(SL_ECATLOST, -1018, "catalog file removed or replaced while the daemon ran: restart it")     \
-    X(SL_ECATDOWN, -1019, "catalog server unreachable: retry")
+    X(SL_ECATDOWN, -1019, "catalog server unreachable: retry")                                     \
+    X(SL_EFENCED, -1020, "fenced out: a newer attempt took over")
 
 enum sl_err {
 #define SL_ERR_ENUM(name, value, msg) name = value,

@@ -579,6 +579,7 @@ sl_rpc_code sl_rpc_code_from_err(int err)
     case SL_EUNAVAILABLE:
     case SL_EDBBUSY:
     case SL_ECATDOWN:
+    case SL_EFENCED:
         return SL_RPC_UNAVAILABLE;
     case SL_ECANCELLED:
         return SL_RPC_CANCELLED;

@@ -195,45 +195,150 @@ int sl_cat_ckpt_bind(sl_cat *cat, int64_t id, const char *feed_job, int auto_com
                           "WHERE id = ?1");
 }
 
-int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, const char *replica, int64_t now_ms,
-                      int64_t stale_ms)
+/* Lock checkpoint `id`'s row for a change that needs it WRITING with no live commit claim, in the
+ * caller's transaction. A claim older than SL_CAT_CLAIM_STALE_MS by the catalog's clock is
+ * ended here, so that its claimant, if it ever wakes, fails to make the checkpoint COMPLETE.
+ * Returns 0, or why not: SL_ENOTFOUND, SL_ESTATE (not WRITING; its state into *state),
+ * SL_EUNAVAILABLE (a live claim; the claimer into who). */
+static int fence_ckpt(sl_cat *cat, int64_t id, int *state, char *who, size_t len)
 {
     int64_t changes = 0;
     sl_db_q q;
     int rc, err;
 
-    sl_db_q_init(&q, cat, "ckpt_claim");
+    sl_db_q_init(&q, cat, "ckpt_fence");
     sl_db_int(&q, id);
-    sl_db_int(&q, now_ms);
-    sl_db_int(&q, now_ms - stale_ms);
-    sl_db_text(&q, replica);
+    sl_db_int(&q, SL_CAT_CLAIM_STALE_MS);
     err = sl_db_exec(&q,
-                     "UPDATE checkpoints SET commit_claim_ms = ?2, commit_claimer = ?4 WHERE "
-                     "id = ?1 AND state = 1 AND (commit_claim_ms < ?3 OR commit_claimer = ?4)",
+                     "UPDATE checkpoints SET commit_claim_ms = 0 WHERE id = ?1 AND state = 1 AND "
+                     "(commit_claim_ms = 0 OR commit_claim_ms < sl_now_ms() - ?2)",
                      0, &changes);
     if (err || changes)
         return err;
-    sl_db_q_init(&q, cat, "ckpt_claim");
+    sl_db_q_init(&q, cat, "ckpt_fence_why");
     sl_db_int(&q, id);
-    err = sl_db_run(&q, "SELECT state FROM checkpoints WHERE id = ?1", 0);
+    err = sl_db_run(&q, "SELECT state, commit_claimer FROM checkpoints WHERE id = ?1", 0);
     if (!err) {
         rc = sl_db_next(&q);
-        err = rc < 0                                    ? rc
-              : rc == 0                                 ? SL_ENOTFOUND
-              : sl_db_int_col(&q, 0) == SL_CKPT_WRITING ? SL_EUNAVAILABLE
-                                                        : SL_ESTATE;
+        if (rc == 1) {
+            if (state)
+                *state = (int)sl_db_int_col(&q, 0);
+            if (who)
+                sl_db_copy_text(&q, 1, who, len);
+            err = sl_db_int_col(&q, 0) == SL_CKPT_WRITING ? SL_EUNAVAILABLE : SL_ESTATE;
+        } else {
+            err = rc == 0 ? SL_ENOTFOUND : rc;
+        }
     }
     sl_db_end(&q);
     return err;
 }
 
-int sl_cat_ckpt_unclaim(sl_cat *cat, int64_t id)
+/* A live upload lease of checkpoint `id` (by the catalog's clock): 1 with its rank and holder,
+ * 0 if none, or an error. */
+static int live_lease(sl_cat *cat, int64_t id, int32_t *rank, char *who, size_t len)
+{
+    sl_db_q q;
+    int rc, err;
+
+    sl_db_q_init(&q, cat, "ckpt_live_lease");
+    sl_db_int(&q, id);
+    err = sl_db_run(&q,
+                    "SELECT rank, replica FROM upload_leases WHERE checkpoint_id = ?1 AND "
+                    "expires_ms >= sl_now_ms() ORDER BY rank LIMIT 1",
+                    0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        if (rc == 1) {
+            *rank = (int32_t)sl_db_int_col(&q, 0);
+            sl_db_copy_text(&q, 1, who, len);
+        }
+        err = rc;
+    }
+    sl_db_end(&q);
+    return err;
+}
+
+/* The claim just written: its time (the token COMPLETE must match). */
+static int claim_token(sl_cat *cat, int64_t id, int64_t *token)
+{
+    sl_db_q q;
+    int rc, err;
+
+    sl_db_q_init(&q, cat, "ckpt_claim_token");
+    sl_db_int(&q, id);
+    err = sl_db_run(&q, "SELECT commit_claim_ms FROM checkpoints WHERE id = ?1", 0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        if (rc == 1)
+            *token = sl_db_int_col(&q, 0);
+        err = rc == 1 ? 0 : rc == 0 ? SL_ENOTFOUND : rc;
+    }
+    sl_db_end(&q);
+    return err;
+}
+
+static int claim_tx(sl_cat *cat, int64_t id, const char *replica, int64_t *token,
+                    sl_cat_refusal *why)
+{
+    int64_t changes = 0;
+    sl_db_q q;
+    int err, live;
+
+    sl_db_q_init(&q, cat, "ckpt_claim");
+    sl_db_int(&q, id);
+    sl_db_text(&q, replica);
+    sl_db_int(&q, SL_CAT_CLAIM_STALE_MS);
+    err = sl_db_exec(&q,
+                     "UPDATE checkpoints SET commit_claim_ms = CASE WHEN sl_now_ms() > "
+                     "commit_claim_ms THEN sl_now_ms() ELSE commit_claim_ms + 1 END, "
+                     "commit_claimer = ?2 WHERE id = ?1 AND state = 1 AND (commit_claim_ms = 0 OR "
+                     "commit_claim_ms < sl_now_ms() - ?3 OR commit_claimer = ?2)",
+                     0, &changes);
+    if (err)
+        return err;
+    if (!changes) {
+        err = fence_ckpt(cat, id, &why->state, why->who, sizeof(why->who));
+        return err ? err : SL_EUNAVAILABLE;
+    }
+    /* The row is locked: a lease taken before us is visible now, and none can be taken after
+     * us until the claim ends (sl_cat_lease_take fences on it). */
+    live = live_lease(cat, id, &why->rank, why->who, sizeof(why->who));
+    if (live < 0)
+        return live;
+    if (live == 1) {
+        why->state = SL_CKPT_WRITING;
+        return SL_ESTATE;
+    }
+    return claim_token(cat, id, token);
+}
+
+int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, const char *replica, int64_t *token,
+                      sl_cat_refusal *why)
+{
+    int err = sl_db_tx_begin(cat);
+
+    memset(why, 0, sizeof(*why));
+    why->rank = -1;
+    *token = 0;
+    if (err)
+        return err;
+    err = claim_tx(cat, id, replica, token, why);
+    return sl_db_tx_end(cat, err);
+}
+
+int sl_cat_ckpt_unclaim(sl_cat *cat, int64_t id, const char *replica, int64_t token)
 {
     sl_db_q q;
 
     sl_db_q_init(&q, cat, "ckpt_unclaim");
     sl_db_int(&q, id);
-    return sl_db_exec(&q, "UPDATE checkpoints SET commit_claim_ms = 0 WHERE id = ?1", 0, NULL);
+    sl_db_text(&q, replica);
+    sl_db_int(&q, token);
+    return sl_db_exec(&q,
+                      "UPDATE checkpoints SET commit_claim_ms = 0 WHERE id = ?1 AND "
+                      "commit_claimer = ?2 AND commit_claim_ms = ?3",
+                      0, NULL);
 }
 
 int sl_cat_replica_restarted(sl_cat *cat, const char *replica, int64_t *n)
@@ -276,8 +381,9 @@ int sl_cat_ckpt_begin_bound(sl_cat *cat, sl_cat_ckpt *out, int *created, const c
     return sl_db_tx_end(cat, err);
 }
 
-int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const sl_cat_blob *state,
-                         const sl_cat_blob *spec, const sl_cat_blob *elastic)
+int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const char *replica,
+                         int64_t token, const sl_cat_blob *state, const sl_cat_blob *spec,
+                         const sl_cat_blob *elastic)
 {
     sl_db_q q;
     int err;
@@ -288,8 +394,14 @@ int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const sl
     sl_db_blob_opt(&q, state ? state->p : NULL, state ? state->len : 0);
     sl_db_blob_opt(&q, spec ? spec->p : NULL, spec ? spec->len : 0);
     sl_db_blob_opt(&q, elastic ? elastic->p : NULL, elastic ? elastic->len : 0);
+    sl_db_int(&q, token);
+    sl_db_text(&q, replica ? replica : "");
+    /* With a claim (token), only while it is still ours: a claim that went stale and was ended
+     * or taken over means another replica may have changed the shards since we checked them. */
     err = ckpt_write(&q, "UPDATE checkpoints SET state = 2, committed_ms = ?2, feed_state = ?3, "
-                         "feed_spec = ?4, feed_elastic = ?5 WHERE id = ?1 AND state = 1");
+                         "feed_spec = ?4, feed_elastic = ?5, commit_claim_ms = 0 WHERE id = ?1 "
+                         "AND state = 1 AND (CAST(?6 AS BIGINT) = 0 OR (commit_claim_ms = ?6 AND "
+                         "commit_claimer = ?7))");
     return err == SL_ENOTFOUND ? SL_ESTATE : err;
 }
 
@@ -367,17 +479,39 @@ int sl_cat_ckpt_delete(sl_cat *cat, int64_t id, int64_t now_ms)
     return sl_db_tx_end(cat, err);
 }
 
-int sl_cat_ckpt_abort(sl_cat *cat, int64_t id, int64_t now_ms)
+static int abort_tx(sl_cat *cat, int64_t id, int64_t now_ms, sl_cat_refusal *why)
+{
+    sl_db_q q;
+    int err = fence_ckpt(cat, id, &why->state, why->who, sizeof(why->who));
+
+    if (!err)
+        err = note_removal(cat, id, now_ms);
+    if (!err)
+        err = sl_cat_shard_delete(cat, id, -1);
+    if (!err) {
+        /* The uploads in progress are fenced out: none of them can record its shard now. */
+        sl_db_q_init(&q, cat, "ckpt_abort_leases");
+        sl_db_int(&q, id);
+        err = sl_db_exec(&q, "DELETE FROM upload_leases WHERE checkpoint_id = ?1", 0, NULL);
+    }
+    if (!err) {
+        sl_db_q_init(&q, cat, "ckpt_abort");
+        sl_db_int(&q, id);
+        err = ckpt_write(&q, "UPDATE checkpoints SET state = 3, committed_ms = 0 WHERE id = ?1 "
+                             "AND state = 1");
+    }
+    return err;
+}
+
+int sl_cat_ckpt_abort(sl_cat *cat, int64_t id, int64_t now_ms, sl_cat_refusal *why)
 {
     int err = sl_db_tx_begin(cat);
 
+    memset(why, 0, sizeof(*why));
+    why->rank = -1;
     if (err)
         return err;
-    err = note_removal(cat, id, now_ms);
-    if (!err)
-        err = sl_cat_shard_delete(cat, id, -1);
-    if (!err)
-        err = sl_cat_ckpt_set_state(cat, id, SL_CKPT_INCOMPLETE, 0);
+    err = abort_tx(cat, id, now_ms, why);
     return sl_db_tx_end(cat, err);
 }
 
@@ -505,69 +639,86 @@ int sl_cat_lease_release(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen
 }
 
 int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms,
-                     int64_t lease)
+                     int64_t lease, sl_cat_refusal *why)
 {
-    int err, held;
+    int err, held = 1;
 
-    if (!lease)
-        return shard_upsert(cat, ckpt_id, s, now_ms);
+    memset(why, 0, sizeof(*why));
+    why->rank = -1;
     if ((err = sl_db_tx_begin(cat)) != 0)
         return err;
-    held = lease_hold(cat, ckpt_id, s->rank, lease);
-    err = held < 0 ? held : held == 0 ? SL_ESTATE : 0;
+    err = fence_ckpt(cat, ckpt_id, &why->state, why->who, sizeof(why->who));
+    if (!err && lease)
+        held = lease_hold(cat, ckpt_id, s->rank, lease);
+    if (!err && held != 1)
+        err = held < 0 ? held : SL_EFENCED;
     if (!err)
         err = shard_upsert(cat, ckpt_id, s, now_ms);
-    if (!err)
+    if (!err && lease)
         err = sl_cat_lease_release(cat, ckpt_id, s->rank, lease);
     return sl_db_tx_end(cat, err);
 }
 
-int sl_cat_lease_take(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *replica,
-                      int64_t now_ms, int64_t ttl_ms, int64_t *gen, char *holder, size_t len,
-                      int64_t *until_ms)
+static int take_tx(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *replica, int64_t ttl_ms,
+                   int64_t *gen, sl_cat_refusal *why)
 {
     sl_db_q q;
-    int rc, err;
+    int rc, err = fence_ckpt(cat, ckpt_id, &why->state, why->who, sizeof(why->who));
 
-    sl_db_q_init(&q, cat, "lease_take");
+    if (err)
+        return err;
+    /* Whoever held it (still uploading, or gone) is fenced out by the new generation. */
+    sl_db_q_init(&q, cat, "lease_take_prev");
     sl_db_int(&q, ckpt_id);
     sl_db_int(&q, rank);
-    sl_db_text(&q, replica);
-    sl_db_int(&q, now_ms);
-    sl_db_int(&q, now_ms + ttl_ms);
-    err = sl_db_exec(&q,
-                     "INSERT INTO upload_leases(checkpoint_id, rank, replica, generation, "
-                     "expires_ms) VALUES (?1, ?2, ?3, 1, ?5) ON CONFLICT (checkpoint_id, rank) DO "
-                     "UPDATE SET replica = excluded.replica, generation = "
-                     "upload_leases.generation + 1, expires_ms = excluded.expires_ms "
-                     "WHERE upload_leases.expires_ms < ?4 OR upload_leases.replica = ?3",
-                     0, NULL);
+    err = sl_db_run(&q,
+                    "SELECT replica FROM upload_leases WHERE checkpoint_id = ?1 AND rank = ?2 AND "
+                    "expires_ms >= sl_now_ms()",
+                    0);
+    if (!err && (rc = sl_db_next(&q)) != 1)
+        err = rc;
+    else if (!err)
+        sl_db_copy_text(&q, 0, why->who, sizeof(why->who));
+    sl_db_end(&q);
     if (err)
         return err;
     sl_db_q_init(&q, cat, "lease_take");
     sl_db_int(&q, ckpt_id);
     sl_db_int(&q, rank);
+    sl_db_text(&q, replica);
+    sl_db_int(&q, ttl_ms);
     err = sl_db_run(&q,
-                    "SELECT replica, generation, expires_ms FROM upload_leases WHERE "
-                    "checkpoint_id = ?1 AND rank = ?2",
+                    "INSERT INTO upload_leases(checkpoint_id, rank, replica, generation, "
+                    "expires_ms) VALUES (?1, ?2, ?3, sl_lease_generation(), sl_now_ms() + ?4) "
+                    "ON CONFLICT (checkpoint_id, rank) DO UPDATE SET replica = excluded.replica, "
+                    "generation = excluded.generation, expires_ms = excluded.expires_ms "
+                    "RETURNING generation",
                     0);
     if (!err) {
         rc = sl_db_next(&q);
-        if (rc == 1) {
-            sl_db_copy_text(&q, 0, holder, len);
-            *gen = sl_db_int_col(&q, 1);
-            *until_ms = sl_db_int_col(&q, 2);
-            err = strcmp(holder, replica) == 0 ? 0 : SL_EUNAVAILABLE;
-        } else {
-            err = rc == 0 ? SL_ENOTFOUND : rc; /* the checkpoint went meanwhile */
-        }
+        if (rc == 1)
+            *gen = sl_db_int_col(&q, 0);
+        err = rc == 1 ? 0 : rc == 0 ? SL_ENOTFOUND : rc;
     }
     sl_db_end(&q);
     return err;
 }
 
-int sl_cat_lease_renew(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen, int64_t now_ms,
-                       int64_t ttl_ms)
+int sl_cat_lease_take(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *replica,
+                      int64_t ttl_ms, int64_t *gen, sl_cat_refusal *why)
+{
+    int err = sl_db_tx_begin(cat);
+
+    memset(why, 0, sizeof(*why));
+    why->rank = -1;
+    *gen = 0;
+    if (err)
+        return err;
+    err = take_tx(cat, ckpt_id, rank, replica, ttl_ms, gen, why);
+    return sl_db_tx_end(cat, err);
+}
+
+int sl_cat_lease_renew(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen, int64_t ttl_ms)
 {
     int64_t changes = 0;
     sl_db_q q;
@@ -577,16 +728,17 @@ int sl_cat_lease_renew(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen, 
     sl_db_int(&q, ckpt_id);
     sl_db_int(&q, rank);
     sl_db_int(&q, gen);
-    sl_db_int(&q, now_ms + ttl_ms);
-    err = sl_db_exec(&q,
-                     "UPDATE upload_leases SET expires_ms = ?4 WHERE checkpoint_id = ?1 AND "
-                     "rank = ?2 AND generation = ?3",
-                     0, &changes);
+    sl_db_int(&q, ttl_ms);
+    err = sl_db_exec(
+        &q,
+        "UPDATE upload_leases SET expires_ms = sl_now_ms() + ?4 WHERE checkpoint_id = ?1 AND "
+        "rank = ?2 AND generation = ?3",
+        0, &changes);
     return err ? err : changes ? 0 : SL_ESTATE;
 }
 
 int sl_cat_lease_elsewhere(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *replica,
-                           int64_t now_ms, char *holder, size_t len)
+                           char *holder, size_t len)
 {
     sl_db_q q;
     int rc, err;
@@ -595,10 +747,9 @@ int sl_cat_lease_elsewhere(sl_cat *cat, int64_t ckpt_id, int32_t rank, const cha
     sl_db_int(&q, ckpt_id);
     sl_db_int(&q, rank);
     sl_db_text(&q, replica);
-    sl_db_int(&q, now_ms);
     err = sl_db_run(&q,
                     "SELECT replica FROM upload_leases WHERE checkpoint_id = ?1 AND rank = ?2 "
-                    "AND replica != ?3 AND expires_ms >= ?4",
+                    "AND replica != ?3 AND expires_ms >= sl_now_ms()",
                     0);
     if (!err) {
         rc = sl_db_next(&q);

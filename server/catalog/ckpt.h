@@ -80,14 +80,32 @@ int sl_cat_ckpt_begin_bound(sl_cat *cat, sl_cat_ckpt *out, int *created, const c
                             const char *user_md, int64_t now_ms, const char *feed_job,
                             int auto_commit);
 
-/* Replicas of a shared catalog commit a checkpoint one at a time: claim it (WRITING, and no
- * other replica's claim younger than stale_ms; `replica`'s own, left by a process of it that
- * died, is taken back at once) before writing its metadata.json; 0, SL_EUNAVAILABLE while
- * another replica's claim holds, SL_ESTATE if it is not WRITING. Unclaim after a failed commit.
- * COMPLETE and abort end the claim with the state. */
-int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, const char *replica, int64_t now_ms,
-                      int64_t stale_ms);
-int sl_cat_ckpt_unclaim(sl_cat *cat, int64_t id);
+/* Fencing (docs/operations.md, "What fences what"). Every change that needs a checkpoint WRITING
+ * is conditional on it in its own transaction, with the checkpoint's row locked: recording a
+ * shard, taking an upload lease, aborting, claiming the commit and making it COMPLETE. A commit
+ * claim is a row (commit_claimer, commit_claim_ms): while it is live, no lease is taken, no shard
+ * recorded and no abort done; a claim older than SL_CAT_CLAIM_STALE_MS by the catalog's clock
+ * (sl_now_ms() in SQL: PostgreSQL's clock, never a replica's) is ended by the next of those, and
+ * its claimant then fails to make the checkpoint COMPLETE. */
+#define SL_CAT_CLAIM_STALE_MS 60000
+
+/* Why a fenced change was refused. */
+typedef struct sl_cat_refusal {
+    int state;                     /* the checkpoint's state (SL_ESTATE) */
+    int32_t rank;                  /* an upload in progress: its rank; -1: none */
+    char who[SL_CAT_NAME_MAX + 1]; /* the replica claiming the commit or holding that upload */
+} sl_cat_refusal;
+
+/* Claim the commit of checkpoint `id` for `replica` (a live claim of another replica is refused;
+ * `replica`'s own, left by a process of it that died, is taken back at once), in one transaction
+ * that also finds no live upload lease of it on any replica. *token identifies the claim for
+ * sl_cat_ckpt_complete / _unclaim. Returns 0; SL_ENOTFOUND; SL_ESTATE when it is not WRITING
+ * (why->state) or an upload of why->rank runs on replica why->who; SL_EUNAVAILABLE while
+ * why->who's claim holds. */
+int sl_cat_ckpt_claim(sl_cat *cat, int64_t id, const char *replica, int64_t *token,
+                      sl_cat_refusal *why);
+/* End the claim `token` of `replica` after a failed commit (a claim ended meanwhile is left). */
+int sl_cat_ckpt_unclaim(sl_cat *cat, int64_t id, const char *replica, int64_t token);
 
 /* A replica starting: what a process of it that died left, its upload leases and commit
  * claims, is dropped, so that any replica may resume those uploads and commits at once instead
@@ -101,9 +119,11 @@ int sl_cat_ckpt_bind(sl_cat *cat, int64_t id, const char *feed_job, int auto_com
 
 /* Make a WRITING checkpoint COMPLETE with the feed state it was taken at (all NULL/empty: none),
  * in one statement: the feed state is never recorded without the state or the other way round.
- * SL_ESTATE if it is not WRITING (another replica committed or aborted it first). */
-int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const sl_cat_blob *state,
-                         const sl_cat_blob *spec, const sl_cat_blob *elastic);
+ * With a claim (token nonzero), only while that claim of `replica` still holds. SL_ESTATE if it
+ * is not WRITING (another replica committed or aborted it first) or the claim was lost. */
+int sl_cat_ckpt_complete(sl_cat *cat, int64_t id, int64_t committed_ms, const char *replica,
+                         int64_t token, const sl_cat_blob *state, const sl_cat_blob *spec,
+                         const sl_cat_blob *elastic);
 
 /* The stored feed state (packed sluice.v1.FeedState) and the job's spec and elastic state of that
  * epoch (spec, elastic may be NULL). SL_ENOTFOUND if the checkpoint has none. Free each with
@@ -115,9 +135,11 @@ int sl_cat_ckpt_feed_get(sl_cat *cat, int64_t id, sl_cat_blob *state, sl_cat_blo
  * transaction). Deleting an id that is gone is not an error. */
 int sl_cat_ckpt_delete(sl_cat *cat, int64_t id, int64_t now_ms);
 
-/* Abort checkpoint `id`: forget its shards, make it INCOMPLETE and record the removal of its
- * files at now_ms (one transaction). SL_ENOTFOUND if the id is gone. */
-int sl_cat_ckpt_abort(sl_cat *cat, int64_t id, int64_t now_ms);
+/* Abort checkpoint `id`: only a WRITING one with no live commit claim. Forget its shards and
+ * upload leases (fencing out every upload of it), make it INCOMPLETE and record the removal of
+ * its files at now_ms (one transaction). SL_ENOTFOUND if the id is gone, SL_ESTATE if it is not
+ * WRITING (why->state), SL_EUNAVAILABLE while why->who's commit claim holds. */
+int sl_cat_ckpt_abort(sl_cat *cat, int64_t id, int64_t now_ms, sl_cat_refusal *why);
 
 /* Removals: the checkpoints whose files the catalog decided to remove (Delete, Abort) and when.
  * A file of such a checkpoint that is no newer than the decision is garbage; a newer one was
@@ -131,29 +153,30 @@ int sl_cat_removals_clear(sl_cat *cat);
  * `except_rank` (-1: none). */
 int sl_cat_ckpt_tensor_bytes(sl_cat *cat, uint64_t *out, int64_t ckpt_id, int32_t except_rank);
 
-/* Record (insert or replace) a durable shard of checkpoint `ckpt_id`. With `lease` (the
- * generation sl_cat_lease_take gave; 0: none) only while that lease is still this upload's: in
- * one transaction the lease row is checked (and locked), the shard recorded and the lease
- * dropped; SL_ESTATE if another replica took the lease over (nothing recorded). */
+/* Record (insert or replace) a shard of checkpoint `ckpt_id`, in one transaction that finds the
+ * checkpoint WRITING with no live commit claim and, with `lease` (the generation
+ * sl_cat_lease_take gave; 0: none, a catalog of one daemon), that lease still this upload's; the
+ * lease is dropped with the record. Returns 0; SL_ESTATE / SL_EUNAVAILABLE as sl_cat_ckpt_abort;
+ * SL_EFENCED if a newer attempt took the lease over (nothing recorded). */
 int sl_cat_shard_put(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int64_t now_ms,
-                     int64_t lease);
+                     int64_t lease, sl_cat_refusal *why);
 
-/* Upload leases (a shared catalog): one upload per (checkpoint, rank) across replicas. Take:
- * the lease is made or taken over when it is free, expired (expires_ms < now_ms) or already
- * `replica`'s, with the next generation into *gen; else SL_EUNAVAILABLE and the holder and its
- * expiry in holder/until_ms. Renew: the expiry moves to now + ttl while *gen is still the
- * lease's; SL_ESTATE once it is not (taken over). Release: dropped if still `gen`'s. */
+/* Upload leases (a shared catalog): one upload attempt per (checkpoint, rank) across replicas.
+ * Take: always succeeds on a WRITING checkpoint with no live commit claim, with a new generation
+ * from the catalog's sequence into *gen (never the same twice): an attempt that held it before,
+ * alive or not, is fenced out (it can neither renew nor record); its replica, if its lease was
+ * still live, into why->who. SL_ESTATE / SL_EUNAVAILABLE / SL_ENOTFOUND as sl_cat_ckpt_abort.
+ * Renew: the expiry moves to the catalog's now + ttl while gen is still the lease's; SL_ESTATE
+ * once it is not (taken over). Release: dropped if still `gen`'s. */
 int sl_cat_lease_take(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *replica,
-                      int64_t now_ms, int64_t ttl_ms, int64_t *gen, char *holder, size_t len,
-                      int64_t *until_ms);
-int sl_cat_lease_renew(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen, int64_t now_ms,
-                       int64_t ttl_ms);
+                      int64_t ttl_ms, int64_t *gen, sl_cat_refusal *why);
+int sl_cat_lease_renew(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen, int64_t ttl_ms);
 int sl_cat_lease_release(sl_cat *cat, int64_t ckpt_id, int32_t rank, int64_t gen);
 
-/* The live lease of (checkpoint, rank) held by a replica other than `replica`: 1 and its holder,
- * or 0 when there is none. */
+/* The live lease (by the catalog's clock) of (checkpoint, rank) held by a replica other than
+ * `replica`: 1 and its holder, or 0 when there is none. */
 int sl_cat_lease_elsewhere(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *replica,
-                           int64_t now_ms, char *holder, size_t len);
+                           char *holder, size_t len);
 
 /* Look up one shard (tensors_json is NULL). SL_ENOTFOUND if the rank has none. */
 int sl_cat_shard_get(sl_cat *cat, sl_cat_shard *out, int64_t ckpt_id, int32_t rank);

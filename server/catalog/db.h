@@ -128,7 +128,7 @@ void sl_db_pg_clean(char *dst, size_t len, const char *msg);
 
 /* The PostgreSQL engine's migrations 1 .. SL_DB_PG_MIGRATIONS (pg/schema.c): the same tables as
  * the SQLite engine's, in PostgreSQL's dialect. Append only. */
-#define SL_DB_PG_MIGRATIONS 7
+#define SL_DB_PG_MIGRATIONS 8
 extern const char *const sl_db_pg_migrations[SL_DB_PG_MIGRATIONS];
 
 /* sl_cat_set_timeout for the PostgreSQL engine. */

@@ -64,13 +64,22 @@ static void remove_files(sl_ckpt_svc *s, const sl_cat_ckpt *c)
 
 /* ---- Abort, Delete ---- */
 
-/* Make a WRITING checkpoint INCOMPLETE: forget its shards, end its uploads, remove its files. */
-static int abort_writing(sl_ckpt_svc *s, const sl_cat_ckpt *ck)
+/* Make a WRITING checkpoint INCOMPLETE: forget its shards, end its uploads, remove its files.
+ * Returns 0, or the catalog's refusal with msg (COMPLETE or being committed meanwhile, perhaps
+ * by another replica: nothing changed). */
+static int abort_writing(sl_ckpt_svc *s, const sl_cat_ckpt *ck, char *msg, size_t len)
 {
-    int err = sl_cat_ckpt_abort(s->cat, ck->id, sl_now_ms());
+    sl_cat_refusal why;
+    int err = sl_cat_ckpt_abort(s->cat, ck->id, sl_now_ms(), &why);
 
-    if (err)
+    if (err) {
+        if (err == SL_ESTATE && why.state == SL_CKPT_COMPLETE)
+            snprintf(msg, len, "checkpoint %s/%s is COMPLETE; delete it instead", ck->job,
+                     ck->name);
+        else
+            err = ckpt_refusal_msg(msg, len, err, &why, ck->job, ck->name);
         return err;
+    }
     /* End its running uploads now; one finishing its rename removes its file itself. */
     for (upload *u = s->uploads, *next; u; u = next) {
         next = u->next; /* u may unregister itself; it never removes another */
@@ -86,6 +95,7 @@ void ckpt_abort(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
 {
     const Sluice__V1__CheckpointRef *req = (const void *)msg;
     sl_ckpt_svc *s = arg;
+    char why[CKPT_MSG_MAX];
     sl_cat_ckpt ck;
     int err;
 
@@ -101,9 +111,11 @@ void ckpt_abort(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
         return;
     }
     if (ck.state == SL_CKPT_WRITING) {
-        err = abort_writing(s, &ck);
+        /* The catalog decides, in the abort's own transaction: a checkpoint that another replica
+         * committed or claimed since we read it is left alone. */
+        err = abort_writing(s, &ck, why, sizeof(why));
         if (err) {
-            sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
+            sl_rpc_call_fail(call, err, "%s", why);
             return;
         }
         sl_cat_ckpt_get(s->cat, &ck, req->job, req->name);
@@ -250,6 +262,7 @@ typedef struct commit_job {
     sl_rpc_call *call; /* NULL: an auto-commit */
     sl_cat_ckpt ck;
     ckpt_mark mark;
+    int64_t claim; /* the commit claim's token (a shared catalog), 0: none */
     int64_t committed_ms;
     char file[NAME_MAX + 1];
     sl_buf json;
@@ -260,6 +273,8 @@ typedef struct commit_job {
     int err;
     char errmsg[256];
 } commit_job;
+
+static const char *commit_replica(const sl_ckpt_svc *s);
 
 /* What Commit finds about the recorded shards: missing ranks, files that do not match, and the
  * ranks' data positions. */
@@ -290,12 +305,37 @@ static void note_missing(commit_check *cc, int32_t from, int32_t to)
     }
 }
 
+/* A local store: the shard file of sh's rank is the one its row records, by size and by the
+ * checksum in its header (an upload recorded but not yet renamed into place, or one fenced out
+ * whose rename came late, is found here). */
+static void check_file(commit_check *cc, sl_sstore *st, const char *file, const sl_cat_shard *sh)
+{
+    char sha[SL_SHARD_HEX_LEN + 1];
+    uint64_t size;
+    int err;
+
+    if (st->ops->shard_sha) {
+        err = st->ops->shard_sha(st, cc->ck->job, file, &size, sha);
+        if (!err && strcmp(sha, sh->sha256) != 0) {
+            snprintf(cc->bad, sizeof(cc->bad),
+                     "shard file of rank %d holds sha256 %.16s..., its record says %.16s...: its "
+                     "upload has not finished, or was overtaken; upload the rank again",
+                     sh->rank, sha, sh->sha256);
+            return;
+        }
+    } else {
+        err = st->ops->stat(st, cc->ck->job, file, &size);
+    }
+    if (err || size != sh->file_size)
+        snprintf(cc->bad, sizeof(cc->bad), "shard file of rank %d is missing or has the wrong size",
+                 sh->rank);
+}
+
 static int check_shard(const sl_cat_shard *sh, void *arg)
 {
     commit_check *cc = arg;
     sl_sstore *st = cc->svc->opts.store;
     char file[NAME_MAX + 1];
-    uint64_t size;
 
     if (sh->rank >= cc->ck->world_size)
         return 0;
@@ -304,10 +344,8 @@ static int check_shard(const sl_cat_shard *sh, void *arg)
     if (cc->sizes)
         cc->sizes[sh->rank] = sh->file_size;
     else if (!cc->bad[0] &&
-             sl_store_file_name(file, sizeof(file), SL_STORE_SHARD, cc->ck->name, sh->rank) == 0 &&
-             (st->ops->stat(st, cc->ck->job, file, &size) != 0 || size != sh->file_size))
-        snprintf(cc->bad, sizeof(cc->bad), "shard file of rank %d is missing or has the wrong size",
-                 sh->rank);
+             sl_store_file_name(file, sizeof(file), SL_STORE_SHARD, cc->ck->name, sh->rank) == 0)
+        check_file(cc, st, file, sh);
     if (!sh->has_pos) {
         cc->no_pos = sh->rank;
         return 0;
@@ -429,8 +467,8 @@ static void commit_after(uv_work_t *w, int status)
 
     commit_unmark(s, &j->mark);
     if (err) {
-        if (sl_cat_shared(s->cat))
-            sl_cat_ckpt_unclaim(s->cat, j->ck.id);
+        if (j->claim)
+            sl_cat_ckpt_unclaim(s->cat, j->ck.id, commit_replica(s), j->claim);
         sl_log_error("ckpt_commit_failed", "job=%s name=%s error=\"%s\"", j->ck.job, j->ck.name,
                      j->errmsg);
         if (j->call)
@@ -438,8 +476,8 @@ static void commit_after(uv_work_t *w, int status)
         goto out;
     }
     /* COMPLETE and the feed state it was taken at, in one statement. */
-    err = sl_cat_ckpt_complete(s->cat, j->ck.id, j->committed_ms, &j->feed_state, &j->feed_spec,
-                               &j->feed_elastic);
+    err = sl_cat_ckpt_complete(s->cat, j->ck.id, j->committed_ms, commit_replica(s), j->claim,
+                               &j->feed_state, &j->feed_spec, &j->feed_elastic);
     if (err == SL_ESTATE && sl_cat_ckpt_get(s->cat, &j->ck, j->ck.job, j->ck.name) == 0 &&
         j->ck.state == SL_CKPT_COMPLETE) {
         /* Another replica committed it first (both saw every shard): one commit. Our
@@ -556,8 +594,34 @@ static int commit_shards_ok(sl_ckpt_svc *s, commit_job *j, char *msg, size_t len
     return err;
 }
 
-/* A replica's commit claim older than this is taken over (the replica died mid-commit). */
-#define COMMIT_CLAIM_STALE_MS 60000
+static const char *commit_replica(const sl_ckpt_svc *s)
+{
+    return s->opts.replica ? s->opts.replica : "";
+}
+
+/* Replicas of a shared catalog: claim the commit (a row), in a transaction that finds the
+ * checkpoint WRITING, unclaimed and with no upload lease live on any replica; from then on no
+ * replica takes a lease on it, records a shard or aborts it until the claim ends. Returns 0, 1 if
+ * it is COMPLETE already, or an error with msg. */
+static int commit_claim(sl_ckpt_svc *s, commit_job *j, char *msg, size_t len)
+{
+    sl_cat_refusal why;
+    int err;
+
+    if (!sl_cat_shared(s->cat))
+        return 0;
+    err = sl_cat_ckpt_claim(s->cat, j->ck.id, commit_replica(s), &j->claim, &why);
+    if (err == SL_ESTATE && why.rank < 0 && why.state == SL_CKPT_COMPLETE)
+        return 1; /* committed elsewhere meanwhile: a commit is idempotent */
+    if (err == SL_EUNAVAILABLE) {
+        snprintf(msg, len, "%s/%s is being committed by replica %s: ask again", j->ck.job,
+                 j->ck.name, why.who);
+        return err;
+    }
+    if (err)
+        err = ckpt_refusal_msg(msg, len, err, &why, j->ck.job, j->ck.name);
+    return err;
+}
 
 /* Start committing ck (call NULL: an auto-commit): checks, the feed state, metadata.json rendered
  * here and written on the worker pool, then COMPLETE. Returns 0 once started, 1 if ck is COMPLETE
@@ -582,6 +646,9 @@ static int commit_start(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck
         err = SL_ELIMIT;
         goto fail;
     }
+    if ((err = commit_claim(s, j, msg, len)) != 0)
+        goto fail;
+    /* With the claim held, the shard rows cannot change under these checks. */
     if ((err = commit_shards_ok(s, j, msg, len)) != 0)
         goto fail;
     if (j->feed_state.len &&
@@ -596,20 +663,6 @@ static int commit_start(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck
         snprintf(msg, len, "cannot render the metadata: %s", sl_strerror(err));
         goto fail;
     }
-    /* Replicas of a shared catalog: one of them writes metadata.json and commits. */
-    if (sl_cat_shared(s->cat) &&
-        (err = sl_cat_ckpt_claim(s->cat, ck->id, s->opts.replica ? s->opts.replica : "",
-                                 sl_now_ms(), COMMIT_CLAIM_STALE_MS)) != 0) {
-        if (err == SL_EUNAVAILABLE)
-            snprintf(msg, len, "%s/%s is being committed by another replica: ask again", ck->job,
-                     ck->name);
-        else if (err == SL_ESTATE && sl_cat_ckpt_get(s->cat, &j->ck, ck->job, ck->name) == 0 &&
-                 j->ck.state == SL_CKPT_COMPLETE)
-            err = 1; /* committed elsewhere meanwhile: a commit is idempotent */
-        else
-            snprintf(msg, len, "cannot claim the commit: %s", sl_strerror(err));
-        goto fail;
-    }
     j->mark.id = ck->id;
     j->mark.next = s->committing;
     s->committing = &j->mark;
@@ -621,6 +674,8 @@ static int commit_start(sl_ckpt_svc *s, sl_rpc_call *call, const sl_cat_ckpt *ck
     sl_cat_queue_work(s->cat, s->loop, &j->work, commit_work, commit_after);
     return 0;
 fail:
+    if (j->claim && err != 1)
+        sl_cat_ckpt_unclaim(s->cat, ck->id, commit_replica(s), j->claim);
     commit_job_free(j);
     return err;
 }

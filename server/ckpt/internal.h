@@ -42,7 +42,8 @@ typedef struct upload upload;
 typedef struct verify verify;
 typedef struct ckpt_rsweep ckpt_rsweep;
 
-/* A checkpoint with a commit in progress: uploads, aborts and other commits wait for it. */
+/* A checkpoint with a commit in progress on this replica: uploads, aborts and other commits here
+ * wait for it (across replicas, the commit claim in the catalog does). */
 typedef struct ckpt_mark {
     int64_t id;
     struct ckpt_mark *next;
@@ -99,12 +100,14 @@ int ckpt_lease_elsewhere(sl_ckpt_svc *s, int64_t ckpt_id, int32_t rank);
 /* The lifecycle of one UploadShard call. Every change goes through up_to() in upload.c, which
  * checks it against the table there, logs it and runs the entry actions named here.
  *
- *   HEADER -> OPENING -> RECEIVING -> DRAINING -> FINALIZING -> DONE   (stored: the receipt)
+ *   HEADER -> OPENING -> RECEIVING -> DRAINING -> FINALIZING [-> PUBLISHING] -> DONE
+ *                                                                         (stored: the receipt)
  *   HEADER -> DONE                                       (refused before anything was opened)
  *   OPENING | RECEIVING | DRAINING -> STOPPING   (the client went away, the stream ended short,
  *                                                 a resume did not match: resumable)
  *   OPENING | RECEIVING | DRAINING | FINALIZING | STOPPING -> FAILING  (bad input, I/O, abort)
- *   FINALIZING -> ABORTING -> FAILING                     (checkpoint aborted while finalizing)
+ *   FINALIZING | PUBLISHING -> ABORTING -> FAILING  (checkpoint aborted while finalizing)
+ *   FINALIZING | PUBLISHING -> FAILING      (fenced out in the catalog, or the rename failed)
  *   FAILING -> FAILING                (aborted while failing: this failure is answered at once)
  *   STOPPING | FAILING -> DONE                            (once no lane job runs)
  */
@@ -115,8 +118,11 @@ typedef enum up_state {
     UP_RECEIVING,  /* chunks are read and handed to the lanes without a copy */
     UP_DRAINING,   /* the stream ended: the lanes finish the chunks they have, then the size and
                     * checksum are checked */
-    UP_FINALIZING, /* entry: the write lane writes the real header, fsyncs, renames without
-                    * replacing and fsyncs the directory; then the catalog row and the receipt */
+    UP_FINALIZING, /* entry: the write lane writes the real header and fsyncs; then the catalog
+                    * row, in the transaction that fences the attempt (sl_cat_shard_put) */
+    UP_PUBLISHING, /* entry: the write lane renames the shard under its name (replacing an older
+                    * one of the rank) and fsyncs the directory; then the receipt. Object
+                    * storage published when finishing and skips this state */
     UP_ABORTING,   /* the checkpoint was aborted during FINALIZING: the new shard file is removed
                     * when the lane returns, and the call fails */
     UP_STOPPING,   /* ended, the partial file kept for a resume; lane jobs still running return
@@ -225,6 +231,15 @@ int ckpt_names_ok(sl_rpc_call *call, const char *job, const char *name);
 int ckpt_find(sl_ckpt_svc *s, sl_rpc_call *call, sl_cat_ckpt *ck, const char *job,
               const char *name);
 
+/* A fenced change the catalog refused (sl_cat_refusal), as a message naming the checkpoint and
+ * why into msg; returns the code to answer with (a commit claimed by another replica, which
+ * callers other than Commit see as a precondition, is SL_ESTATE). ckpt_refusal_fail answers the
+ * call with it. */
+int ckpt_refusal_msg(char *msg, size_t len, int err, const sl_cat_refusal *why, const char *job,
+                     const char *name);
+void ckpt_refusal_fail(sl_rpc_call *call, int err, const sl_cat_refusal *why, const char *job,
+                       const char *name);
+
 /* Fill a Checkpoint message with copies of the strings (shards left empty); free with
  * ckpt_pb_clear, which also frees shards the caller attached. */
 void ckpt_pb_fill(Sluice__V1__Checkpoint *m, const sl_cat_ckpt *c);
@@ -263,6 +278,7 @@ void ckpt_up_open_work(uv_work_t *w);
 void ckpt_up_write_work(uv_work_t *w);
 void ckpt_up_hash_work(uv_work_t *w);
 void ckpt_up_final_work(uv_work_t *w);
+void ckpt_up_publish_work(uv_work_t *w);
 /* Give back the space reserved beyond the written bytes (kept for a resume): STOPPING. */
 void ckpt_up_release_work(uv_work_t *w);
 /* Close the writer, discarding what it wrote with up->discard: STOPPING and FAILING. */

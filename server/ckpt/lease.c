@@ -1,14 +1,18 @@
-/* Upload leases: with a catalog shared by replicas, one upload per (checkpoint, rank) runs at a
- * time across all of them. The replica that receives a header takes the lease (a row in the
- * catalog) and renews it while the upload moves; an interrupted upload can be resumed on any
- * replica once the lease was dropped (the upload stopped) or expired (its replica died). Each
- * take bumps the lease's generation: the shard is recorded only in a transaction that finds the
- * generation unchanged, so a replica whose lease was taken over never records its shard.
+/* Upload leases: with a catalog shared by replicas, one upload attempt per (checkpoint, rank)
+ * counts at a time across all of them. The replica that receives a header takes the lease (a
+ * row in the catalog) with a new generation from the catalog's sequence, at once, whoever held
+ * it: a client that moved on from a dead or unreachable replica resumes without waiting for the
+ * old lease to expire, and the old attempt is fenced out. It renews the lease while the upload
+ * moves; the shard is recorded only in a transaction that finds the generation unchanged and
+ * the checkpoint WRITING (sl_cat_shard_put), so an attempt that was taken over never records.
+ * Each attempt writes a partial file of its own, named by its generation, and a new attempt
+ * removes the older ones' before it writes (server/store/sstore_dir.c): a fenced-out attempt's
+ * late writes, truncations or renames touch only its own file, or nothing.
  *
  * A replica that cannot renew (the catalog unreachable, or it is partitioned away) stops writing
- * for the upload at its fence, half the TTL after the last renewal, while another replica may
- * take the lease only after the full TTL: the two never write the same partial file at once as
- * long as the replicas' clocks agree within half the TTL. */
+ * for the upload at its fence, half the TTL after the last renewal (its own monotonic clock).
+ * Expiry is judged by the catalog's clock only: it decides whether a lease still holds back a
+ * commit (sl_cat_ckpt_claim) or a sweep. */
 #include "internal.h"
 
 #include "err.h"
@@ -16,6 +20,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 static int shared(const sl_ckpt_svc *s)
 {
@@ -46,25 +51,20 @@ void ckpt_lease_restarted(sl_ckpt_svc *s)
 int ckpt_lease_take(upload *up, int64_t ckpt_id, int32_t rank)
 {
     sl_ckpt_svc *s = up->svc;
-    char holder[300];
-    int64_t gen = 0, until = 0, now = sl_now_ms();
+    sl_cat_refusal why;
+    int64_t gen = 0;
     int err;
 
     if (!shared(s))
         return 1;
-    err = sl_cat_lease_take(s->cat, ckpt_id, rank, s->opts.replica, now, ttl(s), &gen, holder,
-                            sizeof(holder), &until);
-    if (err == SL_EUNAVAILABLE) {
-        sl_rpc_call_fail(up->call, err,
-                         "an upload of rank %d is in progress on replica %s (its lease runs "
-                         "%" PRId64 " ms more): resume it after",
-                         rank, holder, until - now);
-        return 0;
-    }
+    err = sl_cat_lease_take(s->cat, ckpt_id, rank, s->opts.replica, ttl(s), &gen, &why);
     if (err) {
-        sl_rpc_call_fail(up->call, err, "catalog error: %s", sl_strerror(err));
+        ckpt_refusal_fail(up->call, err, &why, up->job, up->name);
         return 0;
     }
+    if (why.who[0] && strcmp(why.who, s->opts.replica) != 0)
+        sl_log_info("upload_lease_taken_over", "job=%s name=%s rank=%d from=%s generation=%" PRId64,
+                    up->job, up->name, rank, why.who, gen);
     up->lease = gen;
     up->lease_renewed_ms = uv_now(s->loop);
     up->lease_fence_ms = up->lease_renewed_ms + (uint64_t)ttl(s) / 2;
@@ -80,7 +80,7 @@ int ckpt_lease_keep(upload *up, char *msg, size_t len)
     if (!up->lease)
         return 0;
     if (now - up->lease_renewed_ms >= (uint64_t)ttl(s) / 6) {
-        err = sl_cat_lease_renew(s->cat, up->ckpt_id, up->rank, up->lease, sl_now_ms(), ttl(s));
+        err = sl_cat_lease_renew(s->cat, up->ckpt_id, up->rank, up->lease, ttl(s));
         if (err == SL_ESTATE) {
             snprintf(msg, len, "rank %d's upload was taken over by another replica", up->rank);
             up->lease = 0; /* not ours to drop */
@@ -118,6 +118,6 @@ int ckpt_lease_elsewhere(sl_ckpt_svc *s, int64_t ckpt_id, int32_t rank)
 {
     char holder[300];
 
-    return shared(s) && sl_cat_lease_elsewhere(s->cat, ckpt_id, rank, s->opts.replica, sl_now_ms(),
-                                               holder, sizeof(holder)) == 1;
+    return shared(s) && sl_cat_lease_elsewhere(s->cat, ckpt_id, rank, s->opts.replica, holder,
+                                               sizeof(holder)) == 1;
 }

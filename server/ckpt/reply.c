@@ -5,6 +5,7 @@
 #include "store/layout.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,43 @@ int ckpt_find(sl_ckpt_svc *s, sl_rpc_call *call, sl_cat_ckpt *ck, const char *jo
     else if (err)
         sl_rpc_call_fail(call, err, "catalog error: %s", sl_strerror(err));
     return err;
+}
+
+int ckpt_refusal_msg(char *msg, size_t len, int err, const sl_cat_refusal *why, const char *job,
+                     const char *name)
+{
+    switch (err) {
+    case SL_ENOTFOUND:
+        snprintf(msg, len, "checkpoint %s/%s not found", job, name);
+        return err;
+    case SL_ESTATE:
+        if (why->rank >= 0)
+            snprintf(msg, len, "an upload of rank %d of %s/%s is in progress on replica %s",
+                     why->rank, job, name, why->who);
+        else
+            snprintf(msg, len, "checkpoint %s/%s is %s, not WRITING", job, name,
+                     sl_cat_ckpt_state_name(why->state));
+        return err;
+    case SL_EUNAVAILABLE:
+        snprintf(msg, len, "checkpoint %s/%s is being committed by replica %s", job, name,
+                 why->who[0] ? why->who : "(unknown)");
+        return SL_ESTATE;
+    case SL_EFENCED:
+        snprintf(msg, len, "this upload attempt was taken over by a newer one (another replica)");
+        return err;
+    default:
+        snprintf(msg, len, "catalog error: %s", sl_strerror(err));
+        return err;
+    }
+}
+
+void ckpt_refusal_fail(sl_rpc_call *call, int err, const sl_cat_refusal *why, const char *job,
+                       const char *name)
+{
+    char msg[CKPT_MSG_MAX];
+
+    err = ckpt_refusal_msg(msg, sizeof(msg), err, why, job, name);
+    sl_rpc_call_fail(call, err, "%s", msg);
 }
 
 void ckpt_pb_fill(Sluice__V1__Checkpoint *m, const sl_cat_ckpt *c)

@@ -8,9 +8,12 @@
  * again or its saved hash state loaded) ->
  * RECEIVING: each chunk is handed to the lanes without a copy, written and hashed in order, at
  * most UP_INFLIGHT chunks in memory -> DRAINING: at the end of the stream, size and client
- * checksum are checked on the loop and the rank's old row is forgotten -> FINALIZING: a worker
- * has the store make the shard durable under its name with the real checksum in its header ->
- * catalog row -> DONE and the receipt. Nothing reaches the catalog before its bytes are durable.
+ * checksum are checked on the loop -> FINALIZING: a worker has the store make the shard durable
+ * with the real checksum in its header -> the catalog row, in the transaction that fences this
+ * attempt (the checkpoint WRITING and not being committed, the lease's generation still ours) ->
+ * PUBLISHING: a worker renames it under its name (the directory store; object storage published
+ * it when finishing) -> DONE and the receipt. Nothing reaches the catalog before its bytes are
+ * durable, and nothing is published before the catalog fenced it.
  * An upload that stops (STOPPING) keeps its written bytes for a resume and gives back the space
  * reserved beyond them; one that fails has the store discard them (a write-lane job, before the
  * failure is answered).
@@ -38,7 +41,8 @@ static const unsigned up_next[] = {
     [UP_OPENING] = B(UP_RECEIVING) | B(UP_STOPPING) | B(UP_FAILING),
     [UP_RECEIVING] = B(UP_DRAINING) | B(UP_STOPPING) | B(UP_FAILING),
     [UP_DRAINING] = B(UP_FINALIZING) | B(UP_STOPPING) | B(UP_FAILING),
-    [UP_FINALIZING] = B(UP_ABORTING) | B(UP_FAILING) | B(UP_DONE),
+    [UP_FINALIZING] = B(UP_PUBLISHING) | B(UP_ABORTING) | B(UP_FAILING) | B(UP_DONE),
+    [UP_PUBLISHING] = B(UP_ABORTING) | B(UP_FAILING) | B(UP_DONE),
     [UP_ABORTING] = B(UP_FAILING),
     [UP_STOPPING] = B(UP_FAILING) | B(UP_DONE),
     [UP_FAILING] = B(UP_FAILING) | B(UP_DONE),
@@ -47,14 +51,16 @@ static const unsigned up_next[] = {
 
 static const char *const up_names[] = {
     [UP_HEADER] = "HEADER",     [UP_OPENING] = "OPENING",       [UP_RECEIVING] = "RECEIVING",
-    [UP_DRAINING] = "DRAINING", [UP_FINALIZING] = "FINALIZING", [UP_ABORTING] = "ABORTING",
-    [UP_STOPPING] = "STOPPING", [UP_FAILING] = "FAILING",       [UP_DONE] = "DONE",
+    [UP_DRAINING] = "DRAINING", [UP_FINALIZING] = "FINALIZING", [UP_PUBLISHING] = "PUBLISHING",
+    [UP_ABORTING] = "ABORTING", [UP_STOPPING] = "STOPPING",     [UP_FAILING] = "FAILING",
+    [UP_DONE] = "DONE",
 };
 
 static void up_to(upload *up, up_state to);
 static void up_pump(upload *up);
 static void up_after_write(uv_work_t *w, int status);
 static void up_after_hash(uv_work_t *w, int status);
+static void up_done(upload *up);
 
 /* OPENING .. DRAINING: the upload has a client and may still fail or stop. */
 static int up_active(const upload *up)
@@ -225,6 +231,9 @@ static void up_to(upload *up, up_state to)
         up->t_eof = uv_now(up->svc->loop);
         up_write_lane(up, ckpt_up_final_work);
         break;
+    case UP_PUBLISHING:
+        up_write_lane(up, ckpt_up_publish_work);
+        break;
     case UP_FAILING:
         /* Only uploads that got as far as an open file are logged: failing to open one (most
          * often a full disk) is the client's to act on. */
@@ -297,12 +306,6 @@ static void up_finish(upload *up)
                 up->rank, up->client_sha, up->sha_hex);
         return;
     }
-    /* Forget the rank's previous shard before its file is replaced. */
-    err = sl_cat_shard_delete(up->svc->cat, up->ckpt_id, up->rank);
-    if (err) {
-        up_fail(up, err, "catalog error: %s", sl_strerror(err));
-        return;
-    }
     up_to(up, UP_FINALIZING);
 }
 
@@ -349,13 +352,15 @@ static void up_pump(upload *up)
 
 /* ---- lane results ---- */
 
-/* FINALIZING (or ABORTING), the shard durable under its name: record it and answer. */
+/* FINALIZING, the shard durable: record it, in the transaction that fences this attempt (the
+ * checkpoint still WRITING and not being committed, the lease still ours); then PUBLISHING (its
+ * name, where the store publishes after the record), or DONE. */
 static void up_record(upload *up)
 {
-    Sluice__V1__UploadShardResponse resp = SLUICE__V1__UPLOAD_SHARD_RESPONSE__INIT;
     sl_ckpt_svc *s = up->svc;
+    sl_cat_refusal why;
     sl_cat_shard sh;
-    char path[PATH_MAX], file[NAME_MAX + 1];
+    char msg[CKPT_MSG_MAX];
     int err;
 
     memset(&sh, 0, sizeof(sh));
@@ -369,18 +374,28 @@ static void up_record(upload *up)
     sh.pos_epoch = up->pos_epoch;
     sh.pos_position = up->pos_position;
     sh.pos_world = up->pos_world;
-    err = sl_cat_shard_put(s->cat, up->ckpt_id, &sh, sl_now_ms(), up->lease);
-    if (err == SL_ESTATE) {
-        up->lease = 0;
-        up_fail(up, SL_EUNAVAILABLE, "rank %d's upload was taken over by another replica",
-                up->rank);
-        return;
-    }
+    err = sl_cat_shard_put(s->cat, up->ckpt_id, &sh, sl_now_ms(), up->lease, &why);
     if (err) {
-        up_fail(up, err, "catalog error: %s", sl_strerror(err));
+        if (err == SL_EFENCED)
+            up->lease = 0; /* not ours to drop */
+        err = ckpt_refusal_msg(msg, sizeof(msg), err, &why, up->job, up->name);
+        up_fail(up, err, "rank %d not recorded: %s", up->rank, msg);
         return;
     }
     up->lease = 0; /* dropped with the record */
+    if (s->opts.store->ops->w_publish)
+        up_to(up, UP_PUBLISHING);
+    else
+        up_done(up);
+}
+
+/* The shard recorded and under its name: DONE and the receipt. */
+static void up_done(upload *up)
+{
+    Sluice__V1__UploadShardResponse resp = SLUICE__V1__UPLOAD_SHARD_RESPONSE__INIT;
+    sl_ckpt_svc *s = up->svc;
+    char path[PATH_MAX], file[NAME_MAX + 1];
+
     up_to(up, UP_DONE);
     sl_log_info("ckpt_shard_stored",
                 "job=%s name=%s rank=%d bytes=%" PRIu64 " sha256=%s receive_ms=%" PRIu64
@@ -392,7 +407,7 @@ static void up_record(upload *up)
     snprintf(path, sizeof(path), "checkpoints/%s/%s", up->job, file);
     resp.rank = up->rank;
     resp.data_size = up->data_size;
-    resp.file_size = sh.file_size;
+    resp.file_size = SL_SHARD_HEADER_SIZE + up->data_size;
     resp.sha256 = up->sha_hex;
     resp.path = path;
     sl_rpc_call_reply(up->call, &resp.base);
@@ -419,6 +434,7 @@ static void up_after_write(uv_work_t *w, int status)
         }
         break;
     case UP_FINALIZING:
+    case UP_PUBLISHING:
     case UP_ABORTING:
         /* The bytes are durable: record them even if the client has gone. */
         if (up->err) {
@@ -426,8 +442,10 @@ static void up_after_write(uv_work_t *w, int status)
         } else if (up->state == UP_ABORTING) {
             /* The new shard goes: FAILING has the store discard it when closing the writer. */
             up_fail(up, SL_ESTATE, "checkpoint %s/%s was aborted", up->job, up->name);
-        } else {
+        } else if (up->state == UP_FINALIZING) {
             up_record(up);
+        } else {
+            up_done(up);
         }
         break;
     case UP_RECEIVING:
@@ -728,7 +746,7 @@ void ckpt_upload_cancel(sl_rpc_call *call, void *arg)
 
 void ckpt_upload_abort(upload *up)
 {
-    if (up->state == UP_FINALIZING)
+    if (up->state == UP_FINALIZING || up->state == UP_PUBLISHING)
         up_to(up, UP_ABORTING);
     else if (up->state != UP_ABORTING)
         up_fail(up, SL_ESTATE, "checkpoint %s/%s was aborted", up->job, up->name);

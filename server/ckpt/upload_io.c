@@ -20,6 +20,7 @@ void ckpt_up_open_work(uv_work_t *w)
         .tensor_count = up->tensor_count,
         .data_size = up->data_size,
         .resume_from = up->resume_from,
+        .generation = up->lease,
     };
     sl_sstore *st = up->svc->opts.store;
 
@@ -76,7 +77,16 @@ void ckpt_up_close_work(uv_work_t *w)
     up->w = NULL;
 }
 
-/* Worker: make the shard durable under its final name. */
+/* Worker: publish the recorded shard under its name (PUBLISHING). */
+void ckpt_up_publish_work(uv_work_t *w)
+{
+    upload *up = w->data;
+    sl_sstore *st = up->svc->opts.store;
+
+    up->err = st->ops->w_publish(up->w, up->errmsg, sizeof(up->errmsg));
+}
+
+/* Worker: make the shard durable (FINALIZING). */
 void ckpt_up_final_work(uv_work_t *w)
 {
     upload *up = w->data;

@@ -6,6 +6,7 @@
 #include "err.h"
 #include "shard.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -94,13 +95,52 @@ static int parse_shard(const char *file, const char *suffix, char *name, size_t 
     return 0;
 }
 
-sl_store_kind sl_store_classify(const char *file, char *name, size_t len, int32_t *rank)
+int sl_store_part_name(char *file, size_t len, const char *name, int32_t rank, int64_t gen)
+{
+    int n;
+
+    if (gen <= 0)
+        return sl_store_file_name(file, len, SL_STORE_PART, name, rank);
+    n = snprintf(file, len, ".%s_shard_%d" SHARD_SUFFIX ".%lld.part", name, rank, (long long)gen);
+    return n < 0 || (size_t)n >= len ? SL_ELIMIT : 0;
+}
+
+/* A partial upload's name past its leading '.': "<name>_shard_<rank>.shard.part" (generation 0)
+ * or "<name>_shard_<rank>.shard.<gen>.part". Returns 0 or SL_EINVAL. */
+static int parse_part(const char *file, char *name, size_t len, int32_t *rank, int64_t *gen)
+{
+    char base[NAME_MAX + 1], *dot, *stop;
+    size_t n = strlen(file);
+    long long g;
+
+    *gen = 0;
+    if (parse_shard(file, PART_SUFFIX, name, len, rank) == 0)
+        return 0;
+    if (n >= sizeof(base) || !ends_with(file, n, ".part"))
+        return SL_EINVAL;
+    memcpy(base, file, n - 5);
+    base[n - 5] = '\0';
+    if (!(dot = strrchr(base, '.')) || dot[1] < '1' || dot[1] > '9')
+        return SL_EINVAL;
+    errno = 0;
+    g = strtoll(dot + 1, &stop, 10);
+    if (*stop || errno || g <= 0)
+        return SL_EINVAL;
+    *dot = '\0';
+    if (parse_shard(base, SHARD_SUFFIX, name, len, rank) != 0)
+        return SL_EINVAL;
+    *gen = g;
+    return 0;
+}
+
+sl_store_kind sl_store_classify_gen(const char *file, char *name, size_t len, int32_t *rank,
+                                    int64_t *gen)
 {
     size_t n = strlen(file), k = sizeof(META_SUFFIX) - 1;
 
+    *gen = 0;
     if (file[0] == '.')
-        return parse_shard(file + 1, PART_SUFFIX, name, len, rank) == 0 ? SL_STORE_PART
-                                                                        : SL_STORE_TEMP;
+        return parse_part(file + 1, name, len, rank, gen) == 0 ? SL_STORE_PART : SL_STORE_TEMP;
     if (parse_shard(file, SHARD_SUFFIX, name, len, rank) == 0)
         return SL_STORE_SHARD;
     if (!ends_with(file, n, META_SUFFIX) || n - k >= len)
@@ -108,6 +148,37 @@ sl_store_kind sl_store_classify(const char *file, char *name, size_t len, int32_
     memcpy(name, file, n - k);
     name[n - k] = '\0';
     return SL_STORE_META;
+}
+
+sl_store_kind sl_store_classify(const char *file, char *name, size_t len, int32_t *rank)
+{
+    int64_t gen;
+
+    return sl_store_classify_gen(file, name, len, rank, &gen);
+}
+
+int sl_store_parts_each(const char *dir, const char *name, int32_t rank, sl_store_part_fn fn,
+                        void *arg)
+{
+    char found[NAME_MAX + 1], path[PATH_MAX];
+    struct dirent *e;
+    int32_t r;
+    int64_t gen;
+    DIR *d;
+    int n, err = sl_store_opendir(&d, dir);
+
+    if (err)
+        return err == -ENOENT ? 0 : err;
+    while (!err && (e = readdir(d)) != NULL) {
+        if (sl_store_classify_gen(e->d_name, found, sizeof(found), &r, &gen) != SL_STORE_PART ||
+            strcmp(found, name) != 0 || (rank >= 0 ? r != rank : r >= -rank))
+            continue;
+        n = snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (n > 0 && (size_t)n < sizeof(path))
+            err = fn(path, r, gen, arg);
+    }
+    closedir(d);
+    return err;
 }
 
 static void remove_one(const char *dir, sl_store_kind kind, const char *name, int32_t rank)
@@ -118,12 +189,21 @@ static void remove_one(const char *dir, sl_store_kind kind, const char *name, in
         sl_store_unlink(path);
 }
 
+static int unlink_part(const char *path, int32_t rank, int64_t gen, void *arg)
+{
+    (void)rank;
+    (void)gen;
+    (void)arg;
+    sl_store_unlink(path);
+    return 0;
+}
+
 int sl_store_remove_ckpt(const char *dir, const char *name, int32_t world_size)
 {
-    for (int32_t r = 0; r < world_size; r++) {
+    for (int32_t r = 0; r < world_size; r++)
         remove_one(dir, SL_STORE_SHARD, name, r);
-        remove_one(dir, SL_STORE_PART, name, r);
-    }
+    /* Partial uploads of every attempt (each names its own by its lease generation). */
+    sl_store_parts_each(dir, name, -world_size, unlink_part, NULL);
     remove_one(dir, SL_STORE_META, name, 0);
     remove_one(dir, SL_STORE_TEMP, name, 0);
     return sl_store_fsync_dir(dir);

@@ -2,7 +2,10 @@
  *
  * Under the store root every job has a directory, <root>/<job>/, holding for checkpoint <name>:
  *   <name>_shard_<rank>.shard         a durable shard (docs/checkpoints.md has the format)
- *   .<name>_shard_<rank>.shard.part   an upload in progress or kept for a resume
+ *   .<name>_shard_<rank>.shard.part   an upload in progress or kept for a resume (a catalog of
+ *                                     one daemon)
+ *   .<name>_shard_<rank>.shard.<g>.part  the same, of the upload attempt holding lease
+ *                                     generation g (a shared catalog: each attempt its own)
  *   <name>.metadata.json              written last, when the checkpoint is committed
  *   .<name>.metadata.json.tmp         the metadata file being written (sl_store_write_file)
  * Job and checkpoint names were checked by the caller (sl_shard_name_check). Paths that do not
@@ -44,6 +47,21 @@ int sl_store_path(char *buf, size_t len, const char *dir, sl_store_kind kind, co
  * Names are returned as found: the caller checks them before use. A name that does not fit in
  * `name` makes the file SL_STORE_OTHER (or SL_STORE_TEMP if it starts with '.'). Pure. */
 sl_store_kind sl_store_classify(const char *file, char *name, size_t len, int32_t *rank);
+
+/* The partial upload's file name of attempt `gen` (0: the one name of a catalog of one daemon,
+ * as sl_store_file_name's SL_STORE_PART). Returns 0 or SL_ELIMIT. Pure. */
+int sl_store_part_name(char *file, size_t len, const char *name, int32_t rank, int64_t gen);
+
+/* sl_store_classify, with a partial upload's generation into *gen (0 for anything else). */
+sl_store_kind sl_store_classify_gen(const char *file, char *name, size_t len, int32_t *rank,
+                                    int64_t *gen);
+
+/* Every partial upload of checkpoint `name` in job directory `dir`, of rank `rank` (rank < 0:
+ * of every rank below -rank), whatever its generation, to fn with its path; fn returns nonzero to
+ * stop, which is returned. A missing directory has none. Returns 0 or -errno. Blocking. */
+typedef int (*sl_store_part_fn)(const char *path, int32_t rank, int64_t gen, void *arg);
+int sl_store_parts_each(const char *dir, const char *name, int32_t rank, sl_store_part_fn fn,
+                        void *arg);
 
 /* Remove every file of checkpoint `name` in job directory `dir`: the shards and partial uploads
  * of ranks [0, world_size), the metadata file and its temp file; missing files are skipped. Then

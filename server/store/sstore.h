@@ -38,6 +38,11 @@ typedef struct sl_swriter_spec {
     uint32_t tensor_count;
     uint64_t data_size;   /* data bytes the shard will hold */
     uint64_t resume_from; /* data bytes the client skips: the partial upload must hold them */
+    /* The upload lease's generation (a shared catalog), 0: none. An attempt with one writes a
+     * partial upload of its own, named by it, and removes the older attempts' (a resume copies
+     * its prefix from the newest of them), so an attempt fenced out in the catalog can never
+     * touch this one's bytes or publish its own over them. */
+    int64_t generation;
 } sl_swriter_spec;
 
 /* What a sweep decides about one file it found. */
@@ -66,8 +71,11 @@ typedef struct sl_sstore_ops {
      * state loaded into `sha`): SL_ESTATE with msg if there is no matching partial upload.
      * write: the n ranges at data offset `off`, in order, offsets contiguous (hashed into `sha`
      * with ops.hashes; `sha` must then outlive the writer). finish: the header
-     * with checksum `sha_hex` written and the shard durable under its name (an older shard of
-     * the rank replaced); nothing is visible under the name before. release: give back room
+     * with checksum `sha_hex` written and the shard durable; with w_publish, still as a partial
+     * upload, published under its name only by w_publish, which the caller runs after the
+     * catalog transaction that fences the attempt (an older shard of the rank replaced;
+     * SL_EFENCED if a newer attempt removed this one's file); without it (object storage), under
+     * its name already. Nothing is visible under the name before. release: give back room
      * reserved ahead of the written bytes (the written bytes stay for a resume). close: free
      * the writer; `discard` removes the partial upload (and, after finish, the shard). */
     int (*w_open)(sl_sstore *s, const sl_swriter_spec *spec, sl_sha256 *sha, sl_swriter **out,
@@ -75,6 +83,7 @@ typedef struct sl_sstore_ops {
     int (*w_write)(sl_swriter *w, const struct iovec *iov, int n, uint64_t off, char *msg,
                    size_t msglen);
     int (*w_finish)(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen);
+    int (*w_publish)(sl_swriter *w, char *msg, size_t msglen);
     void (*w_release)(sl_swriter *w);
     void (*w_close)(sl_swriter *w, int discard);
     /* Data bytes a kept partial upload of (job, name, rank) holds: SL_ENOTFOUND if none. */
@@ -90,6 +99,11 @@ typedef struct sl_sstore_ops {
                char *msg, size_t msglen);
     /* Size of a stored file; SL_ENOTFOUND if missing. */
     int (*stat)(sl_sstore *s, const char *job, const char *file, uint64_t *size);
+    /* Size and the checksum in the header of a stored shard file (NULL where reading it costs a
+     * request: object storage); SL_ENOTFOUND if missing, SL_ECORRUPT if the header does not
+     * parse. Commit checks it against the catalog's row. */
+    int (*shard_sha)(sl_sstore *s, const char *job, const char *file, uint64_t *size,
+                     char sha[SL_SHARD_HEX_LEN + 1]);
     /* Remove one file (missing: not an error). */
     int (*remove)(sl_sstore *s, const char *job, const char *file);
     /* Remove every file of checkpoint `name` of ranks [0, world_size): shards, partial uploads,

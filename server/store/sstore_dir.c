@@ -36,12 +36,14 @@ typedef struct dstore {
 struct sl_swriter {
     dstore *s;
     char dir[PATH_MAX], part[PATH_MAX], final[PATH_MAX];
+    char name[SL_SHARD_NAME_MAX + 1];
     int fd;
+    int64_t gen; /* the attempt's lease generation, 0: none */
     int32_t rank;
     uint32_t tensor_count;
     uint64_t data_size;
     uint64_t written, flushed, reserved;
-    int no_reserve, finished;
+    int no_reserve, sealed, finished;
 };
 
 struct sl_sreader {
@@ -149,11 +151,138 @@ static int w_create(sl_swriter *w, char *msg, size_t msglen)
     return err;
 }
 
+/* The partial uploads of the writer's (name, rank) other than its own: the newest older one (to
+ * resume from), and whether a newer attempt has one (this one is fenced out). */
+typedef struct others {
+    const sl_swriter *w;
+    int64_t newest;
+    char newest_path[PATH_MAX];
+    int newer;
+} others;
+
+static int find_other(const char *path, int32_t rank, int64_t gen, void *arg)
+{
+    others *o = arg;
+
+    (void)rank;
+    if (gen > o->w->gen)
+        o->newer = 1;
+    else if (gen < o->w->gen && (o->newest_path[0] == '\0' || gen > o->newest)) {
+        o->newest = gen;
+        snprintf(o->newest_path, sizeof(o->newest_path), "%s", path);
+    }
+    return 0;
+}
+
+static int remove_older(const char *path, int32_t rank, int64_t gen, void *arg)
+{
+    const sl_swriter *w = arg;
+
+    (void)rank;
+    if (gen < w->gen)
+        sl_store_unlink(path);
+    return 0;
+}
+
+/* A resume of another attempt's upload: the newest older partial upload (`from`) must be this
+ * rank's shard of the same size and tensor count and hold the prefix; that prefix is copied into
+ * this attempt's own new file (never written in place: the other attempt may still hold it open)
+ * and hashed again there. */
+static int w_resume_copy(sl_swriter *w, const char *from_path, uint64_t from, sl_sha256 *sha,
+                         char *msg, size_t msglen)
+{
+    char zeros[SL_SHARD_HEX_LEN];
+    uint8_t hdr[SL_SHARD_HEADER_SIZE];
+    sl_shard_header h;
+    struct stat st;
+    loff_t in_off = SL_SHARD_HEADER_SIZE, out_off = SL_SHARD_HEADER_SIZE;
+    int err = 0, src = sl_store_open(from_path, O_RDONLY, 0);
+
+    if (src < 0 || fstat(src, &st) != 0 || sl_store_pread_all(src, hdr, sizeof(hdr), 0) != 0 ||
+        sl_shard_header_decode(&h, hdr, sizeof(hdr)) != 0 || h.rank != w->rank ||
+        h.data_len != w->data_size || (uint32_t)h.tensor_count != w->tensor_count ||
+        (uint64_t)st.st_size < SL_SHARD_HEADER_SIZE + from) {
+        if (src >= 0)
+            close(src);
+        snprintf(msg, msglen,
+                 "cannot resume at offset %" PRIu64
+                 ": the server holds no matching partial upload (ask UploadStatus)",
+                 from);
+        return SL_ESTATE;
+    }
+    memset(zeros, '0', sizeof(zeros));
+    w_header(w, zeros, hdr);
+    if (ftruncate(w->fd, 0) != 0)
+        err = -errno;
+    if (!err)
+        err = sl_store_pwrite_all(w->fd, hdr, sizeof(hdr), 0);
+    while (!err && (uint64_t)in_off < SL_SHARD_HEADER_SIZE + from) {
+        ssize_t n = copy_file_range(src, &in_off, w->fd, &out_off,
+                                    (size_t)(SL_SHARD_HEADER_SIZE + from - (uint64_t)in_off), 0);
+        if (n < 0 && errno != EINTR)
+            err = -errno;
+        else if (n == 0)
+            err = -EIO;
+    }
+    close(src);
+    if (!err)
+        err = sl_shard_hash_fd(sha, w->fd, SL_SHARD_HEADER_SIZE, from);
+    if (err) {
+        snprintf(msg, msglen, "cannot copy the kept prefix: %s", sl_strerror(err));
+        return err;
+    }
+    w->written = from;
+    w->flushed = 0;
+    return 0;
+}
+
+/* Open attempt w->gen's own partial upload: fenced out if a newer attempt has one; a resume
+ * copies the newest older one's prefix; then the older ones are removed, so that their holders'
+ * late renames find nothing to publish. */
+static int w_open_gen(sl_swriter *w, uint64_t resume_from, sl_sha256 *sha, char *msg, size_t msglen)
+{
+    others o = {.w = w};
+    int err = sl_store_parts_each(w->dir, w->name, w->rank, find_other, &o);
+
+    if (!err && o.newer) {
+        snprintf(msg, msglen, "a newer upload attempt of rank %d has started", w->rank);
+        return SL_EFENCED;
+    }
+    if (!err) {
+        w->fd = sl_store_open(w->part, O_RDWR | O_CREAT | O_TRUNC, 0640);
+        if (w->fd < 0) {
+            err = w->fd;
+            w->fd = -1;
+            snprintf(msg, msglen, "cannot open the partial file %.200s: %s", w->part,
+                     sl_store_strerror(err));
+            return err;
+        }
+    }
+    if (!err && resume_from > 0) {
+        if (!o.newest_path[0]) {
+            snprintf(msg, msglen,
+                     "cannot resume at offset %" PRIu64
+                     ": the server holds no matching partial upload (ask UploadStatus)",
+                     resume_from);
+            return SL_ESTATE;
+        }
+        err = w_resume_copy(w, o.newest_path, resume_from, sha, msg, msglen);
+    } else if (!err) {
+        err = w_create(w, msg, msglen);
+    }
+    if (!err)
+        err = sl_store_parts_each(w->dir, w->name, w->rank, remove_older, w);
+    if (err && !msg[0])
+        snprintf(msg, msglen, "cannot open the partial upload: %s", sl_store_strerror(err));
+    return err;
+}
+
 static int d_w_open(sl_sstore *base, const sl_swriter_spec *spec, sl_sha256 *sha, sl_swriter **out,
                     char *msg, size_t msglen)
 {
     dstore *s = (dstore *)base;
     sl_swriter *w = calloc(1, sizeof(*w));
+    char file[NAME_MAX + 1];
     int err;
 
     *out = NULL;
@@ -162,11 +291,13 @@ static int d_w_open(sl_sstore *base, const sl_swriter_spec *spec, sl_sha256 *sha
     w->s = s;
     w->fd = -1;
     w->rank = spec->rank;
+    w->gen = spec->generation;
     w->tensor_count = spec->tensor_count;
     w->data_size = spec->data_size;
+    snprintf(w->name, sizeof(w->name), "%s", spec->name);
     if (job_dir(s, w->dir, sizeof(w->dir), spec->job) != 0 ||
-        sl_store_path(w->part, sizeof(w->part), w->dir, SL_STORE_PART, spec->name, spec->rank) !=
-            0 ||
+        sl_store_part_name(file, sizeof(file), spec->name, spec->rank, w->gen) != 0 ||
+        snprintf(w->part, sizeof(w->part), "%s/%s", w->dir, file) >= (int)sizeof(w->part) ||
         sl_store_path(w->final, sizeof(w->final), w->dir, SL_STORE_SHARD, spec->name, spec->rank) !=
             0) {
         snprintf(msg, msglen, "checkpoint path too long");
@@ -182,6 +313,10 @@ static int d_w_open(sl_sstore *base, const sl_swriter_spec *spec, sl_sha256 *sha
                  sl_store_strerror(err));
         return err;
     }
+    if (w->gen > 0) {
+        err = w_open_gen(w, spec->resume_from, sha, msg, msglen);
+        goto reserve;
+    }
     w->fd = sl_store_open(w->part, O_RDWR | O_CREAT, 0640);
     if (w->fd < 0) {
         err = w->fd;
@@ -192,6 +327,7 @@ static int d_w_open(sl_sstore *base, const sl_swriter_spec *spec, sl_sha256 *sha
     }
     err = spec->resume_from > 0 ? w_resume(w, spec->resume_from, sha, msg, msglen)
                                 : w_create(w, msg, msglen);
+reserve:
     if (!err) {
         w->reserved = w->written;
         err = w_reserve(w, w->written + RESERVE_AHEAD, msg, msglen);
@@ -229,6 +365,7 @@ static int d_w_write(sl_swriter *w, const struct iovec *iov, int n, uint64_t off
     return 0;
 }
 
+/* The real header, the size, fsync: durable as the partial upload; published by d_w_publish. */
 static int d_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen)
 {
     uint8_t hdr[SL_SHARD_HEADER_SIZE];
@@ -245,17 +382,26 @@ static int d_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msgl
         err = -errno;
         step = "fsync";
     }
-    if (close(w->fd) != 0 && !err) {
-        err = -errno;
-        step = "close";
+    if (err)
+        snprintf(msg, msglen, "cannot %s: %s", step, sl_store_strerror(err));
+    else
+        w->sealed = 1;
+    return err;
+}
+
+/* Rename the sealed partial upload over the shard's name (an older shard of the rank replaced
+ * in one step) and fsync the directory. The file is kept open until close, so that a discarding
+ * close removes the shard only while it is still this writer's. */
+static int d_w_publish(sl_swriter *w, char *msg, size_t msglen)
+{
+    const char *step = "rename";
+    int err = w->sealed ? sl_store_rename(w->part, w->final) : SL_ESTATE;
+
+    if (err == -ENOENT && w->gen > 0) {
+        /* A newer attempt removed ours: it is fenced out, and nothing was published. */
+        snprintf(msg, msglen, "a newer upload attempt of rank %d took over", w->rank);
+        return SL_EFENCED;
     }
-    w->fd = -1;
-    /* The caller decided an older shard of this rank may be replaced; the rename itself never
-     * replaces anything. */
-    if (!err && (err = sl_store_unlink(w->final)) != 0)
-        step = "remove the old shard";
-    if (!err && (err = sl_store_rename_noreplace(w->part, w->final)) != 0)
-        step = "rename";
     if (!err && (err = sl_store_fsync_dir(w->dir)) != 0)
         step = "fsync the directory";
     if (err)
@@ -280,26 +426,56 @@ static void d_w_release(sl_swriter *w)
     w->reserved = w->written;
 }
 
+/* 1 if `path` is the file open as fd (the same inode). */
+static int same_file(const char *path, int fd)
+{
+    struct stat a, b;
+
+    return fd >= 0 && fstat(fd, &a) == 0 && sl_store_stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
 static void d_w_close(sl_swriter *w, int discard)
 {
     if (!w)
         return;
+    /* A published shard is removed only while the name is still ours; an unpublished partial
+     * upload has a name of its own (or, generation 0, one writer at a time). */
+    if (discard && (!w->finished || same_file(w->final, w->fd)))
+        sl_store_unlink(w->finished ? w->final : w->part);
     if (w->fd >= 0)
         close(w->fd);
-    if (discard)
-        sl_store_unlink(w->finished ? w->final : w->part);
     free(w);
+}
+
+/* The newest partial upload of a rank (the highest generation). */
+typedef struct newest {
+    int64_t gen;
+    char path[PATH_MAX];
+} newest;
+
+static int find_newest(const char *path, int32_t rank, int64_t gen, void *arg)
+{
+    newest *n = arg;
+
+    (void)rank;
+    if (!n->path[0] || gen > n->gen) {
+        n->gen = gen;
+        snprintf(n->path, sizeof(n->path), "%s", path);
+    }
+    return 0;
 }
 
 static int d_held(sl_sstore *base, const char *job, const char *name, int32_t rank, uint64_t *held)
 {
     dstore *s = (dstore *)base;
-    char dir[PATH_MAX], part[PATH_MAX];
+    char dir[PATH_MAX];
+    newest n = {0};
 
     if (job_dir(s, dir, sizeof(dir), job) != 0 ||
-        sl_store_path(part, sizeof(part), dir, SL_STORE_PART, name, rank) != 0)
+        sl_store_parts_each(dir, name, rank, find_newest, &n) != 0 || !n.path[0])
         return SL_ENOTFOUND;
-    return sl_store_part_held(part, rank, held);
+    return sl_store_part_held(n.path, rank, held);
 }
 
 /* ---- readers, small files ---- */
@@ -393,6 +569,32 @@ static int d_stat(sl_sstore *base, const char *job, const char *file, uint64_t *
     if (!S_ISREG(st.st_mode))
         return SL_ENOTFOUND;
     *size = (uint64_t)st.st_size;
+    return 0;
+}
+
+static int d_shard_sha(sl_sstore *base, const char *job, const char *file, uint64_t *size,
+                       char sha[SL_SHARD_HEX_LEN + 1])
+{
+    dstore *s = (dstore *)base;
+    uint8_t hdr[SL_SHARD_HEADER_SIZE];
+    char path[PATH_MAX];
+    sl_shard_header h;
+    struct stat st;
+    int fd, err;
+
+    if (file_path(s, path, sizeof(path), job, file) != 0)
+        return SL_ELIMIT;
+    fd = sl_store_open(path, O_RDONLY, 0);
+    if (fd < 0)
+        return fd == -ENOENT ? SL_ENOTFOUND : fd;
+    err = fstat(fd, &st) != 0 ? -errno : sl_store_pread_all(fd, hdr, sizeof(hdr), 0);
+    if (!err && sl_shard_header_decode(&h, hdr, sizeof(hdr)) != 0)
+        err = SL_ECORRUPT;
+    close(fd);
+    if (err)
+        return err == -EIO ? SL_ECORRUPT : err;
+    *size = (uint64_t)st.st_size;
+    memcpy(sha, h.sha256, SL_SHARD_HEX_LEN + 1);
     return 0;
 }
 
@@ -493,6 +695,7 @@ static const sl_sstore_ops dir_ops = {
     .w_open = d_w_open,
     .w_write = d_w_write,
     .w_finish = d_w_finish,
+    .w_publish = d_w_publish,
     .w_release = d_w_release,
     .w_close = d_w_close,
     .held = d_held,
@@ -501,6 +704,7 @@ static const sl_sstore_ops dir_ops = {
     .r_close = d_r_close,
     .put = d_put,
     .stat = d_stat,
+    .shard_sha = d_shard_sha,
     .remove = d_remove,
     .remove_ckpt = d_remove_ckpt,
     .free_bytes = d_free_bytes,

@@ -1,8 +1,8 @@
 /* server/catalog/ckpt.c: checkpoints (begin, reopen, conflicts, get, latest, list, states,
- * delete, abort), their shards (put, replace, get, list in rank order, delete), tensor-list sizes,
- * state counts, retention policies and recorded removals, and that everything survives closing
- * and reopening; server/catalog/catalog.c: a catalog whose file is removed or replaced refuses
- * writes and keeps answering reads. */
+ * delete, abort), fencing (leases, claims, conditional changes), their shards (put, replace, get,
+ * list in rank order, delete), tensor-list sizes, state counts, retention policies and recorded
+ * removals, and that everything survives closing and reopening; server/catalog/catalog.c: a catalog
+ * whose file is removed or replaced refuses writes and keeps answering reads. */
 #include "catalog/catalog.h"
 #include "catalog/ckpt.h"
 #include "err.h"
@@ -91,6 +91,7 @@ static void test_begin(sl_cat *cat)
 
 static void test_shards(sl_cat *cat)
 {
+    sl_cat_refusal why;
     sl_cat_ckpt c;
     sl_cat_shard sh, got;
     seen s;
@@ -99,11 +100,11 @@ static void test_shards(sl_cat *cat)
     CHECK(sl_cat_ckpt_get(cat, &c, "job", "step_10") == 0);
     /* Put out of rank order; listed in rank order. */
     sh = shard(2, 200, "[{\"name\":\"b\"}]");
-    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5000, 0) == 0);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5000, 0, &why) == 0);
     sh = shard(0, 100, "[{\"name\":\"a\"}]");
-    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5001, 0) == 0);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5001, 0, &why) == 0);
     sh = shard(1, 50, NULL); /* no tensors: stored as [] */
-    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5002, 0) == 0);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 5002, 0, &why) == 0);
     memset(&s, 0, sizeof(s));
     CHECK(sl_cat_shard_list(cat, c.id, 1, on_shard, &s) == 0);
     CHECK(s.n == 3 && s.ranks[0] == 0 && s.ranks[1] == 1 && s.ranks[2] == 2);
@@ -120,7 +121,7 @@ static void test_shards(sl_cat *cat)
 
     /* A new upload of a rank replaces its row. */
     sh = shard(2, 300, "[]");
-    CHECK(sl_cat_shard_put(cat, c.id, &sh, 6000, 0) == 0);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 6000, 0, &why) == 0);
     CHECK(sl_cat_shard_get(cat, &got, c.id, 2) == 0 && got.data_size == 300);
 
     /* Tensor-list bytes of the other ranks. */
@@ -186,6 +187,7 @@ static void test_states_and_latest(sl_cat *cat)
 
 static void test_delete_and_retention(sl_cat *cat)
 {
+    sl_cat_refusal why;
     sl_cat_ckpt c, got;
     sl_cat_shard sh;
     uint32_t keep = 99;
@@ -215,15 +217,70 @@ static void test_delete_and_retention(sl_cat *cat)
     /* Abort: shards forgotten, INCOMPLETE, removal recorded, all at once. */
     CHECK(sl_cat_ckpt_begin(cat, &c, &created, "job", "ab", 1, 2, "", 100) == 0 && created);
     sh = shard(0, 10, NULL);
-    CHECK(sl_cat_shard_put(cat, c.id, &sh, 6500, 0) == 0);
-    CHECK(sl_cat_ckpt_abort(cat, c.id, 7000) == 0);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 6500, 0, &why) == 0);
+    CHECK(sl_cat_ckpt_abort(cat, c.id, 7000, &why) == 0);
     CHECK(sl_cat_ckpt_get(cat, &got, "job", "ab") == 0 && got.state == SL_CKPT_INCOMPLETE);
     CHECK(got.shards == 0);
     CHECK(sl_cat_removal_get(cat, "job", "ab", &removed_ms) == 0 && removed_ms == 7000);
-    CHECK(sl_cat_ckpt_abort(cat, c.id + 1000, 8000) == SL_ENOTFOUND);
+    CHECK(sl_cat_ckpt_abort(cat, c.id + 1000, 8000, &why) == SL_ENOTFOUND);
     CHECK(sl_cat_removals_clear(cat) == 0);
     CHECK(sl_cat_removal_get(cat, "job", "ab", &removed_ms) == SL_ENOTFOUND);
     CHECK(sl_cat_removal_get(cat, "job", "step_10", &removed_ms) == SL_ENOTFOUND);
+}
+
+/* Fencing (issue 25): every change that needs a checkpoint WRITING is conditional on it in its
+ * own transaction; a commit claim holds back leases, shard records and aborts; COMPLETE needs
+ * the claim still held; lease generations never repeat. */
+static void test_fencing(sl_cat *cat)
+{
+    sl_cat_refusal why;
+    sl_cat_ckpt c, got;
+    sl_cat_shard sh;
+    int64_t gen1 = 0, gen2 = 0, gen3 = 0, token = 0, token2 = 0;
+    int created = 0;
+
+    CHECK(sl_cat_ckpt_begin(cat, &c, &created, "fence", "ck", 1, 2, "", 100) == 0 && created);
+    /* Generations come from a sequence: a new take fences the old one out, a release and a take
+     * again never give an old number back. */
+    CHECK(sl_cat_lease_take(cat, c.id, 0, "r1", 30000, &gen1, &why) == 0 && gen1 > 0);
+    CHECK(sl_cat_lease_take(cat, c.id, 0, "r2", 30000, &gen2, &why) == 0 && gen2 > gen1);
+    CHECK(strcmp(why.who, "r1") == 0); /* taken over from a live holder at once */
+    CHECK(sl_cat_lease_renew(cat, c.id, 0, gen1, 30000) == SL_ESTATE);
+    sh = shard(0, 10, NULL);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 1000, gen1, &why) == SL_EFENCED);
+    CHECK(sl_cat_shard_get(cat, &sh, c.id, 0) == SL_ENOTFOUND);
+    CHECK(sl_cat_lease_release(cat, c.id, 0, gen2) == 0);
+    CHECK(sl_cat_lease_take(cat, c.id, 0, "r1", 30000, &gen3, &why) == 0 && gen3 > gen2);
+    sh = shard(0, 10, NULL);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 1000, gen3, &why) == 0);
+
+    /* A live lease holds back the claim; the claim holds back leases, records and aborts. */
+    CHECK(sl_cat_lease_take(cat, c.id, 1, "r2", 30000, &gen1, &why) == 0);
+    CHECK(sl_cat_ckpt_claim(cat, c.id, "r1", &token, &why) == SL_ESTATE);
+    CHECK(why.rank == 1 && strcmp(why.who, "r2") == 0 && token == 0);
+    sh = shard(1, 10, NULL);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 1000, gen1, &why) == 0);
+    CHECK(sl_cat_ckpt_claim(cat, c.id, "r1", &token, &why) == 0 && token > 0);
+    CHECK(sl_cat_ckpt_claim(cat, c.id, "r2", &token2, &why) == SL_EUNAVAILABLE);
+    CHECK(strcmp(why.who, "r1") == 0);
+    CHECK(sl_cat_lease_take(cat, c.id, 1, "r2", 30000, &gen2, &why) == SL_EUNAVAILABLE);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 1000, 0, &why) == SL_EUNAVAILABLE);
+    CHECK(sl_cat_ckpt_abort(cat, c.id, 2000, &why) == SL_EUNAVAILABLE);
+    CHECK(sl_cat_ckpt_get(cat, &got, "fence", "ck") == 0 && got.state == SL_CKPT_WRITING);
+    /* COMPLETE only with the claim that holds. */
+    CHECK(sl_cat_ckpt_complete(cat, c.id, 3000, "r2", token, NULL, NULL, NULL) == SL_ESTATE);
+    CHECK(sl_cat_ckpt_complete(cat, c.id, 3000, "r1", token + 1, NULL, NULL, NULL) == SL_ESTATE);
+    CHECK(sl_cat_ckpt_complete(cat, c.id, 3000, "r1", token, NULL, NULL, NULL) == 0);
+    CHECK(sl_cat_ckpt_get(cat, &got, "fence", "ck") == 0 && got.state == SL_CKPT_COMPLETE);
+    CHECK(got.shards == 2);
+    /* A COMPLETE checkpoint is never aborted, never takes a lease or a shard. */
+    CHECK(sl_cat_ckpt_abort(cat, c.id, 4000, &why) == SL_ESTATE && why.state == SL_CKPT_COMPLETE);
+    CHECK(sl_cat_lease_take(cat, c.id, 0, "r2", 30000, &gen2, &why) == SL_ESTATE);
+    CHECK(sl_cat_shard_put(cat, c.id, &sh, 1000, 0, &why) == SL_ESTATE);
+    CHECK(sl_cat_ckpt_complete(cat, c.id, 5000, "r1", 0, NULL, NULL, NULL) == SL_ESTATE);
+    CHECK(sl_cat_ckpt_get(cat, &got, "fence", "ck") == 0 && got.state == SL_CKPT_COMPLETE);
+    CHECK(got.committed_ms == 3000 && got.shards == 2);
+    CHECK(sl_cat_ckpt_delete(cat, c.id, 6000) == 0);
 }
 
 static void on_lost(const char *problem, void *arg)
@@ -286,6 +343,7 @@ int main(void)
         test_shards(cat);
         test_states_and_latest(cat);
         test_delete_and_retention(cat);
+        test_fencing(cat);
         sl_cat_close(cat);
         cat = NULL;
     }

@@ -104,4 +104,15 @@ const char *const sl_db_pg_migrations[SL_DB_PG_MIGRATIONS] = {
     "  expires_ms    BIGINT NOT NULL,\n"
     "  PRIMARY KEY (checkpoint_id, rank)\n"
     ");\n",
+    /* 8: fencing in the catalog (issue 25). Lease generations come from a sequence and never
+     * repeat, even after a lease row is dropped; times that decide (lease expiry, commit claims)
+     * are the catalog's clock, never a replica's: sl_now_ms() is milliseconds since the epoch by
+     * this server's clock, sl_lease_generation() the next generation. */
+    "CREATE SEQUENCE upload_lease_generation;\n"
+    "SELECT setval('upload_lease_generation', "
+    "(SELECT coalesce(max(generation), 0) + 1 FROM upload_leases), false);\n"
+    "CREATE FUNCTION sl_now_ms() RETURNS BIGINT LANGUAGE sql VOLATILE AS "
+    "'SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT';\n"
+    "CREATE FUNCTION sl_lease_generation() RETURNS BIGINT LANGUAGE sql VOLATILE AS "
+    "'SELECT nextval(''upload_lease_generation'')';\n",
 };

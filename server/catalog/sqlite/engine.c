@@ -9,6 +9,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "util/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -139,6 +140,10 @@ static const char *const migrations[] = {
     "  expires_ms    INTEGER NOT NULL,\n"
     "  PRIMARY KEY (checkpoint_id, rank)\n"
     ") WITHOUT ROWID;\n",
+    /* 8: fencing in the catalog (issue 25). The statements call sl_now_ms() and
+     * sl_lease_generation(), which PostgreSQL defines in its migration 8; here they are
+     * functions of the connection (sqlite_functions below), so nothing changes in the file. */
+    "SELECT 1;\n",
 };
 
 typedef struct lite {
@@ -152,6 +157,7 @@ typedef struct lite {
     ino_t ino;
     int lost; /* sticky once found: every write is refused with SL_ECATLOST */
     char problem[PATH_MAX + 160];
+    int64_t lease_gen; /* the last generation sl_lease_generation() gave */
 } lite;
 
 #define LITE(cat) ((lite *)(cat)->conn)
@@ -493,6 +499,44 @@ const sl_db_engine sl_db_sqlite = {
     .close = lite_close,
 };
 
+/* sl_now_ms(): the catalog's clock, which for a file only this daemon opens is its own. */
+static void fn_now_ms(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    (void)argv;
+    sqlite3_result_int64(ctx, sl_now_ms());
+}
+
+/* sl_lease_generation(): never the same number twice in this file's life. Upload leases are
+ * taken only on a shared catalog (PostgreSQL, a sequence); here the function exists so that the
+ * statements are the same, counting on from the clock in microseconds: a restarted daemon
+ * starts above what it gave before. */
+static void fn_lease_generation(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    lite *l = sqlite3_user_data(ctx);
+    int64_t now = sl_now_ms() * 1000;
+
+    (void)argc;
+    (void)argv;
+    l->lease_gen = now > l->lease_gen ? now : l->lease_gen + 1;
+    sqlite3_result_int64(ctx, l->lease_gen);
+}
+
+static int sqlite_functions(lite *l)
+{
+    int rc =
+        sqlite3_create_function(l->db, "sl_now_ms", 0, SQLITE_UTF8, NULL, fn_now_ms, NULL, NULL);
+
+    if (rc == SQLITE_OK)
+        rc = sqlite3_create_function(l->db, "sl_lease_generation", 0, SQLITE_UTF8, l,
+                                     fn_lease_generation, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        sl_log_error("catalog_open_failed", "path=%s msg=\"%s\"", l->path, sqlite3_errmsg(l->db));
+        return SL_EDB;
+    }
+    return 0;
+}
+
 int sl_db_sqlite_open(sl_cat *cat, const char *path)
 {
     lite *l = calloc(1, sizeof(*l));
@@ -515,6 +559,8 @@ int sl_db_sqlite_open(sl_cat *cat, const char *path)
         return SL_EDB;
     }
     sqlite3_busy_timeout(l->db, 5000);
+    if ((err = sqlite_functions(l)) != 0)
+        return err;
     return script(cat, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
                   "pragmas");
 }
