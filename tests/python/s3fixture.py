@@ -15,7 +15,8 @@ answer 200 with an InternalError body (as S3 may for CompleteMultipartUpload), f
 but lose its answer (reset), answer 404 NoSuchUpload (as S3 does to a Complete retried after it
 succeeded), answer 400 BadDigest (a body the store rejects as received, not forwarded), rewrite
 the ETag of the next N answers, delay every answer by X ms, send the next N answers at 2 bytes a
-second (slow_body: the head at once, then the body, as a store that never quite stalls), answer the next N listings
+second (slow_body: the head at once, then the body, or the head of an answer without one, as a
+store that never quite stalls; cleared, the rest goes at once), answer the next N listings
 (ListObjectsV2, ListMultipartUploads) with one entry and a new marker each, truncated forever
 (endless_pages), answer the next N with a 500 whose error body never ends (endless_error). With s3rver=S3Server and
 multipart=True it also answers ListMultipartUploads and AbortMultipartUpload from s3rver's
@@ -623,6 +624,11 @@ class FaultProxy:
         for i in range(len(data)):
             if self._stopping:
                 return
+            with self.lock:
+                cleared = self.faults["slow_body"][0] <= 0
+            if cleared:  # passthrough(): the rest at once
+                conn.sendall(data[i:])
+                return
             conn.sendall(data[i:i + 1])
             time.sleep(1.0 / self.SLOW_BYTES_PER_S)
 
@@ -726,8 +732,11 @@ class FaultProxy:
                     conn.sendall(b"".join(rhead) + b"\r\n" + rbody)
                     return
                 if self._take("slow_body", method, target):
-                    conn.sendall(b"".join(rhead) + b"\r\n")
-                    self._dribble(conn, rbody)
+                    if rbody:
+                        conn.sendall(b"".join(rhead) + b"\r\n")
+                        self._dribble(conn, rbody)
+                    else:  # nothing to dribble but the head (a 204 to a DELETE)
+                        self._dribble(conn, b"".join(rhead) + b"\r\n")
                     continue
                 conn.sendall(b"".join(rhead) + b"\r\n" + rbody)
         except (OSError, ValueError, IndexError):
