@@ -154,6 +154,25 @@ static const setting settings[] = {
      offsetof(sl_config, s3_retry_deadline_ms), 0, 1, 3600, 0,
      "S request retries (5xx, SlowDown, resets) with backoff for S seconds,\n"
      "                     then the upload fails with UNAVAILABLE and can resume (default 30)"},
+    {"s3-request-timeout", "SLUICE_S3_REQUEST_TIMEOUT", K_SECONDS,
+     offsetof(sl_config, s3_request_timeout_ms), 0, 1, 3600, 0,
+     "S one attempt of a request may take S seconds in all, plus 1 s per MiB\n"
+     "                     of its body, however slowly the store answers; then it is\n"
+     "                     retried within --s3-retry-deadline (default 60)"},
+    {"s3-list-max-pages", "SLUICE_S3_LIST_MAX_PAGES", K_INT, offsetof(sl_config, s3_list_max_pages),
+     0, 1, 1000000, 0,
+     "N  a listing of the bucket (sweeps) stops with an error after N pages of\n"
+     "                     1000 keys, against a store that paginates forever (default 10000)"},
+    {"s3-store-jobs", "SLUICE_S3_STORE_JOBS", K_INT, offsetof(sl_config, s3_store_jobs), 0, 1, 64,
+     0,
+     "N     removals, UploadStatus and sweeps on the store hold at most N worker\n"
+     "                     threads at once, so that a slow store leaves the others to\n"
+     "                     uploads (default 4)"},
+    {"s3-unhealthy-after", "SLUICE_S3_UNHEALTHY_AFTER", K_SECONDS,
+     offsetof(sl_config, s3_unhealthy_after_ms), 0, 0, 3600, 0,
+     "S health reports sluice.v1.Checkpoints NOT_SERVING once every store\n"
+     "                     request for S seconds failed (3 at least), SERVING after the\n"
+     "                     next success; 0 = never (default 30)"},
 };
 
 #define N_SETTINGS (sizeof(settings) / sizeof(settings[0]))
@@ -409,6 +428,10 @@ static void set_defaults(sl_config *cfg)
     cfg->s3_part_size = 8 << 20;
     cfg->s3_parts_in_flight = 4;
     cfg->s3_retry_deadline_ms = 30 * 1000;
+    cfg->s3_request_timeout_ms = 60 * 1000;
+    cfg->s3_list_max_pages = 10000;
+    cfg->s3_store_jobs = 4;
+    cfg->s3_unhealthy_after_ms = 30 * 1000;
 }
 
 int sl_config_parse(sl_config *cfg, int argc, char **argv, FILE *out, FILE *err)

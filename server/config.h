@@ -53,6 +53,10 @@ typedef struct sl_config {
     uint64_t s3_part_size;              /* s3-part-size, 8 MiB */
     int s3_parts_in_flight;             /* s3-parts-in-flight: per upload, 4 */
     uint64_t s3_retry_deadline_ms;      /* s3-retry-deadline (seconds), 30 s */
+    uint64_t s3_request_timeout_ms;     /* s3-request-timeout (seconds): one attempt, 60 s */
+    int s3_list_max_pages;              /* s3-list-max-pages: pages of one listing, 10000 */
+    int s3_store_jobs;                  /* s3-store-jobs: small store jobs on the pool, 4 */
+    uint64_t s3_unhealthy_after_ms;     /* s3-unhealthy-after (seconds): 0 = never, 30 s */
     int check_config;                   /* --check-config */
 } sl_config;
 

@@ -203,6 +203,15 @@ void sl_health_set_all(sl_health *h, sl_health_status status)
         watcher_pump(w);
 }
 
+void sl_health_set(sl_health *h, const char *name, sl_health_status status)
+{
+    for (size_t i = 0; i < h->n; i++)
+        if (strcmp(h->names[i], name) == 0)
+            h->status[i] = status;
+    for (watcher *w = h->watchers; w; w = w->next)
+        watcher_pump(w);
+}
+
 const sl_rpc_service *sl_health_service(sl_health *h)
 {
     return &h->svc;

@@ -32,6 +32,10 @@ void sl_health_free(sl_health *h);
 /* Set every registered service's status and notify watchers. */
 void sl_health_set_all(sl_health *h, sl_health_status status);
 
+/* Set one registered service's status (a name nobody registered: nothing) and notify
+ * watchers. */
+void sl_health_set(sl_health *h, const char *name, sl_health_status status);
+
 /* The service table to hand to sl_rpc_server_new; valid while h is. */
 const sl_rpc_service *sl_health_service(sl_health *h);
 

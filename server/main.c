@@ -362,6 +362,7 @@ static int open_ckpt(sl_daemon *d)
         .store = d->store,
         .replica = d->replica,
         .lease_ms = d->cfg.upload_lease_ms,
+        .store_jobs = d->cfg.s3_store_jobs,
     };
 
     return sl_ckpt_svc_new(&d->ckpt, &d->loop, d->cat, d->data_dir, &o);
@@ -549,7 +550,8 @@ int main(int argc, char **argv)
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
     uv_signal_start(&d.sigint, on_signal, SIGINT);
 
-    sl_health_set_all(d.health, sl_ops_healthy(&d.ops) ? SL_HEALTH_SERVING : SL_HEALTH_NOT_SERVING);
+    sl_ops_health_update(&d.ops);
+    sl_ops_store_watch_start(&d.ops);
     sl_log_info("listening", "addr=%s port=%d data_dir=%s version=%s catalog=%s schema_version=%d",
                 d.listen, sl_rpc_server_port(d.rpc), d.data_dir, SLUICE_VERSION,
                 sl_cat_engine(d.cat), sl_cat_schema_version(d.cat));
@@ -581,6 +583,7 @@ out:
     if (d.lock_fd >= 0)
         close(d.lock_fd);
     sl_ops_stop(&d.ops);
+    sl_ops_store_watch_stop(&d.ops);
     sl_memtrim_stop(&d.memtrim);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     sl_ops_free(&d.ops);

@@ -260,6 +260,8 @@ int sl_ops_s3_cfg(const sl_config *c, sl_s3_cfg *s3, char *msg, size_t msglen)
                      (strcmp(c->s3_addressing, "auto") == 0 && c->s3_endpoint[0]);
     s3->tls_no_verify = !c->s3_tls_verify;
     s3->retry_deadline_ms = (uint32_t)c->s3_retry_deadline_ms;
+    s3->request_timeout_ms = (uint32_t)c->s3_request_timeout_ms;
+    s3->list_max_pages = (uint32_t)c->s3_list_max_pages;
     return sl_s3_cfg_credentials(s3, c->s3_credentials_file, msg, msglen);
 }
 
@@ -353,6 +355,9 @@ static const struct {
      "Calls that arrived and that the event loop has not started yet."},
     {"sluice_self_check_failures_total", SL_METRIC_COUNTER,
      "Listener self-checks (a connection to the daemon's own address) that got no answer."},
+    {"sluice_store_healthy", SL_METRIC_GAUGE,
+     "With object storage: 1 while the store answers, 0 once every request failed for "
+     "--s3-unhealthy-after (sluice.v1.Checkpoints is then NOT_SERVING)."},
     {"sluice_listener_accepting", SL_METRIC_GAUGE,
      "1 while the listener self-check passes, 0 once it failed 3 times in a row (health is then "
      "NOT_SERVING and the systemd watchdog is not fed)."},
@@ -510,6 +515,17 @@ int sl_ops_healthy(const sl_ops *ops)
     return !ops->listener_broken && !ops->catalog_lost && !ops->d->stopping;
 }
 
+void sl_ops_health_update(sl_ops *ops)
+{
+    int ok = sl_ops_healthy(ops);
+
+    if (!ops->d->health)
+        return;
+    sl_health_set_all(ops->d->health, ok ? SL_HEALTH_SERVING : SL_HEALTH_NOT_SERVING);
+    if (ok && ops->store_unhealthy)
+        sl_health_set(ops->d->health, "sluice.v1.Checkpoints", SL_HEALTH_NOT_SERVING);
+}
+
 /* Gauges that need the catalog are refreshed on the loop, which owns it, in the catalog lane. */
 static void refresh(void *a, int b)
 {
@@ -647,8 +663,7 @@ static void check_set_broken(sl_ops *ops, int broken)
             sd_notify(0, "WATCHDOG=trigger\nSTATUS=listener broken: not accepting connections");
     } else {
         sl_log_info("listener_recovered", NULL);
-        if (sl_ops_healthy(ops))
-            sl_health_set_all(ops->d->health, SL_HEALTH_SERVING);
+        sl_ops_health_update(ops);
     }
 }
 

@@ -49,6 +49,17 @@ typedef struct sl_ops {
     int listener_broken;
     struct sockaddr_storage check_addr; /* where the daemon listens, as a client reaches it */
     char check_buf[256];
+    /* The store's health (store_health.c): every second the loop reads how the remote
+     * store's requests ended; once they all failed for cfg.s3_unhealthy_after_ms (3 at least),
+     * sluice.v1.Checkpoints turns NOT_SERVING until one succeeds. While requests fail, or none
+     * succeeded for a while, a probe (one HEAD of the bucket) runs on the worker pool, one at a
+     * time, so that a failure is confirmed and a recovery seen without traffic. */
+    uv_timer_t store_timer;
+    int store_timer_open;
+    uv_work_t store_probe;
+    int store_probe_busy;
+    int store_unhealthy;
+    int64_t store_probed_ms; /* when the last probe started */
     int argc;
     char **argv;
     /* Idle timeouts the call observer saw (loop thread writes, the HTTP thread reads); those of
@@ -71,6 +82,14 @@ int sl_ops_check_config(const sl_config *cfg, FILE *out);
 /* --replica-id has only letters, digits and . _ : - (it is a metric label and a log value):
  * 0, or SL_EINVAL and a sentence in msg. */
 int sl_ops_check_replica(const sl_config *cfg, char *msg, size_t len);
+
+/* Set health from everything ops watches: every service SERVING while sl_ops_healthy, else
+ * NOT_SERVING; sluice.v1.Checkpoints also NOT_SERVING while the store is unhealthy. */
+void sl_ops_health_update(sl_ops *ops);
+
+/* Start and stop the store's health watch (store_health.c; nothing with a local store). */
+void sl_ops_store_watch_start(sl_ops *ops);
+void sl_ops_store_watch_stop(sl_ops *ops);
 
 /* The S3 client's settings from the configuration (store URL, addressing, endpoint, region,
  * CA, TLS, retry deadline, credentials), as the daemon and --check-config both use them.

@@ -179,6 +179,8 @@ int sl_ckpt_svc_new(sl_ckpt_svc **out, uv_loop_t *loop, sl_cat *cat, const char 
     s->opts = *opts;
     if (s->opts.max_deep_verifies < 1)
         s->opts.max_deep_verifies = 2;
+    if (s->opts.store_jobs < 1)
+        s->opts.store_jobs = 4;
     if (s->opts.metrics)
         sl_metrics_set(s->opts.metrics, "sluice_verify_hash_jobs", NULL, 0);
     n = snprintf(s->data_dir, sizeof(s->data_dir), "%s", data_dir);
@@ -218,5 +220,6 @@ void sl_ckpt_svc_free(sl_ckpt_svc *s)
     if (!s)
         return;
     s->stopping = 1;
+    ckpt_store_jobs_flush(s);
     uv_close((uv_handle_t *)&s->sweep, svc_closed);
 }

@@ -49,6 +49,9 @@ typedef struct sl_ckpt_opts {
      * a lease holds after its last renewal (0: 30 s). */
     const char *replica;
     uint64_t lease_ms;
+    /* Small jobs on a remote store on the worker pool at once (removals, UploadStatus, sweeps:
+     * server/ckpt/gate.c); more wait their turn. 0 means 4. */
+    int store_jobs;
 } sl_ckpt_opts;
 
 /* Create the service: makes <data_dir>/checkpoints and sweeps it (server/ckpt/sweep.c): removes

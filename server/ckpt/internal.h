@@ -41,6 +41,7 @@ _Static_assert(UP_RING >= UP_INFLIGHT, "the chunk ring must hold every chunk in 
 typedef struct upload upload;
 typedef struct verify verify;
 typedef struct ckpt_rsweep ckpt_rsweep;
+typedef struct ckpt_sjob ckpt_sjob;
 
 /* A checkpoint with a commit in progress on this replica: uploads, aborts and other commits here
  * wait for it (across replicas, the commit claim in the catalog does). */
@@ -67,10 +68,14 @@ struct sl_ckpt_svc {
     verify *deep_head, *deep_tail;
     uv_timer_t sweep;
     ckpt_rsweep *rsweep; /* a sweep of object storage on the worker pool (sweep.c) */
-    int stopping;        /* sl_ckpt_svc_free was called: freed once the timer closed and no
-                          * sweep runs */
-    int timer_open;      /* the sweep timer's handle is not closed yet */
-    int dir_lost;        /* the data dir was replaced under the daemon: sweeps stopped */
+    /* Small jobs on a remote store (gate.c): at most opts.store_jobs on the worker pool at
+     * once, the others waiting in arrival order. */
+    int sjobs_running;
+    ckpt_sjob *sjobs_head, *sjobs_tail;
+    int stopping;   /* sl_ckpt_svc_free was called: freed once the timer closed and no
+                     * sweep runs */
+    int timer_open; /* the sweep timer's handle is not closed yet */
+    int dir_lost;   /* the data dir was replaced under the daemon: sweeps stopped */
     /* An upload of (job, name) ended (its shard recorded, or not while others were held back by
      * it): ckpt.c sets it to commit.c's ckpt_auto_commit, so upload.c never calls commit.c
      * (which calls upload.c to abort uploads). */
@@ -207,19 +212,19 @@ static inline int ckpt_is_committing(const sl_ckpt_svc *s, int64_t id)
     return 0;
 }
 
-/* Run a small store job: on the worker pool with a remote store (the loop never waits on the
- * network; `after` then runs in the catalog lane), right here with a local one (fn, then after,
- * as the pool would). */
-static inline void ckpt_store_job(sl_ckpt_svc *s, sl_cat_work *w, uv_work_cb fn,
-                                  uv_after_work_cb after)
-{
-    if (sl_sstore_remote(s->opts.store)) {
-        sl_cat_queue_work(s->cat, s->loop, w, fn, after);
-    } else {
-        fn(&w->work);
-        after(&w->work, 0);
-    }
-}
+/* ---- gate.c: small jobs on the store ---- */
+
+/* Run a small store job (removals, UploadStatus, metadata rewrites, the periodic sweep): with a
+ * remote store on the worker pool, at most opts.store_jobs of them at once and the others
+ * queued in arrival order, so that a store that answers slowly holds at most that many workers
+ * and uploads, commits and verifies still find theirs (the loop never waits on the network;
+ * `after` runs in the catalog lane). With a local store right here (fn, then after, as the pool
+ * would). fn and after get &w->work, whose data the caller set. Once the service is stopping,
+ * queued jobs all start at once, as they did before the cap. Loop thread. */
+void ckpt_store_job(sl_ckpt_svc *s, sl_cat_work *w, uv_work_cb fn, uv_after_work_cb after);
+
+/* Start every queued store job now, whatever the cap (sl_ckpt_svc_free). */
+void ckpt_store_jobs_flush(sl_ckpt_svc *s);
 
 /* ---- reply.c: checks and answers shared by the handlers ---- */
 

@@ -355,7 +355,7 @@ static void rs_free(ckpt_rsweep *r)
 
 void ckpt_svc_release(sl_ckpt_svc *s)
 {
-    if (s->stopping && !s->timer_open && !s->rsweep)
+    if (s->stopping && !s->timer_open && !s->rsweep && !s->sjobs_running && !s->sjobs_head)
         free(s);
 }
 
@@ -369,7 +369,7 @@ static void rs_after(uv_work_t *w, int status)
                     sl_strerror(r->err));
     if (r->phase == 0 && !s->stopping && may_sweep(s) && rs_decide(r)) {
         r->phase = 1;
-        sl_cat_queue_work(s->cat, s->loop, &r->work, rs_work, rs_after);
+        ckpt_store_job(s, &r->work, rs_work, rs_after);
         return;
     }
     if (!s->stopping)
@@ -398,7 +398,7 @@ static void sweep_remote(sl_ckpt_svc *s, int startup)
     r->work.work.data = r;
     if (!startup) {
         s->rsweep = r;
-        sl_cat_queue_work(s->cat, s->loop, &r->work, rs_work, rs_after);
+        ckpt_store_job(s, &r->work, rs_work, rs_after);
         return;
     }
     rs_work(&r->work.work);

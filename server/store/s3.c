@@ -342,11 +342,23 @@ int s3_list_pages(sl_s3 *c, const s3_pager *pg, void *ctx, char *msg, size_t msg
 {
     sl_buf q, body;
     char trunc[16];
+    uint32_t max_pages = c->cfg.list_max_pages ? c->cfg.list_max_pages : S3_LIST_PAGES;
+    uint32_t pages = 0;
     int rc = 0;
     sl_buf_init(&q, pg->query_cap);
     sl_buf_init(&body, S3_XMLBODY_MAX);
     do {
         s3_req r;
+        /* The markers moving on each page (checked by `next`) do not make a listing end: a
+         * store may hand out new ones forever. */
+        if (pages++ == max_pages) {
+            snprintf(msg, msglen,
+                     "%s s3://%s: the store still had more after %" PRIu32
+                     " pages (the bound, --s3-list-max-pages): listing stopped",
+                     pg->op, c->cfg.bucket, max_pages);
+            rc = SL_ELIMIT;
+            break;
+        }
         sl_buf_setlen(&q, 0);
         rc = pg->query(c, ctx, &q);
         if (rc != 0) {

@@ -19,7 +19,13 @@
  * SL_EUNIMPL (the store does not implement the request: 501, or 405 MethodNotAllowed),
  * SL_ECORRUPT (the store answered something that does not match what was sent or asked: an ETag
  * that is not the part's MD5, a short range, XML that does not parse), SL_EUNAVAILABLE (retries
- * exhausted: 5xx, resets, timeouts), -ENOMEM. Credentials never appear in messages or logs.
+ * exhausted: 5xx, resets, timeouts: an attempt never lasts longer than request_timeout_ms),
+ * SL_ELIMIT (a listing longer than list_max_pages pages, an answer larger than its bound),
+ * -ENOMEM.
+ *
+ * Bodies are bounded: an error answer is read up to 64 KiB and the transfer then stopped, a
+ * listing page or another XML answer up to 16 MiB (SL_ELIMIT beyond), a ranged GET no further
+ * than the bytes asked for. Credentials never appear in messages or logs.
  */
 #ifndef SL_STORE_S3_H
 #define SL_STORE_S3_H
@@ -45,11 +51,19 @@ typedef struct sl_s3_cfg {
     char ca_file[PATH_MAX]; /* extra CA bundle; empty: the system's */
     char access_key[256];   /* never logged */
     char secret_key[256];   /* never logged */
-    char session_token[4096];    /* optional; never logged */
-    uint32_t retry_deadline_ms;  /* retry a request this long; 0 means 30000 */
-    uint32_t request_timeout_ms; /* one attempt (low-speed limit, not total size); 0: 60000 */
+    char session_token[4096];   /* optional; never logged */
+    uint32_t retry_deadline_ms; /* retry a request this long; 0 means 30000 */
+    /* One attempt's whole time, connection, request and answer (CURLOPT_TIMEOUT_MS), plus 1 ms
+     * per KiB of the body sent or of the range asked for (a 1 MiB/s floor, so that big parts
+     * are not cut by a bound meant for small requests); 0: 60000. A store that answers 2 bytes
+     * a second stays under any low-speed limit: only a total bound ends it. A request as a
+     * whole (its retries) ends within retry_deadline_ms plus one attempt. */
+    uint32_t request_timeout_ms;
     uint32_t list_max_keys; /* keys (uploads) per ListObjectsV2 (ListMultipartUploads) page; 0: the
                                store's (1000) */
+    /* Pages one listing may take; one more is SL_ELIMIT (a store that paginates forever, with
+     * a new marker each time, would otherwise hold a worker for good). 0: 10000. */
+    uint32_t list_max_pages;
 } sl_s3_cfg;
 
 /* Parse "s3://bucket[/prefix]" into cfg->bucket and cfg->prefix (other fields untouched).
@@ -79,6 +93,20 @@ void sl_s3_free(sl_s3 *c); /* accepts NULL */
 /* HEAD the bucket (and, with a prefix, nothing else): a wrong endpoint, a missing bucket or bad
  * credentials are a clear error at start. */
 int sl_s3_check(sl_s3 *c, char *msg, size_t msglen);
+
+/* How the store has answered lately, for health: counted by every request when it ends. A
+ * request fails here when the store did not answer usably within its retry deadline
+ * (SL_EUNAVAILABLE: timeouts, resets, 5xx); any answer of the store (a 404 included) is a
+ * success and ends the run of failures. */
+typedef struct sl_s3_health {
+    uint64_t failures;        /* failed requests in a row since the last success */
+    int64_t failing_since_ms; /* wall clock of the first of them; 0 when failures == 0 */
+    int64_t last_ok_ms;       /* wall clock of the last success; 0: none yet */
+    uint64_t ok_total, failed_total;
+} sl_s3_health;
+
+/* A snapshot of the counts above. Thread-safe. */
+void sl_s3_health_get(sl_s3 *c, sl_s3_health *out);
 
 /* PutObject of len bytes (Content-MD5 and the payload's SHA-256 sent; the returned ETag checked
  * against the MD5, and the body sent again as by sl_s3_mpu_part). Atomic: readers see the old

@@ -15,17 +15,19 @@
 #define S3_ERRBODY_MAX  (64 * 1024)        /* an error answer's body we read */
 #define S3_XMLBODY_MAX  (16 * 1024 * 1024) /* a listing page or another XML answer */
 #define S3_HEX_SHA256   65                 /* 64 hex digits + NUL */
-#define S3_PUT_RESENDS  3 /* a body the store rejected or stored wrong is sent again so often */
+#define S3_PUT_RESENDS  3     /* a body the store rejected or stored wrong is sent again so often */
+#define S3_LIST_PAGES   10000 /* pages of one listing when list_max_pages is 0 */
 #define S3_EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 struct sl_s3 {
     sl_s3_cfg cfg;
-    char base[1024]; /* scheme://host[:port] the requests go to (virtual host included) */
-    char bpath[80];  /* "/<bucket>" with path-style addressing, "" with virtual hosts */
-    char sigv4[128]; /* "aws:amz:<region>:s3" */
-    pthread_mutex_t lock;
+    char base[1024];      /* scheme://host[:port] the requests go to (virtual host included) */
+    char bpath[80];       /* "/<bucket>" with path-style addressing, "" with virtual hosts */
+    char sigv4[128];      /* "aws:amz:<region>:s3" */
+    pthread_mutex_t lock; /* the pool and the health counts */
     CURL *idle[S3_POOL_MAX];
     int nidle;
+    sl_s3_health health; /* s3_perform counts every request's outcome (sl_s3_health_get) */
 };
 
 /* One request. The caller fills the inputs; s3_perform fills the outputs. */
@@ -54,6 +56,7 @@ typedef struct s3_req {
     long status;
     size_t got; /* bytes written at dst */
     int over;   /* out would have grown past its cap */
+    int full;   /* dst was full and the store sent more: the transfer was stopped there */
     char etag[SL_S3_ETAG_MAX];
     char code[64];    /* the S3 error code of a failed answer ("BadDigest"), "" if none */
     int64_t length;   /* Content-Length, -1 if absent */

@@ -30,6 +30,7 @@ typedef struct xfer {
     uint64_t skip;    /* body bytes to drop before dst (a 200 to a ranged GET) */
     size_t out_start; /* out's length before this attempt */
     sl_buf err;       /* a non-2xx answer's body */
+    int err_cut;      /* the error body reached S3_ERRBODY_MAX: the transfer was stopped there */
 } xfer;
 
 static CURL *pool_take(sl_s3 *c)
@@ -103,7 +104,13 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *arg)
     if (!x->to_sink) {
         size_t room = S3_ERRBODY_MAX - x->err.len;
         (void)sl_buf_add(&x->err, data, n < room ? n : room); /* a cut message is still one */
-        return n;
+        if (n < room)
+            return n;
+        /* Nothing past the cap is read: a store sending an endless error body would hold the
+         * worker until the attempt's timeout. Stopping here is CURLE_WRITE_ERROR, judged as
+         * the answer read so far. */
+        x->err_cut = 1;
+        return 0;
     }
     if (r->out) {
         if (sl_buf_add(r->out, data, n) != 0) {
@@ -124,6 +131,13 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *arg)
         size_t k = r->dst_len - r->got < left ? r->dst_len - r->got : left;
         memcpy((char *)r->dst + r->got, p, k);
         r->got += k;
+        left -= k;
+    }
+    if (left > 0 && (!r->dst || r->got == r->dst_len)) {
+        /* More than was asked for (a store ignoring the range, or one that never stops): the
+         * rest is not read, and what dst holds is the answer. */
+        r->full = 1;
+        return 0;
     }
     return n;
 }
@@ -245,8 +259,13 @@ static int set_options(sl_s3 *c, CURL *h, s3_req *r, xfer *x, const char *url,
                        struct curl_slist *hdrs, char *errbuf)
 {
     const sl_s3_cfg *g = &c->cfg;
-    long tmo_s = (long)((g->request_timeout_ms ? g->request_timeout_ms : 60000) + 999) / 1000;
+    uint64_t tmo_ms = g->request_timeout_ms ? g->request_timeout_ms : 60000;
+    long tmo_s = (long)(tmo_ms + 999) / 1000;
     CURLcode e = CURLE_OK;
+    /* The whole attempt is bounded, not only its speed: a store dribbling 2 bytes a second
+     * passes any low-speed limit. Bodies get 1 ms per KiB on top (a 1 MiB/s floor), so that
+     * a 64 MiB part is not held to a bound meant for a HEAD. */
+    tmo_ms += (r->body_len + r->dst_len) / 1024;
 #define SET(opt, val)                                                                              \
     if (e == CURLE_OK)                                                                             \
     e = curl_easy_setopt(h, opt, val)
@@ -260,6 +279,7 @@ static int set_options(sl_s3 *c, CURL *h, s3_req *r, xfer *x, const char *url,
     SET(CURLOPT_HTTPHEADER, hdrs);
     SET(CURLOPT_ERRORBUFFER, errbuf);
     SET(CURLOPT_CONNECTTIMEOUT, tmo_s < 10 ? tmo_s : 10L);
+    SET(CURLOPT_TIMEOUT_MS, (long)tmo_ms);
     SET(CURLOPT_LOW_SPEED_LIMIT, 1L);
     SET(CURLOPT_LOW_SPEED_TIME, tmo_s);
     SET(CURLOPT_SSL_VERIFYPEER, g->tls_no_verify ? 0L : 1L);
@@ -367,6 +387,8 @@ static void judge(xfer *x, CURLcode e, const char *errbuf, outcome *o)
     o->retry = 0;
     o->rc = 0;
     o->what[0] = '\0';
+    if (e == CURLE_WRITE_ERROR && (r->full || x->err_cut))
+        e = CURLE_OK; /* stopped by on_write at the body's bound: judged as answered */
     if (e != CURLE_OK) {
         if (e == CURLE_WRITE_ERROR && r->over) {
             o->rc = SL_ELIMIT;
@@ -446,6 +468,32 @@ static int attempt(sl_s3 *c, s3_req *r, xfer *x, outcome *o)
     return rc;
 }
 
+/* Count a request's outcome for sl_s3_health_get: only a store that did not answer usably
+ * (SL_EUNAVAILABLE) is a failure. */
+static void count(sl_s3 *c, int rc)
+{
+    sl_s3_health *h = &c->health;
+    pthread_mutex_lock(&c->lock);
+    if (rc == SL_EUNAVAILABLE) {
+        if (h->failures++ == 0)
+            h->failing_since_ms = sl_now_ms();
+        h->failed_total++;
+    } else {
+        h->failures = 0;
+        h->failing_since_ms = 0;
+        h->last_ok_ms = sl_now_ms();
+        h->ok_total++;
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+void sl_s3_health_get(sl_s3 *c, sl_s3_health *out)
+{
+    pthread_mutex_lock(&c->lock);
+    *out = c->health;
+    pthread_mutex_unlock(&c->lock);
+}
+
 static void sleep_ms(uint64_t ms)
 {
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
@@ -453,7 +501,7 @@ static void sleep_ms(uint64_t ms)
     }
 }
 
-int s3_perform(sl_s3 *c, s3_req *req, char *msg, size_t msglen)
+static int perform(sl_s3 *c, s3_req *req, char *msg, size_t msglen)
 {
     uint64_t t0 = sl_mono_ns();
     uint64_t deadline_ms = c->cfg.retry_deadline_ms ? c->cfg.retry_deadline_ms : 30000;
@@ -471,6 +519,7 @@ int s3_perform(sl_s3 *c, s3_req *req, char *msg, size_t msglen)
         req->status = 0;
         req->got = 0;
         req->over = 0;
+        req->full = 0;
         req->etag[0] = '\0';
         req->code[0] = '\0';
         req->length = req->mtime_ms = -1;
@@ -505,4 +554,11 @@ int s3_perform(sl_s3 *c, s3_req *req, char *msg, size_t msglen)
     if (o.rc != 0)
         snprintf(msg, msglen, "%s %s: %s", req->op, at, o.what);
     return o.rc;
+}
+
+int s3_perform(sl_s3 *c, s3_req *req, char *msg, size_t msglen)
+{
+    int rc = perform(c, req, msg, msglen);
+    count(c, rc);
+    return rc;
 }

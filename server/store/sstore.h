@@ -59,6 +59,13 @@ typedef int (*sl_sstore_verdict_fn)(const char *job, const char *file, int64_t m
 typedef int (*sl_sstore_orphan_fn)(const char *job, const char *file, const char *upload_id,
                                    int64_t initiated_ms, void *arg);
 
+/* How a remote store's requests ended lately (server/store/s3.h's sl_s3_health). */
+typedef struct sl_sstore_health {
+    uint64_t failures;        /* requests in a row that got no usable answer */
+    int64_t failing_since_ms; /* wall clock of the first of them; 0 when failures == 0 */
+    int64_t last_ok_ms;       /* wall clock of the last answered request; 0: none yet */
+} sl_sstore_health;
+
 typedef struct sl_sstore_ops {
     const char *kind; /* "dir", "s3" */
     int remote;       /* calls wait on the network */
@@ -128,6 +135,11 @@ typedef struct sl_sstore_ops {
      * error). */
     int (*orphans)(sl_sstore *s, int64_t before_ms, sl_sstore_orphan_fn fn, void *arg);
     int (*abort_upload)(sl_sstore *s, const char *job, const char *file, const char *upload_id);
+    /* A remote store (NULL elsewhere): how its requests ended lately (thread-safe, no I/O),
+     * and a probe (on a worker: one cheap request, counted like any other) that tells whether
+     * it answers. server/store_health.c turns them into health. */
+    void (*health)(sl_sstore *s, sl_sstore_health *out);
+    int (*probe)(sl_sstore *s, char *msg, size_t msglen);
     void (*free)(sl_sstore *s);
 } sl_sstore_ops;
 

@@ -283,6 +283,22 @@ static void s_free(sl_sstore *base)
     free(s);
 }
 
+static void s_health(sl_sstore *base, sl_sstore_health *out)
+{
+    s3store *s = (s3store *)base;
+    sl_s3_health h;
+
+    sl_s3_health_get(s->c, &h);
+    out->failures = h.failures;
+    out->failing_since_ms = h.failing_since_ms;
+    out->last_ok_ms = h.last_ok_ms;
+}
+
+static int s_probe(sl_sstore *base, char *msg, size_t msglen)
+{
+    return sl_s3_check(((s3store *)base)->c, msg, msglen);
+}
+
 static const sl_sstore_ops s3_ops = {
     .kind = "s3",
     .remote = 1,
@@ -306,6 +322,8 @@ static const sl_sstore_ops s3_ops = {
     .act = s_act,
     .orphans = s3s_orphans,
     .abort_upload = s3s_abort_upload,
+    .health = s_health,
+    .probe = s_probe,
     .free = s_free,
 };
 

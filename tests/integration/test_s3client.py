@@ -246,6 +246,55 @@ class S3FaultTest(unittest.TestCase):
         self.assertIn("rc=SL_EUNAVAILABLE", log)
         self.assertIn("Timeout", log)
 
+    def test_slow_body_times_out_per_request(self):
+        """Issue 25 item 7: a store that answers 2 bytes a second passes a 1 B/s low-speed
+        limit, so only a total timeout per attempt ends it: each attempt ends at
+        SL_S3_TIMEOUT_MS (plus 1 ms per KiB asked for), retries end at the deadline, and the
+        whole request within deadline + one attempt."""
+        rc, log = self.run_c(["put", "f/dribble", 4000])
+        self.assertEqual(rc, 0, log)
+        for op in (["get", "f/dribble", 4000],):
+            self.proxy.set(slow_body=10 ** 6, match="GET /sluice/f/dribble")
+            t0 = time.monotonic()
+            rc, log = self.run_c(op, SL_S3_TIMEOUT_MS=1500, SL_S3_DEADLINE_MS=1000, timeout=30)
+            took = time.monotonic() - t0
+            self.proxy.passthrough()
+            self.assertEqual(rc, 1, log)
+            self.assertIn("rc=SL_EUNAVAILABLE", log)
+            self.assertIn("Timeout", log)
+            self.assertLess(took, 1.0 + 1.5 + 2.0 + 1.0, log)  # deadline + attempt + slack
+        self.assertGreaterEqual(self.proxy.seen("GET", "/sluice/f/dribble"), 1)
+
+    def test_endless_pagination_stops_at_page_bound(self):
+        """Issue 25 item 7: a store whose listing pages never end, each with a new marker (so
+        the check that markers move does not stop it): the listing stops after
+        SL_S3_LIST_MAX_PAGES pages with SL_ELIMIT naming the bound. Both listings."""
+        for op, request in (("list", "list-type=2"), ("uploads", "uploads")):
+            self.proxy.clear_log()
+            self.proxy.set(endless_pages=10 ** 6, match=request)
+            rc, log = self.run_c([op, "endless/"], SL_S3_LIST_MAX_PAGES=40, timeout=30)
+            self.proxy.passthrough()
+            self.assertEqual(rc, 1, log)
+            self.assertIn("rc=SL_ELIMIT", log)
+            self.assertIn("after 40 pages", log)
+            self.assertIn("--s3-list-max-pages", log)
+            self.assertEqual(self.proxy.seen("GET", request), 40)
+
+    def test_endless_error_body_is_cut_at_its_bound(self):
+        """Issue 25 item 7 (bodies): a 500 whose body never ends, sent as fast as the client
+        reads: the client reads 64 KiB of it, judges the answer (retried, then the deadline)
+        and does not wait for the request's timeout (60 s here)."""
+        self.proxy.set(endless_error=10 ** 6, match="/sluice/f/endless")
+        t0 = time.monotonic()
+        rc, log = self.run_c(["get", "f/endless", 1000], SL_S3_TIMEOUT_MS=60000,
+                             SL_S3_DEADLINE_MS=1000, timeout=30)
+        took = time.monotonic() - t0
+        self.proxy.passthrough()
+        self.assertEqual(rc, 1, log)
+        self.assertIn("rc=SL_EUNAVAILABLE", log)
+        self.assertIn("HTTP 500 InternalError", log)
+        self.assertLess(took, 10, log)
+
     def test_multipart_with_faults(self):
         # Resets and 503s on the parts, a 200 holding an <Error> on the Complete: all retried.
         self.proxy.set(reset=1, slowdown=1, match="partNumber=")

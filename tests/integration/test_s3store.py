@@ -550,6 +550,74 @@ class S3StoreTest(unittest.TestCase):
         self.deep_ok("bd", "ck")
         self.check_object("bd", "ck", 0, data)
 
+    def test_slow_store_removals_do_not_starve_uploads(self):
+        """Issue 25 item 7: the store answers the removals of one job's checkpoints at 2 bytes a
+        second. 24 aborted checkpoints queue 24 removals; they hold at most --s3-store-jobs
+        workers (4 here), so an upload and commit of another job, whose chunks, finish and
+        commit need workers of the same pool, go through at once. Before the cap the removals
+        took all 16 workers until the store's answers ended, and the upload waited."""
+        self.start(["--s3-store-jobs", "4", "--s3-request-timeout", "120"], via_proxy=True)
+        names = ["ck%02d" % i for i in range(24)]
+        for n in names:
+            self.stub.Begin(pb.BeginRequest(job="slowjob", name=n, world_size=1), timeout=10)
+        self.proxy.clear_log()
+        # A removal lists the checkpoint's keys (prefix=<prefix>/slowjob/ckNN), then deletes.
+        self.proxy.set(slow_body=10 ** 6, match="slowjob")
+        try:
+            for n in names:
+                self.stub.Abort(pb.CheckpointRef(job="slowjob", name=n), timeout=10)
+            wait_for("removals stuck on the store",
+                     lambda: self.proxy.seen("GET", "slowjob") >= 4, timeout=15)
+            time.sleep(1.0)  # any removal the cap would let by has reached the store by now
+            self.assertEqual(self.proxy.seen("GET", "slowjob"), 4,
+                             "4 removals at once, each in its first listing")
+            t0 = time.monotonic()
+            self.stub.Begin(pb.BeginRequest(job="fast", name="ck", world_size=1), timeout=10)
+            data = shard_bytes(0, 4000)
+            self.upload("fast", "ck", 0, data, timeout=20)
+            self.assertEqual(
+                self.stub.Commit(pb.CheckpointRef(job="fast", name="ck"), timeout=20).state,
+                pb.COMPLETE)
+            self.assertLess(time.monotonic() - t0, 15)
+            self.check_object("fast", "ck", 0, data)
+        finally:
+            self.proxy.passthrough()  # the dribbled answers end at once: the removals finish
+        wait_for("every removal's two listings",
+                 lambda: self.proxy.seen("GET", "slowjob") >= 2 * len(names), timeout=60)
+
+    def test_health_reports_a_failing_store(self):
+        """Issue 25 item 7: once every request to the store failed for --s3-unhealthy-after
+        (3 at least), grpc.health.v1 reports sluice.v1.Checkpoints NOT_SERVING (the feed
+        services and "" stay SERVING: feeding does not need the store), the metric
+        sluice_store_healthy is 0; after the store answers again (a probe sees it, no traffic
+        needed), SERVING."""
+        from sluice._health import health_pb2, health_pb2_grpc
+        self.start(["--s3-unhealthy-after", "2", "--s3-retry-deadline", "1",
+                    "--s3-request-timeout", "1"], via_proxy=True)
+        health = health_pb2_grpc.HealthStub(self.channel)
+
+        def status(service):
+            return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+        SERVING, NOT_SERVING = (health_pb2.HealthCheckResponse.SERVING,
+                                health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.assertEqual(status("sluice.v1.Checkpoints"), SERVING)
+        self.stub.Begin(pb.BeginRequest(job="h", name="ck", world_size=1), timeout=10)
+        self.proxy.set(reset=10 ** 9)  # every connection reset: the store is down
+        t0 = time.monotonic()
+        self.status("h", "ck", 0)  # its request to the store fails (held 0): the count starts
+        wait_for("Checkpoints NOT_SERVING",
+                 lambda: status("sluice.v1.Checkpoints") == NOT_SERVING, timeout=20)
+        self.assertGreaterEqual(time.monotonic() - t0, 2.0)
+        self.assertEqual(status(""), SERVING)
+        self.assertEqual(status("sluice.v1.Feed"), SERVING)
+        self.assertIn("event=store_unhealthy", self.d.log())
+        self.proxy.passthrough()
+        wait_for("Checkpoints SERVING again",
+                 lambda: status("sluice.v1.Checkpoints") == SERVING, timeout=20)
+        self.assertIn("event=store_recovered", self.d.log())
+        self.assertEqual(self.status("h", "ck", 0).held_bytes, 0)
+
 
 class BadConfigTest(unittest.TestCase):
     """A store sluiced cannot use is a clear error at start: exit code 1 and a message saying

@@ -14,7 +14,11 @@ through unchanged, so SigV4 signatures stay valid) whose faults are switched at 
 answer 200 with an InternalError body (as S3 may for CompleteMultipartUpload), forward a request
 but lose its answer (reset), answer 404 NoSuchUpload (as S3 does to a Complete retried after it
 succeeded), answer 400 BadDigest (a body the store rejects as received, not forwarded), rewrite
-the ETag of the next N answers, delay every answer by X ms. With s3rver=S3Server and
+the ETag of the next N answers, delay every answer by X ms, send the next N answers at 2 bytes a
+second (slow_body: the head at once, then the body, or the head of an answer without one, as a
+store that never quite stalls; cleared, the rest goes at once), answer the next N listings
+(ListObjectsV2, ListMultipartUploads) with one entry and a new marker each, truncated forever
+(endless_pages), answer the next N with a 500 whose error body never ends (endless_error). With s3rver=S3Server and
 multipart=True it also answers ListMultipartUploads and AbortMultipartUpload from s3rver's
 directory, which s3rver 3.7.1 does not implement. It logs (method, path?query) of every request.
 With verify=(access_key, secret_key[, session_token]) it checks every request as S3 does: the SigV4
@@ -420,16 +424,19 @@ class FaultProxy:
         return "http://127.0.0.1:%d" % self.port
 
     FAULTS = ("slowdown", "reset", "error200", "bad_etag", "drop_answer", "no_such_upload",
-              "bad_digest")
+              "bad_digest", "slow_body", "endless_pages", "endless_error")
+    SLOW_BYTES_PER_S = 2
 
     def set(self, slowdown=None, reset=None, error200=None, bad_etag=None, delay_ms=None,
-            match=None, drop_answer=None, no_such_upload=None, bad_digest=None, after=0):
+            match=None, drop_answer=None, no_such_upload=None, bad_digest=None, slow_body=None,
+            endless_pages=None, endless_error=None, after=0):
         """Switch faults: the counts given apply to the next requests (only to those whose
         "METHOD target" contains `match`, e.g. "uploadId=", when given; and only after `after`
         such requests went by); delay_ms to every answer."""
         given = dict(slowdown=slowdown, reset=reset, error200=error200, bad_etag=bad_etag,
                      drop_answer=drop_answer, no_such_upload=no_such_upload,
-                     bad_digest=bad_digest)
+                     bad_digest=bad_digest, slow_body=slow_body, endless_pages=endless_pages,
+                     endless_error=endless_error)
         with self.lock:
             for name, n in given.items():
                 if n is not None:
@@ -439,7 +446,7 @@ class FaultProxy:
 
     def passthrough(self):
         self.set(slowdown=0, reset=0, error200=0, bad_etag=0, drop_answer=0, bad_digest=0,
-                 delay_ms=0)
+                 slow_body=0, endless_pages=0, endless_error=0, delay_ms=0)
 
     def clear_log(self):
         with self.lock:
@@ -586,6 +593,46 @@ class FaultProxy:
         return None
 
     @staticmethod
+    def _endless_page(target):
+        """A listing page of one entry under the asked prefix, truncated, with a new marker
+        each time: a store that paginates forever (the markers move, so only a page bound
+        ends the listing)."""
+        query = target.partition("?")[2]
+        q = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+        prefix = q.get("prefix", "")
+        if "uploads" in q:
+            n = int(q.get("upload-id-marker", "u0")[1:] or 0) + 1
+            body = ("<ListMultipartUploadsResult><Bucket>b</Bucket><IsTruncated>true"
+                    "</IsTruncated><NextKeyMarker>%sendless-%d</NextKeyMarker>"
+                    "<NextUploadIdMarker>u%d</NextUploadIdMarker><Upload><Key>%sendless-%d"
+                    "</Key><UploadId>u%d</UploadId><Initiated>2026-01-01T00:00:00.000Z"
+                    "</Initiated></Upload></ListMultipartUploadsResult>"
+                    % (prefix, n, n, prefix, n, n))
+        else:
+            n = int(q.get("continuation-token", "t0")[1:] or 0) + 1
+            body = ("<ListBucketResult><Name>b</Name><KeyCount>1</KeyCount><IsTruncated>true"
+                    "</IsTruncated><NextContinuationToken>t%d</NextContinuationToken><Contents>"
+                    "<Key>%sendless-%d</Key><LastModified>2026-01-01T00:00:00.000Z"
+                    "</LastModified><Size>1</Size></Contents></ListBucketResult>"
+                    % (n, prefix, n))
+        return ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" + body).encode()
+
+    def _dribble(self, conn, data):
+        """Send data SLOW_BYTES_PER_S bytes a second, one byte at a time and evenly, so that
+        the rate is the same over any window (until the client hangs up, the proxy stops, or
+        all went)."""
+        for i in range(len(data)):
+            if self._stopping:
+                return
+            with self.lock:
+                cleared = self.faults["slow_body"][0] <= 0
+            if cleared:  # passthrough(): the rest at once
+                conn.sendall(data[i:])
+                return
+            conn.sendall(data[i:i + 1])
+            time.sleep(1.0 / self.SLOW_BYTES_PER_S)
+
+    @staticmethod
     def _answer(conn, method, status, reason, body):
         head = ("HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n"
                 % (status, reason, len(body)))
@@ -631,6 +678,20 @@ class FaultProxy:
                                  b"BadDigest</Code><Message>The Content-MD5 you specified did not "
                                  b"match what we received.</Message></Error>")
                     continue
+                if self._take("endless_error", method, target):
+                    # Delimited by the end of the connection, which never comes: only a
+                    # client that stops reading at its bound gets on.
+                    conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: "
+                                 b"application/xml\r\n\r\n<Error><Code>InternalError</Code>"
+                                 b"<Message>We encountered an internal error.</Message>"
+                                 b"</Error>")
+                    while not self._stopping:
+                        conn.sendall(b" " * 65536)
+                    return
+                if method == "GET" and ("list-type=2" in target or "uploads" in target) and \
+                        self._take("endless_pages", method, target):
+                    self._answer(conn, method, 200, "OK", self._endless_page(target))
+                    continue
                 done = self._multipart(method, target) if self.multipart else None
                 if done:
                     self._answer(conn, method, *done)
@@ -670,6 +731,13 @@ class FaultProxy:
                     rbody = uf.read()
                     conn.sendall(b"".join(rhead) + b"\r\n" + rbody)
                     return
+                if self._take("slow_body", method, target):
+                    if rbody:
+                        conn.sendall(b"".join(rhead) + b"\r\n")
+                        self._dribble(conn, rbody)
+                    else:  # nothing to dribble but the head (a 204 to a DELETE)
+                        self._dribble(conn, b"".join(rhead) + b"\r\n")
+                    continue
                 conn.sendall(b"".join(rhead) + b"\r\n" + rbody)
         except (OSError, ValueError, IndexError):
             return

@@ -52,6 +52,7 @@ static int make_client(sl_s3 **out)
     cfg.retry_deadline_ms = (uint32_t)atoi(env("SL_S3_DEADLINE_MS", "20000"));
     cfg.request_timeout_ms = (uint32_t)atoi(env("SL_S3_TIMEOUT_MS", "10000"));
     cfg.list_max_keys = (uint32_t)atoi(env("SL_S3_LIST_MAX_KEYS", "0"));
+    cfg.list_max_pages = (uint32_t)atoi(env("SL_S3_LIST_MAX_PAGES", "0"));
     cfg.tls_no_verify = atoi(env("SL_S3_TLS_NO_VERIFY", "0"));
     snprintf(cfg.ca_file, sizeof(cfg.ca_file), "%s", env("SL_S3_CA_FILE", ""));
     return sl_s3_new(out, &cfg, msg, sizeof(msg));
