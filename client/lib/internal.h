@@ -26,6 +26,10 @@ struct sl_client {
 int sl_client_addrs_parse(char ***out, size_t *n, const char *list);
 void sl_client_addrs_free(char **addrs, size_t n);
 
+/* The replica a client of n replicas starts on: the rank (SLUICE_RANK, else torchrun's RANK) mod
+ * n, 0 without one. Thread-safe (reads the environment). */
+size_t sl_client_first_replica(size_t n);
+
 /* The replica new calls go to. Thread-safe. */
 size_t sl_client_pick(sl_client *c);
 

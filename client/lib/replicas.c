@@ -132,6 +132,21 @@ int sl_client_addrs_parse(char ***out, size_t *n, const char *list)
     return 0;
 }
 
+size_t sl_client_first_replica(size_t n)
+{
+    const char *names[] = {"SLUICE_RANK", "RANK"};
+    uint64_t rank;
+
+    /* Ranks start on different replicas, so that one replica's death reaches 1/n of them, not
+     * all at once. */
+    for (size_t i = 0; n > 1 && i < sizeof(names) / sizeof(names[0]); i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v && sl_parse_u64(&rank, v, 0, UINT64_MAX) == 0)
+            return (size_t)(rank % n);
+    }
+    return 0;
+}
+
 size_t sl_client_pick(sl_client *c)
 {
     return atomic_load(&c->cur) % c->n;

@@ -65,6 +65,8 @@ int sl_client_connect(sl_client **out, const char *addr, const sl_client_opts *o
     c->timeout_ms = opts->timeout_ms ? opts->timeout_ms : 10000;
     err = sl_client_addrs_parse(&c->addr, &c->n, addr);
     if (!err)
+        atomic_store(&c->cur, sl_client_first_replica(c->n));
+    if (!err)
         err = open_channels(c, opts);
     if (err) {
         sl_client_close(c);

@@ -5,7 +5,8 @@
 # valgrind for the memcheck run; python3-h2 (with python3-hpack) for the raw HTTP/2 attacks of
 # test_attacks.py); python3-sklearn for the StratifiedKFold comparison of test_sampling2.py;
 # python3-boto3 and npm (s3rver) for the S3 store's tests; postgresql-15 for the PostgreSQL
-# catalog's tests, which start their own server).
+# catalog's tests, which start their own server; faketime for the replica whose clock runs
+# ahead in test_fencing.py).
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config
@@ -15,7 +16,7 @@ pkgs=(build-essential cmake pkg-config
 if [[ "${1:-}" == "--test" ]]; then
   pkgs+=(clang-format openssl prometheus python3-torch python3-numpy python3-yaml systemd
          clang-14 libclang-rt-14-dev valgrind python3-h2 python3-sklearn python3-boto3
-         postgresql-15)
+         postgresql-15 faketime)
   # npm installs s3rver for the S3 tests (tests/s3/install.sh). A nodejs from elsewhere (e.g.
   # nodesource) bundles its own npm, which Debian's npm package would conflict with.
   command -v npm >/dev/null || pkgs+=(nodejs npm)

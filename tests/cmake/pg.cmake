@@ -51,6 +51,14 @@ add_test(NAME replicas_integration COMMAND ${SL_PYTHON} -m unittest -v test_repl
 set_tests_properties(replicas_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
                      LABELS "feed;checkpoint;pg;s3")
 
+# Replicas never lose or damage an acknowledged checkpoint (issue 25, tests/integration/
+# test_fencing.py): each race held at its exact point (SIGSTOP, a held upload, a claim row, a clock
+# 45 s ahead through libfaketime) and a randomized race over 200 rounds; ~2-3 min.
+add_test(NAME fencing_integration COMMAND ${SL_PYTHON} -m unittest -v test_fencing
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(fencing_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 900
+                     LABELS "checkpoint;pg")
+
 # Replicas on PostgreSQL against the SQLite single node (tests/bench/replica_bench.py): reports/s,
 # unary calls/s, streams, latency and CPU per unit of work; ctest runs a small smoke round only.
 add_test(NAME replica_bench_smoke

@@ -277,7 +277,8 @@ class RandomRaceTest(FencingBase):
         from sluice.checkpoint import COMPLETE
         rng = random.Random(int(os.environ.get("SL_FENCING_SEED", "25")))
         acked = {}  # name -> the bytes of each rank when COMPLETE was answered
-        stats = dict(rounds=0, complete=0, refused=0, aborted=0, paused=0, fenced=0)
+        stats = dict(rounds=0, complete=0, refused=0, aborted=0, paused=0, fenced=0,
+                     upload_vs_commit=0, commit_vs_upload=0, abort_vs_commit=0, commit_vs_abort=0)
         for rnd in range(ROUNDS):
             name = "x%d" % rnd
             world = rng.choice((1, 2))
@@ -306,7 +307,7 @@ class RandomRaceTest(FencingBase):
     def one_round(self, rng, name, datas, paused, stats):
         """Race uploads (some twice, on different replicas) with commits and an abort; returns
         the uploaded bytes if a commit answered COMPLETE."""
-        from sluice.checkpoint import COMPLETE
+        from sluice.checkpoint import COMPLETE, INCOMPLETE
         live = [i for i in range(3) if i != paused]
         final = list(datas)
         out = {"commit": []}
@@ -319,24 +320,34 @@ class RandomRaceTest(FencingBase):
                     final[rank] = data
             except grpc.RpcError as e:
                 with lock:
-                    if "taken over" in (e.details() or ""):
-                        stats["fenced"] += 1
+                    count(e, "taken over", "fenced")
+                    count(e, "being committed", "upload_vs_commit")
+                    count(e, "not WRITING", "upload_vs_commit")
+
+        def count(e, what, key):
+            if what in (e.details() or ""):
+                stats[key] += 1
 
         def commit(k):
             try:
                 st = k.commit("job", name).state
-            except grpc.RpcError:
+            except grpc.RpcError as e:
                 st = None
+                with lock:
+                    count(e, "in progress", "commit_vs_upload")
+                    count(e, "INCOMPLETE", "commit_vs_abort")
             with lock:
                 out["commit"].append((st, list(final)))
 
         def abort(k):
             try:
-                k.abort("job", name)
+                if k.abort("job", name).state == INCOMPLETE:
+                    with lock:
+                        stats["aborted"] += 1
+            except grpc.RpcError as e:
                 with lock:
-                    stats["aborted"] += 1
-            except grpc.RpcError:
-                pass
+                    count(e, "being committed", "abort_vs_commit")
+                    count(e, "COMPLETE", "abort_vs_commit")
         ops = []
         for rank, data in enumerate(datas):
             ops.append((upload, (rank, data, self.ks[rng.choice(live)])))

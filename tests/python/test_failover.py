@@ -107,6 +107,47 @@ class AddressListTest(unittest.TestCase):
             self.assertIn(what, str(cm.exception))
 
 
+class SpreadByRankTest(unittest.TestCase):
+    """Clients start on replica RANK mod n (issue 25): two single daemons stand in for two
+    replicas, told apart by the world size of a job of the same name."""
+
+    def setUp(self):
+        self.ds = [Daemon(catalog="sqlite", replicas=1).start() for _ in range(2)]
+        for w, d in enumerate(self.ds):
+            with Client(d.addr) as c:
+                c.create_dataset("d", 10)
+                c.create_job("j", "d", 2 + w)
+        self.addrs = ",".join(d.addr for d in self.ds)
+
+    def tearDown(self):
+        for d in self.ds:
+            d.stop(timeout=10)
+
+    def worlds(self, env):
+        saved = {k: os.environ.pop(k, None) for k in ("RANK", "SLUICE_RANK")}
+        os.environ.update(env)
+        try:
+            with Client(self.addrs) as c:
+                py = c.get_job("j").world_size
+        finally:
+            for k in ("RANK", "SLUICE_RANK"):
+                os.environ.pop(k, None)
+                if saved[k] is not None:
+                    os.environ[k] = saved[k]
+        r = subprocess.run([FAILOVER_CLIENT, "job", self.addrs, "j"], capture_output=True,
+                           text=True, timeout=60, env=dict(os.environ, **env))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return py, int(r.stdout.split()[1])
+
+    def test_rank_picks_the_first_replica(self):
+        self.assertEqual(self.worlds({}), (2, 2))
+        self.assertEqual(self.worlds({"RANK": "0"}), (2, 2))
+        self.assertEqual(self.worlds({"RANK": "1"}), (3, 3))
+        self.assertEqual(self.worlds({"RANK": "4"}), (2, 2))
+        self.assertEqual(self.worlds({"RANK": "0", "SLUICE_RANK": "3"}), (3, 3))
+        self.assertEqual(self.worlds({"RANK": "x"}), (2, 2))
+
+
 class PythonFailoverTest(ReplicasCase):
 
     def test_unary_first_address_dead(self):

@@ -88,6 +88,17 @@ class ReplicasUnavailable(grpc.RpcError):
         return "UNAVAILABLE: " + self.details()
 
 
+def first_replica(count):
+    """The replica a client of `count` replicas starts on: its rank (SLUICE_RANK, else torchrun's
+    RANK) modulo count, so that one replica's death reaches 1/count of the ranks, not all of
+    them at once; 0 without a rank."""
+    for name in ("SLUICE_RANK", "RANK"):
+        v = os.environ.get(name, "")
+        if v.isdigit():
+            return int(v) % count if count > 1 else 0
+    return 0
+
+
 def _unavailable(e):
     return isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE
 
@@ -203,7 +214,7 @@ class Replicas(grpc.Channel):
         self.count = len(self.addresses)
         self._make = make
         self._channels = [None] * self.count
-        self._cur = 0
+        self._cur = first_replica(self.count)
         self._lock = threading.Lock()
         self.failovers = 0      # times the client moved on to the next replica
 
