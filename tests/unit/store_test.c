@@ -276,6 +276,24 @@ static void test_paths(void)
     }
 }
 
+static void test_part_names(void)
+{
+    char file[NAME_MAX + 1], name[64];
+    int32_t rank = -1;
+    int64_t gen = -1;
+
+    CHECK(sl_store_part_name(file, sizeof(file), "ck", 3, 0) == 0 &&
+          strcmp(file, ".ck_shard_3.shard.part") == 0);
+    CHECK(sl_store_part_name(file, sizeof(file), "ck", 3, 9007199254740993LL) == 0 &&
+          strcmp(file, ".ck_shard_3.shard.9007199254740993.part") == 0);
+    CHECK(sl_store_classify_gen(file, name, sizeof(name), &rank, &gen) == SL_STORE_PART);
+    CHECK(strcmp(name, "ck") == 0 && rank == 3 && gen == 9007199254740993LL);
+    CHECK(sl_store_classify_gen(".ck_shard_3.shard.part", name, sizeof(name), &rank, &gen) ==
+              SL_STORE_PART &&
+          gen == 0);
+    CHECK(sl_store_part_name(file, 8, "ck", 3, 5) == SL_ELIMIT);
+}
+
 static void test_classify(void)
 {
     static const struct {
@@ -287,6 +305,11 @@ static void test_classify(void)
         {"ck_shard_3.shard", SL_STORE_SHARD, "ck", 3},
         {"a_shard_b_shard_65535.shard", SL_STORE_SHARD, "a_shard_b", 65535},
         {".ck_shard_0.shard.part", SL_STORE_PART, "ck", 0},
+        {".ck_shard_2.shard.17.part", SL_STORE_PART, "ck", 2}, /* an attempt's own (gen 17) */
+        {".ck_shard_2.shard.0.part", SL_STORE_TEMP, NULL, -1}, /* generations start at 1 */
+        {".ck_shard_2.shard.x.part", SL_STORE_TEMP, NULL, -1},
+        {".ck_shard_2.shard.-3.part", SL_STORE_TEMP, NULL, -1},
+        {".ck_shard_2.17.part", SL_STORE_TEMP, NULL, -1},
         {"ck.metadata.json", SL_STORE_META, "ck", -1},
         {".ck.metadata.json.tmp", SL_STORE_TEMP, NULL, -1},
         {".anything", SL_STORE_TEMP, NULL, -1},
@@ -333,9 +356,19 @@ static void test_classify(void)
 static void test_remove_ckpt(void)
 {
     static const char *const files[] = {
-        "ck_shard_0.shard",       ".ck_shard_0.shard.part", "ck_shard_2.shard",
-        ".ck_shard_1.shard.part", "ck.metadata.json",       ".ck.metadata.json.tmp",
-        "ck_shard_3.shard",       "other_shard_0.shard",    "ck2.metadata.json",
+        "ck_shard_0.shard",
+        ".ck_shard_0.shard.part",
+        "ck_shard_2.shard",
+        ".ck_shard_1.shard.part",
+        "ck.metadata.json",
+        ".ck.metadata.json.tmp",
+        ".ck_shard_2.shard.5.part",
+        ".ck_shard_0.shard.77.part",
+        "ck_shard_3.shard",
+        "other_shard_0.shard",
+        "ck2.metadata.json",
+        ".ck_shard_3.shard.6.part",
+        ".other_shard_0.shard.8.part",
     };
     char d[PATH_MAX], p[PATH_MAX];
 
@@ -347,7 +380,7 @@ static void test_remove_ckpt(void)
     /* World size 3: ranks 0..2; a rank-3 file is not this checkpoint's and stays. */
     CHECK(sl_store_remove_ckpt(d, "ck", 3) == 0);
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
-        int stays = i >= 6;
+        int stays = i >= 8;
         in(p, d, files[i]);
         if (exists(p) != stays) {
             fprintf(stderr, "remove_ckpt: %s %s\n", files[i], stays ? "removed" : "left");
@@ -591,6 +624,7 @@ int main(void)
     test_positional_io();
     test_paths();
     test_classify();
+    test_part_names();
     test_remove_ckpt();
     test_part_held();
     test_no_links(sl_store_open, "sl_store_open");
