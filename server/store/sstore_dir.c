@@ -184,19 +184,53 @@ static int remove_older(const char *path, int32_t rank, int64_t gen, void *arg)
     return 0;
 }
 
-/* A resume of another attempt's upload: the newest older partial upload (`from`) must be this
- * rank's shard of the same size and tensor count and hold the prefix; that prefix is copied into
- * this attempt's own new file (never written in place: the other attempt may still hold it open)
- * and hashed again there. */
-static int w_resume_copy(sl_swriter *w, const char *from_path, uint64_t from, sl_sha256 *sha,
-                         char *msg, size_t msglen)
+/* Create the attempt's own partial file (a name no other attempt uses). */
+static int w_create_own(sl_swriter *w, char *msg, size_t msglen)
+{
+    int fd = sl_store_open(w->part, O_RDWR | O_CREAT | O_TRUNC, 0640);
+
+    if (fd < 0) {
+        snprintf(msg, msglen, "cannot open the partial file %.200s: %s", w->part,
+                 sl_store_strerror(fd));
+        return fd;
+    }
+    w->fd = fd;
+    return 0;
+}
+
+/* Copy [header, header + from) of src into the writer's new file, behind a placeholder header. */
+static int w_copy_prefix(sl_swriter *w, int src, uint64_t from)
 {
     char zeros[SL_SHARD_HEX_LEN];
     uint8_t hdr[SL_SHARD_HEADER_SIZE];
+    loff_t in_off = SL_SHARD_HEADER_SIZE, out_off = SL_SHARD_HEADER_SIZE;
+    int err;
+
+    memset(zeros, '0', sizeof(zeros));
+    w_header(w, zeros, hdr);
+    err = sl_store_pwrite_all(w->fd, hdr, sizeof(hdr), 0);
+    while (!err && (uint64_t)in_off < SL_SHARD_HEADER_SIZE + from) {
+        ssize_t n = copy_file_range(src, &in_off, w->fd, &out_off,
+                                    (size_t)(SL_SHARD_HEADER_SIZE + from - (uint64_t)in_off), 0);
+        if (n < 0 && errno != EINTR)
+            err = -errno;
+        else if (n == 0)
+            err = -EIO;
+    }
+    return err;
+}
+
+/* A resume of another attempt's upload: the newest older partial upload (`from_path`) must be
+ * this rank's shard of the same size and tensor count and hold the prefix; only then is the
+ * attempt's own file made, the prefix copied into it (never written in place: the other attempt
+ * may still hold it open) and hashed again there. A refused resume leaves no file behind. */
+static int w_resume_copy(sl_swriter *w, const char *from_path, uint64_t from, sl_sha256 *sha,
+                         char *msg, size_t msglen)
+{
+    uint8_t hdr[SL_SHARD_HEADER_SIZE];
     sl_shard_header h;
     struct stat st;
-    loff_t in_off = SL_SHARD_HEADER_SIZE, out_off = SL_SHARD_HEADER_SIZE;
-    int err = 0, src = sl_store_open(from_path, O_RDONLY, 0);
+    int err, src = from_path[0] ? sl_store_open(from_path, O_RDONLY, 0) : -ENOENT;
 
     if (src < 0 || fstat(src, &st) != 0 || sl_store_pread_all(src, hdr, sizeof(hdr), 0) != 0 ||
         sl_shard_header_decode(&h, hdr, sizeof(hdr)) != 0 || h.rank != w->rank ||
@@ -210,25 +244,13 @@ static int w_resume_copy(sl_swriter *w, const char *from_path, uint64_t from, sl
                  from);
         return SL_ESTATE;
     }
-    memset(zeros, '0', sizeof(zeros));
-    w_header(w, zeros, hdr);
-    if (ftruncate(w->fd, 0) != 0)
-        err = -errno;
-    if (!err)
-        err = sl_store_pwrite_all(w->fd, hdr, sizeof(hdr), 0);
-    while (!err && (uint64_t)in_off < SL_SHARD_HEADER_SIZE + from) {
-        ssize_t n = copy_file_range(src, &in_off, w->fd, &out_off,
-                                    (size_t)(SL_SHARD_HEADER_SIZE + from - (uint64_t)in_off), 0);
-        if (n < 0 && errno != EINTR)
-            err = -errno;
-        else if (n == 0)
-            err = -EIO;
-    }
-    close(src);
-    if (!err)
+    err = w_create_own(w, msg, msglen);
+    if (!err && (err = w_copy_prefix(w, src, from)) == 0)
         err = sl_shard_hash_fd(sha, w->fd, SL_SHARD_HEADER_SIZE, from);
+    close(src);
     if (err) {
-        snprintf(msg, msglen, "cannot copy the kept prefix: %s", sl_strerror(err));
+        if (!msg[0])
+            snprintf(msg, msglen, "cannot copy the kept prefix: %s", sl_strerror(err));
         return err;
     }
     w->written = from;
@@ -248,28 +270,10 @@ static int w_open_gen(sl_swriter *w, uint64_t resume_from, sl_sha256 *sha, char 
         snprintf(msg, msglen, "a newer upload attempt of rank %d has started", w->rank);
         return SL_EFENCED;
     }
-    if (!err) {
-        w->fd = sl_store_open(w->part, O_RDWR | O_CREAT | O_TRUNC, 0640);
-        if (w->fd < 0) {
-            err = w->fd;
-            w->fd = -1;
-            snprintf(msg, msglen, "cannot open the partial file %.200s: %s", w->part,
-                     sl_store_strerror(err));
-            return err;
-        }
-    }
-    if (!err && resume_from > 0) {
-        if (!o.newest_path[0]) {
-            snprintf(msg, msglen,
-                     "cannot resume at offset %" PRIu64
-                     ": the server holds no matching partial upload (ask UploadStatus)",
-                     resume_from);
-            return SL_ESTATE;
-        }
+    if (!err && resume_from > 0)
         err = w_resume_copy(w, o.newest_path, resume_from, sha, msg, msglen);
-    } else if (!err) {
+    else if (!err && (err = w_create_own(w, msg, msglen)) == 0)
         err = w_create(w, msg, msglen);
-    }
     if (!err)
         err = sl_store_parts_each(w->dir, w->name, w->rank, remove_older, w);
     if (err && !msg[0])
