@@ -325,7 +325,7 @@ void sl_cat_describe(const sl_cat *cat, char *buf, size_t len)
 int sl_cat_meta_claim(sl_cat *cat, const char *key, const char *value, char *out, size_t len)
 {
     sl_db_q q;
-    int rc, err;
+    int err;
 
     sl_db_q_init(&q, cat, "meta_claim");
     sl_db_text(&q, key);
@@ -336,14 +336,24 @@ int sl_cat_meta_claim(sl_cat *cat, const char *key, const char *value, char *out
                      0, NULL);
     if (err)
         return err;
-    sl_db_q_init(&q, cat, "meta_claim");
+    err = sl_cat_meta_get(cat, key, out, len);
+    /* The row was just made or found: its absence now is the catalog's failure. */
+    return err == SL_ENOTFOUND ? SL_EDB : err;
+}
+
+int sl_cat_meta_get(sl_cat *cat, const char *key, char *out, size_t len)
+{
+    sl_db_q q;
+    int rc, err;
+
+    sl_db_q_init(&q, cat, "meta_get");
     sl_db_text(&q, key);
     err = sl_db_run(&q, "SELECT value FROM catalog_meta WHERE key = ?1", 0);
     if (!err) {
         rc = sl_db_next(&q);
         if (rc == 1)
             sl_db_copy_text(&q, 0, out, len);
-        err = rc == 1 ? 0 : rc == 0 ? SL_EDB : rc;
+        err = rc == 1 ? 0 : rc == 0 ? SL_ENOTFOUND : rc;
     }
     sl_db_end(&q);
     return err;

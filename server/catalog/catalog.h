@@ -82,6 +82,10 @@ void sl_cat_describe(const sl_cat *cat, char *buf, size_t len);
  * replicas to ask sets it). */
 int sl_cat_meta_claim(sl_cat *cat, const char *key, const char *value, char *out, size_t len);
 
+/* The value of catalog_meta's `key` into out: 0, SL_ENOTFOUND if it has none, or a catalog
+ * error. Loop thread. */
+int sl_cat_meta_get(sl_cat *cat, const char *key, char *out, size_t len);
+
 /* Whether several replicas may share this catalog (PostgreSQL): their in-memory state then has
  * to follow what the others write (sl_cat_listen). */
 int sl_cat_shared(const sl_cat *cat);

@@ -615,6 +615,46 @@ class PgFaultTest(ReplicaBase):
             wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 90, 5, "position 90")
 
 
+class StartTogetherTest(PgTestCase):
+    ROUNDS = 20
+
+    def test_replicas_started_together_all_serve(self):
+        # Three replicas started at the same instant on a fresh catalog and a fresh data dir,
+        # 20 times over: every one serves, every time (one of them writes CATALOG-ID, the others
+        # wait for it instead of refusing a dir that lacks it yet). Each round empties the
+        # database (a new one costs more than a round) and removes the data dir.
+        import shutil
+        with tempfile.TemporaryDirectory(prefix="sluice-together-") as tmp:
+            data = os.path.join(tmp, "data")
+            ds = [Daemon(data_dir=data, catalog="postgresql", pg=self.pg, replicas=1,
+                         args=["--replica-id", "r%d" % i]) for i in range(REPLICAS)]
+            db = ds[0].pg_db
+            for rnd in range(self.ROUNDS):
+                shutil.rmtree(data, ignore_errors=True)
+                self.pg.psql("DROP SCHEMA public CASCADE; CREATE SCHEMA public", db)
+                try:
+                    try:
+                        Daemon.start_together(ds)
+                    except RuntimeError as e:
+                        self.fail("round %d: %s" % (rnd, e))
+                    with Client(ds[0].addr) as c:
+                        c.create_dataset("ds", 10)
+                    for d in ds:
+                        with Client(d.addr) as c:
+                            self.assertEqual(c.get_dataset("ds").samples, 10)
+                    with open(os.path.join(data, "CATALOG-ID")) as f:
+                        token = f.read().strip()
+                    self.assertEqual(self.pg.psql("SELECT value FROM catalog_meta WHERE key "
+                                                  "LIKE 'data_dir_token%' ORDER BY key", db),
+                                     [[token], [token]])
+                finally:
+                    rcs = [d.stop() for d in ds]
+                for d, rc in zip(ds, rcs):
+                    self.assertIn(rc, (0, None), "round %d:\n%s" % (rnd, d.log()[-3000:]))
+                    self.assertEqual(d.sanitizer_reports(), [], d.log()[-3000:])
+                    os.unlink(d.stderr_path)
+
+
 class IdentityTest(ReplicaBase):
     def test_getinfo_logs_metrics(self):
         import subprocess
