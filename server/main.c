@@ -110,13 +110,39 @@ static int check_data_dir(const sl_daemon *d)
     return SL_EPERM;
 }
 
+/* flock `fd` (the data dir or its LOCK file) shared or exclusive, without waiting: 0, or the
+ * refusal logged. `what` names it for the log. */
+static int lock_one(const sl_daemon *d, int fd, int shared, const char *what)
+{
+    int err;
+
+    if (flock(fd, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB) == 0)
+        return 0;
+    err = -errno;
+    if (err == -EWOULDBLOCK) {
+        sl_log_error("data_dir_locked",
+                     "path=%s lock=%s error=\"%s\" hint=\"another sluiced uses it\"", d->data_dir,
+                     what, sl_strerror(err));
+        return err;
+    }
+    /* Some filesystems lock no directory (NFS emulates flock with byte-range locks, which a
+     * directory does not take): LOCK alone guards it there, as before. */
+    sl_log_warn("data_dir_lock_unsupported",
+                "path=%s lock=%s error=\"%s\" hint=\"this filesystem does not lock directories: "
+                "only <data dir>/LOCK keeps a second sluiced out; do not remove it\"",
+                d->data_dir, what, sl_strerror(err));
+    return 0;
+}
+
 /* Create the data dir, resolve it, check who may write it, and take its lock so two daemons
  * never share one: exclusively with a SQLite catalog; shared with PostgreSQL, where replicas of
- * one catalog share the data dir (a SQLite daemon and replicas still exclude each other). */
+ * one catalog share the data dir (a SQLite daemon and replicas still exclude each other). The
+ * lock is on the data dir's own descriptor, so removing a file cannot drop it, and on
+ * <data dir>/LOCK as well, which is what older daemons take. */
 static int open_data_dir(sl_daemon *d)
 {
     char lock_path[PATH_MAX + 16];
-    int err = make_dirs(d->cfg.data_dir);
+    int shared = sl_cat_is_pg(d->cfg.catalog), err = make_dirs(d->cfg.data_dir);
 
     if (err) {
         sl_log_error("data_dir_failed", "path=%s error=\"%s\"", d->cfg.data_dir, sl_strerror(err));
@@ -129,21 +155,19 @@ static int open_data_dir(sl_daemon *d)
     }
     if ((err = check_data_dir(d)) != 0)
         return err;
+    d->lock_fd = sl_store_open(d->data_dir, O_RDONLY | O_DIRECTORY, 0);
     snprintf(lock_path, sizeof(lock_path), "%s/LOCK", d->data_dir);
-    d->lock_fd = sl_store_open(lock_path, O_RDWR | O_CREAT, 0640);
-    if (d->lock_fd < 0) {
-        err = d->lock_fd;
-        d->lock_fd = -1;
-        sl_log_error("data_dir_failed", "path=%s error=\"%s\"", lock_path, sl_store_strerror(err));
+    if (d->lock_fd >= 0)
+        d->lock_file_fd = sl_store_open(lock_path, O_RDWR | O_CREAT, 0640);
+    if (d->lock_fd < 0 || d->lock_file_fd < 0) {
+        err = d->lock_fd < 0 ? d->lock_fd : d->lock_file_fd;
+        sl_log_error("data_dir_failed", "path=%s error=\"%s\"",
+                     d->lock_fd < 0 ? d->data_dir : lock_path, sl_store_strerror(err));
         return err;
     }
-    if (flock(d->lock_fd, (sl_cat_is_pg(d->cfg.catalog) ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
-        err = -errno;
-        sl_log_error("data_dir_locked", "path=%s error=\"%s\" hint=\"another sluiced uses it\"",
-                     d->data_dir, sl_strerror(err));
+    if ((err = lock_one(d, d->lock_fd, shared, "dir")) != 0)
         return err;
-    }
-    return 0;
+    return lock_one(d, d->lock_file_fd, shared, "LOCK");
 }
 
 /* Write the bound port to the port file atomically, so a script never reads half a number. The
@@ -441,7 +465,7 @@ static int open_store(sl_daemon *d)
     return sl_sstore_dir_new(&d->store, root, d->quar);
 }
 
-/* The Checkpoints service with the configured limits; its sweeps watch the data dir's LOCK. */
+/* The Checkpoints service with the configured limits; its sweeps watch the data dir's inode. */
 static int open_ckpt(sl_daemon *d)
 {
     int err = open_store(d);
@@ -531,6 +555,7 @@ int main(int argc, char **argv)
 
     memset(&d, 0, sizeof(d));
     d.lock_fd = -1;
+    d.lock_file_fd = -1;
     err = sl_config_parse(&d.cfg, argc, argv, stdout, stderr);
     if (err == SL_CONFIG_EXIT_OK)
         return 0;
@@ -678,6 +703,8 @@ out:
     sl_cat_close(d.wcat);
     if (d.lock_fd >= 0)
         close(d.lock_fd);
+    if (d.lock_file_fd >= 0)
+        close(d.lock_file_fd);
     sl_ops_stop(&d.ops);
     sl_memtrim_stop(&d.memtrim);
     uv_run(&d.loop, UV_RUN_DEFAULT);

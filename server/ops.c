@@ -460,8 +460,7 @@ static void rescue_catalog(sl_ops *ops)
     struct tm tm;
     int err;
 
-    snprintf(path, sizeof(path), "%s/LOCK", d->data_dir);
-    if (d->lock_fd >= 0 && sl_store_same_file(d->lock_fd, path) != 1) {
+    if (d->lock_fd >= 0 && sl_store_same_file(d->lock_fd, d->data_dir) != 1) {
         sl_log_warn("catalog_not_rescued", "reason=\"the data dir is not this daemon's any more\"");
         return;
     }
