@@ -359,6 +359,43 @@ int sl_cat_meta_get(sl_cat *cat, const char *key, char *out, size_t len)
     return err;
 }
 
+int sl_cat_name_clash(sl_cat *cat, int kind, const char *job, const char *name, char *other,
+                      size_t len)
+{
+    /* lower() folds ASCII letters in both engines, and names are ASCII (sl_name_check). */
+    static const char *const sql[] = {
+        [SL_CAT_NAME_DATASET] = "SELECT name FROM feed_datasets WHERE lower(name) = lower(?1) "
+                                "AND name <> ?1 LIMIT 1",
+        [SL_CAT_NAME_JOB] = "SELECT name FROM feed_jobs WHERE lower(name) = lower(?1) AND "
+                            "name <> ?1 UNION SELECT job FROM checkpoints WHERE lower(job) = "
+                            "lower(?1) AND job <> ?1 LIMIT 1",
+        [SL_CAT_NAME_CKPT] = "SELECT name FROM checkpoints WHERE job = ?2 AND lower(name) = "
+                             "lower(?1) AND name <> ?1 LIMIT 1",
+    };
+    sl_db_q q;
+    int rc, err = 0;
+
+    if (kind < SL_CAT_NAME_DATASET || kind > SL_CAT_NAME_CKPT)
+        return SL_EINVAL;
+    if (cat->eng->name_lock)
+        err = cat->eng->script(cat, cat->eng->name_lock, "name_lock");
+    if (err)
+        return err;
+    sl_db_q_init(&q, cat, "name_clash");
+    sl_db_text(&q, name);
+    if (kind == SL_CAT_NAME_CKPT)
+        sl_db_text(&q, job);
+    err = sl_db_run(&q, sql[kind], 0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        if (rc == 1)
+            sl_db_copy_text(&q, 0, other, len);
+        err = rc == 1 ? SL_EEXIST : rc;
+    }
+    sl_db_end(&q);
+    return err;
+}
+
 int sl_cat_shared(const sl_cat *cat)
 {
     return cat->eng->announce != NULL;

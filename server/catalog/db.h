@@ -87,6 +87,9 @@ typedef struct sl_db_engine {
     const char *const *migrations; /* the DDL of migration 1 .. n, in this engine's dialect */
     int n_migrations;
     const char *migrate_lock; /* a statement that serializes migrations between processes */
+    /* A statement that serializes, until the transaction ends, the processes that create
+     * names (sl_cat_name_clash); NULL where a write transaction already excludes the others. */
+    const char *name_lock;
     int (*script)(sl_cat *cat, const char *sql, const char *op); /* several statements */
     int (*run)(sl_db_q *q, const char *sql, int constraint_err);
     int (*next)(sl_db_q *q);

@@ -27,6 +27,8 @@
 
 /* Any constant: the advisory lock that serializes migrations of daemons starting at once. */
 #define MIGRATE_LOCK "SELECT pg_advisory_xact_lock(5193041203)"
+/* Another: replicas creating names that differ only in case take turns (sl_cat_name_clash). */
+#define NAME_LOCK "SELECT pg_advisory_xact_lock(5193041204)"
 
 /* How long one statement (or one reconnect) may go unanswered, in ms: the daemon's
  * --catalog-timeout, the same for all its connections. */
@@ -516,6 +518,7 @@ const sl_db_engine sl_db_pg = {
     .migrations = sl_db_pg_migrations,
     .n_migrations = SL_DB_PG_MIGRATIONS,
     .migrate_lock = MIGRATE_LOCK,
+    .name_lock = NAME_LOCK,
     .script = sl_pg_script,
     .run = run,
     .next = next,
