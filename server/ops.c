@@ -376,6 +376,9 @@ static const struct {
     {"sluice_catalog_lost", SL_METRIC_GAUGE,
      "1 once the catalog file was found removed or replaced while the daemon ran (writes are "
      "then refused and health is NOT_SERVING until a restart), else 0."},
+    {"sluice_catalog_reachable", SL_METRIC_GAUGE,
+     "0 while the catalog server has answered nothing for the catalog timeout (health is then "
+     "NOT_SERVING), else 1."},
     {"sluice_quarantined_files_total", SL_METRIC_COUNTER,
      "Files the catalog did not know, moved to <data dir>/quarantine instead of being removed."},
     {"sluice_quarantine_files", SL_METRIC_GAUGE,
@@ -491,12 +494,37 @@ static void on_catalog_lost(const char *problem, void *arg)
         sd_notify(0, "WATCHDOG=trigger\nSTATUS=catalog file removed or replaced: writes refused");
 }
 
+/* Health follows whether the catalog server answers; each change is logged once. */
+static void check_catalog_reach(sl_ops *ops)
+{
+    int down = sl_cat_unreachable(ops->d->cat);
+
+    if (down == ops->catalog_down)
+        return;
+    ops->catalog_down = down;
+    sl_metrics_set(ops->metrics, "sluice_catalog_reachable", NULL, down ? 0 : 1);
+    if (down) {
+        sl_log_error("catalog_down",
+                     "timeout_ms=%llu hint=\"the catalog server answered nothing for the catalog "
+                     "timeout: health is NOT_SERVING until it answers again\"",
+                     (unsigned long long)ops->d->cfg.catalog_timeout_ms);
+        sl_health_set_all(ops->d->health, SL_HEALTH_NOT_SERVING);
+        return;
+    }
+    sl_log_info("catalog_up", NULL);
+    if (sl_ops_healthy(ops))
+        sl_health_set_all(ops->d->health, SL_HEALTH_SERVING);
+}
+
 static void on_catalog_check(uv_timer_t *t)
 {
     sl_ops *ops = t->data;
 
-    if (ops->d->cat)
-        sl_cat_check(ops->d->cat);
+    if (!ops->d->cat)
+        return;
+    sl_cat_check(ops->d->cat);
+    if (ops->d->health && !ops->d->stopping)
+        check_catalog_reach(ops);
 }
 
 void sl_ops_watch_catalog(sl_ops *ops)
@@ -506,7 +534,7 @@ void sl_ops_watch_catalog(sl_ops *ops)
 
 int sl_ops_healthy(const sl_ops *ops)
 {
-    return !ops->listener_broken && !ops->catalog_lost && !ops->d->stopping;
+    return !ops->listener_broken && !ops->catalog_lost && !ops->catalog_down && !ops->d->stopping;
 }
 
 /* Gauges that need the catalog are refreshed on the loop, which owns it, in the catalog lane. */
@@ -553,6 +581,7 @@ int sl_ops_start(sl_ops *ops)
     uv_timer_start(&ops->refresh, on_refresh, 0, 5000);
     ops->refresh_open = 1;
     sl_metrics_set(ops->metrics, "sluice_catalog_lost", NULL, ops->catalog_lost);
+    sl_metrics_set(ops->metrics, "sluice_catalog_reachable", NULL, !ops->catalog_down);
     {
         /* The replica id has only [A-Za-z0-9._:-] (checked at start): no escaping needed. */
         char labels[400];

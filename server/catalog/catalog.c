@@ -396,6 +396,11 @@ int sl_cat_name_clash(sl_cat *cat, int kind, const char *job, const char *name, 
     return err;
 }
 
+int sl_cat_unreachable(const sl_cat *cat)
+{
+    return cat && cat->eng->unreachable ? cat->eng->unreachable(cat) : 0;
+}
+
 int sl_cat_shared(const sl_cat *cat)
 {
     return cat->eng->announce != NULL;

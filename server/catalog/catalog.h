@@ -101,6 +101,12 @@ enum { SL_CAT_NAME_DATASET = 1, SL_CAT_NAME_JOB = 2, SL_CAT_NAME_CKPT = 3 };
 int sl_cat_name_clash(sl_cat *cat, int kind, const char *job, const char *name, char *other,
                       size_t len);
 
+/* Whether the catalog server has answered nothing for at least the catalog timeout: every
+ * statement and reconnect since then failed to reach it (PostgreSQL; a statement that timed out
+ * counts from when it was sent). 0 again from its first answer (a statement, or the background
+ * reconnect, which tries every second). Always 0 with SQLite. Loop thread. */
+int sl_cat_unreachable(const sl_cat *cat);
+
 /* Whether several replicas may share this catalog (PostgreSQL): their in-memory state then has
  * to follow what the others write (sl_cat_listen). */
 int sl_cat_shared(const sl_cat *cat);

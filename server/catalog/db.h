@@ -109,6 +109,7 @@ typedef struct sl_db_engine {
     int (*listen)(sl_cat *cat, struct uv_loop_s *loop, sl_cat_notify_fn fn, void *arg);
     void (*unlisten)(sl_cat *cat);
     int (*chore)(sl_cat *cat, int id, int how); /* 1: try the lock, 2: wait for it, 0: release */
+    int (*unreachable)(const sl_cat *cat);      /* sl_cat_unreachable */
     void (*close)(sl_cat *cat);
 } sl_db_engine;
 

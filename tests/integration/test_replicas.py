@@ -557,6 +557,38 @@ class PgFaultTest(ReplicaBase):
         for c in self.cs:
             wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 60, 5, "position 60")
 
+    def health(self, i):
+        from sluice._health import health_pb2 as hp
+        check = self.cs[i].channel.unary_unary("/grpc.health.v1.Health/Check")
+        r = check(hp.HealthCheckRequest().SerializeToString(), timeout=5)
+        return hp.HealthCheckResponse.ServingStatus.Name(
+            hp.HealthCheckResponse.FromString(r).status)
+
+    def test_health_follows_the_catalog(self):
+        # While the catalog server answers nothing for the catalog timeout (2 s here), every
+        # call that needs it fails: health says NOT_SERVING, on a replica that made calls and on
+        # idle ones (their 5 s gauge refresh meets the frozen server), and SERVING again once
+        # the server answers.
+        self.cs[0].create_dataset("ds", 30)
+        for i in range(REPLICAS):
+            wait_for(lambda i=i: self.health(i) == "SERVING", 5, "replica %d serving" % i)
+        self.pg.freeze()
+        try:
+            self.assertEqual(self.unavailable_or_ok(lambda: self.cs[0].create_dataset("d", 5)),
+                             "unavailable")
+            wait_for(lambda: self.health(0) == "NOT_SERVING", 2.5,
+                     "replica 0 NOT_SERVING after a call timed out")
+            for i in range(1, REPLICAS):
+                wait_for(lambda i=i: self.health(i) == "NOT_SERVING", 10,
+                         "idle replica %d NOT_SERVING" % i)
+            self.assertIn("event=catalog_down", self.ds[1].log())
+        finally:
+            self.pg.thaw()
+        for i in range(REPLICAS):
+            wait_for(lambda i=i: self.health(i) == "SERVING", 10, "replica %d serving again" % i)
+        self.assertIn("event=catalog_up", self.ds[0].log())
+        self.cs[1].create_dataset("after", 5)
+
     def test_loop_serves_while_a_statement_waits(self):
         # A statement waits for the catalog server in the catalog lane, not on the loop thread:
         # while a CreateJob waits for a frozen server (up to the catalog timeout, 2 s here), the
