@@ -687,6 +687,38 @@ class StartTogetherTest(PgTestCase):
                     os.unlink(d.stderr_path)
 
 
+    def test_claimer_died_before_writing(self):
+        # The replica whose token the catalog took died before it wrote CATALOG-ID (the catalog
+        # has the token, nobody recorded the file written): the next replica waits 10 s for the
+        # file, then writes the catalog's token itself and serves.
+        with tempfile.TemporaryDirectory(prefix="sluice-together-") as tmp:
+            data = os.path.join(tmp, "data")
+            d = Daemon(data_dir=data, catalog="postgresql", pg=self.pg, replicas=1)
+            d.start()
+            self.assertEqual(d.stop(), 0, d.log())
+            db = d.pg_db
+            self.pg.psql("DELETE FROM catalog_meta WHERE key = 'data_dir_token_written'; "
+                         "UPDATE catalog_meta SET value = 'feedc0de' "
+                         "WHERE key = 'data_dir_token'", db)
+            os.unlink(os.path.join(data, "CATALOG-ID"))
+            t0 = time.monotonic()
+            d.start(timeout=30)
+            try:
+                self.assertGreater(time.monotonic() - t0, 9)
+                self.assertIn("event=data_dir_id_wait", d.log())
+                self.assertIn("event=data_dir_id_taken_over", d.log())
+                with open(os.path.join(data, "CATALOG-ID")) as f:
+                    self.assertEqual(f.read(), "feedc0de\n")
+                self.assertEqual(self.pg.psql("SELECT value FROM catalog_meta WHERE key = "
+                                              "'data_dir_token_written'", db), [["feedc0de"]])
+                with Client(d.addr) as c:
+                    c.create_dataset("ds", 3)
+            finally:
+                self.assertEqual(d.stop(), 0, d.log())
+            self.assertEqual(d.sanitizer_reports(), [], d.log())
+            self.assertEqual([n for n in os.listdir(data) if n.startswith(".CATALOG-ID")], [])
+
+
 class IdentityTest(ReplicaBase):
     def test_getinfo_logs_metrics(self):
         import subprocess
