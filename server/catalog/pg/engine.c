@@ -198,7 +198,9 @@ static int timed_out(sl_cat *cat, const char *op)
     char where[512];
 
     p->stalled = 1;
-    sl_pg_down(p, mono_ms() - (uint64_t)sl_pg_timeout_ms); /* since the statement was sent */
+    /* Since the statement was sent. */
+    sl_pg_down(p,
+               mono_ms() > (uint64_t)sl_pg_timeout_ms ? mono_ms() - (uint64_t)sl_pg_timeout_ms : 1);
     sl_db_count_error(cat);
     sl_pg_where(p->conn, where, sizeof(where));
     sl_log_error("catalog_timeout", "engine=postgresql op=%s after_ms=%d %s", op, sl_pg_timeout_ms,
