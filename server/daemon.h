@@ -32,7 +32,10 @@ typedef struct sl_daemon {
     sl_feed *feed;
     sl_quar *quar; /* <data dir>/quarantine */
     uint64_t start_ms;
+    /* The data dir itself, open and flocked: removing LOCK does not free it, and a data dir
+     * removed or replaced under the daemon is told apart by its inode. */
     int lock_fd;
+    int lock_file_fd; /* <data dir>/LOCK, flocked too: the lock older daemons take */
     uv_signal_t sigterm, sigint;
     int stopping;
     sl_ops ops;

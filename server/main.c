@@ -7,6 +7,7 @@
 #include "store/s3.h"
 #include "store/sstore.h"
 #include "store/store.h"
+#include "util/clock.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -109,13 +110,39 @@ static int check_data_dir(const sl_daemon *d)
     return SL_EPERM;
 }
 
+/* flock `fd` (the data dir or its LOCK file) shared or exclusive, without waiting: 0, or the
+ * refusal logged. `what` names it for the log. */
+static int lock_one(const sl_daemon *d, int fd, int shared, const char *what)
+{
+    int err;
+
+    if (flock(fd, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB) == 0)
+        return 0;
+    err = -errno;
+    if (err == -EWOULDBLOCK) {
+        sl_log_error("data_dir_locked",
+                     "path=%s lock=%s error=\"%s\" hint=\"another sluiced uses it\"", d->data_dir,
+                     what, sl_strerror(err));
+        return err;
+    }
+    /* Some filesystems lock no directory (NFS emulates flock with byte-range locks, which a
+     * directory does not take): LOCK alone guards it there, as before. */
+    sl_log_warn("data_dir_lock_unsupported",
+                "path=%s lock=%s error=\"%s\" hint=\"this filesystem does not lock directories: "
+                "only <data dir>/LOCK keeps a second sluiced out; do not remove it\"",
+                d->data_dir, what, sl_strerror(err));
+    return 0;
+}
+
 /* Create the data dir, resolve it, check who may write it, and take its lock so two daemons
  * never share one: exclusively with a SQLite catalog; shared with PostgreSQL, where replicas of
- * one catalog share the data dir (a SQLite daemon and replicas still exclude each other). */
+ * one catalog share the data dir (a SQLite daemon and replicas still exclude each other). The
+ * lock is on the data dir's own descriptor, so removing a file cannot drop it, and on
+ * <data dir>/LOCK as well, which is what older daemons take. */
 static int open_data_dir(sl_daemon *d)
 {
     char lock_path[PATH_MAX + 16];
-    int err = make_dirs(d->cfg.data_dir);
+    int shared = sl_cat_is_pg(d->cfg.catalog), err = make_dirs(d->cfg.data_dir);
 
     if (err) {
         sl_log_error("data_dir_failed", "path=%s error=\"%s\"", d->cfg.data_dir, sl_strerror(err));
@@ -128,21 +155,19 @@ static int open_data_dir(sl_daemon *d)
     }
     if ((err = check_data_dir(d)) != 0)
         return err;
+    d->lock_fd = sl_store_open(d->data_dir, O_RDONLY | O_DIRECTORY, 0);
     snprintf(lock_path, sizeof(lock_path), "%s/LOCK", d->data_dir);
-    d->lock_fd = sl_store_open(lock_path, O_RDWR | O_CREAT, 0640);
-    if (d->lock_fd < 0) {
-        err = d->lock_fd;
-        d->lock_fd = -1;
-        sl_log_error("data_dir_failed", "path=%s error=\"%s\"", lock_path, sl_store_strerror(err));
+    if (d->lock_fd >= 0)
+        d->lock_file_fd = sl_store_open(lock_path, O_RDWR | O_CREAT, 0640);
+    if (d->lock_fd < 0 || d->lock_file_fd < 0) {
+        err = d->lock_fd < 0 ? d->lock_fd : d->lock_file_fd;
+        sl_log_error("data_dir_failed", "path=%s error=\"%s\"",
+                     d->lock_fd < 0 ? d->data_dir : lock_path, sl_store_strerror(err));
         return err;
     }
-    if (flock(d->lock_fd, (sl_cat_is_pg(d->cfg.catalog) ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
-        err = -errno;
-        sl_log_error("data_dir_locked", "path=%s error=\"%s\" hint=\"another sluiced uses it\"",
-                     d->data_dir, sl_strerror(err));
+    if ((err = lock_one(d, d->lock_fd, shared, "dir")) != 0)
         return err;
-    }
-    return 0;
+    return lock_one(d, d->lock_file_fd, shared, "LOCK");
 }
 
 /* Write the bound port to the port file atomically, so a script never reads half a number. The
@@ -191,15 +216,124 @@ static void quarantine_stale_wal(sl_daemon *d)
 }
 
 /* Replicas of one PostgreSQL catalog must share one data dir (shard files, lengths, labels): the
- * catalog holds a token, the first replica writes it to <data dir>/CATALOG-ID, every other one
- * must find it there. A replica whose data dir is not the shared one (a mount missing, another
- * catalog's dir) stops at start instead of serving files no other replica can see. */
+ * catalog holds a token, and <data dir>/CATALOG-ID holds it too. A replica whose data dir is not
+ * the shared one (a mount missing, another catalog's dir) stops at start instead of serving files
+ * no other replica can see.
+ *
+ * Replicas may start together (a StatefulSet with parallel pod management, systemd units started
+ * at once): the catalog row decides who writes the file (the replica whose token the row took),
+ * and the others wait for the file, at most SHARED_DIR_WAIT_MS. The writer then records in the
+ * catalog that the file is written (data_dir_token_written): from then on a dir without the file
+ * is refused at once, since it cannot be the one the writer wrote into. Should the writer die
+ * between its claim and its write, a waiter writes the catalog's token itself once the wait is
+ * over; the token is the catalog's, so two replicas writing it write the same bytes, and the
+ * write never replaces a file (the first one stays). */
+#define SHARED_DIR_WAIT_MS 10000
+#define SHARED_DIR_POLL_MS 50
+
+/* The token in <data dir>/CATALOG-ID into out: 0, -ENOENT when there is none, or -errno. */
+static int read_catalog_id(const char *data_dir, char *out, size_t len)
+{
+    char path[PATH_MAX + 16];
+    ssize_t n;
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/CATALOG-ID", data_dir);
+    fd = sl_store_open(path, O_RDONLY, 0);
+    if (fd < 0)
+        return fd;
+    n = read(fd, out, len - 1);
+    close(fd);
+    out[n > 0 ? n : 0] = '\0';
+    out[strcspn(out, "\n")] = '\0';
+    return n < 0 ? -EIO : 0;
+}
+
+/* Write the catalog's token `want` to CATALOG-ID and record in the catalog that it is written.
+ * Two replicas may write at once (the claimer and a waiter whose wait is over): each writes its
+ * own temp file (named after its own token) and renames it into place without replacing, so the
+ * file appears once, whole; both write the same token. */
+static int write_catalog_id(sl_daemon *d, const char *want, const char *mine)
+{
+    char text[96], done[80], tmp[PATH_MAX + 128], path[PATH_MAX + 16];
+    int fd, err;
+
+    snprintf(text, sizeof(text), "%s\n", want);
+    snprintf(tmp, sizeof(tmp), "%s/.CATALOG-ID.%s.tmp", d->data_dir, mine);
+    snprintf(path, sizeof(path), "%s/CATALOG-ID", d->data_dir);
+    if ((fd = sl_store_create(tmp, 0640)) < 0) {
+        err = fd;
+        goto out;
+    }
+    err = sl_store_pwrite_all(fd, text, strlen(text), 0);
+    if (!err && fsync(fd) != 0)
+        err = -errno;
+    if (close(fd) != 0 && !err)
+        err = -errno;
+    if (!err)
+        err = sl_store_rename_noreplace(tmp, path);
+    if (err == -EEXIST)
+        err = 0; /* another replica's is there: the caller compares it */
+    else if (!err)
+        err = sl_store_fsync_dir(d->data_dir);
+    if (!err)
+        err = sl_cat_meta_claim(d->cat, "data_dir_token_written", want, done, sizeof(done));
+out:
+    sl_store_unlink(tmp);
+    return err;
+}
+
+/* Wait for CATALOG-ID while nobody recorded it written, writing it when this replica made the
+ * catalog's token or the wait is over. Returns 0 with what the file holds in `found` ("" if it
+ * is missing although recorded written), or an error. */
+static int await_catalog_id(sl_daemon *d, const char *want, const char *token, char *found,
+                            size_t len)
+{
+    uint64_t deadline = sl_mono_ns() + (uint64_t)SHARED_DIR_WAIT_MS * 1000000u;
+    int mine = !strcmp(want, token), waited = 0, err;
+    char done[80];
+
+    for (;;) {
+        err = read_catalog_id(d->data_dir, found, len);
+        if (err != -ENOENT)
+            return err;
+        found[0] = '\0';
+        if (mine || sl_mono_ns() >= deadline) {
+            if (!mine)
+                sl_log_warn("data_dir_id_taken_over",
+                            "path=%s/CATALOG-ID waited_ms=%d hint=\"the replica that claimed "
+                            "the catalog did not write CATALOG-ID: this one writes it\"",
+                            d->data_dir, SHARED_DIR_WAIT_MS);
+            if ((err = write_catalog_id(d, want, token)) != 0)
+                return err;
+            /* Read back what is there now: ours, or another replica's written first. */
+            return read_catalog_id(d->data_dir, found, len);
+        }
+        err = sl_cat_meta_get(d->cat, "data_dir_token_written", done, sizeof(done));
+        if (err == 0) {
+            /* Written: read once more, for it may have appeared since the read above; if it
+             * is still missing, it was written into another dir. */
+            err = read_catalog_id(d->data_dir, found, len);
+            if (err == -ENOENT)
+                found[0] = '\0';
+            return err == -ENOENT ? 0 : err;
+        }
+        if (err != SL_ENOTFOUND)
+            return err;
+        if (!waited++)
+            sl_log_info("data_dir_id_wait",
+                        "path=%s/CATALOG-ID reason=\"another replica is writing it (replicas "
+                        "started together)\"",
+                        d->data_dir);
+        usleep(SHARED_DIR_POLL_MS * 1000);
+    }
+}
+
 static int check_shared_dir(sl_daemon *d)
 {
-    char token[80], want[80], path[PATH_MAX + 16], found[80] = "";
+    char token[80], want[80], found[80] = "", done[80];
     unsigned char rnd[16];
-    int fd, err;
-    ssize_t n;
+    int err;
 
     if (!sl_cat_is_pg(d->cfg.catalog))
         return 0;
@@ -209,23 +343,10 @@ static int check_shared_dir(sl_daemon *d)
         snprintf(token + 2 * i, 3, "%02x", rnd[i]);
     if ((err = sl_cat_meta_claim(d->cat, "data_dir_token", token, want, sizeof(want))) != 0)
         return err;
-    snprintf(path, sizeof(path), "%s/CATALOG-ID", d->data_dir);
-    fd = sl_store_open(path, O_RDONLY, 0);
-    if (fd >= 0) {
-        n = read(fd, found, sizeof(found) - 1);
-        close(fd);
-        found[n > 0 ? n : 0] = '\0';
-        found[strcspn(found, "\n")] = '\0';
-    } else if (!strcmp(want, token)) {
-        /* This replica made the token: it makes the file. */
-        char text[96];
-        snprintf(text, sizeof(text), "%s\n", want);
-        err = sl_store_write_file(d->data_dir, "CATALOG-ID", text, strlen(text));
-        if (err) {
-            sl_log_error("data_dir_failed", "path=%s error=\"%s\"", path, sl_store_strerror(err));
-            return err;
-        }
-        return 0;
+    if ((err = await_catalog_id(d, want, token, found, sizeof(found))) != 0) {
+        sl_log_error("data_dir_failed", "path=%s/CATALOG-ID error=\"%s\"", d->data_dir,
+                     sl_store_strerror(err));
+        return err;
     }
     if (strcmp(found, want) != 0) {
         sl_log_error("data_dir_not_shared",
@@ -237,7 +358,8 @@ static int check_shared_dir(sl_daemon *d)
                               : "this one lacks the CATALOG-ID the first replica wrote");
         return SL_ESTATE;
     }
-    return 0;
+    /* A catalog of an older sluiced has the file but no record of it: record it now. */
+    return sl_cat_meta_claim(d->cat, "data_dir_token_written", want, done, sizeof(done));
 }
 
 /* The replica's name: --replica-id, else <hostname>:<port>. With a PostgreSQL catalog every
@@ -343,7 +465,7 @@ static int open_store(sl_daemon *d)
     return sl_sstore_dir_new(&d->store, root, d->quar);
 }
 
-/* The Checkpoints service with the configured limits; its sweeps watch the data dir's LOCK. */
+/* The Checkpoints service with the configured limits; its sweeps watch the data dir's inode. */
 static int open_ckpt(sl_daemon *d)
 {
     int err = open_store(d);
@@ -434,6 +556,7 @@ int main(int argc, char **argv)
 
     memset(&d, 0, sizeof(d));
     d.lock_fd = -1;
+    d.lock_file_fd = -1;
     err = sl_config_parse(&d.cfg, argc, argv, stdout, stderr);
     if (err == SL_CONFIG_EXIT_OK)
         return 0;
@@ -582,6 +705,8 @@ out:
     sl_cat_close(d.wcat);
     if (d.lock_fd >= 0)
         close(d.lock_fd);
+    if (d.lock_file_fd >= 0)
+        close(d.lock_file_fd);
     sl_ops_stop(&d.ops);
     sl_ops_store_watch_stop(&d.ops);
     sl_memtrim_stop(&d.memtrim);

@@ -381,6 +381,9 @@ static const struct {
     {"sluice_catalog_lost", SL_METRIC_GAUGE,
      "1 once the catalog file was found removed or replaced while the daemon ran (writes are "
      "then refused and health is NOT_SERVING until a restart), else 0."},
+    {"sluice_catalog_reachable", SL_METRIC_GAUGE,
+     "0 while the catalog server has answered nothing for the catalog timeout (health is then "
+     "NOT_SERVING), else 1."},
     {"sluice_quarantined_files_total", SL_METRIC_COUNTER,
      "Files the catalog did not know, moved to <data dir>/quarantine instead of being removed."},
     {"sluice_quarantine_files", SL_METRIC_GAUGE,
@@ -465,8 +468,7 @@ static void rescue_catalog(sl_ops *ops)
     struct tm tm;
     int err;
 
-    snprintf(path, sizeof(path), "%s/LOCK", d->data_dir);
-    if (d->lock_fd >= 0 && sl_store_same_file(d->lock_fd, path) != 1) {
+    if (d->lock_fd >= 0 && sl_store_same_file(d->lock_fd, d->data_dir) != 1) {
         sl_log_warn("catalog_not_rescued", "reason=\"the data dir is not this daemon's any more\"");
         return;
     }
@@ -497,12 +499,37 @@ static void on_catalog_lost(const char *problem, void *arg)
         sd_notify(0, "WATCHDOG=trigger\nSTATUS=catalog file removed or replaced: writes refused");
 }
 
+/* Health follows whether the catalog server answers; each change is logged once. */
+static void check_catalog_reach(sl_ops *ops)
+{
+    int down = sl_cat_unreachable(ops->d->cat);
+
+    if (down == ops->catalog_down)
+        return;
+    ops->catalog_down = down;
+    sl_metrics_set(ops->metrics, "sluice_catalog_reachable", NULL, down ? 0 : 1);
+    if (down) {
+        sl_log_error("catalog_down",
+                     "timeout_ms=%llu hint=\"the catalog server answered nothing for the catalog "
+                     "timeout: health is NOT_SERVING until it answers again\"",
+                     (unsigned long long)ops->d->cfg.catalog_timeout_ms);
+        sl_health_set_all(ops->d->health, SL_HEALTH_NOT_SERVING);
+        return;
+    }
+    sl_log_info("catalog_up", NULL);
+    if (sl_ops_healthy(ops))
+        sl_health_set_all(ops->d->health, SL_HEALTH_SERVING);
+}
+
 static void on_catalog_check(uv_timer_t *t)
 {
     sl_ops *ops = t->data;
 
-    if (ops->d->cat)
-        sl_cat_check(ops->d->cat);
+    if (!ops->d->cat)
+        return;
+    sl_cat_check(ops->d->cat);
+    if (ops->d->health && !ops->d->stopping)
+        check_catalog_reach(ops);
 }
 
 void sl_ops_watch_catalog(sl_ops *ops)
@@ -512,7 +539,7 @@ void sl_ops_watch_catalog(sl_ops *ops)
 
 int sl_ops_healthy(const sl_ops *ops)
 {
-    return !ops->listener_broken && !ops->catalog_lost && !ops->d->stopping;
+    return !ops->listener_broken && !ops->catalog_lost && !ops->catalog_down && !ops->d->stopping;
 }
 
 void sl_ops_health_update(sl_ops *ops)
@@ -570,6 +597,7 @@ int sl_ops_start(sl_ops *ops)
     uv_timer_start(&ops->refresh, on_refresh, 0, 5000);
     ops->refresh_open = 1;
     sl_metrics_set(ops->metrics, "sluice_catalog_lost", NULL, ops->catalog_lost);
+    sl_metrics_set(ops->metrics, "sluice_catalog_reachable", NULL, !ops->catalog_down);
     {
         /* The replica id has only [A-Za-z0-9._:-] (checked at start): no escaping needed. */
         char labels[400];

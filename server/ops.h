@@ -32,6 +32,11 @@ typedef struct sl_ops {
     uv_timer_t catalog_timer;
     int catalog_timer_open;
     int catalog_lost;
+    /* The same timer looks whether the catalog server answers (sl_cat_unreachable): while it has
+     * answered nothing for the catalog timeout, every call that needs it fails, so health is
+     * NOT_SERVING (a load balancer sends no new work here); SERVING again at its first answer.
+     * The watchdog is still fed: a restart would not bring the server back. */
+    int catalog_down;
     /* The listener self-check: every cfg.self_check_ms the daemon connects to its own address
      * and expects an answer (gRPC 1.51 stops accepting for good after accept4 fails with
      * EMFILE, while everything else keeps working). After SELF_CHECK_FAILS failures in a row
@@ -105,8 +110,8 @@ void sl_ops_rpc_opts(sl_ops *ops, sl_rpc_server_opts *opts);
  * FAILED_PRECONDITION naming the catalog's problem. */
 void sl_ops_watch_catalog(sl_ops *ops);
 
-/* Whether health should say SERVING: the listener accepts, the catalog file is the one opened and
- * the daemon is not stopping. */
+/* Whether health should say SERVING: the listener accepts, the catalog file is the one opened, the
+ * catalog server answers and the daemon is not stopping. */
 int sl_ops_healthy(const sl_ops *ops);
 
 /* Start the metrics endpoint (if configured), the SIGHUP handler and the catalog file check

@@ -325,7 +325,7 @@ void sl_cat_describe(const sl_cat *cat, char *buf, size_t len)
 int sl_cat_meta_claim(sl_cat *cat, const char *key, const char *value, char *out, size_t len)
 {
     sl_db_q q;
-    int rc, err;
+    int err;
 
     sl_db_q_init(&q, cat, "meta_claim");
     sl_db_text(&q, key);
@@ -336,17 +336,69 @@ int sl_cat_meta_claim(sl_cat *cat, const char *key, const char *value, char *out
                      0, NULL);
     if (err)
         return err;
-    sl_db_q_init(&q, cat, "meta_claim");
+    err = sl_cat_meta_get(cat, key, out, len);
+    /* The row was just made or found: its absence now is the catalog's failure. */
+    return err == SL_ENOTFOUND ? SL_EDB : err;
+}
+
+int sl_cat_meta_get(sl_cat *cat, const char *key, char *out, size_t len)
+{
+    sl_db_q q;
+    int rc, err;
+
+    sl_db_q_init(&q, cat, "meta_get");
     sl_db_text(&q, key);
     err = sl_db_run(&q, "SELECT value FROM catalog_meta WHERE key = ?1", 0);
     if (!err) {
         rc = sl_db_next(&q);
         if (rc == 1)
             sl_db_copy_text(&q, 0, out, len);
-        err = rc == 1 ? 0 : rc == 0 ? SL_EDB : rc;
+        err = rc == 1 ? 0 : rc == 0 ? SL_ENOTFOUND : rc;
     }
     sl_db_end(&q);
     return err;
+}
+
+int sl_cat_name_clash(sl_cat *cat, int kind, const char *job, const char *name, char *other,
+                      size_t len)
+{
+    /* lower() folds ASCII letters in both engines, and names are ASCII (sl_name_check). */
+    static const char *const sql[] = {
+        [SL_CAT_NAME_DATASET] = "SELECT name FROM feed_datasets WHERE lower(name) = lower(?1) "
+                                "AND name <> ?1 LIMIT 1",
+        [SL_CAT_NAME_JOB] = "SELECT name FROM feed_jobs WHERE lower(name) = lower(?1) AND "
+                            "name <> ?1 UNION SELECT job FROM checkpoints WHERE lower(job) = "
+                            "lower(?1) AND job <> ?1 LIMIT 1",
+        [SL_CAT_NAME_CKPT] = "SELECT name FROM checkpoints WHERE job = ?2 AND lower(name) = "
+                             "lower(?1) AND name <> ?1 LIMIT 1",
+    };
+    sl_db_q q;
+    int rc, err = 0;
+
+    if (kind < SL_CAT_NAME_DATASET || kind > SL_CAT_NAME_CKPT)
+        return SL_EINVAL;
+    if (cat->eng->name_lock)
+        err = cat->eng->script(cat, cat->eng->name_lock, "name_lock");
+    if (err)
+        return err;
+    sl_db_q_init(&q, cat, "name_clash");
+    sl_db_text(&q, name);
+    if (kind == SL_CAT_NAME_CKPT)
+        sl_db_text(&q, job);
+    err = sl_db_run(&q, sql[kind], 0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        if (rc == 1)
+            sl_db_copy_text(&q, 0, other, len);
+        err = rc == 1 ? SL_EEXIST : rc;
+    }
+    sl_db_end(&q);
+    return err;
+}
+
+int sl_cat_unreachable(const sl_cat *cat)
+{
+    return cat && cat->eng->unreachable ? cat->eng->unreachable(cat) : 0;
 }
 
 int sl_cat_shared(const sl_cat *cat)

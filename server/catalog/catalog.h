@@ -82,6 +82,31 @@ void sl_cat_describe(const sl_cat *cat, char *buf, size_t len);
  * replicas to ask sets it). */
 int sl_cat_meta_claim(sl_cat *cat, const char *key, const char *value, char *out, size_t len);
 
+/* The value of catalog_meta's `key` into out: 0, SL_ENOTFOUND if it has none, or a catalog
+ * error. Loop thread. */
+int sl_cat_meta_get(sl_cat *cat, const char *key, char *out, size_t len);
+
+/* Names that differ only in case (ASCII) are one name: jobs' and checkpoints' names become
+ * directories and files in the store, and datasets' names files, which collide on a
+ * case-insensitive filesystem (and confuse people anyway). A name is refused when another of
+ * its kind equals it but for case: a dataset's among datasets, a job's among feed jobs and the
+ * jobs of checkpoints (they share checkpoints/<job>), a checkpoint's among its job's. The
+ * creating calls (sl_cat_dataset_create, sl_cat_job_create, sl_cat_ckpt_begin) check it in their
+ * transaction and return SL_EEXIST; this tells which name they met. Inside a transaction it also
+ * makes the replicas of a shared catalog that create names take turns until it ends. */
+enum { SL_CAT_NAME_DATASET = 1, SL_CAT_NAME_JOB = 2, SL_CAT_NAME_CKPT = 3 };
+/* The existing name of `kind` (a checkpoint's within `job`; job is unused otherwise) that
+ * equals `name` but for case, into other: SL_EEXIST when there is one, 0 when there is none, or
+ * a catalog error. Loop thread. */
+int sl_cat_name_clash(sl_cat *cat, int kind, const char *job, const char *name, char *other,
+                      size_t len);
+
+/* Whether the catalog server has answered nothing for at least the catalog timeout: every
+ * statement and reconnect since then failed to reach it (PostgreSQL; a statement that timed out
+ * counts from when it was sent). 0 again from its first answer (a statement, or the background
+ * reconnect, which tries every second). Always 0 with SQLite. Loop thread. */
+int sl_cat_unreachable(const sl_cat *cat);
+
 /* Whether several replicas may share this catalog (PostgreSQL): their in-memory state then has
  * to follow what the others write (sl_cat_listen). */
 int sl_cat_shared(const sl_cat *cat);

@@ -122,6 +122,10 @@ int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *j
                          "commit_claim_ms = 0 WHERE id = ?1",
                          0, NULL);
     } else {
+        char other[SL_CAT_FEED_NAME_MAX + 1];
+        if ((err = sl_cat_name_clash(cat, SL_CAT_NAME_JOB, NULL, job, other, sizeof(other))) ||
+            (err = sl_cat_name_clash(cat, SL_CAT_NAME_CKPT, job, name, other, sizeof(other))))
+            return err;
         sl_db_q_init(&q, cat, "ckpt_insert");
         sl_db_text(&q, job);
         sl_db_text(&q, name);

@@ -53,7 +53,9 @@ const char *sl_cat_ckpt_state_name(int state);
 /* Create checkpoint (job, name) in state WRITING, or return the existing one: *created says
  * which. An existing INCOMPLETE checkpoint is reopened (WRITING, new world size and metadata).
  * Returns SL_EEXIST (and the existing one in *out) if it exists WRITING or COMPLETE with another
- * world size or step. */
+ * world size or step; SL_EEXIST (and *out untouched) when a new one's job equals another job's
+ * name but for case, or its name another checkpoint's of the job (sl_cat_name_clash says
+ * which). */
 int sl_cat_ckpt_begin(sl_cat *cat, sl_cat_ckpt *out, int *created, const char *job,
                       const char *name, uint64_t step, int32_t world_size, const char *user_md,
                       int64_t now_ms);

@@ -87,6 +87,9 @@ typedef struct sl_db_engine {
     const char *const *migrations; /* the DDL of migration 1 .. n, in this engine's dialect */
     int n_migrations;
     const char *migrate_lock; /* a statement that serializes migrations between processes */
+    /* A statement that serializes, until the transaction ends, the processes that create
+     * names (sl_cat_name_clash); NULL where a write transaction already excludes the others. */
+    const char *name_lock;
     int (*script)(sl_cat *cat, const char *sql, const char *op); /* several statements */
     int (*run)(sl_db_q *q, const char *sql, int constraint_err);
     int (*next)(sl_db_q *q);
@@ -106,6 +109,7 @@ typedef struct sl_db_engine {
     int (*listen)(sl_cat *cat, struct uv_loop_s *loop, sl_cat_notify_fn fn, void *arg);
     void (*unlisten)(sl_cat *cat);
     int (*chore)(sl_cat *cat, int id, int how); /* 1: try the lock, 2: wait for it, 0: release */
+    int (*unreachable)(const sl_cat *cat);      /* sl_cat_unreachable */
     void (*close)(sl_cat *cat);
 } sl_db_engine;
 

@@ -32,15 +32,23 @@ static void read_dataset(sl_cat_dataset *out, sl_db_q *q)
 
 int sl_cat_dataset_create(sl_cat *cat, const char *name, uint64_t samples, int64_t now_ms)
 {
+    char other[SL_CAT_FEED_NAME_MAX + 1];
     sl_db_q q;
+    int err = sl_db_tx_begin(cat);
 
-    sl_db_q_init(&q, cat, "dataset_create");
-    sl_db_text(&q, name);
-    sl_db_int(&q, (int64_t)samples);
-    sl_db_int(&q, now_ms);
-    return sl_db_exec(&q,
-                      "INSERT INTO feed_datasets(name, samples, created_ms) VALUES (?1, ?2, ?3)",
-                      SL_EEXIST, NULL);
+    if (err)
+        return err;
+    if ((err = sl_cat_name_clash(cat, SL_CAT_NAME_DATASET, NULL, name, other, sizeof(other))) ==
+        0) {
+        sl_db_q_init(&q, cat, "dataset_create");
+        sl_db_text(&q, name);
+        sl_db_int(&q, (int64_t)samples);
+        sl_db_int(&q, now_ms);
+        err = sl_db_exec(&q,
+                         "INSERT INTO feed_datasets(name, samples, created_ms) VALUES (?1, ?2, ?3)",
+                         SL_EEXIST, NULL);
+    }
+    return sl_db_tx_end(cat, err);
 }
 
 int sl_cat_dataset_get(sl_cat *cat, sl_cat_dataset *out, const char *name)
@@ -118,12 +126,16 @@ int sl_cat_dataset_delete(sl_cat *cat, const char *name)
     return dataset_write(&q, "DELETE FROM feed_datasets WHERE name = ?1", SL_ESTATE);
 }
 
-int sl_cat_job_create(sl_cat *cat, const sl_cat_job *job)
+/* The job's row, its dataset and its name checked first. */
+static int job_insert(sl_cat *cat, const sl_cat_job *job)
 {
+    char other[SL_CAT_FEED_NAME_MAX + 1];
     sl_cat_dataset d;
     sl_db_q q;
     int err = sl_cat_dataset_get(cat, &d, job->dataset);
 
+    if (!err)
+        err = sl_cat_name_clash(cat, SL_CAT_NAME_JOB, NULL, job->name, other, sizeof(other));
     if (err)
         return err;
     sl_db_q_init(&q, cat, "job_create");
@@ -132,11 +144,22 @@ int sl_cat_job_create(sl_cat *cat, const sl_cat_job *job)
     sl_db_blob(&q, job->spec, job->spec_len);
     sl_db_int(&q, job->world_size);
     sl_db_int(&q, job->created_ms);
-    err = sl_db_exec(&q,
-                     "INSERT INTO feed_jobs(name, dataset, spec, world_size, epoch, created_ms) "
-                     "VALUES (?1, ?2, ?3, ?4, 0, ?5)",
-                     SL_EEXIST, NULL);
-    return err ? err : sl_db_announce(cat, 'j', job->name);
+    return sl_db_exec(&q,
+                      "INSERT INTO feed_jobs(name, dataset, spec, world_size, epoch, created_ms) "
+                      "VALUES (?1, ?2, ?3, ?4, 0, ?5)",
+                      SL_EEXIST, NULL);
+}
+
+int sl_cat_job_create(sl_cat *cat, const sl_cat_job *job)
+{
+    int err = sl_db_tx_begin(cat);
+
+    if (err)
+        return err;
+    err = job_insert(cat, job);
+    if (!err)
+        err = sl_db_announce(cat, 'j', job->name);
+    return sl_db_tx_end(cat, err);
 }
 
 /* Call fn for each job row `q` (run with JOB_COLS) yields; *rows counts them. */

@@ -33,7 +33,8 @@ typedef struct sl_cat_dataset {
     uint32_t classes; /* 1 + the largest class id in the labels (0 without labels) */
 } sl_cat_dataset;
 
-/* Insert a dataset without lengths. SL_EEXIST if the name is taken. */
+/* Insert a dataset without lengths. SL_EEXIST if the name is taken, or another dataset's equals
+ * it but for case (sl_cat_name_clash says which). */
 int sl_cat_dataset_create(sl_cat *cat, const char *name, uint64_t samples, int64_t now_ms);
 
 /* Look a dataset up. SL_ENOTFOUND if absent. */
@@ -66,7 +67,8 @@ typedef struct sl_cat_job {
     uint64_t version; /* changes of the spec other than epoch advances (resize, restore) */
 } sl_cat_job;
 
-/* Insert a job at epoch 0. SL_EEXIST if the name is taken, SL_ENOTFOUND if the dataset is not. */
+/* Insert a job at epoch 0. SL_EEXIST if the name is taken or a job's (feed or checkpoints')
+ * equals it but for case (sl_cat_name_clash says which), SL_ENOTFOUND if the dataset is not. */
 int sl_cat_job_create(sl_cat *cat, const sl_cat_job *job);
 
 /* Call fn for every job in name order; a nonzero return stops and is returned. */

@@ -27,9 +27,10 @@ typedef struct sl_ckpt_opts {
     uint64_t max_shard_bytes;   /* largest shard accepted, data bytes (RESOURCE_EXHAUSTED) */
     uint64_t upload_timeout_ms; /* partial uploads untouched this long are removed */
     uint64_t upload_memory;     /* upload chunks held in memory by all uploads together */
-    /* The data dir's LOCK file, open and locked by the caller, or -1. While <data dir>/LOCK is
-     * still this file the sweeps run; once it is not (the data dir was removed or replaced under
-     * the daemon), they stop for good, since the files there are no longer this catalog's. */
+    /* The data dir itself, open (and locked) by the caller, or -1. While the data dir's path
+     * still names this directory the sweeps run; once it does not (the data dir was removed or
+     * replaced under the daemon), they stop for good, since the files there are no longer this
+     * catalog's. */
     int lock_fd;
     /* Deep-verify shard hash jobs on the worker pool at once, all Verify calls together, so
      * that uploads always find workers; more wait their turn. 0 means 2. */

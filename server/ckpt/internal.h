@@ -54,7 +54,7 @@ struct sl_ckpt_svc {
     uv_loop_t *loop;
     sl_cat *cat;
     sl_ckpt_opts opts;
-    char data_dir[PATH_MAX]; /* holds LOCK (sl_ckpt_opts.lock_fd) */
+    char data_dir[PATH_MAX]; /* the directory sl_ckpt_opts.lock_fd holds */
     sl_rpc_service svc;
     upload *uploads;   /* registered uploads (OPENING .. FAILING) */
     uint64_t mem_held; /* bytes of upload chunks in memory, all uploads */

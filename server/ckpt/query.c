@@ -15,6 +15,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A Begin refused because its job or checkpoint name equals another but for case: answers
+ * ALREADY_EXISTS naming both and returns 1, else 0 (the refusal was another one). */
+static int begin_case_clash(sl_ckpt_svc *s, sl_rpc_call *call, const char *job, const char *name)
+{
+    char other[SL_CAT_FEED_NAME_MAX + 1];
+
+    if (sl_cat_name_clash(s->cat, SL_CAT_NAME_JOB, NULL, job, other, sizeof(other)) == SL_EEXIST)
+        sl_rpc_call_fail(call, SL_EEXIST,
+                         "job '%s' differs only in case from the existing job '%s' (names are "
+                         "case-insensitive)",
+                         job, other);
+    else if (sl_cat_name_clash(s->cat, SL_CAT_NAME_CKPT, job, name, other, sizeof(other)) ==
+             SL_EEXIST)
+        sl_rpc_call_fail(call, SL_EEXIST,
+                         "checkpoint %s/%s differs only in case from the existing checkpoint "
+                         "%s/%s (names are case-insensitive)",
+                         job, name, job, other);
+    else
+        return 0;
+    return 1;
+}
+
 void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
 {
     const Sluice__V1__BeginRequest *req = (const void *)msg;
@@ -48,6 +70,8 @@ void ckpt_begin(sl_rpc_call *call, const ProtobufCMessage *msg, void *arg)
     }
     err = sl_cat_ckpt_begin_bound(s->cat, &ck, &created, req->job, name, req->step, req->world_size,
                                   req->user_metadata, sl_now_ms(), feed_job, req->auto_commit);
+    if (err == SL_EEXIST && begin_case_clash(s, call, req->job, name))
+        return;
     if (err == SL_EEXIST) {
         sl_rpc_call_fail(call, err,
                          "checkpoint %s/%s exists (%s) with world_size %d and step %" PRIu64

@@ -130,20 +130,18 @@ static int verdict(const char *job, const char *file, int64_t mtime_ms, void *ar
     }
 }
 
-/* Whether the data dir is still the one whose LOCK the daemon holds: 1, 0, or -1 if it cannot
- * tell now. If it was removed (and perhaps made again for another daemon), the files at its path
- * are not in this daemon's catalog and a sweep would remove them: found when a daemon left
+/* Whether the data dir is still the directory the daemon opened and locked: 1, 0, or -1 if it
+ * cannot tell now. If it was removed (and perhaps made again for another daemon), the files at its
+ * path are not in this daemon's catalog and a sweep would remove them: found when a daemon left
  * running on a removed data dir deleted a new daemon's partial uploads every 60 s
  * (tests/bench/soak.c, docs/hardening.md). */
 static int data_dir_held(const sl_ckpt_svc *s)
 {
-    char path[PATH_MAX + 8];
     int held;
 
     if (s->opts.lock_fd < 0)
         return 1;
-    snprintf(path, sizeof(path), "%s/LOCK", s->data_dir);
-    held = sl_store_same_file(s->opts.lock_fd, path);
+    held = sl_store_same_file(s->opts.lock_fd, s->data_dir);
     return held < 0 ? -1 : held;
 }
 

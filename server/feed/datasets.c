@@ -73,7 +73,15 @@ static void create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     }
     err = sl_cat_dataset_create(f->cat, req->name, req->samples, sl_now_ms());
     if (err == SL_EEXIST) {
-        sl_rpc_call_fail(call, err, "dataset '%s' already exists", req->name);
+        char other[SL_CAT_FEED_NAME_MAX + 1];
+        if (sl_cat_name_clash(f->cat, SL_CAT_NAME_DATASET, NULL, req->name, other, sizeof(other)) ==
+            SL_EEXIST)
+            sl_rpc_call_fail(call, err,
+                             "dataset '%s' differs only in case from the existing dataset '%s' "
+                             "(names are case-insensitive)",
+                             req->name, other);
+        else
+            sl_rpc_call_fail(call, err, "dataset '%s' already exists", req->name);
         return;
     }
     if (err) {

@@ -205,9 +205,20 @@ static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     row.world_size = in->world_size;
     row.created_ms = sl_now_ms();
     err = sl_cat_job_create(f->cat, &row);
+    if (err == SL_EEXIST) {
+        char other[SL_CAT_FEED_NAME_MAX + 1];
+        if (sl_cat_name_clash(f->cat, SL_CAT_NAME_JOB, NULL, in->name, other, sizeof(other)) ==
+            SL_EEXIST)
+            snprintf(msg, sizeof(msg),
+                     "job '%s' differs only in case from the existing job '%s' (names are "
+                     "case-insensitive)",
+                     in->name, other);
+        else
+            snprintf(msg, sizeof(msg), "job '%s': already exists", in->name);
+        goto fail;
+    }
     if (err) {
-        snprintf(msg, sizeof(msg), "job '%s': %s", in->name,
-                 err == SL_EEXIST ? "already exists" : sl_strerror(err));
+        snprintf(msg, sizeof(msg), "job '%s': %s", in->name, sl_strerror(err));
         goto fail;
     }
     err = feed_job_add(f, &j, in->name, in->dataset, spec, d.samples, 0, row.created_ms, NULL, 0,

@@ -12,6 +12,7 @@ Symbolic links planted in the data dir are never followed (issue 13; server/stor
 linked job directory, a link at a `.part`, `.metadata.json.tmp` or lengths temp file's name, a
 linked shard, a link at the quarantine directory or a batch directory's name, at catalog.db-wal or
 catalog.db-shm. A data dir writable by other users is refused unless --allow-shared-data-dir.
+The data dir's lock holds even when its LOCK file is removed (issue 25).
 """
 import hashlib
 import os
@@ -368,6 +369,38 @@ class QuarantineLinksTest(unittest.TestCase):
                                                         "checkpoints", "j"))), self.files)
         self.assertEqual(os.listdir(self.job_dir), [])
         self.assertEqual(self.d.sanitizer_reports(), [], self.d.log())
+
+
+class LockRemovedTest(unittest.TestCase):
+    """The data dir's lock is taken on the directory itself (flock on its descriptor) as well
+    as on LOCK: removing LOCK does not let a second daemon in (issue 25), and the first daemon
+    goes on sweeping, since its data dir is still the one it locked."""
+
+    def test_removing_lock_lets_no_second_daemon_in(self):
+        tmp = tempfile.TemporaryDirectory(prefix="sluice-test-")
+        self.addCleanup(tmp.cleanup)
+        data_dir = os.path.join(tmp.name, "data")
+        # Sweeps every second (half the upload timeout).
+        first = Daemon(data_dir=data_dir, catalog="sqlite", args=["--upload-timeout", "2"])
+        self.addCleanup(first.cleanup)
+        first.start()
+        os.unlink(os.path.join(data_dir, "LOCK"))
+        second = Daemon(data_dir=data_dir, catalog="sqlite")
+        self.addCleanup(second.cleanup)
+        with self.assertRaises(RuntimeError) as e:
+            second.start()
+        self.assertIn("data_dir_locked", str(e.exception))
+        self.assertIn("lock=dir", str(e.exception))
+        second.stop()
+        time.sleep(2.5)  # two sweeps of the first daemon
+        self.assertNotIn("data_dir_replaced", first.log())
+        self.assertEqual(first.stop(), 0, first.log())
+        self.assertEqual(first.sanitizer_reports(), [], first.log())
+        # Once the first is gone, a daemon starts there again (and makes LOCK anew).
+        second.start()
+        self.assertTrue(os.path.exists(os.path.join(data_dir, "LOCK")))
+        self.assertEqual(second.stop(), 0, second.log())
+        self.assertEqual(second.sanitizer_reports(), [], second.log())
 
 
 class SharedDataDirTest(unittest.TestCase):

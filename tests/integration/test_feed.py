@@ -29,6 +29,49 @@ def share(client, job, rank, **kw):
     return epoch, start, out
 
 
+class NameCaseTest(DaemonClientTest):
+    """Names that differ only in case are one name (issue 25): their directories and files
+    would collide on a case-insensitive filesystem. The second is refused ALREADY_EXISTS naming
+    both; the exact name behaves as before."""
+
+    def test_names_differing_in_case_are_refused(self):
+        from sluice.checkpoint import Checkpoints
+        self.c.create_dataset("Images", 10)
+        code, msg = self.code(self.c.create_dataset, "images", 10)
+        self.assertEqual(code, grpc.StatusCode.ALREADY_EXISTS)
+        self.assertIn("'images'", msg)
+        self.assertIn("'Images'", msg)
+        code, msg = self.code(self.c.create_dataset, "Images", 10)
+        self.assertEqual((code, msg), (grpc.StatusCode.ALREADY_EXISTS,
+                                       "dataset 'Images' already exists"))
+        self.assertEqual([d.name for d in self.c.list_datasets()], ["Images"])
+
+        self.c.create_job("Run-1", "Images", 1)
+        code, msg = self.code(self.c.create_job, "run-1", "Images", 1)
+        self.assertEqual(code, grpc.StatusCode.ALREADY_EXISTS)
+        self.assertIn("'run-1' differs only in case from the existing job 'Run-1'", msg)
+
+        with Checkpoints(self.d.addr) as ck:
+            # A checkpoint's job shares checkpoints/<job> with the feed job of that name.
+            code, msg = self.code(ck.begin, "RUN-1", "c", world_size=1, no_feed=True)
+            self.assertEqual(code, grpc.StatusCode.ALREADY_EXISTS)
+            self.assertIn("'RUN-1' differs only in case from the existing job 'Run-1'", msg)
+            ck.begin("Run-1", "Step_1", world_size=1)
+            code, msg = self.code(ck.begin, "Run-1", "step_1", world_size=1)
+            self.assertEqual(code, grpc.StatusCode.ALREADY_EXISTS)
+            self.assertIn("Run-1/step_1 differs only in case from the existing checkpoint "
+                          "Run-1/Step_1", msg)
+            self.assertEqual(ck.begin("Run-1", "Step_1", world_size=1).name, "Step_1")
+            # Checkpoints of a job with no feed job claim its name too.
+            ck.begin("solo", "a", world_size=1, no_feed=True)
+            code, msg = self.code(self.c.create_job, "SOLO", "Images", 1)
+            self.assertEqual(code, grpc.StatusCode.ALREADY_EXISTS)
+            self.assertIn("'SOLO' differs only in case from the existing job 'solo'", msg)
+        # Other names stay free: the same letters in another kind, other names altogether.
+        self.c.create_dataset("run-1", 5)
+        self.c.create_job("Run-2", "Images", 1)
+
+
 class FeedTest(DaemonClientTest):
 
     # ---- datasets and jobs ----

@@ -554,6 +554,38 @@ class PgFaultTest(ReplicaBase):
         for c in self.cs:
             wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 60, 5, "position 60")
 
+    def health(self, i):
+        from sluice._health import health_pb2 as hp
+        check = self.cs[i].channel.unary_unary("/grpc.health.v1.Health/Check")
+        r = check(hp.HealthCheckRequest().SerializeToString(), timeout=5)
+        return hp.HealthCheckResponse.ServingStatus.Name(
+            hp.HealthCheckResponse.FromString(r).status)
+
+    def test_health_follows_the_catalog(self):
+        # While the catalog server answers nothing for the catalog timeout (2 s here), every
+        # call that needs it fails: health says NOT_SERVING, on a replica that made calls and on
+        # idle ones (their 5 s gauge refresh meets the frozen server), and SERVING again once
+        # the server answers.
+        self.cs[0].create_dataset("ds", 30)
+        for i in range(REPLICAS):
+            wait_for(lambda i=i: self.health(i) == "SERVING", 5, "replica %d serving" % i)
+        self.pg.freeze()
+        try:
+            self.assertEqual(self.unavailable_or_ok(lambda: self.cs[0].create_dataset("d", 5)),
+                             "unavailable")
+            wait_for(lambda: self.health(0) == "NOT_SERVING", 2.5,
+                     "replica 0 NOT_SERVING after a call timed out")
+            for i in range(1, REPLICAS):
+                wait_for(lambda i=i: self.health(i) == "NOT_SERVING", 10,
+                         "idle replica %d NOT_SERVING" % i)
+            self.assertIn("event=catalog_down", self.ds[1].log())
+        finally:
+            self.pg.thaw()
+        for i in range(REPLICAS):
+            wait_for(lambda i=i: self.health(i) == "SERVING", 10, "replica %d serving again" % i)
+        self.assertIn("event=catalog_up", self.ds[0].log())
+        self.cs[1].create_dataset("after", 5)
+
     def test_loop_serves_while_a_statement_waits(self):
         # A statement waits for the catalog server in the catalog lane, not on the loop thread:
         # while a CreateJob waits for a frozen server (up to the catalog timeout, 2 s here), the
@@ -610,6 +642,78 @@ class PgFaultTest(ReplicaBase):
             "replica 1 to reconnect")
         for c in self.cs:
             wait_for(lambda c=c: c.get_epoch("job").ranks[0].position == 90, 5, "position 90")
+
+
+class StartTogetherTest(PgTestCase):
+    ROUNDS = 20
+
+    def test_replicas_started_together_all_serve(self):
+        # Three replicas started at the same instant on a fresh catalog and a fresh data dir,
+        # 20 times over: every one serves, every time (one of them writes CATALOG-ID, the others
+        # wait for it instead of refusing a dir that lacks it yet). Each round empties the
+        # database (a new one costs more than a round) and removes the data dir.
+        import shutil
+        with tempfile.TemporaryDirectory(prefix="sluice-together-") as tmp:
+            data = os.path.join(tmp, "data")
+            ds = [Daemon(data_dir=data, catalog="postgresql", pg=self.pg, replicas=1,
+                         args=["--replica-id", "r%d" % i]) for i in range(REPLICAS)]
+            db = ds[0].pg_db
+            for rnd in range(self.ROUNDS):
+                shutil.rmtree(data, ignore_errors=True)
+                self.pg.psql("DROP SCHEMA public CASCADE; CREATE SCHEMA public", db)
+                try:
+                    try:
+                        Daemon.start_together(ds)
+                    except RuntimeError as e:
+                        self.fail("round %d: %s" % (rnd, e))
+                    with Client(ds[0].addr) as c:
+                        c.create_dataset("ds", 10)
+                    for d in ds:
+                        with Client(d.addr) as c:
+                            self.assertEqual(c.get_dataset("ds").samples, 10)
+                    with open(os.path.join(data, "CATALOG-ID")) as f:
+                        token = f.read().strip()
+                    self.assertEqual(self.pg.psql("SELECT value FROM catalog_meta WHERE key "
+                                                  "LIKE 'data_dir_token%' ORDER BY key", db),
+                                     [[token], [token]])
+                finally:
+                    rcs = [d.stop() for d in ds]
+                for d, rc in zip(ds, rcs):
+                    self.assertIn(rc, (0, None), "round %d:\n%s" % (rnd, d.log()[-3000:]))
+                    self.assertEqual(d.sanitizer_reports(), [], d.log()[-3000:])
+                    os.unlink(d.stderr_path)
+
+
+    def test_claimer_died_before_writing(self):
+        # The replica whose token the catalog took died before it wrote CATALOG-ID (the catalog
+        # has the token, nobody recorded the file written): the next replica waits 10 s for the
+        # file, then writes the catalog's token itself and serves.
+        with tempfile.TemporaryDirectory(prefix="sluice-together-") as tmp:
+            data = os.path.join(tmp, "data")
+            d = Daemon(data_dir=data, catalog="postgresql", pg=self.pg, replicas=1)
+            d.start()
+            self.assertEqual(d.stop(), 0, d.log())
+            db = d.pg_db
+            self.pg.psql("DELETE FROM catalog_meta WHERE key = 'data_dir_token_written'; "
+                         "UPDATE catalog_meta SET value = 'feedc0de' "
+                         "WHERE key = 'data_dir_token'", db)
+            os.unlink(os.path.join(data, "CATALOG-ID"))
+            t0 = time.monotonic()
+            d.start(timeout=30)
+            try:
+                self.assertGreater(time.monotonic() - t0, 9)
+                self.assertIn("event=data_dir_id_wait", d.log())
+                self.assertIn("event=data_dir_id_taken_over", d.log())
+                with open(os.path.join(data, "CATALOG-ID")) as f:
+                    self.assertEqual(f.read(), "feedc0de\n")
+                self.assertEqual(self.pg.psql("SELECT value FROM catalog_meta WHERE key = "
+                                              "'data_dir_token_written'", db), [["feedc0de"]])
+                with Client(d.addr) as c:
+                    c.create_dataset("ds", 3)
+            finally:
+                self.assertEqual(d.stop(), 0, d.log())
+            self.assertEqual(d.sanitizer_reports(), [], d.log())
+            self.assertEqual([n for n in os.listdir(data) if n.startswith(".CATALOG-ID")], [])
 
 
 class IdentityTest(ReplicaBase):

@@ -251,6 +251,22 @@ class Daemon:
                 d._start(timeout)
         return self
 
+    @staticmethod
+    def start_together(daemons, timeout=20.0):
+        """Start the processes of `daemons` (one replica each) at once, as a StatefulSet with
+        parallel pod management does, then wait until each listens; the first failure raises
+        after every process was started."""
+        for d in daemons:
+            d._launch()
+        errors = []
+        for d in daemons:
+            try:
+                d._await(timeout)
+            except RuntimeError as e:
+                errors.append(str(e))
+        if errors:
+            raise RuntimeError("\n".join(errors))
+
     def _start(self, timeout):
         if self.stable_port and self.port is None and not self._pinned:
             # Below the kernel's ephemeral range; another test may take the port first: retry.
@@ -265,6 +281,11 @@ class Daemon:
         return self._start_once(timeout)
 
     def _start_once(self, timeout):
+        self._launch()
+        return self._await(timeout)
+
+    def _launch(self):
+        """Start the process; _await waits until it listens."""
         if os.path.exists(self.port_file):
             os.unlink(self.port_file)
         self.signalled = False
@@ -277,6 +298,8 @@ class Daemon:
             self._pinned = None
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._err,
                                      env=self.env)
+
+    def _await(self, timeout):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -27,6 +27,7 @@ void sl_pg_unreachable(pg *p)
 {
     char where[512], msg[512];
 
+    sl_pg_down(p, mono_ms());
     sl_pg_where(p->conn, where, sizeof(where));
     sl_db_pg_clean(msg, sizeof(msg), PQerrorMessage(p->conn));
     sl_log_limited(SL_LOG_WARN, 1000, "catalog_unreachable", "engine=postgresql %s msg=\"%s\"",
@@ -190,6 +191,7 @@ static void reset_step(sl_cat *cat)
     if (st == PGRES_POLLING_OK) {
         p->resetting = 0;
         p->stalled = 0;
+        sl_pg_up(p);
         sl_pg_forget_prepared(p);
         uv_timer_stop(p->reconnect);
         sl_pg_where(p->conn, where, sizeof(where));
@@ -226,6 +228,7 @@ static void on_reconnect(uv_timer_t *t)
         close_handle((uv_handle_t *)p->poll);
         p->poll = NULL;
         p->resetting = 0;
+        sl_pg_down(p, p->reset_ms);
         sl_pg_unreachable(p);
     }
     if (PQstatus(p->conn) == CONNECTION_OK && !p->stalled) {

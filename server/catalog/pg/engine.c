@@ -27,6 +27,8 @@
 
 /* Any constant: the advisory lock that serializes migrations of daemons starting at once. */
 #define MIGRATE_LOCK "SELECT pg_advisory_xact_lock(5193041203)"
+/* Another: replicas creating names that differ only in case take turns (sl_cat_name_clash). */
+#define NAME_LOCK "SELECT pg_advisory_xact_lock(5193041204)"
 
 /* How long one statement (or one reconnect) may go unanswered, in ms: the daemon's
  * --catalog-timeout, the same for all its connections. */
@@ -68,6 +70,8 @@ static int fail(sl_cat *cat, const PGresult *res, const char *op, int constraint
 
     if (err == constraint_err && constraint_err)
         return err;
+    if (err == SL_ECATDOWN)
+        sl_pg_down(PG(cat), mono_ms());
     sl_db_pg_clean(line, sizeof(line), msg);
     sl_db_count_error(cat);
     sl_pg_where(c, where, sizeof(where));
@@ -91,6 +95,7 @@ static int ready(sl_cat *cat)
     /* While listening, the loop makes the connection again in the background (on_reconnect):
      * statements meanwhile are answered at once. */
     if (p->in_tx || p->loop) {
+        sl_pg_down(p, mono_ms());
         sl_pg_listen_lost(p);
         return SL_ECATDOWN;
     }
@@ -101,6 +106,7 @@ static int ready(sl_cat *cat)
         return SL_ECATDOWN;
     }
     p->stalled = 0;
+    sl_pg_up(p);
     sl_pg_forget_prepared(p);
     sl_log_info("catalog_reconnected", "engine=postgresql %s", where);
     return 0;
@@ -166,6 +172,8 @@ static PGresult *await(sl_cat *cat, int *late, const char *op)
         }
         if (!(r = PQgetResult(c)))
             return keep;
+        if (PQstatus(c) == CONNECTION_OK)
+            sl_pg_up(PG(cat)); /* an answer, if only an error */
         if (!keep ||
             (PQresultStatus(keep) != PGRES_FATAL_ERROR && PQresultStatus(r) == PGRES_FATAL_ERROR)) {
             PQclear(keep);
@@ -190,6 +198,9 @@ static int timed_out(sl_cat *cat, const char *op)
     char where[512];
 
     p->stalled = 1;
+    /* Since the statement was sent. */
+    sl_pg_down(p,
+               mono_ms() > (uint64_t)sl_pg_timeout_ms ? mono_ms() - (uint64_t)sl_pg_timeout_ms : 1);
     sl_db_count_error(cat);
     sl_pg_where(p->conn, where, sizeof(where));
     sl_log_error("catalog_timeout", "engine=postgresql op=%s after_ms=%d %s", op, sl_pg_timeout_ms,
@@ -428,6 +439,15 @@ static const char *problem(const sl_cat *cat)
     return NULL;
 }
 
+/* Unreachable once nothing sent for the catalog timeout got an answer: a statement that timed
+ * out counts from when it was sent, a refused connection from when it was refused. */
+static int unreachable(const sl_cat *cat)
+{
+    const pg *p = PG(cat);
+
+    return p->down_ms && mono_ms() - p->down_ms >= (uint64_t)sl_pg_timeout_ms;
+}
+
 static void describe(const sl_cat *cat, char *buf, size_t len)
 {
     char where[512];
@@ -516,6 +536,7 @@ const sl_db_engine sl_db_pg = {
     .migrations = sl_db_pg_migrations,
     .n_migrations = SL_DB_PG_MIGRATIONS,
     .migrate_lock = MIGRATE_LOCK,
+    .name_lock = NAME_LOCK,
     .script = sl_pg_script,
     .run = run,
     .next = next,
@@ -530,6 +551,7 @@ const sl_db_engine sl_db_pg = {
     .copy = copy,
     .problem = problem,
     .describe = describe,
+    .unreachable = unreachable,
     .announce = announce,
     .listen = pg_listen,
     .unlisten = sl_pg_unlisten,

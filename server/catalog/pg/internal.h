@@ -45,6 +45,9 @@ typedef struct pg {
     int resetting;     /* the connection is being made again (PQresetStart .. PQresetPoll) */
     int stalled;       /* a statement went unanswered: the connection is given up */
     uint64_t reset_ms; /* when `resetting` began (mono_ms) */
+    /* Since when (mono_ms) the server has answered nothing: the start of the first statement or
+     * reconnect that failed to reach it since its last answer; 0 while it answers. */
+    uint64_t down_ms;
 } pg;
 
 #define PG(cat) ((pg *)(cat)->conn)
@@ -55,6 +58,20 @@ extern int sl_pg_timeout_ms;
 static inline uint64_t mono_ms(void)
 {
     return sl_mono_ns() / 1000000;
+}
+
+/* The server failed to answer what was sent at `since` (mono_ms): unreachable from then on,
+ * unless it already was. */
+static inline void sl_pg_down(pg *p, uint64_t since)
+{
+    if (!p->down_ms)
+        p->down_ms = since ? since : 1;
+}
+
+/* The server answered. */
+static inline void sl_pg_up(pg *p)
+{
+    p->down_ms = 0;
 }
 
 /* engine.c (above conn.c: it calls conn.c, never the other way) */

@@ -482,6 +482,7 @@ const sl_db_engine sl_db_sqlite = {
     .migrations = migrations,
     .n_migrations = (int)(sizeof(migrations) / sizeof(migrations[0])),
     .migrate_lock = NULL, /* BEGIN IMMEDIATE takes the file's write lock */
+    .name_lock = NULL,
     .script = script,
     .run = run,
     .next = next,
