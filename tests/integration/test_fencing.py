@@ -237,6 +237,39 @@ class FencingTest(FencingBase):
         self.assert_intact("job", "k", [data])
 
 
+class S3FencingTest(FencingBase):
+    """The same with the shards in one bucket and prefix (the test process's s3rver behind its
+    FaultProxy) instead of one directory."""
+
+    def replica(self, i, args=()):
+        from sltest import Daemon
+        return Daemon(data_dir=self.data, catalog="postgresql", pg=self.pg, store="s3",
+                      args=["--replica-id", "r%d" % i, "--upload-lease", "4", "--s3-part-size",
+                            str(5 * MiB)] + list(args))
+
+    def test_paused_holder_resumed_after_takeover_s3(self):
+        # Replica 0 has stored the first part's data (the head) and is paused; replica 1 takes
+        # over at once from the stored prefix and completes the multipart upload only after the
+        # catalog recorded it; replica 0, resumed, records nothing and completes nothing.
+        data = os.urandom(12 * MiB)
+        self.ks[0].begin("job", "p", 1, 1, auto_commit=True)
+        src, errs, t = self.held_upload(self.ks[0], "job", "p", 0, data, 6 * MiB)
+        wait_for(lambda: self.ks[1].upload_status("job", "p", 0).held_bytes > 0, 20,
+                 "replica 0 to store the head")
+        os.kill(self.ds[0].proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        self.ks[1].upload("job", "p", 0, data, resume=True)
+        self.assertLess(time.monotonic() - t0, 5.0, "the takeover waited for the lease")
+        wait_for(lambda: self.ks[1].get("job", "p").state == 2, 5, "COMPLETE")
+        os.kill(self.ds[0].proc.pid, signal.SIGCONT)
+        src.release.set()
+        t.join(30)
+        self.assertTrue(errs, "the paused replica's upload must fail")
+        time.sleep(2.5)  # past the paused replica's lease fence: its stop ran
+        self.assert_intact("job", "p", [data])
+        self.assertEqual(self.ks[2].upload_status("job", "p", 0).held_bytes, 0)
+
+
 @unittest.skipUnless(libfaketime(), "libfaketime is not installed (Debian: faketime)")
 class SkewedClockTest(FencingBase):
     """Replica 2's clock runs 45 s ahead. Decisions that depend on time use the catalog's."""
