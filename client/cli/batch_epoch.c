@@ -101,8 +101,8 @@ static int open_lockstep(batch_view *v, const batch_step *steps, size_t n_steps,
     if (per == 0)
         r = sl_cli_fail("batch", "the epoch's plan has no batches: nothing to redistribute");
     for (size_t k = 0; k < n_steps && !r && !err; k++) {
-        rs[k] = (sl_sample_resize){steps[k].consumed, steps[k].n_consumed, steps[k].new_replicas,
-                                   NULL, 0};
+        rs[k] = (sl_sample_resize){
+            steps[k].consumed, steps[k].n_consumed, steps[k].new_replicas, NULL, 0, false};
         if ((r = check_consumed(&steps[k], k, cap)) != 0)
             break;
         sl_sample_elastic_free(v->e);

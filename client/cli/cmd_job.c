@@ -327,7 +327,12 @@ const sl_cli_cmd sl_cli_job = {
         "       sluice job resize NAME --world-size R [--mesh DP,TP,CP,PP] [--rank-weights W,...]\n"
         "\n"
         "Manage training jobs (sluice.v1.Jobs). Resizing mid-epoch redistributes the rest of the\n"
-        "epoch over the new world exactly once.\n"
+        "epoch over the new world, no sample twice, in equal counts per dp rank (DDP ranks take\n"
+        "the same number of steps whatever their batch size; no batch size is needed): with\n"
+        "drop_last the rest is cut to a multiple of the new dp world (fewer than R samples left\n"
+        "out: Epochs.Get's left_out counts them, 'sluice sample --left-out' lists them),\n"
+        "otherwise padded by repeating its first samples. With --rank-weights the counts\n"
+        "follow the weights.\n"
         "\n"
         "Options:\n",
 };

@@ -35,6 +35,7 @@ typedef struct sample_opts {
     int have_samples, have_new;
     const char *labels_file;
     int stratify, balance;
+    int left_out;
     weight_list rank_w, class_w;
     weight_list new_w; /* --new-rank-weights: the first resize's world */
     u64_list more[MAX_RESIZES];
@@ -242,6 +243,11 @@ static const sl_cli_opt sample_table[] = {
      "previous world read, the next world size, and\noptionally its rank weights (as "
      "--rank-weights, one per rank of R2)",
      AT(n_more), .call = set_resize},
+    {"left-out", SL_CLI_FLAG, NULL,
+     "with --consumed: print the indices the resizes left out instead of\na share (with "
+     "--drop-last each resize cuts the rest to a multiple of\nits new world, so that every rank "
+     "gets the same count; without\n--drop-last the rest is padded and nothing is left out)",
+     AT(left_out)},
     {"labels-file", SL_CLI_STR, "F", "class id of every sample, one decimal per line",
      AT(labels_file)},
     {"stratify", SL_CLI_FLAG, NULL, "stratified shares: every rank holds each class in proportion",
@@ -385,10 +391,11 @@ static int open_share(sl_sample **s, sl_sample_elastic **plan, sample_opts *o)
         sl_sample_resize steps[1 + MAX_RESIZES];
 
         steps[0] = (sl_sample_resize){o->consumed.v, o->consumed.n, (uint32_t)o->new_replicas,
-                                      o->new_w.v, o->new_w.n};
+                                      o->new_w.v,    o->new_w.n,    false};
         for (size_t k = 0; k < o->n_more; k++)
-            steps[k + 1] = (sl_sample_resize){o->more[k].v, o->more[k].n, (uint32_t)o->more_R[k],
-                                              o->more_w[k].v, o->more_w[k].n};
+            steps[k + 1] =
+                (sl_sample_resize){o->more[k].v,   o->more[k].n,   (uint32_t)o->more_R[k],
+                                   o->more_w[k].v, o->more_w[k].n, false};
         o->cfg.rank = 0;
         err = sl_sample_elastic_chain(plan, &o->cfg, steps, 1 + o->n_more, msg, sizeof(msg));
         if (!err)
@@ -431,6 +438,26 @@ static int print_share(sl_sample *s, uint64_t count, int json)
     return SL_CLI_OK;
 }
 
+/* --left-out: every index the plan's resizes left out, step by step. */
+static int print_left_out(const sl_sample_elastic *plan, int json)
+{
+    uint64_t n = sl_sample_elastic_left_out_count(plan), v;
+    int first = 1;
+
+    if (json)
+        fputc('[', stdout);
+    for (uint64_t i = 0; i < n; i++) {
+        if (sl_sample_elastic_left_out(&v, plan, i) != 0)
+            return sl_cli_fail("sample", "left out index %" PRIu64 " unavailable", i);
+        print_indices(&v, 1, json, &first);
+    }
+    if (json)
+        fputs("]\n", stdout);
+    if (fflush(stdout) != 0 || ferror(stdout))
+        return sl_cli_fail("sample", "writing the output failed");
+    return SL_CLI_OK;
+}
+
 static int sample_run(sl_cli *cli, struct sl_client *c, void *opts, int argc, char **argv)
 {
     sample_opts *o = opts;
@@ -455,9 +482,15 @@ static int sample_run(sl_cli *cli, struct sl_client *c, void *opts, int argc, ch
         fprintf(stderr, "sluice sample: --resize follows --consumed and --new-replicas\n");
         return SL_CLI_USAGE;
     }
+    if (o->left_out && !o->consumed.v) {
+        fprintf(stderr, "sluice sample: --left-out goes with --consumed and --new-replicas\n");
+        return SL_CLI_USAGE;
+    }
     if ((r = apply_classes(o)) != 0)
         return r;
-    if ((r = open_share(&s, &plan, o)) == 0) {
+    if ((r = open_share(&s, &plan, o)) == 0 && o->left_out) {
+        r = print_left_out(plan, cli->json);
+    } else if (r == 0) {
         sl_sample_seek(s, o->start);
         r = print_share(s, o->count, cli->json);
     }

@@ -67,7 +67,10 @@ static int elastic_add_level(sl_sample_elastic *e, const sl_sample_resize *st, c
     }
     lv->T = lv->off[old_R];
     lv->interleave = e->L.cfg.partition == SL_SAMPLE_INTERLEAVED;
-    lv->pad = !e->L.cfg.drop_last && e->L.cfg.partition != SL_SAMPLE_CHUNKED;
+    /* Equal counts, so that DDP ranks take the same number of steps after a resize whatever
+     * their batch size (steps recorded before this rule keep theirs: uneven). */
+    lv->pad = !e->L.cfg.drop_last && (e->L.cfg.partition != SL_SAMPLE_CHUNKED || !st->uneven);
+    lv->cut = e->L.cfg.drop_last && !st->uneven;
     if (!st->n_weights)
         return 0;
     q = malloc(st->n_weights * sizeof(*q));
@@ -182,7 +185,7 @@ int sl_sample_elastic_new(sl_sample_elastic **out, const sl_sample_config *epoch
                           const uint64_t *consumed, size_t n_consumed, uint32_t new_replicas,
                           char *msg, size_t len)
 {
-    sl_sample_resize step = {consumed, n_consumed, new_replicas, NULL, 0};
+    sl_sample_resize step = {consumed, n_consumed, new_replicas, NULL, 0, false};
 
     *out = NULL;
     if (!epoch_cfg || (n_consumed && !consumed))
@@ -198,6 +201,46 @@ uint64_t sl_sample_elastic_remaining(const sl_sample_elastic *e)
 uint32_t sl_sample_elastic_world(const sl_sample_elastic *e)
 {
     return e->lev[e->nlev - 1].new_R;
+}
+
+/* What level lv's cut leaves out: the last T mod new_R positions of its rest. */
+static uint64_t level_left_out(const elevel *lv)
+{
+    return lv->cut && !lv->woff ? lv->T % lv->new_R : 0;
+}
+
+uint64_t sl_sample_elastic_left_out_count(const sl_sample_elastic *e)
+{
+    uint64_t n = 0;
+
+    for (uint32_t k = 0; k < e->nlev; k++)
+        n += level_left_out(&e->lev[k]);
+    return n;
+}
+
+uint64_t sl_sample_elastic_padded(const sl_sample_elastic *e)
+{
+    const elevel *lv = &e->lev[e->nlev - 1];
+    uint64_t per = lv->T / lv->new_R + (lv->T % lv->new_R != 0);
+
+    return lv->pad && !lv->woff && lv->T ? per * lv->new_R - lv->T : 0;
+}
+
+int sl_sample_elastic_left_out(uint64_t *out, const sl_sample_elastic *e, uint64_t i)
+{
+    if (!out || !e)
+        return SL_EINVAL;
+    for (uint32_t k = 0; k < e->nlev; k++) {
+        const elevel *lv = &e->lev[k];
+        uint64_t n = level_left_out(lv);
+        if (i < n) {
+            /* The cut keeps positions [0, T - n) of the rest: the left out are its tail. */
+            *out = smp_rest_at(e, k, lv->T - n + i);
+            return 0;
+        }
+        i -= n;
+    }
+    return SL_EINVAL;
 }
 
 int sl_sample_new_elastic(sl_sample **out, const sl_sample_elastic *e, uint32_t new_rank, char *msg,
@@ -266,6 +309,9 @@ int sl_sample_elastic_lockstep(sl_sample_elastic **out, uint64_t *count, uint64_
         st.consumed = cons;
         st.weights = NULL; /* the units keep the sizes they were planned with */
         st.n_weights = 0;
+        /* Every rank reads the smallest count below, and a unit the others' share held beyond
+         * it stays in the rest the next resize redistributes. */
+        st.uneven = true;
         err = k == 0 ? sl_sample_elastic_chain(&next, &pc, &st, 1, msg, len)
                      : sl_sample_elastic_extend(&next, e, &st, msg, len);
         free(cons);

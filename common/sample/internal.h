@@ -208,6 +208,7 @@ typedef struct elevel {
     uint32_t old_R, new_R;
     int interleave;  /* 1: new ranks interleave over the rest; 0: contiguous pieces */
     int pad;         /* equal counts by wrapping around the rest */
+    int cut;         /* equal counts by leaving out the rest's last T mod new_R positions */
     uint64_t T;      /* the rest, before padding */
     uint64_t *start; /* [old_R]: consumed counts */
     uint64_t *off;   /* [old_R + 1]: prefix sums of the unconsumed lengths */
@@ -230,5 +231,6 @@ int smp_layout_perms(layout *L, int64_t rank);
 void smp_layout_close(layout *L);
 uint64_t smp_level_count(const elevel *lv, uint32_t s);
 uint64_t smp_level_real(const elevel *lv, uint32_t s);
+uint64_t smp_rest_at(const sl_sample_elastic *e, uint32_t k, uint64_t v);
 
 #endif

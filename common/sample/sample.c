@@ -526,6 +526,8 @@ static uint64_t level_pos(const elevel *lv, uint32_t s, uint64_t i)
         return lv->woff[s] + i;
     if (lv->interleave)
         v = s + i * lv->new_R;
+    else if (lv->cut)
+        v = s * q + i;
     else
         v = s * q + (s < rm ? s : rm) + i;
     if (v >= lv->T)
@@ -543,6 +545,8 @@ uint64_t smp_level_count(const elevel *lv, uint32_t s)
         return 0;
     if (lv->pad)
         return q + (rm != 0);
+    if (lv->cut)
+        return q;
     return q + (s < rm);
 }
 
@@ -556,13 +560,13 @@ uint64_t smp_level_real(const elevel *lv, uint32_t s)
     return lv->T / lv->new_R + (s < lv->T % lv->new_R);
 }
 
-/* Index at position i of rank s of level k's shares: down the levels to the epoch's layout. */
-static uint64_t level_at(const sl_sample_elastic *e, uint32_t k, uint32_t s, uint64_t i)
+/* Index at position v of level k's rest: down the levels to the epoch's layout. */
+uint64_t smp_rest_at(const sl_sample_elastic *e, uint32_t k, uint64_t v)
 {
     for (;;) {
         const elevel *lv = &e->lev[k];
-        uint64_t v = level_pos(lv, s, i);
         uint32_t lo = 0, hi = lv->old_R; /* off[lo] <= v < off[hi] */
+        uint64_t i;
         while (hi - lo > 1) {
             uint32_t mid = lo + (hi - lo) / 2;
             if (lv->off[mid] <= v)
@@ -571,11 +575,17 @@ static uint64_t level_at(const sl_sample_elastic *e, uint32_t k, uint32_t s, uin
                 hi = mid;
         }
         i = lv->start[lo] + (v - lv->off[lo]);
-        s = lo;
         if (k == 0)
-            return layout_at(&e->L, s, i);
+            return layout_at(&e->L, lo, i);
         k--;
+        v = level_pos(&e->lev[k], lo, i);
     }
+}
+
+/* Index at position i of rank s of level k's shares. */
+static uint64_t level_at(const sl_sample_elastic *e, uint32_t k, uint32_t s, uint64_t i)
+{
+    return smp_rest_at(e, k, level_pos(&e->lev[k], s, i));
 }
 
 int sl_sample_fill(uint64_t *out, const sl_sample *s, uint64_t pos, size_t m)

@@ -219,13 +219,20 @@ void sl_sample_elastic_free(sl_sample_elastic *e);
 
 /* Chained resizes: each step redistributes the rest of the previous plan's shares (the epoch's
  * shares for the first step) over a new dp world, optionally with rank weights (then every new
- * rank takes one contiguous piece of the rest, sized by largest remainders, never padded). */
+ * rank takes one contiguous piece of the rest, sized by largest remainders, never padded).
+ * Without weights every new rank gets the same count, so DDP ranks take the same number of
+ * batches whatever the batch size: with drop_last the rest is cut to a multiple of the new world
+ * (its last rest mod new_replicas positions are left out, sl_sample_elastic_left_out), without
+ * it padded by wrapping around to the start of the rest (every partition). */
 typedef struct sl_sample_resize {
     const uint64_t *consumed; /* consumed[r]: a prefix of the previous world's rank r's share */
     size_t n_consumed;        /* = the previous dp world size */
     uint32_t new_replicas;    /* >= 1 */
     const double *weights;    /* optional: new_replicas weights, > 0 and finite */
     size_t n_weights;         /* 0 or new_replicas */
+    /* The rule of versions before equal counts, for steps recorded by them: with drop_last the
+     * counts differ by one, a chunked rest is never padded. */
+    bool uneven;
 } sl_sample_resize;
 
 /* A plan after n_steps resizes in a row of the epoch of epoch_cfg (n_steps >= 1). Steps after
@@ -256,6 +263,16 @@ int sl_sample_elastic_lockstep(sl_sample_elastic **out, uint64_t *count, uint64_
 
 /* The dp world size of a plan's newest shares. Thread-safe. */
 uint32_t sl_sample_elastic_world(const sl_sample_elastic *e);
+
+/* How many indices the plan's steps left out, all of them together (with drop_last a step
+ * cuts its rest to a multiple of its new world: fewer than that world's size each), and how many
+ * padding repeats the newest shares hold (without drop_last). Thread-safe. */
+uint64_t sl_sample_elastic_left_out_count(const sl_sample_elastic *e);
+uint64_t sl_sample_elastic_padded(const sl_sample_elastic *e);
+
+/* The i-th index the plan's steps left out (i < sl_sample_elastic_left_out_count), step by
+ * step, each step's in the order of its rest. Returns 0 or SL_EINVAL. Thread-safe. */
+int sl_sample_elastic_left_out(uint64_t *out, const sl_sample_elastic *e, uint64_t i);
 
 /* Group per-sample labels (labels[i] = class of sample i, each < SL_SAMPLE_MAX_CLASSES) by class:
  * O(n + classes) time, 4 bytes per sample (8 above 2^32 samples) plus 8 per class. labels is

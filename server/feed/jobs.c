@@ -366,6 +366,10 @@ static void reply_epoch(sl_rpc_call *call, const fjob *j)
         ptrs[d] = &rp[d];
     }
     st.group_position = feed_job_group_position(j);
+    if (j->src && !j->spec->batching) {
+        st.left_out = sl_sample_elastic_left_out_count(j->src->plan);
+        st.padded = sl_sample_elastic_padded(j->src->plan);
+    }
     st.n_ranks = j->dp_size;
     st.ranks = ptrs;
     st.complete = feed_job_complete(j);

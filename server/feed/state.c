@@ -29,9 +29,13 @@ void fsrc_unref(fsrc *s)
  * "SLE1" (one resize): u32 magic, u32 spec length, the epoch's first spec, u32 n, n x u64
  * consumed; the world after is the job's current one. "SLE2" (any number of resizes): u32 magic,
  * u32 spec length, the spec, u32 steps, then per step u32 n_consumed, u32 new_replicas, u32
- * n_weights, u32 0, n_consumed x u64 consumed, n_weights x f64 weights. */
+ * n_weights, u32 flags, n_consumed x u64 consumed, n_weights x f64 weights. Flags: ELASTIC_EVEN
+ * marks a step with equal counts per rank (sl_sample_resize.uneven false); steps of earlier
+ * versions have 0 and keep the shares their ranks read (SLE1 likewise), and earlier versions
+ * refuse a blob with the flag as corrupt rather than serve other shares than this one. */
 #define ELASTIC_MAGIC     0x31454c53u /* "SLE1" */
 #define ELASTIC_MAGIC2    0x32454c53u /* "SLE2" */
+#define ELASTIC_EVEN      1u
 #define ELASTIC_STEPS_MAX 65536u
 
 static void chain_free(fchain *c)
@@ -91,15 +95,15 @@ static int chain_decode(const uint8_t *b, size_t len, uint32_t cur_dp, fchain **
         (rd32(b, len, &at, &steps) || steps == 0 || steps > ELASTIC_STEPS_MAX))
         goto out;
     for (uint32_t k = 0; k < steps; k++) {
-        uint32_t n, nr = cur_dp, nw = 0, zero = 0;
+        uint32_t n, nr = cur_dp, nw = 0, flags = 0;
         uint64_t *cons;
         double *w = NULL;
 
         if (rd32(b, len, &at, &n) || n == 0 || n > FEED_MAX_WORLD)
             goto out;
         if (magic == ELASTIC_MAGIC2 &&
-            (rd32(b, len, &at, &nr) || rd32(b, len, &at, &nw) || rd32(b, len, &at, &zero) ||
-             nr == 0 || nr > FEED_MAX_WORLD || (nw && nw != nr) || zero))
+            (rd32(b, len, &at, &nr) || rd32(b, len, &at, &nw) || rd32(b, len, &at, &flags) ||
+             nr == 0 || nr > FEED_MAX_WORLD || (nw && nw != nr) || (flags & ~ELASTIC_EVEN)))
             goto out;
         if ((len - at) / 8 < (size_t)n + nw ||
             (magic == ELASTIC_MAGIC && len - at != 8 * (size_t)n))
@@ -126,6 +130,7 @@ static int chain_decode(const uint8_t *b, size_t len, uint32_t cur_dp, fchain **
         c->steps[c->n].new_replicas = nr;
         c->steps[c->n].weights = w;
         c->steps[c->n].n_weights = nw;
+        c->steps[c->n].uneven = !(flags & ELASTIC_EVEN);
         c->n++;
     }
     if (at != len)
@@ -158,7 +163,8 @@ static int chain_encode(uint8_t **out, size_t *out_len, const fchain *c)
     at += 4;
     for (uint32_t k = 0; k < c->n; k++) {
         const sl_sample_resize *st = &c->steps[k];
-        uint32_t h[4] = {(uint32_t)st->n_consumed, st->new_replicas, (uint32_t)st->n_weights, 0};
+        uint32_t h[4] = {(uint32_t)st->n_consumed, st->new_replicas, (uint32_t)st->n_weights,
+                         st->uneven ? 0 : ELASTIC_EVEN};
 
         memcpy(b + at, h, 16);
         at += 16;
@@ -685,8 +691,10 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const
             chain->steps[chain->n].n_consumed = j->dp_size;
             chain->n++;
         }
-        /* Nobody progressed since the last resize: re-plan its step for the new world. */
+        /* Nobody progressed since the last resize: re-plan its step for the new world, with
+         * equal counts whatever rule it was recorded with. */
         chain->steps[chain->n - 1].new_replicas = ndp;
+        chain->steps[chain->n - 1].uneven = false;
         free((void *)chain->steps[chain->n - 1].weights);
         chain->steps[chain->n - 1].weights = NULL;
         chain->steps[chain->n - 1].n_weights = 0;

@@ -96,18 +96,31 @@ class FeedResizeTest(DaemonClientTest):
                 world = rnd.randint(1, 9)
                 worlds += world
                 self.assertTrue(c.resize_job(job, world).resized_in_epoch or not consumed)
+                if not consumed:
+                    # Nobody read anything yet: a plain change, the epoch is the new world's
+                    # (drop_last drops another N mod world).
+                    epoch = sorted(i for r in range(world) for i in indices(c, job, r))
                 if step == 1:
                     self.restart()
                     c = self.c
             rest = [i for r in range(world) for i in indices(c, job, r)]
-            counts = [c.get_epoch(job).ranks[r].count for r in range(world)]
+            ep = c.get_epoch(job)
+            counts = [ep.ranks[r].count for r in range(world)]
             got = sorted(consumed + rest)
+            # Equal counts per rank, so DDP ranks take the same steps whatever the batch size.
+            self.assertEqual(len(set(counts)), 1, (kw, counts))
             if drop:
-                self.assertEqual(got, epoch, kw)  # exactly once
+                # Never twice; all but what the resizes left out to keep the counts equal,
+                # fewer than each new world's size, and exactly as many as Epochs.Get states.
+                self.assertEqual(len(got), len(set(got)), kw)
+                self.assertLessEqual(set(got), set(epoch), kw)
+                self.assertEqual(len(epoch) - len(got), ep.left_out, kw)
+                self.assertLess(ep.left_out, worlds + 1, kw)
             else:
                 # Padding repeats only (the torch rule): every index at least once.
                 self.assertEqual(set(got), set(range(n)), kw)
                 self.assertLess(len(got) - len(epoch), worlds + 1)
+                self.assertEqual(ep.left_out, 0, kw)
             self.assertEqual(sum(counts), len(rest))
             for r in range(world):
                 c.report_progress(job, r, 0, counts[r])

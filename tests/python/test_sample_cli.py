@@ -67,11 +67,29 @@ class Cli(unittest.TestCase):
         old = [ints("--samples", n, "--replicas", R, "--rank", r, "--drop-last",
                     "--seed", 5) for r in range(R)]
         read = [i for r in range(R) for i in old[r][:consumed[r]]]
-        rest = []
+        rest, shares = [], []
+        args = ("--samples", n, "--replicas", R, "--drop-last", "--seed", 5, "--consumed",
+                ",".join(map(str, consumed)), "--new-replicas", 3)
         for r in range(3):
-            rest += ints("--samples", n, "--replicas", R, "--rank", r, "--drop-last", "--seed",
-                         5, "--consumed", ",".join(map(str, consumed)), "--new-replicas", 3)
-        self.assertEqual(sorted(read + rest), sorted(i for s in old for i in s))
+            shares.append(ints(*args, "--rank", r))
+            rest += shares[-1]
+        # Equal counts, so DDP ranks take the same steps: the rest of 58 is cut to 3 x 19 and
+        # its last index is left out, stated by --left-out.
+        self.assertEqual([len(s) for s in shares], [19, 19, 19])
+        out = ints(*args, "--left-out")
+        self.assertEqual(len(out), 1)
+        self.assertEqual(sorted(read + rest + out), sorted(i for s in old for i in s))
+        self.assertEqual(json.loads(run(*args, "--left-out", "--json").stdout), out)
+        # Without drop_last the rest is padded to equal counts and nothing is left out.
+        pad = [ints("--samples", n, "--replicas", R, "--seed", 5, "--consumed",
+                    ",".join(map(str, consumed)), "--new-replicas", 3, "--rank", r)
+               for r in range(3)]
+        self.assertEqual({len(s) for s in pad}, {-(-(26 * 4 - 42) // 3)})
+        self.assertEqual(ints("--samples", n, "--replicas", R, "--seed", 5, "--consumed",
+                              ",".join(map(str, consumed)), "--new-replicas", 3, "--left-out"),
+                         [])
+        p = run("--samples", n, "--left-out")
+        self.assertEqual(p.returncode, 2, p.stderr)
 
     def _labels(self, labels):
         import tempfile
@@ -132,9 +150,10 @@ class Cli(unittest.TestCase):
         read = (base[0][:10] + base[1][:30] + mid[0][:5] + mid[1][:20] + last[0][:1] +
                 last[1][:4] + [i for s in tail for i in s])
         self.assertEqual(sorted(read), list(range(n)))
-        # Unweighted steps between weighted ones are equal shares as before.
+        # Unweighted steps between weighted ones give equal counts (135 left: one left out).
         plain = [ints(*args, *step1, "--resize", "5,20,0:2", "--rank", r) for r in range(2)]
-        self.assertEqual([len(s) for s in plain], [68, 67])
+        self.assertEqual([len(s) for s in plain], [67, 67])
+        self.assertEqual(len(ints(*args, *step1, "--resize", "5,20,0:2", "--left-out")), 1)
         # Bad weights name the value; a weight count other than the new world's is refused.
         p = run(*args, *step1, "--resize", "5,20,0:2:3,0")
         self.assertEqual(p.returncode, 2, p.stderr)

@@ -49,6 +49,15 @@ BATCHING = dict(strategy="dynamic", max_batch_size=8, max_seq_len=128, max_token
 LENGTHS_N = 120
 
 _refs = {}          # config -> Run of the uninterrupted reference
+
+
+def _torch_sampler(n, world, rank, seed, epoch):
+    """torch's own DistributedSampler (drop_last), which the job's torch shuffle equals."""
+    from torch.utils.data import DistributedSampler
+    s = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed,
+                           drop_last=True)
+    s.set_epoch(epoch)
+    return s
 _ref_dir = None
 
 
@@ -180,7 +189,11 @@ class Watchdog(threading.Thread):
             now, cur = time.monotonic(), self.progress()
             if cur != last:
                 last, since, fired = cur, now, False
-            elif not fired and now - since > STALL:
+            elif cur and not fired and now - since > STALL:
+                # Armed once a rank wrote (it has joined the group): before that a rank may sit
+                # in the rendezvous while another still imports torch on a loaded machine, and
+                # SIGUSR1 there ends its poll() with EINTR, failing the run (RUN_TIMEOUT bounds
+                # a start that never ends).
                 fired = self.dump(now - since)
 
     def dump(self, stalled):
@@ -360,6 +373,8 @@ BATCH_CFG = ["--mode", "batches", "--samples", str(LENGTHS_N), "--epochs", "2", 
              "--num-workers", "2"]
 RESIZE_CFG = ["--samples", "96", "--batch-size", "8", "--epochs", "3", "--every", "3",
               "--num-workers", "2", "--seed", "6", "--drop-last", "--restore-first"]
+RESIZE_UNEVEN_CFG = ["--samples", "81", "--batch-size", "8", "--epochs", "2", "--every", "2",
+                     "--num-workers", "2", "--seed", "6", "--drop-last", "--restore-first"]
 RESIZE_BATCH_CFG = ["--mode", "batches", "--samples", str(LENGTHS_N), "--epochs", "2", "--every",
                     "3", "--num-workers", "2", "--restore-first"]
 
@@ -448,6 +463,43 @@ class ResizeTest(Base):
             got = sorted(i for (ep, i), c in per_epoch.items() if ep == e for _ in range(c))
             self.assertEqual(got, list(range(96)), "epoch %d coverage%s" % (e, ctx))
         self.assertEqual(self.c.get_epoch("rs").epoch, 3)
+
+    def test_restart_into_another_world_uneven_rest(self):
+        # Issue 25 item 9: 81 samples, 3 ranks (27 each: batches of 8, 8, 8, 3), drop_last,
+        # checkpoints every 2 steps; rank 1 dies after step 3 once step 2 is saved. 2 ranks
+        # restore step 2 (16 read per rank): 33 samples are left. Split 17/16 they gave one
+        # rank 3 batches and the other 2, the first waited in its third all-reduce and the group
+        # died at gloo's timeout (45 s here). Now each gets 16 (2 steps) and the rest's last
+        # sample is left out (Epochs.Get's left_out while the epoch runs; the docs say which).
+        out1 = os.path.join(self.tmp, "u3")
+        self.torchrun(out1, "ru", RESIZE_UNEVEN_CFG, world=3, env={"KILL_AT": "1:3:wait"},
+                      expect_fail=True)
+        out2 = os.path.join(self.tmp, "u2")
+        self.torchrun(out2, "ru", RESIZE_UNEVEN_CFG, world=2,
+                      env={"SLUICE_TEST_GLOO_TIMEOUT": "45"})
+        ctx = "\n" + self.logs(out1, out2)
+        run1, run2 = Run([out1]), Run([out2])
+        self.assertEqual(run2.restores(), [2], ctx)
+        per_epoch = collections.Counter()
+        for rank in range(3):
+            for _, e, idx in run1.timeline(rank, restores=[2]):
+                per_epoch.update((e, i) for i in idx)
+        steps0 = []
+        for rank in range(2):
+            tl = run2.timeline(rank)
+            self.assertEqual([t[0] for t in tl], list(range(3, 3 + len(tl))), ctx)
+            steps0.append(sum(1 for _, e, _ in tl if e == 0))
+            for _, e, idx in tl:
+                per_epoch.update((e, i) for i in idx)
+        self.assertEqual(steps0, [2, 2], "equal steps for the rest of epoch 0" + ctx)
+        self.assertEqual(max(per_epoch.values()), 1, ctx)
+        torch_share = lambda world, r, e: list(_torch_sampler(81, world, r, 6, e))
+        left_out = torch_share(3, 2, 0)[-1]  # the rest's last position: old rank 2's last
+        got0 = sorted(i for (e, i) in per_epoch if e == 0)
+        self.assertEqual(got0, sorted(set(range(81)) - {left_out}), "epoch 0 coverage" + ctx)
+        got1 = sorted(i for (e, i) in per_epoch if e == 1)
+        self.assertEqual(got1, sorted(torch_share(2, 0, 1) + torch_share(2, 1, 1)), ctx)
+        self.assertEqual(self.c.get_epoch("ru").epoch, 2)
 
     def test_restart_into_another_world_batch_job(self):
         # The same with token-budget batches (BatchSampler): 3 ranks die after step 4 once

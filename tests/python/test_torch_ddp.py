@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import torch
@@ -121,6 +122,117 @@ class TorchDDPTest(unittest.TestCase):
             self.assertEqual(len(allidx), len(set(allidx)))
             seen_epochs.append([p["batches"] for p in per_rank])
         self.assertNotEqual(seen_epochs[0], seen_epochs[1])
+
+
+class ResizeLockstepTest(unittest.TestCase):
+    """Issue 25 item 9: a mid-epoch `sluice job resize` from 3 to 2 ranks with an uneven rest
+    (N=81, batch 8, drop_last: each rank read 2 batches, 33 samples left). Both new ranks must
+    take the same number of steps, or one waits in an all-reduce the other never joins (before:
+    17/16, 3 and 2 batches, and the group hung until gloo's timeout). Bounded: gloo gives up
+    after GLOO_TIMEOUT s, and the test kills the trainers after RUN_TIMEOUT s."""
+
+    N, BATCH, SEED = 81, 8, 7
+    GLOO_TIMEOUT, RUN_TIMEOUT = 20, 120
+
+    def setUp(self):
+        self.d = Daemon().start()
+        self.tmp = tempfile.TemporaryDirectory(prefix="sluice-ddp-resize-")
+
+    def tearDown(self):
+        rc = self.d.stop()
+        log = self.d.log()
+        reports = self.d.sanitizer_reports()
+        self.d.cleanup()
+        self.tmp.cleanup()
+        self.assertEqual(rc, 0, log)
+        self.assertEqual(reports, [], log)
+
+    def run_group(self, job, world, tag, epochs, extra=()):
+        port = free_port()
+        procs, outs = [], []
+        for r in range(world):
+            out = os.path.join(self.tmp.name, "%s-%s-%d.jsonl" % (job, tag, r))
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                       WORLD_SIZE=str(world), SLUICE_ADDR=self.d.addrs, N_SAMPLES=str(self.N),
+                       OMP_NUM_THREADS="1")
+            with open(out + ".log", "wb") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, os.path.join(HERE, "torch_ddp_worker.py"), job, out,
+                     "indices", str(epochs), "--drop-last", "--seed", str(self.SEED),
+                     "--batch-size", str(self.BATCH), "--timeout", str(self.GLOO_TIMEOUT)] +
+                    list(extra), env=env, stdout=log, stderr=subprocess.STDOUT))
+            outs.append(out)
+        # Bounded: past RUN_TIMEOUT, or 10 s after a rank failed (gloo's timeout), the ranks
+        # still running are killed and the test fails with what they wrote.
+        deadline = time.monotonic() + self.RUN_TIMEOUT
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                deadline = min(deadline, time.monotonic() + 10)
+            time.sleep(0.2)
+        failed = []
+        for r, p in enumerate(procs):
+            hung = p.poll() is None
+            if hung:
+                p.kill()
+            p.wait()
+            with open(outs[r] + ".log", errors="replace") as f:
+                text = f.read()
+            if hung or p.returncode != 0:
+                failed.append("rank %d %s:\n%s" % (
+                    r, "hung, killed" if hung else "exit %s" % p.returncode, text[-3000:]))
+        recs = []
+        for out in outs:
+            try:
+                with open(out) as f:
+                    recs.append([json.loads(l) for l in f])
+            except FileNotFoundError:
+                recs.append([])
+        self.assertFalse(failed, "%s world %d: %s\nrecords: %s\n%s" % (
+            tag, world, "\n".join(failed), recs, self.d.log()[-3000:]))
+        return recs
+
+    def test_resize_uneven_rest_equal_steps(self):
+        job = "ddp-resize"
+        first = self.run_group(job, 3, "w3", 1, ["--stop-after", "2"])
+        read = [i for r in range(3) for i in first[r][0]["indices"]]
+        self.assertEqual([len(first[r][0]["indices"]) for r in range(3)], [16, 16, 16])
+        p = subprocess.run([os.environ.get("SLUICE_CLI", "sluice"), "--addr", self.d.addr, "job",
+                            "resize", job, "--world-size", "2"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        st = Client(self.d.addr).get_epoch(job)
+        cli = [os.environ.get("SLUICE_CLI", "sluice"), "sample", "--samples", str(self.N),
+               "--replicas", "3", "--shuffle", "torch", "--seed", str(self.SEED), "--drop-last",
+               "--consumed", "16,16,16", "--new-replicas", "2", "--left-out"]
+        p = subprocess.run(cli, capture_output=True, text=True)
+        # The 2 new ranks train the rest of epoch 0 and epoch 1 (where the 17/16 split hung).
+        second = self.run_group(job, 2, "w2", 2)
+        # 33 left, cut to 2 x 16: the rest's last index is left out, and so stated (Epochs.Get,
+        # sluice sample --left-out): the last position of the rest, old rank 2's last index
+        # (torch's own sampler's).
+        self.assertEqual([r.count for r in st.ranks], [16, 16])
+        self.assertEqual((st.left_out, st.padded), (1, 0))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        left_out = [int(x) for x in p.stdout.split()]
+        ts = TorchSampler(range(self.N), num_replicas=3, rank=2, shuffle=True, seed=self.SEED,
+                          drop_last=True)
+        ts.set_epoch(0)
+        self.assertEqual(left_out, [list(ts)[-1]])
+        e0 = [second[r][0] for r in range(2)]
+        self.assertEqual({e["epoch"] for e in e0}, {0})
+        self.assertEqual([len(e["batches"]) for e in e0], [2, 2], "equal steps after the resize")
+        rest = [i for e in e0 for i in e["indices"]]
+        trained = collections.Counter(read + rest)
+        self.assertEqual(max(trained.values()), 1, "a sample trained twice in epoch 0")
+        self.assertEqual(sorted(list(trained) + left_out), list(range(self.N)),
+                         "epoch 0: every sample trained once but the one stated left out")
+        # Epoch 1 is a whole epoch of the new world: torch's own sampler's shares.
+        for r in range(2):
+            ts = TorchSampler(range(self.N), num_replicas=2, rank=r, shuffle=True,
+                              seed=self.SEED, drop_last=True)
+            ts.set_epoch(1)
+            self.assertEqual(second[r][1]["epoch"], 1)
+            self.assertEqual(second[r][1]["indices"], list(ts))
+        self.assertEqual(Client(self.d.addr).get_epoch(job).epoch, 2)
 
 
 class SamplerRestartTest(unittest.TestCase):

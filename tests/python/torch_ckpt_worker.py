@@ -19,6 +19,8 @@ Environment: torchrun's RANK, WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, MASTER_ADD
   PAUSE_UPLOAD_AT=step:tag      (first attempt only) the background upload of checkpoint `step`
                                 creates DIR/paused-<tag>-<rank> and waits for DIR/release-<tag>
                                 before it sends anything (training goes on meanwhile).
+  SLUICE_TEST_GLOO_TIMEOUT=S    gloo's timeout (default 90 s): a collective that waits longer
+                                fails the rank.
 
 DIR/rank-<rank>.jsonl gets one line per trained step, written and fsynced right after the
 optimizer step: {"rank", "restart", "world", "step" (global, from 1), "epoch", "idx"}; one line
@@ -122,7 +124,8 @@ class Trainer:
 
     def run(self):
         a = self.a
-        dist.init_process_group("gloo", timeout=timedelta(seconds=90))
+        gloo = float(os.environ.get("SLUICE_TEST_GLOO_TIMEOUT") or 90)
+        dist.init_process_group("gloo", timeout=timedelta(seconds=gloo))
         torch.manual_seed(0)
         torch.use_deterministic_algorithms(True)
         ds = Indexed(a.n)

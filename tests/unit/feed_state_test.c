@@ -176,28 +176,35 @@ static void test_chained_resize_and_old_blob(sl_cat *cat)
     if (!j || !j->src || !j->chain)
         goto out;
     CHECK(j->dp_size == 2 && j->counts[0] == 3 && j->counts[1] == 3);
-    /* Progress on the elastic shares, then a second resize: the 5 left go to 3 ranks. */
+    /* The SLE1 step keeps the rule it was recorded with (its ranks read those shares). */
+    CHECK(j->chain->steps[0].uneven);
+    /* Progress on the elastic shares, then a second resize: the 5 left go to 3 ranks in equal
+     * counts (drop_last: 1 each, 2 left out, so DDP ranks take the same steps). */
     CHECK(report(j, 0, 1) == 0);
     CHECK(feed_job_resize(j, 3, NULL, NULL, 0, msg, sizeof(msg)) == 0);
-    CHECK(j->dp_size == 3 && j->chain && j->chain->n == 2);
-    CHECK(j->counts[0] + j->counts[1] + j->counts[2] == 5);
+    CHECK(j->dp_size == 3 && j->chain && j->chain->n == 2 && !j->chain->steps[1].uneven);
+    CHECK(j->counts[0] == 1 && j->counts[1] == 1 && j->counts[2] == 1);
+    CHECK(j->src && sl_sample_elastic_left_out_count(j->src->plan) == 2);
     CHECK(j->elastic_len > 4 && memcmp(j->elastic_blob, "SLE2", 4) == 0);
     /* Nobody progressed since: a third resize re-plans the last step, no new one. */
     CHECK(feed_job_resize(j, 2, NULL, NULL, 0, msg, sizeof(msg)) == 0);
-    CHECK(j->chain && j->chain->n == 2 && j->counts[0] + j->counts[1] == 5);
+    CHECK(j->chain && j->chain->n == 2 && j->counts[0] == 2 && j->counts[1] == 2);
     CHECK(report(j, 1, 1) == 0);
     CHECK(feed_job_resize(j, 3, NULL, NULL, 0, msg, sizeof(msg)) == 0);
     CHECK(j->chain && j->chain->n == 3);
     c0 = j->counts[0];
     c1 = j->counts[1];
     c2 = j->counts[2];
-    CHECK(c0 + c1 + c2 == 4);
+    CHECK(c0 == 1 && c1 == 1 && c2 == 1); /* 2 + 1 left, 1 of them left out at step 2 */
+    CHECK(j->src && sl_sample_elastic_left_out_count(j->src->plan) == 1);
     sl_feed_free(f);
     f = open_feed(cat);
     j = feed_job_find(f, "legacy");
     CHECK(j && j->chain && j->chain->n == 3 && j->dp_size == 3);
-    if (!j)
+    if (!j || !j->chain)
         goto out;
+    /* The blob keeps each step's rule across a reload. */
+    CHECK(j->chain->steps[0].uneven && !j->chain->steps[1].uneven && !j->chain->steps[2].uneven);
     CHECK(j->counts[0] == c0 && j->counts[1] == c1 && j->counts[2] == c2);
     CHECK(report(j, 0, c0) == 0);
     CHECK(report(j, 1, c1) == 0);

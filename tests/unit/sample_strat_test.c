@@ -564,7 +564,7 @@ static void test_chain_random(int rounds)
         }
         /* The epoch's shares, with their padding, are what the plan must cover. */
         uint32_t wR = R;
-        uint64_t *cons = malloc(64 * sizeof(*cons));
+        uint64_t *cons = malloc(64 * sizeof(*cons)), out_before = 0;
         for (uint32_t r = 0; r < R; r++) {
             uint64_t M, *v;
             cfg.rank = r;
@@ -578,7 +578,8 @@ static void test_chain_random(int rounds)
             sl_sample_elastic *ne = NULL;
             uint32_t nR = 1 + (uint32_t)rnd_below(rnd_below(2) ? 24 : 64);
             double w[64];
-            sl_sample_resize st = {cons, wR, nR, NULL, 0};
+            sl_sample_resize st = {cons, wR, nR, NULL, 0, rnd_below(4) == 0};
+            uint64_t first_M = UINT64_MAX, out_n;
             int err;
             if (rnd_below(3) == 0) {
                 for (uint32_t s = 0; s < nR; s++)
@@ -607,7 +608,13 @@ static void test_chain_random(int rounds)
                 v = malloc((M + 1) * sizeof(*v));
                 CHECK(sl_sample_fill(v, ss, 0, M) == 0, "fill");
                 /* Real entries: the position in the rest is below T. */
-                if (st.n_weights || cfg.drop_last || cfg.partition == SL_SAMPLE_CHUNKED)
+                /* Unweighted steps give every rank the same count (not so the old rule). */
+                if (first_M == UINT64_MAX)
+                    first_M = M;
+                CHECK(M == first_M || st.n_weights || st.uneven,
+                      "step %d rank %u: %" PRIu64 " where rank 0 has %" PRIu64, k, s, M, first_M);
+                if (st.n_weights || cfg.drop_last ||
+                    (cfg.partition == SL_SAMPLE_CHUNKED && st.uneven))
                     real = M;
                 else if (cfg.partition == SL_SAMPLE_INTERLEAVED)
                     real = T > s ? (T - s - 1) / nR + 1 : 0;
@@ -620,7 +627,22 @@ static void test_chain_random(int rounds)
                 free(v);
                 sl_sample_free(ss);
             }
-            CHECK(realsum == T, "step %d: real %" PRIu64 " of the rest %" PRIu64, k, realsum, T);
+            /* What the cut left out is stated exactly and never served (the count covers
+             * every step so far). */
+            out_n = sl_sample_elastic_left_out_count(e) - out_before;
+            CHECK(out_n == (cfg.drop_last && !st.uneven && !st.n_weights ? T % nR : 0),
+                  "step %d: %" PRIu64 " left out of a rest of %" PRIu64 " over %u", k, out_n, T,
+                  nR);
+            for (uint64_t i = out_before; i < out_before + out_n; i++) {
+                uint64_t v = UINT64_MAX;
+                CHECK(sl_sample_elastic_left_out(&v, e, i) == 0 && v < n, "left out %" PRIu64, i);
+                if (v < n)
+                    bal[v]--;
+            }
+            out_before += out_n;
+            CHECK(sl_sample_elastic_left_out(&(uint64_t){0}, e, out_before) == SL_EINVAL, "past");
+            CHECK(realsum + out_n == T, "step %d: real %" PRIu64 " of the rest %" PRIu64, k,
+                  realsum, T);
             wR = nR;
         }
         for (uint64_t i = 0; i < n; i++)

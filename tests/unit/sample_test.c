@@ -445,11 +445,21 @@ static void check_elastic(uint64_t n, uint32_t R, uint32_t R2, sl_sample_partiti
                 diff[buf[j]]--;
         sl_sample_free(st);
     }
-    CHECK(max2 - min2 <= (part == SL_SAMPLE_CHUNKED ? 1 : (drop ? 1 : 0)),
-          "new counts %" PRIu64 "..%" PRIu64, min2, max2);
-    int pad = !drop && part != SL_SAMPLE_CHUNKED;
-    uint64_t extra = got_total - rest;
-    CHECK(pad ? extra < R2 : extra == 0, "padding %" PRIu64, extra);
+    /* Equal counts (DDP lockstep whatever the batch size): drop_last cuts the rest to a
+     * multiple of R2, leaving out its last rest mod R2 positions, else padding fills it up. */
+    CHECK(max2 == min2, "new counts %" PRIu64 "..%" PRIu64, min2, max2);
+    uint64_t out_n = sl_sample_elastic_left_out_count(e);
+    CHECK(out_n == (drop ? rest % R2 : 0), "left out %" PRIu64 " of %" PRIu64, out_n, rest);
+    for (uint64_t i = 0; i < out_n; i++) {
+        uint64_t v = n;
+        CHECK(sl_sample_elastic_left_out(&v, e, i) == 0 && v < n, "left out %" PRIu64, i);
+        if (v < n)
+            diff[v]--; /* stated, never served */
+    }
+    uint64_t extra = got_total + out_n - rest;
+    CHECK(drop ? extra == 0 : extra < R2, "padding %" PRIu64, extra);
+    CHECK(sl_sample_elastic_padded(e) == extra, "padded %" PRIu64 " of %" PRIu64,
+          sl_sample_elastic_padded(e), extra);
     /* Every planned read happened exactly once; padding may re-read up to `extra`. */
     uint64_t over = 0;
     for (uint64_t i = 0; i < n; i++) {
@@ -464,6 +474,43 @@ static void check_elastic(uint64_t n, uint32_t R, uint32_t R2, sl_sample_partiti
 out:
     free(consumed);
     free(diff);
+}
+
+/* Issue 25 item 9: N=81, 3 ranks, drop_last, each rank consumed 2 batches of 8, the rest (33)
+ * restored into 2 ranks. The old rule split it 17/16, so with batch 8 one rank took 3 steps and
+ * the other 2 and DDP hung; now both get 16 and the rest's last index is left out, stated. */
+static void test_elastic_ddp_restore(void)
+{
+    sl_sample_config c = mkcfg(81, 3, 0);
+    uint64_t cons[3] = {16, 16, 16}, v = 0, last = 0;
+    sl_sample_resize old = {cons, 3, 2, NULL, 0, true}, now = {cons, 3, 2, NULL, 0, false};
+    sl_sample_elastic *e = NULL;
+    sl_sample *s = NULL;
+    char msg[128];
+
+    c.drop_last = true;
+    c.shuffle = SL_SAMPLE_SHUFFLE_TORCH;
+    CHECK(sl_sample_elastic_chain(&e, &c, &old, 1, msg, sizeof(msg)) == 0, "%s", msg);
+    CHECK(sl_sample_new_elastic(&s, e, 0, NULL, 0) == 0 && sl_sample_count(s) == 17, "old 17");
+    /* The old rule's 17th of rank 0 is the rest's last position, the one the cut leaves out. */
+    CHECK(sl_sample_fill(&last, s, 16, 1) == 0, "fill");
+    sl_sample_free(s);
+    CHECK(sl_sample_elastic_left_out_count(e) == 0, "old rule leaves nothing out");
+    sl_sample_elastic_free(e);
+    CHECK(sl_sample_elastic_chain(&e, &c, &now, 1, msg, sizeof(msg)) == 0, "%s", msg);
+    for (uint32_t r = 0; r < 2; r++) {
+        CHECK(sl_sample_new_elastic(&s, e, r, NULL, 0) == 0 && sl_sample_count(s) == 16,
+              "rank %u: 16", r);
+        sl_sample_free(s);
+    }
+    CHECK(sl_sample_elastic_left_out_count(e) == 1 && sl_sample_elastic_padded(e) == 0, "one out");
+    CHECK(sl_sample_elastic_left_out(&v, e, 0) == 0 && v == last, "left out %" PRIu64, v);
+    sl_sample_elastic_free(e);
+    /* Without drop_last (N=80: 27, 27, 26): the rest of 32 is padded to 17 each, one repeat. */
+    c = mkcfg(80, 3, 0);
+    CHECK(sl_sample_elastic_chain(&e, &c, &now, 1, msg, sizeof(msg)) == 0, "%s", msg);
+    CHECK(sl_sample_elastic_remaining(e) == 33 && sl_sample_elastic_padded(e) == 1, "pad 1");
+    sl_sample_elastic_free(e);
 }
 
 static void test_elastic(void)
@@ -495,6 +542,7 @@ static void test_elastic(void)
     CHECK(sl_sample_new_elastic(&s, e, 2, NULL, 0) == 0 && sl_sample_count(s) == 2, "pad count");
     sl_sample_free(s);
     sl_sample_elastic_free(e);
+    test_elastic_ddp_restore();
 }
 
 /* Feistel quality: for small N, over S seeds, count how often index i lands at position p.

@@ -275,8 +275,9 @@ class Checkpoints:
         """Rewind the checkpoint's feed job to the data position the COMPLETE checkpoint (job,
         name) was taken at: its epoch and every dp rank's position; progress reported since is
         discarded and open streams of the job end with ABORTED. ``world_size`` (0: the
-        checkpoint's) restores into another world, redistributing the rest of the epoch exactly
-        once; ``mesh`` (a dict of dp, tp, cp, pp, order, or a Mesh) goes with it for jobs with a
+        checkpoint's) restores into another world, redistributing the rest of the epoch (no
+        sample twice, equal counts per dp rank: cut to a multiple of the world with drop_last,
+        else padded; docs/feeding.md); ``mesh`` (a dict of dp, tp, cp, pp, order, or a Mesh) goes with it for jobs with a
         mesh. Call it from one rank before the ranks open their streams. Returns the
         RestoreResponse (restored FeedState, feed_job, the job's epoch and world now).
 
