@@ -821,6 +821,12 @@ static const sl_rpc_method job_methods[] = {
     },
 };
 
+/* The job a report is for: a trainer token bound to other jobs may not report to it (auth.c). */
+static const char *report_scope(const ProtobufCMessage *m)
+{
+    return ((const Sluice__V1__ReportProgressRequest *)m)->job;
+}
+
 static const sl_rpc_method epoch_methods[] = {
     {
         .name = "Get",
@@ -834,6 +840,7 @@ static const sl_rpc_method epoch_methods[] = {
         .name = "ReportProgress",
         .kind = SL_RPC_UNARY,
         .access = FEED_ACCESS_TRAINER,
+        .scope = report_scope,
         .request = &sluice__v1__report_progress_request__descriptor,
         .response = &sluice__v1__report_progress_response__descriptor,
         .on_start = epoch_report,

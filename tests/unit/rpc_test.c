@@ -715,13 +715,13 @@ static void test_bytes_field_checked(void)
     static const sl_rpc_method bad[][1] = {
         {{"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
           &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL,
-          SLUICE__TEST__PIECE__KIND_LABEL, NULL, 0, 0}}, /* a string */
+          SLUICE__TEST__PIECE__KIND_LABEL, NULL, 0, 0, NULL}}, /* a string */
         {{"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
-          &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL, 9, NULL, 0,
-          0}}, /* none */
+          &sluice__test__digest_response__descriptor, 0, NULL, NULL, NULL, NULL, 9, NULL, 0, 0,
+          NULL}}, /* none */
         {{"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
-          &sluice__test__echo_response__descriptor, 0, NULL, NULL, NULL, NULL, 2, NULL, 0,
-          0}}, /* unary */
+          &sluice__test__echo_response__descriptor, 0, NULL, NULL, NULL, NULL, 2, NULL, 0, 0,
+          NULL}}, /* unary */
     };
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
