@@ -333,6 +333,41 @@ class PositionTest(unittest.TestCase):
         fs = self.wait_complete("p").feed_state
         self.assertEqual((fs.format, fs.labels_sha256), (1, ""))
 
+    def test_checkpoint_without_recorded_labels_restores_unchecked(self):
+        # A checkpoint taken before feed states recorded the labels (format 0): made here by
+        # rewriting a new one's feed state in the catalog (SQLite, daemon stopped). Its restore
+        # cannot check the labels: it goes on as before, and says so in the log.
+        if self.d.catalog != "sqlite":
+            self.skipTest("rewrites the SQLite catalog file")
+        import sqlite3
+        self.feed.create_dataset("run-ds", N)
+        self.feed.upload_labels("run-ds", [i % 3 for i in range(N)])
+        self.feed.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=3,
+                             stratify=True)
+        self.save("old", [(0, 10), (0, 10)])
+        self.wait_complete("old")
+        self.ch.close()
+        self.feed.close()
+        self.assertEqual(self.d.stop(), 0)
+        db = sqlite3.connect(os.path.join(self.d.data_dir, "catalog.db"))
+        (blob,) = db.execute("SELECT feed_state FROM checkpoints WHERE name = 'old'").fetchone()
+        fs = pb.FeedState.FromString(blob)
+        fs.ClearField("labels_sha256")
+        fs.ClearField("format")
+        db.execute("UPDATE checkpoints SET feed_state = ? WHERE name = 'old'",
+                   (fs.SerializeToString(),))
+        db.commit()
+        db.close()
+        self.d.start()
+        self.connect()
+        self.feed.delete_job("run")
+        self.feed.upload_labels("run-ds", [(i + 1) % 3 for i in range(N)])
+        self.feed.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=3,
+                             stratify=True)
+        r = self.restore("old")
+        self.assertEqual((r.restored.format, list(r.restored.positions)), (0, [10, 10]))
+        self.assertIn("event=restore_labels_unchecked job=run dataset=run-ds", self.d.log())
+
     def test_restore_decides_from_the_catalog_not_a_replicas_copy(self):
         # Issue 25 item 12: a job deleted and made again through replica A, and Restore through
         # replica B at once. B is stopped meanwhile, so that its copy of the job and the
