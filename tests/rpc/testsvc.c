@@ -324,11 +324,17 @@ static void stats_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     sl_rpc_call_reply(call, &resp.base);
 }
 
+/* Echo's scope: its text (the authorize callback below refuses the scope "forbidden"). */
+static const char *echo_scope(const ProtobufCMessage *msg)
+{
+    return ((const Sluice__Test__EchoRequest *)msg)->text;
+}
+
 /* Access levels of the test service: 0 writer, 1 public, 2 reader. */
 static const sl_rpc_method methods[] = {
     {"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
      &sluice__test__echo_response__descriptor, 2, echo_start, NULL, NULL, echo_cancel, 0, NULL, 0,
-     0, NULL},
+     0, echo_scope},
     {"Count", SL_RPC_SERVER_STREAM, &sluice__test__count_request__descriptor,
      &sluice__test__count_response__descriptor, 0, count_start, NULL, count_pump, NULL, 0, NULL, 0,
      0, NULL},
@@ -348,7 +354,6 @@ static const sl_rpc_method methods[] = {
 static int authorize(const char *method, unsigned access, const char *token, const char *scope,
                      char *msg, size_t len, void *arg)
 {
-    (void)scope;
     if (access == 1)
         return 0;
     if (!token || (strcmp(token, "r-token") != 0 && strcmp(token, "w-token") != 0)) {
@@ -357,6 +362,10 @@ static int authorize(const char *method, unsigned access, const char *token, con
     }
     if (access == 0 && strcmp(token, "w-token") != 0) {
         snprintf(msg, len, "reader may not call %s", method);
+        return SL_EPERM;
+    }
+    if (scope && strcmp(scope, "forbidden") == 0) {
+        snprintf(msg, len, "scope '%s' is not for this token", scope);
         return SL_EPERM;
     }
     return 0;

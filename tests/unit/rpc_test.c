@@ -1018,6 +1018,29 @@ static void test_auth(void)
           err);
     err = auth_call(tgt, "w-token", "/sluice.test.Test/Count", &st);
     CHECK(err == 0, "writer: %d %s", err, st.message);
+    /* A method's scope (Echo's text) is authorized once its request is decoded; without a
+     * token the call is refused before (a garbage request: UNAUTHENTICATED, not a decode
+     * error). */
+    {
+        sl_rpc_client_opts opts = {.token = "r-token"};
+        sl_rpc_client *c = NULL;
+        CHECK(sl_rpc_client_new(&c, tgt, &opts) == 0, "client");
+        err = sl_rpc_client_unary_raw(c, "/sluice.test.Test/Echo",
+                                      "\x0a\x09"
+                                      "forbidden",
+                                      11, 3000, &st);
+        CHECK(err == SL_EPERM && strstr(st.message, "scope 'forbidden'") != NULL,
+              "forbidden scope: %d %s", err, st.message);
+        err = sl_rpc_client_unary_raw(c, "/sluice.test.Test/Echo", "\x0a\x02ok", 4, 3000, &st);
+        CHECK(err == 0, "allowed scope: %d %s", err, st.message);
+        sl_rpc_client_free(c);
+        opts.token = NULL;
+        CHECK(sl_rpc_client_new(&c, tgt, &opts) == 0, "client");
+        err =
+            sl_rpc_client_unary_raw(c, "/sluice.test.Test/Echo", "\xff\xff\xff\xff", 4, 3000, &st);
+        CHECK(err == SL_EAUTH, "garbage without a token: %d %s", err, st.message);
+        sl_rpc_client_free(c);
+    }
     CHECK(sl_testsrv_stop(srv, 500) == 0, "stop");
 }
 
