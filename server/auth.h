@@ -6,6 +6,12 @@
  * logged: errors name the line, not the token.
  *
  * Roles nest: trainer can do everything reader can, admin everything.
+ *
+ * A trainer line may end in " jobs=<job>[,<job>...]" (at most 64 names): the token is bound to
+ * those jobs. For a method that acts on a job (the RPC method's `scope`, such as
+ * Epochs.ReportProgress) and needs the trainer role, a bound token may call it only for its
+ * jobs, and a job that any token is bound to takes it only from its bound tokens; admin tokens
+ * and the other methods are not affected. Jobs no token is bound to behave as before.
  */
 #ifndef SL_AUTH_H
 #define SL_AUTH_H
@@ -32,8 +38,10 @@ void sl_auth_free(sl_auth *a);
 /* Number of tokens loaded. */
 size_t sl_auth_count(const sl_auth *a);
 
-/* Decide a call (the sl_rpc_authorize_fn contract) against `a`. `a` NULL allows everything. */
+/* Decide a call (the sl_rpc_authorize_fn contract) against `a`: `scope` is the job the call acts
+ * on (NULL: none, or not known yet), checked against trainer tokens' bindings. `a` NULL allows
+ * everything. */
 int sl_auth_check(const sl_auth *a, const char *method, unsigned access, const char *token,
-                  char *msg, size_t len);
+                  const char *scope, char *msg, size_t len);
 
 #endif

@@ -24,11 +24,11 @@
  * Before such a call the catalog file is checked (sl_cat_check: two stat calls); once it was
  * removed or replaced, the call is refused before its handler runs, with the problem in the
  * message. */
-static int authorize(const char *method, unsigned access, const char *token, char *msg, size_t len,
-                     void *arg)
+static int authorize(const char *method, unsigned access, const char *token, const char *scope,
+                     char *msg, size_t len, void *arg)
 {
     sl_ops *ops = arg;
-    int err = sl_auth_check(ops->auth, method, access, token, msg, len);
+    int err = sl_auth_check(ops->auth, method, access, token, scope, msg, len);
 
     if (err)
         sl_log_limited(SL_LOG_WARN, 1000, "rpc_refused", "method=%s reason=%s", method,

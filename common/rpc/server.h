@@ -90,6 +90,10 @@ typedef struct sl_rpc_method {
      * that moved the call forward (an upload's data), so a client that sends empty messages is
      * ended as idle all the same. 0: every message is progress. */
     int handler_progress;
+    /* Optional, unary and server-streaming methods: what the call acts on (a job's name) in its
+     * decoded request, handed to the authorize callback as its `scope` once the request is
+     * decoded; NULL or "" from it: none. */
+    const char *(*scope)(const ProtobufCMessage *req);
 } sl_rpc_method;
 
 typedef struct sl_rpc_service {
@@ -109,11 +113,13 @@ typedef struct sl_rpc_service {
 } sl_rpc_service;
 
 /* Decide whether a call may proceed, before its handler sees it (loop thread). `token` is the
- * bearer token of the "authorization: Bearer <token>" metadata, or NULL if absent. Returns 0 to
- * allow, SL_EAUTH (UNAUTHENTICATED), SL_EPERM (PERMISSION_DENIED) or SL_ECATLOST
- * (FAILED_PRECONDITION: the daemon refuses this kind of call now) with a message in msg. */
+ * bearer token of the "authorization: Bearer <token>" metadata, or NULL if absent. Called with
+ * `scope` NULL before the request is read; for a method with a `scope` function, once more with
+ * its result after the request is decoded (both must allow). Returns 0 to allow, SL_EAUTH
+ * (UNAUTHENTICATED), SL_EPERM (PERMISSION_DENIED) or SL_ECATLOST (FAILED_PRECONDITION: the
+ * daemon refuses this kind of call now) with a message in msg. */
 typedef int (*sl_rpc_authorize_fn)(const char *method, unsigned access, const char *token,
-                                   char *msg, size_t msg_len, void *arg);
+                                   const char *scope, char *msg, size_t msg_len, void *arg);
 
 /* Why the layer ended a call, if it did. */
 typedef enum sl_rpc_end {

@@ -10,8 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Ask the server's authorize callback; on refusal the call is finished. Returns 1 if allowed. */
-static int authorized(sl_rpc_call *c)
+/* Ask the server's authorize callback (`scope` as sl_rpc_authorize_fn says); on refusal the call
+ * is finished. Returns 1 if allowed. */
+static int authorized(sl_rpc_call *c, const char *scope)
 {
     static const char bearer[] = "Bearer ";
     char value[1024], msg[512] = "";
@@ -21,7 +22,7 @@ static int authorized(sl_rpc_call *c)
     n = sl_rpc_call_metadata(c, "authorization", value, sizeof(value));
     if (n >= (int)sizeof(bearer) - 1 && strncmp(value, bearer, sizeof(bearer) - 1) == 0)
         token = value + sizeof(bearer) - 1;
-    err = c->srv->opts.authorize(c->path, c->reg->m->access, token, msg, sizeof(msg),
+    err = c->srv->opts.authorize(c->path, c->reg->m->access, token, scope, msg, sizeof(msg),
                                  c->srv->opts.authorize_arg);
     if (err == 0)
         return 1;
@@ -39,7 +40,7 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
     int err;
 
     /* Authorization first: a call without a valid token never counts against max_calls. */
-    if (c->srv->opts.authorize && !authorized(c))
+    if (c->srv->opts.authorize && !authorized(c, NULL))
         return;
     if (!srv_admit(c))
         return;
@@ -51,6 +52,14 @@ static void dispatch(sl_rpc_call *c, grpc_byte_buffer *payload)
     if ((err = sl_rpc_decode(&req, m->request, payload, why, sizeof(why))) != 0) {
         sl_rpc_call_finish(c, sl_rpc_code_from_err(err), "request is %s", why);
         return;
+    }
+    /* A method that names what it acts on is authorized again for that (a job's bound tokens). */
+    if (c->srv->opts.authorize && m->scope) {
+        const char *scope = m->scope(req);
+        if (scope && *scope && !authorized(c, scope)) {
+            protobuf_c_message_free_unpacked(req, NULL);
+            return;
+        }
     }
     c->cur_msg = req;
     m->on_start(c, req, c->reg->svc->arg);

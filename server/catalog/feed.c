@@ -144,9 +144,10 @@ static int job_insert(sl_cat *cat, const sl_cat_job *job)
     sl_db_blob(&q, job->spec, job->spec_len);
     sl_db_int(&q, job->world_size);
     sl_db_int(&q, job->created_ms);
+    sl_db_int(&q, (int64_t)job->version);
     return sl_db_exec(&q,
-                      "INSERT INTO feed_jobs(name, dataset, spec, world_size, epoch, created_ms) "
-                      "VALUES (?1, ?2, ?3, ?4, 0, ?5)",
+                      "INSERT INTO feed_jobs(name, dataset, spec, world_size, epoch, created_ms, "
+                      "version) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6)",
                       SL_EEXIST, NULL);
 }
 
@@ -547,45 +548,72 @@ int sl_cat_epoch_get(sl_cat *cat, const char *job, uint64_t epoch, sl_cat_blob *
     return err;
 }
 
-int sl_cat_job_restore(sl_cat *cat, const char *name, const void *spec, size_t spec_len,
-                       uint32_t world_size, uint64_t epoch, const void *elastic, size_t elastic_len,
-                       const uint64_t *positions, uint32_t n, uint64_t *version)
+/* The check of a restore, on the job's row as read in its transaction. */
+typedef struct restore_read {
+    sl_cat *cat;
+    const sl_cat_restore *r;
+    uint64_t version;
+} restore_read;
+
+static int restore_check(const sl_cat_job *job, void *arg)
 {
+    restore_read *rr = arg;
+    sl_cat_dataset ds;
+    int err;
+
+    rr->version = job->version;
+    /* The jobs' foreign key keeps the dataset while the job refers to it. */
+    err = sl_cat_dataset_get(rr->cat, &ds, job->dataset);
+    if (err)
+        return err == SL_ENOTFOUND ? SL_EUNAVAILABLE : err;
+    return rr->r->check ? rr->r->check(job, &ds, rr->r->arg) : 0;
+}
+
+int sl_cat_job_restore(sl_cat *cat, const sl_cat_restore *r, uint64_t *version)
+{
+    restore_read rr = {.cat = cat, .r = r};
     int64_t changes = 0;
     sl_db_q q;
     int err = sl_db_tx_begin(cat);
 
     if (err)
         return err;
-    sl_db_q_init(&q, cat, "job_restore");
-    sl_db_text(&q, name);
-    sl_db_blob(&q, spec, spec_len);
-    sl_db_int(&q, world_size);
-    sl_db_int(&q, (int64_t)epoch);
-    sl_db_blob_opt(&q, elastic, elastic_len);
-    err = sl_db_exec(&q,
-                     "UPDATE feed_jobs SET spec = ?2, world_size = ?3, epoch = ?4, "
-                     "elastic = ?5, version = version + 1 WHERE name = ?1",
-                     0, &changes);
-    if (!err && changes == 0)
-        err = SL_ENOTFOUND;
+    /* Read, check, then write only if the row is still the one checked: with PostgreSQL's read
+     * committed, the UPDATE waits for a writer of the row and then finds its version moved on
+     * (versions never repeat, even across a delete and a create: sl_cat_job_create). */
+    err = sl_cat_job_get(cat, r->name, restore_check, &rr);
+    if (!err) {
+        sl_db_q_init(&q, cat, "job_restore");
+        sl_db_text(&q, r->name);
+        sl_db_blob(&q, r->spec, r->spec_len);
+        sl_db_int(&q, r->world_size);
+        sl_db_int(&q, (int64_t)r->epoch);
+        sl_db_blob_opt(&q, r->elastic, r->elastic_len);
+        sl_db_int(&q, (int64_t)rr.version);
+        err = sl_db_exec(&q,
+                         "UPDATE feed_jobs SET spec = ?2, world_size = ?3, epoch = ?4, "
+                         "elastic = ?5, version = version + 1 WHERE name = ?1 AND version = ?6",
+                         0, &changes);
+        if (!err && changes == 0)
+            err = SL_EUNAVAILABLE;
+    }
     /* Progress after the restore point is discarded; the restored positions become the ranks'
      * reported progress of the epoch. Epochs after it are forgotten. */
     if (!err)
-        err = clear_progress(cat, name, "job_restore");
+        err = clear_progress(cat, r->name, "job_restore");
     if (!err) {
         sl_db_q_init(&q, cat, "job_restore");
-        sl_db_text(&q, name);
-        sl_db_int(&q, (int64_t)epoch);
+        sl_db_text(&q, r->name);
+        sl_db_int(&q, (int64_t)r->epoch);
         err = sl_db_exec(&q, "DELETE FROM feed_epochs WHERE job = ?1 AND epoch >= ?2", 0, NULL);
     }
-    for (uint32_t d = 0; !err && d < n; d++)
-        err = sl_cat_progress_set(cat, name, d, epoch, positions[d]);
+    for (uint32_t d = 0; !err && d < r->n; d++)
+        err = sl_cat_progress_set(cat, r->name, d, r->epoch, r->positions[d]);
     if (!err)
-        err = record_epoch(cat, name, "job_restore");
+        err = record_epoch(cat, r->name, "job_restore");
     if (!err)
-        err = read_version(cat, name, version);
+        err = read_version(cat, r->name, version);
     if (!err)
-        err = sl_db_announce(cat, 'j', name);
+        err = sl_db_announce(cat, 'j', r->name);
     return sl_db_tx_end(cat, err);
 }

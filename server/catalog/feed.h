@@ -67,8 +67,11 @@ typedef struct sl_cat_job {
     uint64_t version; /* changes of the spec other than epoch advances (resize, restore) */
 } sl_cat_job;
 
-/* Insert a job at epoch 0. SL_EEXIST if the name is taken or a job's (feed or checkpoints')
- * equals it but for case (sl_cat_name_clash says which), SL_ENOTFOUND if the dataset is not. */
+/* Insert a job at epoch 0 with job->version as its first version (the caller picks one that a
+ * job deleted and made again under the same name never repeats: replicas tell their copy of a
+ * job from the catalog's by it). SL_EEXIST if the name is taken or a job's (feed or
+ * checkpoints') equals it but for case (sl_cat_name_clash says which), SL_ENOTFOUND if the
+ * dataset is not. */
 int sl_cat_job_create(sl_cat *cat, const sl_cat_job *job);
 
 /* Call fn for every job in name order; a nonzero return stops and is returned. */
@@ -140,12 +143,31 @@ void sl_cat_blob_free(sl_cat_blob *b);
 int sl_cat_epoch_get(sl_cat *cat, const char *job, uint64_t epoch, sl_cat_blob *spec,
                      uint32_t *world_size, sl_cat_blob *elastic);
 
-/* Put a job back to a checkpoint's feed state in one transaction: its spec, world, epoch and
- * elastic state; its progress replaced by `positions` (one per dp rank, each reported in
- * `epoch`); records of later epochs forgotten. SL_ENOTFOUND if the job does not exist. */
-int sl_cat_job_restore(sl_cat *cat, const char *name, const void *spec, size_t spec_len,
-                       uint32_t world_size, uint64_t epoch, const void *elastic, size_t elastic_len,
-                       const uint64_t *positions, uint32_t n, uint64_t *version);
+/* What sl_cat_job_restore writes, and the check it makes first. */
+typedef struct sl_cat_restore {
+    const char *name; /* the job */
+    const void *spec;
+    size_t spec_len;
+    uint32_t world_size;
+    uint64_t epoch;
+    const void *elastic; /* NULL/0: none */
+    size_t elastic_len;
+    const uint64_t *positions; /* one per dp rank, each reported in `epoch` */
+    uint32_t n;
+    /* Called in the transaction before anything is written, with the job's row and its
+     * dataset's row as they are committed now (not a replica's copy); the write that follows is
+     * conditional on the job's row being still that one. Nonzero refuses the restore and is
+     * returned. NULL: no check. */
+    int (*check)(const sl_cat_job *job, const sl_cat_dataset *ds, void *arg);
+    void *arg;
+} sl_cat_restore;
+
+/* Put a job back to a checkpoint's feed state in one transaction: r->check first, then its spec,
+ * world, epoch and elastic state; its progress replaced by r->positions; records of later
+ * epochs forgotten; its new version into *version (may be NULL). SL_ENOTFOUND if the job does
+ * not exist, SL_EUNAVAILABLE if another replica changed its row between the check and the
+ * write (nothing written: try again), or r->check's code. */
+int sl_cat_job_restore(sl_cat *cat, const sl_cat_restore *r, uint64_t *version);
 
 /* Tell the other replicas (a shared catalog, sl_cat_listen) that the job's progress changed, in
  * the group commit's transaction. Nothing for SQLite. */

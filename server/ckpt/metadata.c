@@ -71,13 +71,13 @@ static int meta_feed(sl_buf *b, const sl_cat_ckpt *c, const Sluice__V1__FeedStat
         err = sl_json_str(b, c->feed_job, strlen(c->feed_job));
     if (err || !fs)
         return err;
-    err =
-        sl_buf_printf(b,
-                      ",\n  \"feed_state\": {\"epoch\":%" PRIu64 ",\"world_size\":%u,"
-                      "\"unit\":\"%s\",\"samples\":%" PRIu64 ",\"lengths_sha256\":\"%s\","
-                      "\"elastic\":%s",
-                      fs->epoch, fs->world_size, fs->unit ? fs->unit : "", fs->samples,
-                      fs->lengths_sha256 ? fs->lengths_sha256 : "", fs->elastic ? "true" : "false");
+    err = sl_buf_printf(b,
+                        ",\n  \"feed_state\": {\"epoch\":%" PRIu64 ",\"world_size\":%u,"
+                        "\"unit\":\"%s\",\"samples\":%" PRIu64 ",\"lengths_sha256\":\"%s\","
+                        "\"labels_sha256\":\"%s\",\"elastic\":%s",
+                        fs->epoch, fs->world_size, fs->unit ? fs->unit : "", fs->samples,
+                        fs->lengths_sha256 ? fs->lengths_sha256 : "",
+                        fs->labels_sha256 ? fs->labels_sha256 : "", fs->elastic ? "true" : "false");
     if (!err && fs->mesh)
         err = sl_buf_printf(b, ",\"mesh\":{\"dp\":%u,\"tp\":%u,\"cp\":%u,\"pp\":%u}", fs->mesh->dp,
                             fs->mesh->tp, fs->mesh->cp, fs->mesh->pp);

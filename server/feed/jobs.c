@@ -10,7 +10,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
+
+/* A new job's first version: random below 2^62 (increments never reach 2^63), so that a job
+ * deleted and made again under the same name through one replica never has a version another
+ * replica's copy of the old job holds; that copy would look current and keep the old job's
+ * dataset and settings (sync.c compares versions). A clock-and-pid mix if the kernel has no
+ * randomness to give. */
+static uint64_t first_version(void)
+{
+    uint64_t v;
+
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+        v = sl_mono_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)sl_now_ms() << 20;
+    return v >> 2;
+}
 
 /* The job as the Jobs service describes it (borrowing the job's strings and arrays). */
 static void describe(const fjob *j, Sluice__V1__Job *out, Sluice__V1__Mesh *mesh,
@@ -204,6 +220,7 @@ static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     row.spec_len = len;
     row.world_size = in->world_size;
     row.created_ms = sl_now_ms();
+    row.version = first_version();
     err = sl_cat_job_create(f->cat, &row);
     if (err == SL_EEXIST) {
         char other[SL_CAT_FEED_NAME_MAX + 1];
@@ -231,6 +248,7 @@ static void job_create(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     }
     if (err)
         goto fail;
+    j->version = row.version;
     sl_log_info("job_created", "job=%s dataset=%s world=%u partition=%s shuffle=%s", j->name,
                 j->dataset, j->spec->world_size, sl_sample_partition_name(j->cfg.partition),
                 sl_sample_shuffle_name(j->cfg.shuffle));
@@ -818,6 +836,12 @@ static const sl_rpc_method job_methods[] = {
     },
 };
 
+/* The job a report is for: a trainer token bound to other jobs may not report to it (auth.c). */
+static const char *report_scope(const ProtobufCMessage *m)
+{
+    return ((const Sluice__V1__ReportProgressRequest *)m)->job;
+}
+
 static const sl_rpc_method epoch_methods[] = {
     {
         .name = "Get",
@@ -831,6 +855,7 @@ static const sl_rpc_method epoch_methods[] = {
         .name = "ReportProgress",
         .kind = SL_RPC_UNARY,
         .access = FEED_ACCESS_TRAINER,
+        .scope = report_scope,
         .request = &sluice__v1__report_progress_request__descriptor,
         .response = &sluice__v1__report_progress_response__descriptor,
         .on_start = epoch_report,

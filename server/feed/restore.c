@@ -23,6 +23,9 @@ static fjob *job_now(sl_feed *f, const char *name)
     return feed_job_current(f, name, &j) == 0 ? j : NULL;
 }
 
+/* The feed state's format this build writes (FeedState.format): 1 records the labels. */
+#define FEED_STATE_FORMAT 1
+
 int sl_feed_job_exists(sl_feed *f, const char *name)
 {
     return job_now(f, name) != NULL;
@@ -177,6 +180,10 @@ int sl_feed_capture(sl_feed *f, const char *job, uint64_t epoch, uint32_t world,
     fs.samples = ds.samples;
     fs.lengths_sha256 = ds.has_lengths ? ds.lengths_sha256 : "";
     fs.elastic = elastic_out->len > 0;
+    /* The labels define the order of a stratified or class-balanced epoch as the lengths define
+     * a batch plan: Restore compares them (feed_state_check). */
+    fs.labels_sha256 = feed_spec_wants_labels(spec) && ds.has_labels ? ds.labels_sha256 : "";
+    fs.format = FEED_STATE_FORMAT;
     state->len = sluice__v1__feed_state__get_packed_size(&fs);
     if (!(state->p = malloc(state->len ? state->len : 1))) {
         err = -ENOMEM;
@@ -239,13 +246,143 @@ static int mesh_same(const Sluice__V1__Mesh *a, const Sluice__V1__Mesh *b)
            strcmp(a->order ? a->order : "", b->order ? b->order : "") == 0;
 }
 
+/* What a restore checks in its catalog transaction (sl_cat_restore.check). */
+typedef struct rcheck {
+    fjob *j; /* this replica's copy of the job */
+    uint64_t version;
+    const Sluice__V1__FeedState *fs;
+    Sluice__V1__Job *spec; /* the checkpoint's */
+    const sl_feed_restore_req *req;
+    int resize;
+    char *msg;
+    size_t len;
+} rcheck;
+
+/* The dataset as the catalog has it now against the checkpoint's feed state: its sample count,
+ * and the lengths and labels wherever they define the order (a batch plan; a stratified or
+ * class-balanced epoch). `now` is the job's spec in the catalog. */
+static int data_same(const rcheck *c, const sl_cat_job *row, const Sluice__V1__Job *now,
+                     const sl_cat_dataset *ds)
+{
+    const Sluice__V1__FeedState *fs = c->fs;
+    const char *then = fs->lengths_sha256 ? fs->lengths_sha256 : "", *cur;
+
+    if (ds->samples != fs->samples) {
+        snprintf(c->msg, c->len,
+                 "dataset '%s' of feed job '%s' has %" PRIu64
+                 " samples; the checkpoint was taken with %" PRIu64,
+                 row->dataset, row->name, ds->samples, fs->samples);
+        return SL_ESTATE;
+    }
+    cur = ds->has_lengths ? ds->lengths_sha256 : "";
+    if ((then[0] || now->batching) && strcmp(cur, then) != 0) {
+        snprintf(c->msg, c->len,
+                 "the lengths of dataset '%s' changed since the checkpoint (sha256 %.16s, "
+                 "then %.16s)",
+                 row->dataset, cur[0] ? cur : "none", then[0] ? then : "none");
+        return SL_ESTATE;
+    }
+    then = fs->labels_sha256 ? fs->labels_sha256 : "";
+    cur = feed_spec_wants_labels(now) && ds->has_labels ? ds->labels_sha256 : "";
+    if (fs->format == 0) {
+        /* Taken before feed states recorded the labels: nothing to compare with. */
+        if (cur[0])
+            sl_log_warn("restore_labels_unchecked",
+                        "job=%s dataset=%s reason=\"the checkpoint predates recorded labels\"",
+                        row->name, row->dataset);
+    } else if (strcmp(cur, then) != 0) {
+        snprintf(c->msg, c->len,
+                 "the labels of dataset '%s' changed since the checkpoint (sha256 %.16s, then "
+                 "%.16s): the epoch's order would not be the one the positions count in",
+                 row->dataset, cur[0] ? cur : "none", then[0] ? then : "none");
+        return SL_ESTATE;
+    }
+    return 0;
+}
+
+/* sl_cat_restore.check: the job's and dataset's rows, read in the restore's transaction, never
+ * this replica's copy, decide; the copy must be the row (the rewind updates it). */
+static int feed_state_check(const sl_cat_job *row, const sl_cat_dataset *ds, void *arg)
+{
+    rcheck *c = arg;
+    Sluice__V1__Job *now = sluice__v1__job__unpack(NULL, row->spec_len, row->spec);
+    int err;
+
+    if (!now) {
+        snprintf(c->msg, c->len, "the spec of feed job '%s' is corrupt", row->name);
+        return SL_ECORRUPT;
+    }
+    if ((err = data_same(c, row, now, ds)) != 0)
+        goto out;
+    if (!same_settings(c->spec, now)) {
+        snprintf(c->msg, c->len,
+                 "feed job '%s' has other settings than when the checkpoint was taken (its "
+                 "dataset, partition, shuffle, seed, drop_last, batching or classes changed)",
+                 row->name);
+        err = SL_ESTATE;
+        goto out;
+    }
+    if (row->version != c->version) {
+        snprintf(c->msg, c->len, "feed job '%s' changed through another replica meanwhile",
+                 row->name);
+        err = SL_EUNAVAILABLE;
+        goto out;
+    }
+    if (c->resize)
+        err = resize_possible(c->j, c->spec, c->fs, c->req->world, (Sluice__V1__Mesh *)c->req->mesh,
+                              c->msg, c->len);
+out:
+    sluice__v1__job__free_unpacked(now, NULL);
+    return err;
+}
+
+/* The catalog's side of a restore: checked and written in one transaction, tried again once
+ * if this replica's copy of the job was behind the catalog. */
+static int restore_row(sl_feed *f, rcheck *c, fjob **j)
+{
+    const Sluice__V1__FeedState *fs = c->fs;
+    sl_cat_restore r = {
+        .name = fs->job,
+        .spec = c->req->spec->p,
+        .spec_len = c->req->spec->len,
+        .world_size = c->spec->world_size,
+        .epoch = fs->epoch,
+        .elastic = c->req->elastic->p,
+        .elastic_len = c->req->elastic->len,
+        .positions = fs->positions,
+        .n = (uint32_t)fs->n_positions,
+        .check = feed_state_check,
+        .arg = c,
+    };
+    uint64_t version = 0;
+    int err = SL_EUNAVAILABLE;
+
+    for (int tries = 0; tries < 2 && err == SL_EUNAVAILABLE; tries++) {
+        if (!(*j = job_now(f, fs->job))) {
+            snprintf(c->msg, c->len, "feed job '%s' not found", fs->job);
+            return SL_ENOTFOUND;
+        }
+        c->j = *j;
+        c->version = (*j)->version;
+        c->msg[0] = 0;
+        err = sl_cat_job_restore(f->cat, &r, &version);
+    }
+    if (err == SL_ENOTFOUND)
+        snprintf(c->msg, c->len, "feed job '%s' not found", fs->job);
+    else if (err && !c->msg[0])
+        snprintf(c->msg, c->len, "catalog error: %s", sl_strerror(err));
+    if (!err)
+        (*j)->version = version;
+    return err;
+}
+
 int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_out,
                     uint32_t *world_out, char *msg, size_t len)
 {
     Sluice__V1__FeedState *fs = NULL;
     Sluice__V1__Job *spec = NULL;
-    sl_cat_dataset ds;
-    fjob *j;
+    rcheck c = {.req = req, .msg = msg, .len = len};
+    fjob *j = NULL;
     int resize, err = 0;
 
     fs = sluice__v1__feed_state__unpack(NULL, req->state->len, req->state->p);
@@ -256,56 +393,13 @@ int sl_feed_restore(sl_feed *f, const sl_feed_restore_req *req, uint64_t *epoch_
         err = SL_ECORRUPT;
         goto out;
     }
-    if (!(j = job_now(f, fs->job))) {
-        snprintf(msg, len, "feed job '%s' not found", fs->job);
-        err = SL_ENOTFOUND;
-        goto out;
-    }
-    if (j->samples != fs->samples) {
-        snprintf(msg, len,
-                 "dataset '%s' of feed job '%s' has %" PRIu64
-                 " samples; the checkpoint was taken with %" PRIu64,
-                 j->dataset, j->name, j->samples, fs->samples);
-        err = SL_ESTATE;
-        goto out;
-    }
-    err = sl_cat_dataset_get(f->cat, &ds, j->dataset);
-    if (err) {
-        snprintf(msg, len, "catalog error: %s", sl_strerror(err));
-        goto out;
-    }
-    if ((fs->lengths_sha256 && fs->lengths_sha256[0]) || j->spec->batching) {
-        const char *now = ds.has_lengths ? ds.lengths_sha256 : "";
-        if (strcmp(now, fs->lengths_sha256 ? fs->lengths_sha256 : "") != 0) {
-            snprintf(msg, len,
-                     "the lengths of dataset '%s' changed since the checkpoint (sha256 %.16s, "
-                     "then %.16s)",
-                     j->dataset, now[0] ? now : "none",
-                     fs->lengths_sha256 && fs->lengths_sha256[0] ? fs->lengths_sha256 : "none");
-            err = SL_ESTATE;
-            goto out;
-        }
-    }
-    if (!same_settings(spec, j->spec)) {
-        snprintf(msg, len,
-                 "feed job '%s' has other settings than when the checkpoint was taken (its "
-                 "dataset, partition, shuffle, seed, drop_last or batching changed)",
-                 j->name);
-        err = SL_ESTATE;
-        goto out;
-    }
     resize = req->world && (req->world != spec->world_size ||
                             (feed_mesh_set(req->mesh) && !mesh_same(req->mesh, spec->mesh)));
-    if (resize && (err = resize_possible(j, spec, fs, req->world, (Sluice__V1__Mesh *)req->mesh,
-                                         msg, len)) != 0)
+    c.fs = fs;
+    c.spec = spec;
+    c.resize = resize;
+    if ((err = restore_row(f, &c, &j)) != 0)
         goto out;
-    err = sl_cat_job_restore(f->cat, j->name, req->spec->p, req->spec->len, spec->world_size,
-                             fs->epoch, req->elastic->p, req->elastic->len, fs->positions,
-                             (uint32_t)fs->n_positions, &j->version);
-    if (err) {
-        snprintf(msg, len, "catalog error: %s", sl_strerror(err));
-        goto out;
-    }
     err = feed_job_rewind(j, spec, fs->epoch, req->elastic->p, req->elastic->len, fs->positions,
                           (uint32_t)fs->n_positions, msg, len);
     spec = NULL; /* owned by the job now */

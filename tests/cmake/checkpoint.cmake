@@ -50,6 +50,14 @@ add_test(NAME ckpt_torch
 set_tests_properties(ckpt_torch PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
                      LABELS "python;checkpoint")
 
+# The caps on a state skeleton that load_state_dict reads (issue 25): tensor count, JSON size
+# and values, shapes with a zero next to a huge dimension; no daemon, ~10 s.
+add_test(NAME torch_ckpt_state
+         COMMAND ${SL_PYTHON} -m unittest -v test_torch_ckpt_state
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+set_tests_properties(torch_ckpt_state PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
+                     LABELS "python;checkpoint")
+
 # The exactness test with real torchrun (3 DDP ranks, gloo, CPU): a rank or sluiced killed
 # between asynchronous checkpoints, the group restored, parameters bit-identical to an
 # uninterrupted run's; a restart into another world size; ~1-2 min.

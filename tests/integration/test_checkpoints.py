@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import struct
 import sys
@@ -562,8 +563,9 @@ class CrashTest(unittest.TestCase):
         for f in d.store_files("crash"):
             if f.startswith("."):
                 # Only resumable partial uploads of checkpoints being written survive a restart
-                # (on s3 the state object and the object holding the head's data).
-                self.assertTrue(f.endswith(".shard.part") or
+                # (with replicas, each upload attempt's own, named by its lease generation; on
+                # s3 the state object and the object holding the head's data).
+                self.assertTrue(re.search(r"\.shard(\.[1-9][0-9]*)?\.part$", f) or
                                 (d.store == "s3" and f.endswith(".shard.part.head")), f)
                 self.assertEqual(known[f[1:].split("_shard_")[0]].state, pb.WRITING, f)
             else:

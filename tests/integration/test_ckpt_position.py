@@ -5,6 +5,7 @@ Restore rewinds the feed job, across epochs, into another world, and after a dae
 input gets a clear status and changes nothing."""
 import json
 import os
+import signal
 import threading
 import time
 import unittest
@@ -294,6 +295,148 @@ class PositionTest(unittest.TestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
         self.assertIn("other settings", e.exception.details())
         self.assertEqual(self.feed.get_epoch("run").ranks[0].position, 7)  # nothing changed
+
+    def test_restore_refuses_changed_labels(self):
+        # Issue 25 item 6: a stratified job's order is a function of the labels; the same
+        # samples under other labels would serve some samples twice and others never.
+        labels = [i % 3 for i in range(N)]
+        self.feed.create_dataset("run-ds", N)
+        self.feed.upload_labels("run-ds", labels)
+        self.feed.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=3,
+                             stratify=True)
+        self.save("l", [(0, 10), (0, 10)])
+        fs = self.wait_complete("l").feed_state
+        self.assertEqual(fs.format, 1)
+        self.assertEqual(len(fs.labels_sha256), 64)
+        self.feed.delete_job("run")
+        self.feed.upload_labels("run-ds", [(i + 1) % 3 for i in range(N)])
+        self.feed.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=3,
+                             stratify=True)
+        self.feed.report_progress("run", 0, 0, 4)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.restore("l")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("labels of dataset 'run-ds' changed", e.exception.details())
+        self.assertIn(fs.labels_sha256[:16], e.exception.details())
+        self.assertEqual(self.feed.get_epoch("run").ranks[0].position, 4)  # nothing changed
+        # The same labels again: the checkpoint's order exists again, and Restore takes it.
+        self.feed.delete_job("run")
+        self.feed.upload_labels("run-ds", labels)
+        self.feed.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=3,
+                             stratify=True)
+        r = self.restore("l")
+        self.assertEqual(list(r.restored.positions), [10, 10])
+        # A job whose order uses no labels records none (and so no label change refuses it).
+        self.feed.delete_job("run")
+        self.feed.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=3)
+        self.save("p", [(0, 3), (0, 3)])
+        fs = self.wait_complete("p").feed_state
+        self.assertEqual((fs.format, fs.labels_sha256), (1, ""))
+
+    def test_checkpoint_without_recorded_labels_restores_unchecked(self):
+        # A checkpoint taken before feed states recorded the labels (format 0): made here by
+        # rewriting a new one's feed state in the catalog (SQLite, daemon stopped). Its restore
+        # cannot check the labels: it goes on as before, and says so in the log.
+        if self.d.catalog != "sqlite":
+            self.skipTest("rewrites the SQLite catalog file")
+        import sqlite3
+        self.feed.create_dataset("run-ds", N)
+        self.feed.upload_labels("run-ds", [i % 3 for i in range(N)])
+        self.feed.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=3,
+                             stratify=True)
+        self.save("old", [(0, 10), (0, 10)])
+        self.wait_complete("old")
+        self.ch.close()
+        self.feed.close()
+        self.assertEqual(self.d.stop(), 0)
+        db = sqlite3.connect(os.path.join(self.d.data_dir, "catalog.db"))
+        (blob,) = db.execute("SELECT feed_state FROM checkpoints WHERE name = 'old'").fetchone()
+        fs = pb.FeedState.FromString(blob)
+        fs.ClearField("labels_sha256")
+        fs.ClearField("format")
+        db.execute("UPDATE checkpoints SET feed_state = ? WHERE name = 'old'",
+                   (fs.SerializeToString(),))
+        db.commit()
+        db.close()
+        self.d.start()
+        self.connect()
+        self.feed.delete_job("run")
+        self.feed.upload_labels("run-ds", [(i + 1) % 3 for i in range(N)])
+        self.feed.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=3,
+                             stratify=True)
+        r = self.restore("old")
+        self.assertEqual((r.restored.format, list(r.restored.positions)), (0, [10, 10]))
+        self.assertIn("event=restore_labels_unchecked job=run dataset=run-ds", self.d.log())
+
+    def test_restore_decides_from_the_catalog_not_a_replicas_copy(self):
+        # Issue 25 item 12: a job deleted and made again through replica A, and Restore through
+        # replica B at once. B is stopped meanwhile, so that its copy of the job and the
+        # announcements it has not read are as stale as they can be; then B must still decide
+        # from the catalog. With one daemon (SQLite) A and B are the same process.
+        reps = self.d.replicas
+        a_addr = "127.0.0.1:%d" % reps[0].port
+        b = reps[1] if len(reps) > 1 else reps[0]
+        a = Client(a_addr)
+        bch = grpc.insecure_channel("127.0.0.1:%d" % b.port)
+        bck = pbg.CheckpointsStub(bch)
+        bfeed = Client("127.0.0.1:%d" % b.port)
+        try:
+            a.create_dataset("run-ds", N)
+            a.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=3)
+            self.save("s", [(0, 10), (0, 10)])
+            self.wait_complete("s")
+
+            def remake(samples, seed):
+                # B holds a copy of the job (a call through it loads one), then sleeps while A
+                # makes the job again.
+                self.assertEqual(bfeed.get_job("run").seed, bfeed.get_job("run").seed)
+                if b is not reps[0]:
+                    os.kill(b.proc.pid, signal.SIGSTOP)
+                try:
+                    a.delete_job("run")
+                    a.delete_dataset("run-ds")
+                    a.create_dataset("run-ds", samples)
+                    a.create_job("run", "run-ds", world_size=2, shuffle="feistel", seed=seed)
+                    a.report_progress("run", 1, 0, 5)
+                finally:
+                    if b is not reps[0]:
+                        os.kill(b.proc.pid, signal.SIGCONT)
+
+            def restore_b():
+                return bck.Restore(pb.RestoreRequest(job="run", name="s"), timeout=10)
+
+            # B's copy: N+1 samples, seed 3; the catalog: N samples, seed 4. The check that
+            # matters is the settings' (the samples match the checkpoint's).
+            remake(N + 1, 3)
+            remake(N, 4)
+            with self.assertRaises(grpc.RpcError) as e:
+                restore_b()
+            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("other settings", e.exception.details())
+            # B's copy: N samples, seed 3 (it would pass); the catalog: N+1 samples. A stale
+            # copy must not let the restore through.
+            remake(N, 3)
+            remake(N + 1, 3)
+            with self.assertRaises(grpc.RpcError) as e:
+                restore_b()
+            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("has 1001 samples; the checkpoint was taken with 1000",
+                          e.exception.details())
+            ep = a.get_epoch("run")                         # nothing changed
+            self.assertEqual((ep.epoch, [p.position for p in ep.ranks]), (0, [0, 5]))
+            # And B's copy follows the catalog for streaming too: it serves the new job.
+            self.assertEqual(bfeed.get_job("run").seed, 3)
+            ep = bfeed.get_epoch("run")
+            self.assertEqual([p.position for p in ep.ranks], [0, 5])
+            # The catalog's job as the checkpoint had it: B restores it.
+            remake(N, 3)
+            r = restore_b()
+            self.assertEqual(list(r.restored.positions), [10, 10])
+            self.assertEqual([p.position for p in a.get_epoch("run").ranks], [10, 10])
+        finally:
+            a.close()
+            bfeed.close()
+            bch.close()
 
     def batch_job(self, lengths):
         self.feed.create_dataset("tok", N)

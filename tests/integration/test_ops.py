@@ -317,6 +317,109 @@ class AuthTest(unittest.TestCase):
             self.assertIn(msg, r.stderr, text)
 
 
+class BoundTokenTest(unittest.TestCase):
+    """Trainer tokens bound to jobs (issue 25, docs/operations.md "Tokens"): a bound token
+    reports progress only to its jobs, a job that tokens are bound to takes reports only from
+    them (and admin tokens); unbound tokens and jobs behave as before."""
+    BOUND_A, BOUND_B = "A" * 24, "B" * 24
+
+    def setUp(self):
+        from sluice.client import Client
+        self.tmp = tempfile.mkdtemp(prefix="sluice-bound-")
+        self.token_file = os.path.join(self.tmp, "tokens")
+        with open(self.token_file, "w") as f:
+            for role, tok in TOKENS.items():
+                f.write("%s %s\n" % (role, tok))
+            f.write("trainer %s jobs=ja\n" % self.BOUND_A)
+            f.write("trainer\t%s\tjobs=jb,jc\n" % self.BOUND_B)
+        self.d = Daemon(args=["--token-file", self.token_file]).start()
+        self.clients = []
+
+        def client(tok):
+            c = Client(self.d.addr, token=tok)
+            self.clients.append(c)
+            return c
+        self.admin = client(TOKENS["admin"])
+        self.a, self.b = client(self.BOUND_A), client(self.BOUND_B)
+        self.trainer, self.reader = client(TOKENS["trainer"]), client(TOKENS["reader"])
+        self.admin.create_dataset("ds", 100)
+        for job in ("ja", "jb", "free"):
+            self.admin.create_job(job, "ds", world_size=2)
+
+    def tearDown(self):
+        for c in self.clients:
+            c.close()
+        rc = self.d.stop()
+        log = self.d.log()
+        self.d.cleanup()
+        shutil.rmtree(self.tmp)
+        self.assertEqual(rc, 0, log)
+        for tok in list(TOKENS.values()) + [self.BOUND_A, self.BOUND_B]:
+            self.assertNotIn(tok, log, "a token was logged")
+
+    def report(self, client, job, position):
+        try:
+            client.report_progress(job, 0, 0, position)
+            return grpc.StatusCode.OK, ""
+        except grpc.RpcError as e:
+            return e.code(), e.details()
+
+    def position(self, job):
+        return self.admin.get_epoch(job).ranks[0].position
+
+    def test_reports_only_to_the_bound_jobs(self):
+        denied = grpc.StatusCode.PERMISSION_DENIED
+        self.assertEqual(self.report(self.a, "ja", 5)[0], grpc.StatusCode.OK)
+        code, msg = self.report(self.a, "jb", 7)                 # another job's token
+        self.assertEqual(code, denied)
+        self.assertIn("bound to other jobs than 'jb'", msg)
+        self.assertEqual(self.report(self.a, "free", 7)[0], denied)
+        self.assertEqual(self.report(self.b, "jb", 6)[0], grpc.StatusCode.OK)
+        self.assertEqual(self.report(self.b, "ja", 9)[0], denied)
+        # jc has a bound token but no job: past authorization, the job is not found.
+        self.assertEqual(self.report(self.b, "jc", 1)[0], grpc.StatusCode.NOT_FOUND)
+        # An unbound trainer token: jobs without bound tokens only.
+        code, msg = self.report(self.trainer, "ja", 9)
+        self.assertEqual(code, denied)
+        self.assertIn("job 'ja' takes", msg)
+        self.assertIn("only from the trainer tokens bound to it", msg)
+        self.assertEqual(self.report(self.trainer, "free", 3)[0], grpc.StatusCode.OK)
+        self.assertEqual(self.report(self.reader, "ja", 9)[0], denied)   # the role, as before
+        self.assertEqual(self.report(self.admin, "ja", 8)[0], grpc.StatusCode.OK)
+        # The refused reports changed nothing.
+        self.assertEqual([self.position(j) for j in ("ja", "jb", "free")], [8, 6, 3])
+        # Reading is not bound: a bound token streams any job, as its reader role allows.
+        got = next(iter(self.a.stream_indices("jb", 0, epoch=0)))
+        self.assertGreater(len(got.indices), 0)
+        self.assertIn("rpc_refused", self.d.log())
+
+    def test_bad_bindings(self):
+        cases = [("reader %s jobs=ja\n" % ("r" * 20), "only a trainer token can be bound"),
+                 ("admin %s jobs=ja\n" % ("a" * 20), "only a trainer token can be bound"),
+                 ("trainer %s jobs=a/b\n" % ("t" * 20), "job name 'a/b'"),
+                 ("trainer %s jobs=\n" % ("t" * 20), "job name ''"),
+                 ("trainer %s jobs=a,,b\n" % ("t" * 20), "job name ''"),
+                 ("trainer %s jobs=x,y,x\n" % ("t" * 20), "job 'x' named twice"),
+                 ("trainer %s jobs=%s\n" % ("t" * 20, ",".join("j%d" % i for i in range(65))),
+                  "at most 64 jobs"),
+                 ("trainer %s jobs=a extra\n" % ("t" * 20), "line 1"),
+                 ("trainer jobs=a\n", "line 1")]
+        for text, msg in cases:
+            path = os.path.join(self.tmp, "bad")
+            with open(path, "w") as f:
+                f.write(text)
+            r = subprocess.run([SLUICED, "--check-config", "--token-file", path],
+                               capture_output=True, text=True, timeout=10)
+            self.assertEqual(r.returncode, 1, text)
+            self.assertIn(msg, r.stderr, text)
+        path = os.path.join(self.tmp, "good")
+        with open(path, "w") as f:
+            f.write("trainer %s jobs=%s\n" % ("t" * 20, ",".join("j%d" % i for i in range(64))))
+        r = subprocess.run([SLUICED, "--check-config", "--token-file", path],
+                           capture_output=True, text=True, timeout=10)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+
 class MetricsTest(unittest.TestCase):
     def test_scrape_and_promtool(self):
         with Daemon(args=["--metrics-listen", "127.0.0.1:0"]) as d:

@@ -324,27 +324,35 @@ static void stats_start(sl_rpc_call *call, const ProtobufCMessage *msg, void *ar
     sl_rpc_call_reply(call, &resp.base);
 }
 
+/* Echo's scope: its text (the authorize callback below refuses the scope "forbidden"). */
+static const char *echo_scope(const ProtobufCMessage *msg)
+{
+    return ((const Sluice__Test__EchoRequest *)msg)->text;
+}
+
 /* Access levels of the test service: 0 writer, 1 public, 2 reader. */
 static const sl_rpc_method methods[] = {
     {"Echo", SL_RPC_UNARY, &sluice__test__echo_request__descriptor,
      &sluice__test__echo_response__descriptor, 2, echo_start, NULL, NULL, echo_cancel, 0, NULL, 0,
-     0},
+     0, echo_scope},
     {"Count", SL_RPC_SERVER_STREAM, &sluice__test__count_request__descriptor,
      &sluice__test__count_response__descriptor, 0, count_start, NULL, count_pump, NULL, 0, NULL, 0,
-     0},
+     0, NULL},
     {"Sum", SL_RPC_CLIENT_STREAM, &sluice__test__num__descriptor,
-     &sluice__test__sum_response__descriptor, 0, sum_start, sum_message, NULL, NULL, 0, NULL, 0, 0},
+     &sluice__test__sum_response__descriptor, 0, sum_start, sum_message, NULL, NULL, 0, NULL, 0, 0,
+     NULL},
     {"Chat", SL_RPC_BIDI_STREAM, &sluice__test__num__descriptor, &sluice__test__num__descriptor, 0,
-     chat_start, chat_message, chat_writable, NULL, 0, chat_bad_message, 0, 0},
+     chat_start, chat_message, chat_writable, NULL, 0, chat_bad_message, 0, 0, NULL},
     {"Stats", SL_RPC_UNARY, &sluice__test__stats_request__descriptor,
-     &sluice__test__stats_response__descriptor, 1, stats_start, NULL, NULL, NULL, 0, NULL, 0, 0},
+     &sluice__test__stats_response__descriptor, 1, stats_start, NULL, NULL, NULL, 0, NULL, 0, 0,
+     NULL},
     {"Digest", SL_RPC_CLIENT_STREAM, &sluice__test__piece__descriptor,
      &sluice__test__digest_response__descriptor, 0, digest_start, digest_message, NULL, NULL,
-     SLUICE__TEST__PIECE__KIND_DATA, NULL, 0, 0},
+     SLUICE__TEST__PIECE__KIND_DATA, NULL, 0, 0, NULL},
 };
 
-static int authorize(const char *method, unsigned access, const char *token, char *msg, size_t len,
-                     void *arg)
+static int authorize(const char *method, unsigned access, const char *token, const char *scope,
+                     char *msg, size_t len, void *arg)
 {
     if (access == 1)
         return 0;
@@ -354,6 +362,10 @@ static int authorize(const char *method, unsigned access, const char *token, cha
     }
     if (access == 0 && strcmp(token, "w-token") != 0) {
         snprintf(msg, len, "reader may not call %s", method);
+        return SL_EPERM;
+    }
+    if (scope && strcmp(scope, "forbidden") == 0) {
+        snprintf(msg, len, "scope '%s' is not for this token", scope);
         return SL_EPERM;
     }
     return 0;

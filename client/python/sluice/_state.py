@@ -93,9 +93,38 @@ _DAEMON_DTYPES = frozenset(
     "float64 float32 float16 bfloat16 float8_e4m3fn float8_e5m2 complex128 complex64 int64 int32 "
     "int16 int8 uint64 uint32 uint16 uint8 bool".split())
 _MAX_DIMS, _MAX_TENSORS, _MAX_NAME = 32, 65536, 1024
+# A skeleton's caps, checked by saving and loading alike, so that a hostile shard costs the
+# loading rank a bounded amount of memory before it is refused: its JSON text, and its JSON
+# values (counted before parsing, from its ',', '[' and '{': each value but the first of a list
+# or object follows one of them). A legitimate skeleton of 65,535 tensors holds about 700,000
+# values; large arrays and lists belong in tensors.
+_MAX_SKELETON, _MAX_SKELETON_VALUES = 32 << 20, 1 << 20
+_MAX_BYTES = (1 << 63) - 1
 _FLOAT_WORDS = {"nan", "inf", "-inf"}
 _INT_HEX = re.compile(r"-?0x[0-9a-f]{1,100000}\Z")
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _skeleton_values(text):
+    """An upper bound on the JSON values in `text` (bytes), without parsing it."""
+    return text.count(b",") + text.count(b"[") + text.count(b"{") + 1
+
+
+def _shape_problem(shape, itemsize=1):
+    """Why `shape` (a list) is no shape of an array that can exist, or None: at most 64
+    dimensions, each an int in [0, 2^63), and at most 2^63 - 1 bytes counting every dimension
+    as at least 1 (a zero next to a huge dimension is refused as well: the array libraries fail
+    on it with TypeError or OverflowError instead of making an empty array)."""
+    if type(shape) is not list or len(shape) > 64:
+        return "is not a list of at most 64 dimensions"
+    n = itemsize
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= _MAX_BYTES:
+            return "has a dimension that is not an integer in [0, 2^63)"
+        n *= max(d, 1)
+        if n > _MAX_BYTES:
+            return "%s of %d-byte items would be over 2^63 bytes" % (shape[:8], itemsize)
+    return None
 
 
 def _align(n):
@@ -341,11 +370,18 @@ class _Decoder:
             return _numpy().frombuffer(b, dtype=dt)[0]
         if (tag == "na" and len(a) == 3 and type(a[1]) is list and len(a[1]) <= 64
                 and all(type(x) is int and x >= 0 for x in a[1]) and type(a[2]) is str):
-            dt, b = self._numpy_dtype(a[0], path), self._b64(a[2], path)
+            dt = self._numpy_dtype(a[0], path)
+            why = _shape_problem(a[1], dt.itemsize)
+            if why:
+                raise self._bad(path, "a numpy array's shape " + why)
+            b = self._b64(a[2], path)
             if len(b) != math.prod(a[1]) * dt.itemsize:
                 raise self._bad(path, "a numpy array of shape %s and dtype %s in %d bytes"
                                 % (a[1], dt, len(b)))
-            return _numpy().frombuffer(bytearray(b), dtype=dt).reshape(a[1])
+            try:
+                return _numpy().frombuffer(bytearray(b), dtype=dt).reshape(a[1])
+            except (ValueError, TypeError, OverflowError) as e:
+                raise self._bad(path, "a numpy array of shape %s: %s" % (a[1][:8], e)) from None
         if tag == "P" and len(a) == 2 and type(a[0]) is str and type(a[1]) is str:
             if not self.allow_pickle:
                 raise ValueError("%s: the state holds a pickled %s, which only "
@@ -359,7 +395,7 @@ class _Decoder:
                                  % (_path_str(path), a[0][:200], type(e).__name__, e)) from None
         if tag == "dt" and type(one) is str and one in self.dtypes:
             return self.dtypes[one]
-        if tag == "sz" and all(type(x) is int and x >= 0 for x in a):
+        if tag == "sz" and _shape_problem(a) is None:
             return self.torch.Size(a)
         if tag == "dev" and type(one) is str:
             try:
@@ -441,6 +477,12 @@ class _StateShard:
             text = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("ascii")
         except RecursionError:
             raise ValueError("the state is nested too deeply to save") from None
+        if len(text) > _MAX_SKELETON or _skeleton_values(text) > _MAX_SKELETON_VALUES:
+            raise ValueError(
+                "the state's skeleton (its structure and non-tensor values) is %d bytes with "
+                "about %d values: a shard's holds at most %d bytes and %d values (loading refuses "
+                "more); store large arrays and lists as tensors"
+                % (len(text), _skeleton_values(text), _MAX_SKELETON, _MAX_SKELETON_VALUES))
         head = SKELETON_MAGIC + struct.pack("<Q", len(text))
         skel_size = _align(len(head) + len(text))
         self.skeleton = head + text + bytes(skel_size - len(head) - len(text))
@@ -498,7 +540,14 @@ def _read_skeleton_shard(s, torch, template, allow_pickle=False):
     skel_size = _align(len(head) + n)
     if skel_size > size:
         raise ValueError("the state skeleton claims %d bytes, the shard holds %d" % (n, size))
+    if n > _MAX_SKELETON:
+        raise ValueError("the state skeleton claims %d bytes: a skeleton holds at most %d"
+                         % (n, _MAX_SKELETON))
     text = s.read(n)
+    values = _skeleton_values(text)
+    if values > _MAX_SKELETON_VALUES:
+        raise ValueError("the state skeleton holds up to %d JSON values: a skeleton holds at "
+                         "most %d" % (values, _MAX_SKELETON_VALUES))
     try:
         doc = json.loads(text.decode("ascii"))
     except (ValueError, UnicodeDecodeError) as e:
@@ -513,6 +562,9 @@ def _read_skeleton_shard(s, torch, template, allow_pickle=False):
     table = doc.get("tensors")
     if type(table) is not list or "root" not in doc:
         raise ValueError("the state skeleton has no tensor table or no root")
+    if len(table) > _MAX_TENSORS - 1:
+        raise ValueError("the state skeleton lists %d tensors: a shard holds at most %d"
+                         % (len(table), _MAX_TENSORS - 1))
     dtypes, itemsizes = _data_dtypes(torch), {}
     tensors, spans, end = [], [], skel_size
     for i, e in enumerate(table):
@@ -532,9 +584,12 @@ def _read_skeleton_shard(s, torch, template, allow_pickle=False):
                              "%d bytes" % (i, off, off + nbytes, size))
         if nbytes and off < end:
             raise ValueError("state skeleton: tensor %d overlaps the data before it" % i)
+        why = _shape_problem(e[1], itemsizes[dtype])
+        if why:
+            raise ValueError("state skeleton: tensor %d: its shape %s" % (i, why))
         try:
             tensors.append(torch.empty(e[1], dtype=dtype))
-        except RuntimeError as x:
+        except (RuntimeError, TypeError, ValueError, OverflowError) as x:
             raise ValueError("state skeleton: tensor %d: %s" % (i, x)) from None
         if nbytes:
             spans.append((off, nbytes, tensors[-1]))

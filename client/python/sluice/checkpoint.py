@@ -266,7 +266,7 @@ class Checkpoints:
 
     def feed_state(self, job, name):
         """The FeedState checkpoint (job, name) was taken at (epoch, world_size, mesh, unit,
-        per-dp-rank positions, samples, lengths_sha256, elastic), or None if it carries none
+        per-dp-rank positions, samples, lengths_sha256, labels_sha256, elastic), or None if it carries none
         (not COMPLETE, or saved without a feed job)."""
         ck = self.get(job, name)
         return ck.feed_state if ck.HasField("feed_state") else None
@@ -282,7 +282,8 @@ class Checkpoints:
         RestoreResponse (restored FeedState, feed_job, the job's epoch and world now).
 
         Raises grpc.RpcError with the daemon's status: NOT_FOUND, FAILED_PRECONDITION (not
-        COMPLETE, no feed state, the dataset changed), INVALID_ARGUMENT (bad world or mesh);
+        COMPLETE, no feed state, the dataset's samples, lengths or labels
+        changed, the job's settings changed), INVALID_ARGUMENT (bad world or mesh);
         NotImplementedError if the daemon has no Restore."""
         if not isinstance(world_size, int) or not 0 <= world_size <= 65536:
             raise ValueError("world_size %r out of range [0, 65536]" % (world_size,))
