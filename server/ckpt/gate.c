@@ -23,6 +23,14 @@ struct ckpt_sjob {
     ckpt_sjob *next;
 };
 
+/* Here, below the sweep and the store jobs that may outlive sl_ckpt_svc_free, which call it as
+ * they end: the last of the service's asynchronous holders frees it. */
+void ckpt_svc_release(sl_ckpt_svc *s)
+{
+    if (s->stopping && !s->timer_open && !s->rsweep && !s->sjobs_running && !s->sjobs_head)
+        free(s);
+}
+
 static void sjob_work(uv_work_t *u)
 {
     ckpt_sjob *j = u->data;

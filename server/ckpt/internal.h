@@ -331,8 +331,9 @@ void ckpt_download_pump(sl_rpc_call *call, void *arg); /* on_writable */
  * catalog file was (sl_cat_check). */
 void ckpt_sweep(sl_ckpt_svc *s, int startup);
 
-/* Free the service if it is stopping and nothing holds it (the timer closed, no sweep runs):
- * in sweep.c, since a sweep of object storage may outlive sl_ckpt_svc_free. */
+/* Free the service if it is stopping and nothing holds it (the timer closed, no sweep and no
+ * store job runs or waits): in gate.c, below the sweep and the store jobs, which may outlive
+ * sl_ckpt_svc_free and call it as they end. */
 void ckpt_svc_release(sl_ckpt_svc *s);
 
 #endif

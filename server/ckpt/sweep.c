@@ -351,12 +351,6 @@ static void rs_free(ckpt_rsweep *r)
     free(r);
 }
 
-void ckpt_svc_release(sl_ckpt_svc *s)
-{
-    if (s->stopping && !s->timer_open && !s->rsweep && !s->sjobs_running && !s->sjobs_head)
-        free(s);
-}
-
 static void rs_after(uv_work_t *w, int status)
 {
     ckpt_rsweep *r = w->data;
