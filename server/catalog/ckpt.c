@@ -263,23 +263,16 @@ static int live_lease(sl_cat *cat, int64_t id, int32_t *rank, char *who, size_t 
     return err;
 }
 
+static int one_int(sl_db_q *q, const char *sql, int64_t *out, const int64_t *none);
+
 /* The claim just written: its time (the token COMPLETE must match). */
 static int claim_token(sl_cat *cat, int64_t id, int64_t *token)
 {
     sl_db_q q;
-    int rc, err;
 
     sl_db_q_init(&q, cat, "ckpt_claim_token");
     sl_db_int(&q, id);
-    err = sl_db_run(&q, "SELECT commit_claim_ms FROM checkpoints WHERE id = ?1", 0);
-    if (!err) {
-        rc = sl_db_next(&q);
-        if (rc == 1)
-            *token = sl_db_int_col(&q, 0);
-        err = rc == 1 ? 0 : rc == 0 ? SL_ENOTFOUND : rc;
-    }
-    sl_db_end(&q);
-    return err;
+    return one_int(&q, "SELECT commit_claim_ms FROM checkpoints WHERE id = ?1", token, NULL);
 }
 
 static int claim_tx(sl_cat *cat, int64_t id, const char *replica, int64_t *token,

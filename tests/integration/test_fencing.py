@@ -71,6 +71,20 @@ class FencingBase(ReplicaBase):
                  "the lease")
         return src, errs, t
 
+    def pause_and_take_over(self, name, data, first, held, bound):
+        """Upload rank 0 of job/name through replica 0, pause replica 0 (SIGSTOP) once it holds
+        `held` bytes, resume the upload through replica 1 within `bound` s, and wait for the
+        auto-commit; returns the paused upload's source, errors and thread."""
+        src, errs, t = self.held_upload(self.ks[0], "job", name, 0, data, first)
+        wait_for(lambda: self.ks[1].upload_status("job", name, 0).held_bytes >= held, 20,
+                 "replica 0 to store %d bytes" % held)
+        os.kill(self.ds[0].proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        self.ks[1].upload("job", name, 0, data, resume=True)
+        self.assertLess(time.monotonic() - t0, bound, "the takeover waited for the lease")
+        wait_for(lambda: self.ks[1].get("job", name).state == 2, 5, "COMPLETE")
+        return src, errs, t
+
     def shard_file(self, job, name, rank):
         return os.path.join(self.data, "checkpoints", job, "%s_shard_%d.shard" % (name, rank))
 
@@ -178,14 +192,7 @@ class FencingTest(FencingBase):
         # shard (before: it truncated it through the descriptor it still held).
         data = os.urandom(4 * MiB)
         self.ks[0].begin("job", "p", 1, 1, auto_commit=True)
-        src, errs, t = self.held_upload(self.ks[0], "job", "p", 0, data, 2 * MiB)
-        wait_for(lambda: self.ks[1].upload_status("job", "p", 0).held_bytes >= MiB, 10,
-                 "replica 0 to write the first MiB")
-        os.kill(self.ds[0].proc.pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        self.ks[1].upload("job", "p", 0, data, resume=True)
-        self.assertLess(time.monotonic() - t0, 2.0, "the takeover waited for the lease")
-        wait_for(lambda: self.ks[1].get("job", "p").state == 2, 5, "COMPLETE")
+        src, errs, t = self.pause_and_take_over("p", data, 2 * MiB, MiB, 2.0)
         size = os.path.getsize(self.shard_file("job", "p", 0))
         os.kill(self.ds[0].proc.pid, signal.SIGCONT)
         src.release.set()
@@ -253,14 +260,7 @@ class S3FencingTest(FencingBase):
         # catalog recorded it; replica 0, resumed, records nothing and completes nothing.
         data = os.urandom(12 * MiB)
         self.ks[0].begin("job", "p", 1, 1, auto_commit=True)
-        src, errs, t = self.held_upload(self.ks[0], "job", "p", 0, data, 6 * MiB)
-        wait_for(lambda: self.ks[1].upload_status("job", "p", 0).held_bytes > 0, 20,
-                 "replica 0 to store the head")
-        os.kill(self.ds[0].proc.pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        self.ks[1].upload("job", "p", 0, data, resume=True)
-        self.assertLess(time.monotonic() - t0, 5.0, "the takeover waited for the lease")
-        wait_for(lambda: self.ks[1].get("job", "p").state == 2, 5, "COMPLETE")
+        src, errs, t = self.pause_and_take_over("p", data, 6 * MiB, 1, 5.0)
         os.kill(self.ds[0].proc.pid, signal.SIGCONT)
         src.release.set()
         t.join(30)
