@@ -306,8 +306,10 @@ static void note_missing(commit_check *cc, int32_t from, int32_t to)
 }
 
 /* A local store: the shard file of sh's rank is the one its row records, by size and by the
- * checksum in its header (an upload recorded but not yet renamed into place, or one fenced out
- * whose rename came late, is found here). */
+ * checksum in its header (an upload fenced out whose rename came late is found here). A rank
+ * recorded whose rename a crash or a pause cut short is published now from its sealed partial
+ * upload (the claim holds: no attempt records or publishes meanwhile, and the holder's own
+ * rename then finds its bytes in place). */
 static void check_file(commit_check *cc, sl_sstore *st, const char *file, const sl_cat_shard *sh)
 {
     char sha[SL_SHARD_HEX_LEN + 1];
@@ -316,6 +318,9 @@ static void check_file(commit_check *cc, sl_sstore *st, const char *file, const 
 
     if (st->ops->shard_sha) {
         err = st->ops->shard_sha(st, cc->ck->job, file, &size, sha);
+        if ((err == SL_ENOTFOUND || (!err && strcmp(sha, sh->sha256) != 0)) && st->ops->recover &&
+            st->ops->recover(st, cc->ck->job, cc->ck->name, sh->rank, sh->sha256) == 0)
+            err = st->ops->shard_sha(st, cc->ck->job, file, &size, sha);
         if (!err && strcmp(sha, sh->sha256) != 0) {
             snprintf(cc->bad, sizeof(cc->bad),
                      "shard file of rank %d holds sha256 %.16s..., its record says %.16s...: its "

@@ -111,6 +111,11 @@ typedef struct sl_sstore_ops {
      * parse. Commit checks it against the catalog's row. */
     int (*shard_sha)(sl_sstore *s, const char *job, const char *file, uint64_t *size,
                      char sha[SL_SHARD_HEX_LEN + 1]);
+    /* A shard recorded in the catalog but not under its name (a crash, or a pause, between the
+     * record and w_publish): publish the sealed partial upload of (name, rank) whose header
+     * carries `sha`, the record's checksum. 0, SL_ENOTFOUND if there is none, or an error. NULL
+     * where the store publishes before the record (object storage). */
+    int (*recover)(sl_sstore *s, const char *job, const char *name, int32_t rank, const char *sha);
     /* Remove one file (missing: not an error). */
     int (*remove)(sl_sstore *s, const char *job, const char *file);
     /* Remove every file of checkpoint `name` of ranks [0, world_size): shards, partial uploads,

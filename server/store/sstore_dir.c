@@ -44,6 +44,7 @@ struct sl_swriter {
     uint64_t data_size;
     uint64_t written, flushed, reserved;
     int no_reserve, sealed, finished;
+    char sha[SL_SHARD_HEX_LEN + 1]; /* the sealed header's checksum */
 };
 
 struct sl_sreader {
@@ -369,6 +370,39 @@ static int d_w_write(sl_swriter *w, const struct iovec *iov, int n, uint64_t off
     return 0;
 }
 
+/* The header of the shard file (or sealed partial upload) at `path`: 0 with its checksum and
+ * its size matching the header's data length, SL_ENOTFOUND, or SL_ECORRUPT. */
+static int read_sha(const char *path, char sha[SL_SHARD_HEX_LEN + 1], sl_shard_header *h,
+                    uint64_t *size)
+{
+    uint8_t hdr[SL_SHARD_HEADER_SIZE];
+    struct stat st;
+    int err, fd = sl_store_open(path, O_RDONLY, 0);
+
+    if (fd < 0)
+        return fd == -ENOENT ? SL_ENOTFOUND : fd;
+    err = fstat(fd, &st) != 0 ? -errno : sl_store_pread_all(fd, hdr, sizeof(hdr), 0);
+    if (!err && sl_shard_header_decode(h, hdr, sizeof(hdr)) != 0)
+        err = SL_ECORRUPT;
+    close(fd);
+    if (err)
+        return err == -EIO ? SL_ECORRUPT : err;
+    *size = (uint64_t)st.st_size;
+    memcpy(sha, h->sha256, SL_SHARD_HEX_LEN + 1);
+    return 0;
+}
+
+/* 1 if the file at `path` carries checksum `sha` in its header and has the size it declares. */
+static int shard_sha_is(const char *path, const char *sha)
+{
+    char got[SL_SHARD_HEX_LEN + 1];
+    sl_shard_header h;
+    uint64_t size;
+
+    return read_sha(path, got, &h, &size) == 0 && strcmp(got, sha) == 0 &&
+           size == SL_SHARD_HEADER_SIZE + h.data_len;
+}
+
 /* The real header, the size, fsync: durable as the partial upload; published by d_w_publish. */
 static int d_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen)
 {
@@ -386,10 +420,12 @@ static int d_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msgl
         err = -errno;
         step = "fsync";
     }
-    if (err)
+    if (err) {
         snprintf(msg, msglen, "cannot %s: %s", step, sl_store_strerror(err));
-    else
+    } else {
         w->sealed = 1;
+        snprintf(w->sha, sizeof(w->sha), "%s", sha_hex);
+    }
     return err;
 }
 
@@ -401,7 +437,11 @@ static int d_w_publish(sl_swriter *w, char *msg, size_t msglen)
     const char *step = "rename";
     int err = w->sealed ? sl_store_rename(w->part, w->final) : SL_ESTATE;
 
-    if (err == -ENOENT && w->gen > 0) {
+    if (err == -ENOENT && shard_sha_is(w->final, w->sha)) {
+        /* Our sealed file was published for us (a Commit that found the rank recorded but not
+         * yet renamed, sl_sstore_ops.recover): the same bytes are under the name. */
+        err = 0;
+    } else if (err == -ENOENT && w->gen > 0) {
         /* A newer attempt removed ours: it is fenced out, and nothing was published. */
         snprintf(msg, msglen, "a newer upload attempt of rank %d took over", w->rank);
         return SL_EFENCED;
@@ -413,21 +453,6 @@ static int d_w_publish(sl_swriter *w, char *msg, size_t msglen)
     else
         w->finished = 1;
     return err;
-}
-
-static void d_w_release(sl_swriter *w)
-{
-    off_t end = (off_t)(SL_SHARD_HEADER_SIZE + w->written);
-
-    if (w->fd < 0)
-        return;
-    /* Cutting the file at its written end frees the blocks reserved beyond it on ext4 and XFS,
-     * even when the size does not change; punching them covers file systems where it does not
-     * (tmpfs). The written bytes stay for a resume. Failures leave the space to the sweep. */
-    if (w->reserved > w->written && ftruncate(w->fd, end) == 0)
-        fallocate(w->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, end,
-                  (off_t)(w->reserved - w->written));
-    w->reserved = w->written;
 }
 
 /* 1 if `path` is the file open as fd (the same inode). */
@@ -580,26 +605,55 @@ static int d_shard_sha(sl_sstore *base, const char *job, const char *file, uint6
                        char sha[SL_SHARD_HEX_LEN + 1])
 {
     dstore *s = (dstore *)base;
-    uint8_t hdr[SL_SHARD_HEADER_SIZE];
     char path[PATH_MAX];
     sl_shard_header h;
-    struct stat st;
-    int fd, err;
 
     if (file_path(s, path, sizeof(path), job, file) != 0)
         return SL_ELIMIT;
-    fd = sl_store_open(path, O_RDONLY, 0);
-    if (fd < 0)
-        return fd == -ENOENT ? SL_ENOTFOUND : fd;
-    err = fstat(fd, &st) != 0 ? -errno : sl_store_pread_all(fd, hdr, sizeof(hdr), 0);
-    if (!err && sl_shard_header_decode(&h, hdr, sizeof(hdr)) != 0)
-        err = SL_ECORRUPT;
-    close(fd);
-    if (err)
-        return err == -EIO ? SL_ECORRUPT : err;
-    *size = (uint64_t)st.st_size;
-    memcpy(sha, h.sha256, SL_SHARD_HEX_LEN + 1);
-    return 0;
+    return read_sha(path, sha, &h, size);
+}
+
+/* A sealed partial upload of the rank that carries `sha`, and the shard's path. */
+typedef struct sealed {
+    const char *sha;
+    char path[PATH_MAX];
+} sealed;
+
+static int find_sealed(const char *path, int32_t rank, int64_t gen, void *arg)
+{
+    sealed *f = arg;
+
+    (void)rank;
+    (void)gen;
+    if (!shard_sha_is(path, f->sha))
+        return 0;
+    snprintf(f->path, sizeof(f->path), "%s", path);
+    return 1;
+}
+
+static int d_recover(sl_sstore *base, const char *job, const char *name, int32_t rank,
+                     const char *sha)
+{
+    dstore *s = (dstore *)base;
+    char dir[PATH_MAX], final[PATH_MAX];
+    sealed f = {sha, ""};
+    int err;
+
+    if (job_dir(s, dir, sizeof(dir), job) != 0 ||
+        sl_store_path(final, sizeof(final), dir, SL_STORE_SHARD, name, rank) != 0)
+        return SL_ELIMIT;
+    err = sl_store_parts_each(dir, name, rank, find_sealed, &f);
+    if (err < 0)
+        return err;
+    if (!f.path[0])
+        return SL_ENOTFOUND;
+    err = sl_store_rename(f.path, final);
+    if (!err)
+        err = sl_store_fsync_dir(dir);
+    if (!err)
+        sl_log_info("ckpt_shard_recovered", "job=%s name=%s rank=%d sha256=%s", job, name, rank,
+                    sha);
+    return err;
 }
 
 static int d_remove(sl_sstore *base, const char *job, const char *file)
@@ -709,6 +763,7 @@ static const sl_sstore_ops dir_ops = {
     .put = d_put,
     .stat = d_stat,
     .shard_sha = d_shard_sha,
+    .recover = d_recover,
     .remove = d_remove,
     .remove_ckpt = d_remove_ckpt,
     .free_bytes = d_free_bytes,

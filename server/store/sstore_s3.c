@@ -306,7 +306,6 @@ static const sl_sstore_ops s3_ops = {
     .w_open = s3s_w_open,
     .w_write = s3s_w_write,
     .w_finish = s3s_w_finish,
-    .w_publish = s3s_w_publish,
     .w_release = s3s_w_release,
     .w_close = s3s_w_close,
     .held = s3s_held,

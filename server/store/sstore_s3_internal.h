@@ -76,12 +76,6 @@ struct sl_swriter {
     uint64_t data_done;            /* data bytes stored (head and parts 2..done_upto) */
     uint8_t done_state[SL_SHA256_STATE_LEN];
     int head_stored, finished;
-    /* Finished but not yet published (s3s_w_publish, after the catalog fenced the attempt): a
-     * single-part shard's whole object waits here for its PutObject; a multipart one has every
-     * part stored and waits for CompleteMultipartUpload. */
-    int sealed;
-    uint8_t *single;
-    size_t single_len;
     int finishing; /* in finish: the caller finalized the hasher (its state means nothing) */
     pjob *jobs, *jobs_tail;
     int njobs;
@@ -135,7 +129,6 @@ int s3s_held(sl_sstore *base, const char *job, const char *name, int32_t rank, u
 /* A part thread's body (started by the constructor). */
 void *s3s_pool_main(void *arg);
 /* sl_sstore_ops writers. */
-int s3s_w_publish(sl_swriter *w, char *msg, size_t msglen);
 int s3s_w_open(sl_sstore *base, const sl_swriter_spec *spec, sl_sha256 *sha, sl_swriter **out,
                char *msg, size_t msglen);
 int s3s_w_write(sl_swriter *w, const struct iovec *iov, int n, uint64_t off, char *msg,

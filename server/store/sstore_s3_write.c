@@ -1,9 +1,8 @@
 /* Writers of the object-storage backend (sstore_s3.c has the design): the head gathered in
  * memory and stored once complete (then freed: part 1 reads it back at the end), parts handed to
  * the part threads (at most `inflight` per upload on their way), the state object written as the
- * stored prefix grows, part 1 with the header at the end (s3s_w_finish) and CompleteMultipartUpload
- * once the catalog recorded the shard (s3s_w_publish). One thread at a time per writer (the
- * upload's write lane). */
+ * stored prefix grows, part 1 with the header and CompleteMultipartUpload at the end. One thread at
+ * a time per writer (the upload's write lane). */
 #include "sstore_s3_internal.h"
 
 #include "layout.h"
@@ -275,7 +274,6 @@ static int w_resume(sl_swriter *w, uint64_t from, sl_sha256 *sha, char *msg, siz
 
 static void w_free(sl_swriter *w)
 {
-    free(w->single);
     free(w->head);
     free(w->buf);
     for (int i = 0; i < w->nspare; i++)
@@ -403,10 +401,8 @@ int s3s_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen)
                             msglen);
     }
     if (!err && !w->upload_id[0]) {
-        /* One part: one PutObject, when publishing. */
-        w->single = part1;
-        w->single_len = SL_SHARD_HEADER_SIZE + w->head_len;
-        part1 = NULL;
+        /* One part: one PutObject. */
+        err = sl_s3_put(w->s->c, w->key, part1, SL_SHARD_HEADER_SIZE + w->head_len, msg, msglen);
     } else if (!err) {
         struct iovec iov = {part1, SL_SHARD_HEADER_SIZE + w->head_len};
         /* The parts before the last one are recorded first; the last, partly filled one is
@@ -422,26 +418,9 @@ int s3s_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen)
         if (!err)
             err =
                 sl_s3_mpu_part(w->s->c, w->key, w->upload_id, 1, &iov, 1, w->etags[1], msg, msglen);
-    }
-    free(part1);
-    if (err && !msg[0])
-        snprintf(msg, msglen, "%s", w->errmsg[0] ? w->errmsg : sl_strerror(err));
-    if (!err)
-        w->sealed = 1;
-    return err;
-}
-
-/* The shard under its name: only after the catalog recorded it in the transaction that fences
- * this attempt, so an attempt that was taken over never completes its object over the shard. */
-int s3s_w_publish(sl_swriter *w, char *msg, size_t msglen)
-{
-    int err = w->sealed ? 0 : SL_ESTATE;
-
-    if (!err && w->single) {
-        err = sl_s3_put(w->s->c, w->key, w->single, w->single_len, msg, msglen);
-    } else if (!err) {
-        err = sl_s3_mpu_complete(w->s->c, w->key, w->upload_id, w->done_upto,
-                                 (const char(*)[SL_S3_ETAG_MAX])(w->etags + 1), msg, msglen);
+        if (!err)
+            err = sl_s3_mpu_complete(w->s->c, w->key, w->upload_id, w->done_upto,
+                                     (const char(*)[SL_S3_ETAG_MAX])(w->etags + 1), msg, msglen);
         if (!err) {
             char m2[256];
             sl_s3_delete(w->s->c, w->head_key, m2, sizeof(m2));
@@ -449,8 +428,9 @@ int s3s_w_publish(sl_swriter *w, char *msg, size_t msglen)
             w->upload_id[0] = '\0';
         }
     }
+    free(part1);
     if (err && !msg[0])
-        snprintf(msg, msglen, "%s", sl_strerror(err));
+        snprintf(msg, msglen, "%s", w->errmsg[0] ? w->errmsg : sl_strerror(err));
     if (!err)
         w->finished = 1;
     return err;

@@ -371,7 +371,9 @@ class FeedTest(DaemonClientTest):
             ep, start, idx = share(c, "j", r)
             self.assertEqual((ep, start), (0, 0))
             rest += idx
-        self.assertEqual(sorted(consumed + rest), list(range(100000)))
+        # Every rank gets the same count (issue 25: equal steps for DDP); with drop_last the
+        # rest is cut to a multiple of the new world, and what was cut is stated (left_out).
+        self.assert_once_but_left_out(c, consumed + rest, 100000, 3)
         # Resizing again after progress on the elastic shares chains (issue 17): the rest of
         # the rest is redistributed, exactly.
         ep, start, idx = share(c, "j", 0)
@@ -380,7 +382,7 @@ class FeedTest(DaemonClientTest):
         job = c.resize_job("j", 2)
         self.assertTrue(job.resized_in_epoch)
         rest = [i for r in range(2) for i in share(c, "j", r)[2]]
-        self.assertEqual(sorted(consumed + rest), list(range(100000)))
+        self.assert_once_but_left_out(c, consumed + rest, 100000, 3 + 2)
         for r in range(2):
             resp = c.report_progress("j", r, 0, c.get_epoch("j").ranks[r].count)
         self.assertTrue(resp.advanced)
@@ -389,6 +391,15 @@ class FeedTest(DaemonClientTest):
         allidx = [i for r in range(2) for i in share(c, "j", r)[2]]
         self.assertEqual(len(allidx), 100000)
         self.assertEqual(len(set(allidx)), 100000)
+
+    def assert_once_but_left_out(self, c, seen, n, bound, job="j"):
+        """`seen` holds no index twice, and with the job's stated left_out covers all n (fewer
+        than `bound` left out: each resize cuts less than its new world)."""
+        left = c.get_epoch(job).left_out
+        self.assertEqual(len(set(seen)), len(seen))
+        self.assertTrue(set(seen) <= set(range(n)))
+        self.assertEqual(len(seen) + left, n)
+        self.assertLess(left, bound)
 
     def test_batches(self):
         c = self.c
@@ -567,7 +578,9 @@ class FeedTest(DaemonClientTest):
         for rank in range(3):
             r = cli("indices", "--job", "cj", "--rank", str(rank), addr=a)
             got += [int(x) for x in r.stdout.split()]
-        self.assertEqual(sorted(got), [1, 2, 3, 4, 5])
+        # 5 left for 3 ranks with drop_last: one each, the other 2 stated as left out.
+        self.assertEqual(len(got), 3)
+        self.assert_once_but_left_out(self.c, [0] + got, 6, 3, job="cj")
         r = cli("job", "create", "cb", "--dataset", "cl", "--world-size", "1",
                 "--max-batch-size", "2", "--max-seq-len", "8", addr=a)
         self.assertEqual(r.returncode, 0, r.stderr)

@@ -257,8 +257,8 @@ class S3FencingTest(FencingBase):
 
     def test_paused_holder_resumed_after_takeover_s3(self):
         # Replica 0 has stored the first part's data (the head) and is paused; replica 1 takes
-        # over at once from the stored prefix and completes the multipart upload only after the
-        # catalog recorded it; replica 0, resumed, records nothing and completes nothing.
+        # over at once from the stored prefix and finishes; replica 0, resumed, records nothing
+        # (the store does not fence its late requests: docs/operations.md, "What fences what").
         data = os.urandom(12 * MiB)
         self.ks[0].begin("job", "p", 1, 1, auto_commit=True)
         src, errs, t = self.pause_and_take_over("p", data, 6 * MiB, 1, 5.0)
