@@ -455,6 +455,21 @@ static int d_w_publish(sl_swriter *w, char *msg, size_t msglen)
     return err;
 }
 
+static void d_w_release(sl_swriter *w)
+{
+    off_t end = (off_t)(SL_SHARD_HEADER_SIZE + w->written);
+
+    if (w->fd < 0)
+        return;
+    /* Cutting the file at its written end frees the blocks reserved beyond it on ext4 and XFS,
+     * even when the size does not change; punching them covers file systems where it does not
+     * (tmpfs). The written bytes stay for a resume. Failures leave the space to the sweep. */
+    if (w->reserved > w->written && ftruncate(w->fd, end) == 0)
+        fallocate(w->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, end,
+                  (off_t)(w->reserved - w->written));
+    w->reserved = w->written;
+}
+
 /* 1 if `path` is the file open as fd (the same inode). */
 static int same_file(const char *path, int fd)
 {
