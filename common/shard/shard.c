@@ -19,6 +19,14 @@
 
 struct sl_sha256 {
     SHA256_CTX c;
+    /* Block digests (sl_sha256_blocks_on): the current block's hash and how many of its bytes
+     * were hashed, the finished blocks' digests (n of cap allocated, at most max). */
+    SHA256_CTX b;
+    uint32_t bsize;
+    uint32_t bfill;
+    int lost;
+    uint8_t *digests;
+    size_t n, cap, max;
 };
 
 static void put_u32(uint8_t *p, uint32_t v)
@@ -138,15 +146,94 @@ int sl_sha256_new(sl_sha256 **out)
 
 int sl_sha256_reset(sl_sha256 *h)
 {
-    if (SHA256_Init(&h->c) != 1)
+    h->n = 0;
+    h->bfill = 0;
+    h->lost = 0;
+    if (SHA256_Init(&h->c) != 1 || SHA256_Init(&h->b) != 1)
         return ossl_fail("sha256_init");
     return 0;
+}
+
+int sl_sha256_blocks_on(sl_sha256 *h, uint32_t block_size, uint64_t max_bytes)
+{
+    if (block_size < SL_SHARD_BLOCK_MIN || block_size > SL_SHARD_BLOCK_MAX)
+        return SL_EINVAL;
+    h->bsize = block_size;
+    h->max = (size_t)(max_bytes / block_size + (max_bytes % block_size != 0));
+    return 0;
+}
+
+/* The current block is complete (or the data ended): append its digest. A list that cannot
+ * grow is dropped (lost): the shard is then recorded without one, as an older shard is. */
+static int block_end(sl_sha256 *h)
+{
+    uint8_t *d;
+
+    if (h->n == h->max)
+        h->lost = 1;
+    if (!h->lost && h->n == h->cap) {
+        size_t cap = h->cap ? 2 * h->cap : 64;
+        cap = cap > h->max ? h->max : cap;
+        d = realloc(h->digests, cap * SL_SHARD_DIGEST);
+        if (d) {
+            h->digests = d;
+            h->cap = cap;
+        } else {
+            h->lost = 1;
+        }
+    }
+    if (!h->lost && SHA256_Final(h->digests + h->n * SL_SHARD_DIGEST, &h->b) != 1)
+        return ossl_fail("sha256_final");
+    if (!h->lost)
+        h->n++;
+    h->bfill = 0;
+    if (SHA256_Init(&h->b) != 1)
+        return ossl_fail("sha256_init");
+    return 0;
+}
+
+static int blocks_update(sl_sha256 *h, const uint8_t *p, size_t len)
+{
+    int err = 0;
+
+    while (len && !err) {
+        size_t k = h->bsize - h->bfill;
+        k = k < len ? k : len;
+        if (!h->lost && SHA256_Update(&h->b, p, k) != 1)
+            return ossl_fail("sha256_update");
+        h->bfill += (uint32_t)k;
+        p += k;
+        len -= k;
+        if (h->bfill == h->bsize)
+            err = block_end(h);
+    }
+    return err;
 }
 
 int sl_sha256_update(sl_sha256 *h, const void *buf, size_t len)
 {
     if (len && SHA256_Update(&h->c, buf, len) != 1)
         return ossl_fail("sha256_update");
+    return h->bsize ? blocks_update(h, buf, len) : 0;
+}
+
+int sl_sha256_blocks(const sl_sha256 *h, const uint8_t **digests, size_t *count)
+{
+    *digests = NULL;
+    *count = 0;
+    if (!h->bsize || h->lost)
+        return SL_ENOTFOUND;
+    *digests = h->digests;
+    *count = h->n;
+    return 0;
+}
+
+int sl_sha256_once(const void *buf, size_t len, uint8_t out[SL_SHARD_DIGEST])
+{
+    SHA256_CTX c;
+
+    if (SHA256_Init(&c) != 1 || SHA256_Update(&c, buf, len) != 1 || SHA256_Final(out, &c) != 1)
+        return ossl_fail("sha256");
     return 0;
 }
 
@@ -155,6 +242,8 @@ int sl_sha256_final(sl_sha256 *h, char hex[SL_SHARD_HEX_LEN + 1])
     static const char digits[] = "0123456789abcdef";
     unsigned char md[SHA256_DIGEST_LENGTH];
 
+    if (h->bsize && h->bfill && block_end(h) != 0)
+        return SL_EUNAVAILABLE;
     if (SHA256_Final(md, &h->c) != 1)
         return ossl_fail("sha256_final");
     for (unsigned i = 0; i < 32; i++) {
@@ -191,11 +280,15 @@ int sl_sha256_load(sl_sha256 *h, const uint8_t in[SL_SHA256_STATE_LEN])
     h->c.Nh = get_u32(in + 36);
     h->c.num = num;
     memcpy(h->c.data, in + 44, 64);
+    /* The saved state carries no block list: the bytes before it cannot be listed. */
+    h->lost = h->bsize != 0;
     return 0;
 }
 
 void sl_sha256_free(sl_sha256 *h)
 {
+    if (h)
+        free(h->digests);
     free(h);
 }
 

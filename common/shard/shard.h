@@ -77,6 +77,28 @@ int sl_sha256_final(sl_sha256 *h, char hex[SL_SHARD_HEX_LEN + 1]);
 void sl_sha256_save(const sl_sha256 *h, uint8_t out[SL_SHA256_STATE_LEN]);
 int sl_sha256_load(sl_sha256 *h, const uint8_t in[SL_SHA256_STATE_LEN]);
 
+/* Block digests: with sl_sha256_blocks_on, the hasher also keeps the raw SHA-256 (32 bytes) of
+ * every block of `block_size` bytes of what it hashes from its last reset on (the last block may
+ * be shorter), so that a reader of a range can check the blocks it covers without hashing from
+ * the start (DownloadShard from an offset). Every update then hashes its bytes twice.
+ *
+ * on: start keeping them (after a reset, before any update); at most ceil(max_bytes /
+ * block_size) blocks are kept: more bytes lose the list. block_size in [SL_SHARD_BLOCK_MIN,
+ * SL_SHARD_BLOCK_MAX], else SL_EINVAL. The list grows as the bytes come (memory: 32 bytes per
+ * block). Returns 0, SL_EINVAL.
+ * blocks: after sl_sha256_final, the list (borrowed, valid until the next reset or free) and its
+ * length. SL_ENOTFOUND if it was not kept or was lost: sl_sha256_load continues from a saved
+ * state, which carries no list (a resumed upload to object storage), or memory ran out. */
+#define SL_SHARD_BLOCK     (1u << 20) /* the block size of new shards */
+#define SL_SHARD_BLOCK_MIN (4u << 10)
+#define SL_SHARD_BLOCK_MAX (16u << 20)
+#define SL_SHARD_DIGEST    32
+int sl_sha256_blocks_on(sl_sha256 *h, uint32_t block_size, uint64_t max_bytes);
+int sl_sha256_blocks(const sl_sha256 *h, const uint8_t **digests, size_t *count);
+
+/* The raw SHA-256 of one buffer into out (a block's check). Returns 0 or SL_EUNAVAILABLE. */
+int sl_sha256_once(const void *buf, size_t len, uint8_t out[SL_SHARD_DIGEST]);
+
 /* Free a hasher. Accepts NULL. */
 void sl_sha256_free(sl_sha256 *h);
 

@@ -588,17 +588,20 @@ static int shard_upsert(sl_cat *cat, int64_t ckpt_id, const sl_cat_shard *s, int
         for (int i = 0; i < 3; i++)
             sl_db_text(&q, NULL);
     }
+    sl_db_int(&q, s->blocks ? s->block_size : 0);
+    sl_db_blob(&q, s->blocks, s->block_count * SL_CAT_DIGEST);
     return sl_db_exec(&q,
                       "INSERT INTO checkpoint_shards(checkpoint_id, rank, data_size, file_size, "
                       "sha256, tensor_count, tensors, created_ms, pos_epoch, pos_position, "
-                      "pos_world) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, CAST(?9 AS BIGINT), "
-                      "CAST(?10 AS BIGINT), CAST(?11 AS BIGINT)) "
+                      "pos_world, block_size, blocks) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
+                      "CAST(?9 AS BIGINT), CAST(?10 AS BIGINT), CAST(?11 AS BIGINT), ?12, ?13) "
                       "ON CONFLICT (checkpoint_id, rank) DO UPDATE SET "
                       "data_size = excluded.data_size, file_size = excluded.file_size, "
                       "sha256 = excluded.sha256, tensor_count = excluded.tensor_count, "
                       "tensors = excluded.tensors, created_ms = excluded.created_ms, "
                       "pos_epoch = excluded.pos_epoch, pos_position = excluded.pos_position, "
-                      "pos_world = excluded.pos_world",
+                      "pos_world = excluded.pos_world, block_size = excluded.block_size, "
+                      "blocks = excluded.blocks",
                       0, NULL);
 }
 
@@ -792,6 +795,56 @@ int sl_cat_shard_get(sl_cat *cat, sl_cat_shard *out, int64_t ckpt_id, int32_t ra
         if (rc == 1)
             read_shard(out, &q, 0, 0);
         err = rc == 1 ? 0 : rc == 0 ? SL_ENOTFOUND : rc;
+    }
+    sl_db_end(&q);
+    return err;
+}
+
+/* The window's digests out of the current row of the query, checked: whole digests, no more
+ * than asked for. The caller checks the block size before it allocates one. */
+static int read_blocks(sl_db_q *q, uint32_t max, uint8_t *out, uint32_t *n, uint32_t *block_size)
+{
+    int64_t bs = sl_db_int_col(q, 0);
+    size_t len = 0;
+    const void *p = sl_db_blob_col(q, 1, &len);
+
+    if (bs == 0)
+        return 0;
+    if (bs < 0 || bs > UINT32_MAX || len % SL_CAT_DIGEST != 0 || len / SL_CAT_DIGEST > max)
+        return SL_ECORRUPT;
+    if (len)
+        memcpy(out, p, len);
+    *n = (uint32_t)(len / SL_CAT_DIGEST);
+    *block_size = (uint32_t)bs;
+    return 0;
+}
+
+int sl_cat_shard_blocks(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *sha256,
+                        uint64_t first, uint32_t max, uint8_t *out, uint32_t *n,
+                        uint32_t *block_size)
+{
+    sl_db_q q;
+    int rc, err;
+
+    *n = 0;
+    *block_size = 0;
+    if (first > (uint64_t)INT32_MAX / SL_CAT_DIGEST || max > INT32_MAX / SL_CAT_DIGEST)
+        return SL_EINVAL;
+    sl_db_q_init(&q, cat, "shard_blocks");
+    sl_db_int(&q, ckpt_id);
+    sl_db_int(&q, rank);
+    sl_db_text(&q, sha256);
+    sl_db_int(&q, (int64_t)(first * SL_CAT_DIGEST + 1));
+    sl_db_int(&q, (int64_t)max * SL_CAT_DIGEST);
+    /* substr of a blob counts bytes in both engines: only the window leaves the catalog. */
+    err = sl_db_run(&q,
+                    "SELECT block_size, substr(blocks, CAST(?4 AS INTEGER), CAST(?5 AS INTEGER)) "
+                    "FROM checkpoint_shards WHERE checkpoint_id = ?1 AND rank = ?2 AND "
+                    "sha256 = ?3",
+                    0);
+    if (!err) {
+        rc = sl_db_next(&q);
+        err = rc == 1 ? read_blocks(&q, max, out, n, block_size) : rc == 0 ? SL_ENOTFOUND : rc;
     }
     sl_db_end(&q);
     return err;

@@ -36,6 +36,8 @@ typedef struct sl_cat_ckpt {
     int has_feed_state; /* COMPLETE with the feed state it was taken at */
 } sl_cat_ckpt;
 
+#define SL_CAT_DIGEST 32 /* bytes of a block digest (SHA-256) */
+
 typedef struct sl_cat_shard {
     int32_t rank;
     uint64_t data_size, file_size;
@@ -45,6 +47,11 @@ typedef struct sl_cat_shard {
     int has_pos;              /* the rank's data position when its state was taken */
     uint64_t pos_epoch, pos_position;
     uint32_t pos_world;
+    /* Put only: the SHA-256 of each block_size bytes of the data (SL_CAT_DIGEST bytes each,
+     * block_count of them, borrowed); block_size 0: none (recorded as an older shard). */
+    uint32_t block_size;
+    const uint8_t *blocks;
+    size_t block_count;
 } sl_cat_shard;
 
 /* Name of a state ("WRITING"), "UNKNOWN" otherwise. Static string. */
@@ -182,6 +189,15 @@ int sl_cat_lease_elsewhere(sl_cat *cat, int64_t ckpt_id, int32_t rank, const cha
 
 /* Look up one shard (tensors_json is NULL). SL_ENOTFOUND if the rank has none. */
 int sl_cat_shard_get(sl_cat *cat, sl_cat_shard *out, int64_t ckpt_id, int32_t rank);
+
+/* Block digests of the shard of (ckpt_id, rank) whose checksum is still `sha256` (a download
+ * reads them a window at a time; a row replaced since is SL_ENOTFOUND): at most `max` of them
+ * from block `first` on, into out (room for max * SL_CAT_DIGEST bytes), their number into *n
+ * and the shard's block size into *block_size (0 and *n 0: a shard recorded without them).
+ * SL_ECORRUPT if the row's list is not whole digests. */
+int sl_cat_shard_blocks(sl_cat *cat, int64_t ckpt_id, int32_t rank, const char *sha256,
+                        uint64_t first, uint32_t max, uint8_t *out, uint32_t *n,
+                        uint32_t *block_size);
 
 /* Forget one shard, or all shards of a checkpoint (rank < 0). */
 int sl_cat_shard_delete(sl_cat *cat, int64_t ckpt_id, int32_t rank);

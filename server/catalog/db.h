@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SL_DB_MAX_PARAMS 12
+#define SL_DB_MAX_PARAMS 16
 
 enum { SL_DB_P_NULL, SL_DB_P_INT, SL_DB_P_TEXT, SL_DB_P_BLOB };
 
@@ -132,7 +132,7 @@ void sl_db_pg_clean(char *dst, size_t len, const char *msg);
 
 /* The PostgreSQL engine's migrations 1 .. SL_DB_PG_MIGRATIONS (pg/schema.c): the same tables as
  * the SQLite engine's, in PostgreSQL's dialect. Append only. */
-#define SL_DB_PG_MIGRATIONS 8
+#define SL_DB_PG_MIGRATIONS 9
 extern const char *const sl_db_pg_migrations[SL_DB_PG_MIGRATIONS];
 
 /* sl_cat_set_timeout for the PostgreSQL engine. */

@@ -374,6 +374,8 @@ static void up_record(upload *up)
     sh.pos_epoch = up->pos_epoch;
     sh.pos_position = up->pos_position;
     sh.pos_world = up->pos_world;
+    if (sl_sha256_blocks(up->sha, &sh.blocks, &sh.block_count) == 0)
+        sh.block_size = SL_SHARD_BLOCK;
     err = sl_cat_shard_put(s->cat, up->ckpt_id, &sh, sl_now_ms(), up->lease, &why);
     if (err) {
         if (err == SL_EFENCED)
@@ -540,6 +542,10 @@ static int up_place(upload *up, const Sluice__V1__ShardHeader *h, const sl_cat_c
         return 0;
     }
     err = sl_sha256_new(&up->sha);
+    /* Block digests for ranged downloads, kept while the data is hashed anyway; a resume
+     * re-hashes its kept prefix into them too (directory), or loses them (object storage). */
+    if (!err)
+        err = sl_sha256_blocks_on(up->sha, SL_SHARD_BLOCK, h->data_size);
     if (err) {
         sl_rpc_call_fail(call, err, "cannot start hashing");
         return 0;

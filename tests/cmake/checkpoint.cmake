@@ -28,6 +28,20 @@ set_tests_properties(checkpoint_integration_s3 PROPERTIES
                      ENVIRONMENT "${SL_TEST_ENV};SL_TEST_STORE=s3" TIMEOUT 300
                      LABELS "checkpoint;s3")
 
+# Downloads from an offset and of a range, checked block by block (issue 25), with the directory
+# store and with object storage; ~10 s each.
+add_test(NAME ckpt_ranges_integration
+         COMMAND ${SL_PYTHON} -m unittest -v test_ckpt_ranges
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(ckpt_ranges_integration PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120
+                     LABELS checkpoint)
+add_test(NAME ckpt_ranges_integration_s3
+         COMMAND ${SL_PYTHON} -m unittest -v test_ckpt_ranges
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/integration")
+set_tests_properties(ckpt_ranges_integration_s3 PROPERTIES
+                     ENVIRONMENT "${SL_TEST_ENV};SL_TEST_STORE=s3" TIMEOUT 120
+                     LABELS "checkpoint;s3")
+
 # The benchmark (tests/bench/ckpt_bench.c); ctest runs a small smoke round only.
 add_executable(ckpt_bench bench/ckpt_bench.c)
 target_link_libraries(ckpt_bench PRIVATE sluice_static Threads::Threads)

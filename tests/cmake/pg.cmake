@@ -12,6 +12,7 @@ set(SL_PG_TESTS
     "class_batches_integration_pg|integration|test_class_batches|feed,pg"
     "checkpoint_integration_pg|integration|test_checkpoints|checkpoint,pg"
     "ckpt_position_integration_pg|integration|test_ckpt_position|checkpoint,pg"
+    "ckpt_ranges_integration_pg|integration|test_ckpt_ranges|checkpoint,pg"
     "ckpt_torch_pg|python|test_torch_ckpt|checkpoint,pg,python"
     "feed_torch_ddp_pg|python|test_torch_ddp|feed,pg,python,torchrun"
     "sampling2_torchrun_pg|python|test_torch_strat|feed,pg,python,torchrun"

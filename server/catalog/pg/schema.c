@@ -115,4 +115,7 @@ const char *const sl_db_pg_migrations[SL_DB_PG_MIGRATIONS] = {
     "'SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT';\n"
     "CREATE FUNCTION sl_lease_generation() RETURNS BIGINT LANGUAGE sql VOLATILE AS "
     "'SELECT nextval(''upload_lease_generation'')';\n",
+    /* 9: block digests of a shard (issue 25), as in SQLite's migration 9. */
+    "ALTER TABLE checkpoint_shards ADD COLUMN block_size BIGINT NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE checkpoint_shards ADD COLUMN blocks BYTEA;\n",
 };

@@ -144,6 +144,11 @@ static const char *const migrations[] = {
      * sl_lease_generation(), which PostgreSQL defines in its migration 8; here they are
      * functions of the connection (sqlite_functions below), so nothing changes in the file. */
     "SELECT 1;\n",
+    /* 9: block digests of a shard (issue 25): the SHA-256 of each block_size bytes of its data,
+     * concatenated, so a download from an offset checks the blocks it serves. block_size 0 and
+     * blocks NULL: a shard recorded before, or one whose list was lost (docs/checkpoints.md). */
+    "ALTER TABLE checkpoint_shards ADD COLUMN block_size INTEGER NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE checkpoint_shards ADD COLUMN blocks BLOB;\n",
 };
 
 typedef struct lite {

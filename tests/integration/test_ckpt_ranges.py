@@ -1,0 +1,190 @@
+"""DownloadShard from an offset and of a range (issue 25): the real daemon over real gRPC checks
+every block it serves against the SHA-256 recorded at upload before sending any of its bytes.
+Runs with the directory store and, with SL_TEST_STORE=s3, with object storage (the altered
+object is written anew through the S3 API)."""
+import hashlib
+import os
+import sqlite3
+import unittest
+
+import grpc
+
+from sluice.v1 import checkpoint_pb2 as pb
+from sluice.v1 import checkpoint_pb2_grpc as pbg
+from sltest import CATALOG, STORE, Daemon
+
+HEADER = 88
+MiB = 1 << 20
+BLOCK = MiB  # the block size of new shards (SL_SHARD_BLOCK)
+
+
+def data_of(size, seed=b"ranges"):
+    out, i = bytearray(), 0
+    while len(out) < size:
+        out += hashlib.sha256(seed + b"%d" % i).digest()
+        i += 1
+    return bytes(out[:size])
+
+
+class RangeTest(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon().start()
+        self.channel = grpc.insecure_channel(self.d.addr)
+        self.stub = pbg.CheckpointsStub(self.channel)
+
+    def tearDown(self):
+        self.channel.close()
+        rc = self.d.stop()
+        reports = self.d.sanitizer_reports()
+        log = self.d.log()
+        self.d.cleanup()
+        self.assertEqual(rc, 0, "sluiced exit code\n" + log)
+        self.assertEqual(reports, [], "sanitizer reports\n" + log)
+
+    def save(self, name, data, resume_at=None):
+        """A COMPLETE one-rank checkpoint holding `data`; with resume_at, the upload is cut there
+        and resumed from what the daemon holds."""
+        self.stub.Begin(pb.BeginRequest(job="rj", name=name, world_size=1), timeout=10)
+        tensors = [pb.TensorInfo(name="w", dtype="uint8", shape=[len(data)], offset=0,
+                                 size=len(data))]
+
+        def reqs(frm, to):
+            yield pb.UploadShardRequest(header=pb.ShardHeader(
+                job="rj", checkpoint=name, rank=0, tensors=tensors, data_size=len(data),
+                offset=frm))
+            for i in range(frm, to, MiB // 2):
+                yield pb.UploadShardRequest(chunk=data[i:min(i + MiB // 2, to)])
+        frm = 0
+        if resume_at is not None:
+            with self.assertRaises(grpc.RpcError):
+                self.stub.UploadShard(reqs(0, resume_at), timeout=60)
+            st = self.stub.UploadStatus(pb.UploadStatusRequest(job="rj", checkpoint=name, rank=0),
+                                        timeout=10)
+            frm = st.held_bytes
+            if STORE == "dir":
+                self.assertEqual(frm, resume_at)  # a real resume: the prefix is kept
+        r = self.stub.UploadShard(reqs(frm, len(data)), timeout=60)
+        self.assertEqual(r.sha256, hashlib.sha256(data).hexdigest())
+        ck = self.stub.Commit(pb.CheckpointRef(job="rj", name=name), timeout=10)
+        self.assertEqual(ck.state, pb.COMPLETE)
+
+    def download(self, name, offset=0, length=0, got=None):
+        """The bytes of [offset, offset + length) (length 0: to the end) and the last message's
+        checksum; what arrived before a failure is left in `got`."""
+        got = bytearray() if got is None else got
+        sha = None
+        req = pb.DownloadShardRequest(job="rj", name=name, rank=0, offset=offset, length=length)
+        for m in self.stub.DownloadShard(req, timeout=60):
+            self.assertEqual(m.offset, offset + len(got))
+            got += m.data
+            if m.sha256:
+                sha = m.sha256
+        return bytes(got), sha
+
+    def fails(self, name, offset=0, length=0):
+        got = bytearray()
+        with self.assertRaises(grpc.RpcError) as e:
+            self.download(name, offset, length, got)
+        return e.exception.code(), e.exception.details(), bytes(got)
+
+    def damage(self, name, data_off):
+        self.d.store_flip("rj", "%s_shard_0.shard" % name, HEADER + data_off)
+
+    def old_format(self, name):
+        """Make the shard's row look like one recorded before block digests (migration 9)."""
+        sql = ("UPDATE checkpoint_shards SET block_size = 0, blocks = NULL WHERE checkpoint_id = "
+               "(SELECT id FROM checkpoints WHERE job = 'rj' AND name = '%s')" % name)
+        if CATALOG == "postgresql":
+            self.assertEqual(len(self.d.pg.psql(sql + " RETURNING rank", self.d.pg_db)), 1)
+            return
+        db = sqlite3.connect(os.path.join(self.d.data_dir, "catalog.db"), timeout=10)
+        with db:
+            n = db.execute(sql).rowcount
+        db.close()
+        self.assertEqual(n, 1)
+
+    # -- tests --
+
+    def test_ranges_exact(self):
+        data = data_of(3 * MiB + 12345)
+        self.save("c", data)
+        whole = hashlib.sha256(data).hexdigest()
+        n = len(data)
+        for off, length in [(0, 0), (0, n), (1000, 0), (BLOCK - 10, 20), (2 * BLOCK, BLOCK),
+                            (5, n - 5), (n - 1, 1), (n, 0), (BLOCK + 7, 2 * BLOCK + 3),
+                            (3 * BLOCK, 0), (0, 1)]:
+            got, sha = self.download("c", off, length)
+            want = data[off:off + length] if length else data[off:]
+            self.assertEqual(got, want, (off, length))
+            self.assertEqual(sha, whole, (off, length))
+        for off, length in [(n + 1, 0), (n - 10, 11), (1, n)]:
+            code, msg, _ = self.fails("c", off, length)
+            self.assertEqual(code, grpc.StatusCode.INVALID_ARGUMENT, (off, length))
+            self.assertIn("beyond the data size", msg)
+
+    def test_damaged_block(self):
+        data = data_of(4 * MiB + 777)
+        self.save("d", data)
+        self.damage("d", 2 * BLOCK + 4321)
+        # Offsets in other blocks: served, exact.
+        self.assertEqual(self.download("d", 100, BLOCK)[0], data[100:100 + BLOCK])
+        self.assertEqual(self.download("d", 3 * BLOCK + 5)[0], data[3 * BLOCK + 5:])
+        self.assertEqual(self.download("d", BLOCK - 3, BLOCK + 3)[0],
+                         data[BLOCK - 3:2 * BLOCK])
+        # An offset in the damaged block, or a range reaching it: DATA_LOSS naming rank, block
+        # and offset, and not one byte of the damaged block sent.
+        for off, length in [(2 * BLOCK + 10, 0), (2 * BLOCK, 1), (BLOCK + 5, 0),
+                            (2 * BLOCK - 1, 2)]:
+            code, msg, got = self.fails("d", off, length)
+            self.assertEqual(code, grpc.StatusCode.DATA_LOSS, (off, length, msg))
+            self.assertIn("rank 0", msg)
+            self.assertIn("block 2 (data offset %d" % (2 * BLOCK), msg)
+            self.assertEqual(got, data[off:2 * BLOCK], (off, length))
+        # From offset 0 the whole data is hashed, as before: DATA_LOSS at its end.
+        code, _, _ = self.fails("d")
+        self.assertEqual(code, grpc.StatusCode.DATA_LOSS)
+
+    def test_offset_download_of_altered_shard(self):
+        # The plain resume of a download (offset, no length), as clients do after a failover:
+        # before block digests it was served OK with the altered byte in it.
+        data = data_of(3 * MiB, b"offset")
+        self.save("a", data)
+        self.damage("a", BLOCK + 9)
+        code, msg, got = self.fails("a", 10)
+        self.assertEqual(code, grpc.StatusCode.DATA_LOSS, msg)
+        self.assertIn("block 1 (data offset %d" % BLOCK, msg)
+        self.assertEqual(got, data[10:BLOCK])
+        self.assertEqual(self.download("a", 2 * BLOCK)[0], data[2 * BLOCK:])
+
+    def test_resumed_upload_keeps_blocks(self):
+        # A resumed upload records the block digests of the prefix it kept too: in a directory
+        # the prefix is hashed again; in object storage a prefix this short is not kept (held
+        # bytes 0), so the upload starts over and records them as it goes.
+        data = data_of(3 * MiB + 99, b"resumed")
+        self.save("r", data, resume_at=2 * MiB + MiB // 2)
+        self.damage("r", 100)
+        self.assertEqual(self.download("r", BLOCK)[0], data[BLOCK:])
+        code, msg, _ = self.fails("r", 50)
+        self.assertEqual(code, grpc.StatusCode.DATA_LOSS)
+        self.assertIn("block 0 (data offset 0", msg)
+
+    def test_old_format_shard(self):
+        # A shard recorded before block digests: a ranged download hashes the whole data from
+        # byte 0 and holds the message that ends the range back until it matches the catalog.
+        data = data_of(3 * MiB + 5, b"old")
+        self.save("o", data)
+        self.old_format("o")
+        self.assertEqual(self.download("o", BLOCK + 1, 1000)[0], data[BLOCK + 1:BLOCK + 1001])
+        self.assertEqual(self.download("o", 2 * BLOCK)[0], data[2 * BLOCK:])
+        self.assertEqual(self.download("o", len(data))[0], b"")
+        self.damage("o", 2 * BLOCK + 50)
+        code, msg, got = self.fails("o", 10, 100)
+        self.assertEqual(code, grpc.StatusCode.DATA_LOSS)
+        self.assertIn("corrupt", msg)
+        self.assertEqual(got, b"")  # the range fits one message: held back, never sent
+        code, _, _ = self.fails("o", BLOCK)
+        self.assertEqual(code, grpc.StatusCode.DATA_LOSS)
+
+
+if __name__ == "__main__":
+    unittest.main()
