@@ -199,6 +199,9 @@ struct sl_feed {
     void *scratch;
     size_t scratch_cap;
     flabels *labels; /* labels in memory, one per (dataset, checksum) (labels.c) */
+    /* An elastic state built on the worker pool for the load about to run (state.c,
+     * feed_job_reload_start), taken by the load of its job with the same blob; else NULL. */
+    fresize *prebuilt;
     /* Loads a job from its catalog row unless it is in memory already; labels.c runs it for the
      * loads that waited for labels (feed.c sets it, so labels.c calls neither state.c nor
      * sync.c, which call it). */
@@ -377,6 +380,15 @@ typedef void (*feed_resize_cb)(sl_rpc_call *call, sl_feed *f, const char *job, i
 int feed_job_resize_start(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh,
                           const double *weights, size_t nw, sl_rpc_call *call, feed_resize_cb cb,
                           char *msg, size_t len);
+
+/* Another replica resized or restored job j (sync.c): build the chain and index plan of the
+ * row's elastic state on the worker pool first, the job keeping its old state meanwhile and its
+ * calls waiting (j->resizing); then refresh(f, job) runs (sync.c, which reads the row again and
+ * loads the job: the load takes them, if the blob is still the same). Returns
+ * FEED_PENDING, or 0 when there is nothing to build off the loop (no elastic state, a batch job,
+ * a job already resizing or reloading): replace the job now. Loop thread (lane). */
+int feed_job_reload_start(fjob *j, const sl_cat_job *row,
+                          void (*refresh)(sl_feed *f, const char *job));
 
 /* Park `call` until the job's Resize in flight ends (j->resizing set): cb runs then (look the job
  * up again). Returns 0 or -ENOMEM. */

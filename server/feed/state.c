@@ -66,6 +66,9 @@ struct fresize {
      * first_spec), a new step's consumed counts (NULL: nobody progressed since the last
      * resize, whose step is re-planned), the new rank weights ([ndp] or NULL). */
     int chained;
+    int load; /* a reload's (feed_job_reload_start): spec_buf is the row's spec, old_blob its
+               * elastic state, and the products are the chain and plan of that blob */
+    void (*refresh)(sl_feed *f, const char *job); /* a reload's: refreshes the job (sync.c) */
     uint8_t *old_blob;
     size_t old_len;
     Sluice__V1__Job *first_spec;
@@ -417,8 +420,20 @@ static int elastic_install(fjob *j, fchain *c, const uint8_t *blob, size_t blob_
 /* Build the elastic source of the current epoch from a blob. */
 static int elastic_load(fjob *j, const uint8_t *blob, size_t blob_len, char *msg, size_t len)
 {
+    fresize *p = j->feed->prebuilt;
     fchain *c = NULL;
-    int err = chain_decode(blob, blob_len, j->dp_size, &c);
+    int err;
+
+    if (p && p->chain && strcmp(p->name, j->name) == 0 && p->labels == j->labels &&
+        p->epoch == j->epoch && p->old_len == blob_len && memcmp(p->old_blob, blob, blob_len) == 0) {
+        /* Built on the worker pool for this load (feed_job_reload_start). */
+        sl_sample_elastic *plan = p->plan;
+        c = p->chain;
+        p->chain = NULL;
+        p->plan = NULL;
+        return elastic_install(j, c, blob, blob_len, plan, msg, len);
+    }
+    err = chain_decode(blob, blob_len, j->dp_size, &c);
 
     if (err) {
         snprintf(msg, len, "elastic state of job '%s' is corrupt", j->name);
@@ -1002,11 +1017,114 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const
     return err;
 }
 
+static void resize_done(uv_work_t *w, int status);
+
+/* A reload's products: the chain and index plan of the row's elastic state (worker pool). */
+static int reload_build(fresize *r, char *msg, size_t len)
+{
+    Sluice__V1__Job *spec = sluice__v1__job__unpack(NULL, r->spec_len, r->spec_buf);
+    const sl_sample_labels *labels = flabels_of(r->labels);
+    sl_sample_config cfg;
+    uint32_t dp, dp_size;
+    int err = spec ? 0 : SL_ECORRUPT;
+
+    if (!err)
+        err = feed_spec_config(&cfg, spec, labels, r->samples, r->epoch, msg, len);
+    if (!err) {
+        cfg.rank = 0;
+        err = sl_sample_dp_rank(&dp, &dp_size, &cfg, msg, len);
+    }
+    if (!err && (err = chain_decode(r->old_blob, r->old_len, dp_size, &r->chain)) != 0)
+        snprintf(msg, len, "elastic state of job '%s' is corrupt", r->name);
+    if (!err)
+        err = chain_index_plan(labels, r->samples, r->epoch, r->chain, &r->plan, msg, len);
+    if (spec)
+        sluice__v1__job__free_unpacked(spec, NULL);
+    return err;
+}
+
 static void resize_work(uv_work_t *w)
 {
     fresize *r = w->data;
 
-    r->err = resize_build(r, r->msg, sizeof(r->msg));
+    r->err = r->load ? reload_build(r, r->msg, sizeof(r->msg))
+                     : resize_build(r, r->msg, sizeof(r->msg));
+}
+
+/* A reload's products are ready: the job is refreshed, and its load takes them (elastic_load).
+ * A job changed again meanwhile loads as it is now (built again off the loop if it must be). */
+static void reload_done(fresize *r, int status)
+{
+    sl_feed *f = r->f;
+
+    if (r->job)
+        r->job->resizing = NULL;
+    if (status != 0 || r->err) {
+        sl_log_warn("job_reload_build_failed", "job=%s error=\"%s\"", r->name,
+                    status != 0 ? "cancelled" : r->msg);
+        sl_sample_elastic_free(r->plan);
+        r->plan = NULL;
+        chain_free(r->chain);
+        r->chain = NULL; /* the load then fails, or succeeds, on the loop as before */
+    }
+    if (r->job && !f->shutting_down) {
+        f->prebuilt = r;
+        r->refresh(f, r->name);
+        f->prebuilt = NULL;
+    }
+    feed_waiters_run(&r->waiters, f, r->name);
+    resize_free(r);
+}
+
+int feed_job_reload_start(fjob *j, const sl_cat_job *row, void (*refresh)(sl_feed *, const char *))
+{
+    sl_feed *f = j->feed;
+    Sluice__V1__Job *spec;
+    sl_cat_dataset d;
+    fresize *r = NULL;
+    int ok;
+
+    if (!row->elastic_len || j->resizing || f->shutting_down)
+        return 0;
+    if (f->prebuilt && strcmp(f->prebuilt->name, j->name) == 0 &&
+        f->prebuilt->old_len == row->elastic_len &&
+        memcmp(f->prebuilt->old_blob, row->elastic, row->elastic_len) == 0)
+        return 0; /* built: the load takes it */
+    if (!(spec = sluice__v1__job__unpack(NULL, row->spec_len, row->spec)))
+        return 0;
+    /* A batch job builds no plan when loaded; a job whose labels would be read again loads as
+     * before. */
+    ok = !spec->batching && (!feed_spec_wants_labels(spec) || flabels_of(j->labels));
+    sluice__v1__job__free_unpacked(spec, NULL);
+    if (!ok || sl_cat_dataset_get(f->cat, &d, row->dataset) != 0 || !(r = calloc(1, sizeof(*r))))
+        return 0;
+    r->f = f;
+    r->job = j;
+    r->load = 1;
+    r->refresh = refresh;
+    snprintf(r->name, sizeof(r->name), "%s", j->name);
+    r->samples = d.samples;
+    r->epoch = row->epoch;
+    r->labels = flabels_ref(j->labels);
+    r->spec_buf = malloc(row->spec_len ? row->spec_len : 1);
+    r->old_blob = malloc(row->elastic_len);
+    r->spec_len = row->spec_len;
+    r->old_len = row->elastic_len;
+    r->work.work.data = r;
+    if (!r->spec_buf || !r->old_blob) {
+        resize_free(r);
+        return 0;
+    }
+    memcpy(r->spec_buf, row->spec, row->spec_len);
+    memcpy(r->old_blob, row->elastic, row->elastic_len);
+    if (sl_cat_queue_work(f->cat, f->loop, &r->work, resize_work, resize_done) != 0) {
+        resize_free(r);
+        return 0;
+    }
+    j->resizing = r;
+    sl_log_info("job_reload_building", "job=%s epoch=%llu version=%llu", j->name,
+                (unsigned long long)row->epoch, (unsigned long long)row->version);
+    return FEED_PENDING;
 }
 
 /* Whether the job changed since the snapshot: its chain would not be what it has consumed. */
@@ -1022,6 +1140,10 @@ static void resize_done(uv_work_t *w, int status)
     fjob *j = r->job;
     int err = r->err;
 
+    if (r->load) {
+        reload_done(r, status);
+        return;
+    }
     if (j)
         j->resizing = NULL;
     if (status != 0) {
