@@ -37,15 +37,15 @@ void fsrc_unref(fsrc *s)
  * length, u64 value; the lengths add up to n_consumed), written when that is shorter. The ranks
  * of a DDP group consume in step, so a step of 65,536 ranks is a few runs: the catalog row then
  * grows by bytes per resize, not by 512 KiB, and SQLite writes it on the loop thread. */
-#define ELASTIC_MAGIC     0x31454c53u /* "SLE1" */
-#define ELASTIC_MAGIC2    0x32454c53u /* "SLE2" */
-#define ELASTIC_EVEN      1u
-#define ELASTIC_RUNS      2u
+#define ELASTIC_MAGIC  0x31454c53u /* "SLE1" */
+#define ELASTIC_MAGIC2 0x32454c53u /* "SLE2" */
+#define ELASTIC_EVEN   1u
+#define ELASTIC_RUNS   2u
 /* At most this many consumed counts in all the steps of a chain (1 GiB of them, 2 GiB of its
  * index plan): runs make a short blob stand for many counts, so its size no longer bounds what
  * decoding it allocates. 2,048 resizes of 65,536 ranks in one epoch. */
 #define ELASTIC_COUNTS_MAX (1ull << 27)
-#define ELASTIC_STEPS_MAX 65536u
+#define ELASTIC_STEPS_MAX  65536u
 
 /* A Resize: the new spec and config the loop decided, the snapshot of the job its chain is built
  * from (on the worker pool when it chains), the chain's products, and the calls waiting. */
@@ -304,8 +304,8 @@ static int chain_encode(uint8_t **out, size_t *out_len, const fchain *c)
 
 /* A chain's epoch config and dp0 (the epoch's first dp world), for a job of `samples` with its
  * `labels` in `epoch` (any thread: a Resize builds its chain on the worker pool). */
-static int chain_config(const sl_sample_labels *labels, uint64_t samples, uint64_t epoch,
-                        fchain *c, sl_sample_config *cfg, char *msg, size_t len)
+static int chain_config(const sl_sample_labels *labels, uint64_t samples, uint64_t epoch, fchain *c,
+                        sl_sample_config *cfg, char *msg, size_t len)
 {
     uint32_t dp;
     int err = feed_spec_config(cfg, c->spec, labels, samples, epoch, msg, len);
@@ -425,7 +425,8 @@ static int elastic_load(fjob *j, const uint8_t *blob, size_t blob_len, char *msg
     int err;
 
     if (p && p->chain && strcmp(p->name, j->name) == 0 && p->labels == j->labels &&
-        p->epoch == j->epoch && p->old_len == blob_len && memcmp(p->old_blob, blob, blob_len) == 0) {
+        p->epoch == j->epoch && p->old_len == blob_len &&
+        memcmp(p->old_blob, blob, blob_len) == 0) {
         /* Built on the worker pool for this load (feed_job_reload_start). */
         sl_sample_elastic *plan = p->plan;
         c = p->chain;
@@ -810,8 +811,8 @@ static int resize_spec(fresize *r, fjob *j, uint32_t world, const Sluice__V1__Me
     if (!r->nspec)
         return -ENOMEM;
     r->world = world;
-    err = feed_spec_config(&r->ncfg, r->nspec, flabels_of(j->labels), j->samples, j->epoch, msg,
-                           len);
+    err =
+        feed_spec_config(&r->ncfg, r->nspec, flabels_of(j->labels), j->samples, j->epoch, msg, len);
     if (err)
         return err;
     r->ncfg.rank = 0;
@@ -944,8 +945,8 @@ out:
 /* Write the resize to the catalog and make it the job's state (the loop). */
 static int resize_commit(fjob *j, fresize *r, char *msg, size_t len)
 {
-    int err = sl_cat_job_resize(j->feed->cat, j->name, r->spec_buf, r->spec_len, r->world,
-                                r->blob, r->blob_len, &j->version);
+    int err = sl_cat_job_resize(j->feed->cat, j->name, r->spec_buf, r->spec_len, r->world, r->blob,
+                                r->blob_len, &j->version);
 
     if (err) {
         snprintf(msg, len, "catalog write failed: %s", sl_strerror(err));
@@ -1047,8 +1048,8 @@ static void resize_work(uv_work_t *w)
 {
     fresize *r = w->data;
 
-    r->err = r->load ? reload_build(r, r->msg, sizeof(r->msg))
-                     : resize_build(r, r->msg, sizeof(r->msg));
+    r->err =
+        r->load ? reload_build(r, r->msg, sizeof(r->msg)) : resize_build(r, r->msg, sizeof(r->msg));
 }
 
 /* A reload's products are ready: the job is refreshed, and its load takes them (elastic_load).
