@@ -29,6 +29,7 @@
 #define FEED_ACCESS_TRAINER SL_ACCESS_TRAINER
 
 typedef struct fjob fjob;
+typedef struct fresize fresize;
 typedef struct fstream fstream;
 typedef struct flabels flabels;
 
@@ -144,6 +145,9 @@ struct fjob {
     uint64_t gen;     /* bumped when the epoch advances or the job is resized */
     uint64_t version; /* the catalog's count of resizes and restores (replicas, sync.c) */
     fstream *streams;
+    /* A Resize whose chain is being built on the worker pool (feed_job_resize_start), else
+     * NULL: the calls on the job wait for it (feed_job_resize_park). */
+    fresize *resizing;
     fjob *next;
 };
 
@@ -195,6 +199,9 @@ struct sl_feed {
     void *scratch;
     size_t scratch_cap;
     flabels *labels; /* labels in memory, one per (dataset, checksum) (labels.c) */
+    /* An elastic state built on the worker pool for the load about to run (state.c,
+     * feed_job_reload_start), taken by the load of its job with the same blob; else NULL. */
+    fresize *prebuilt;
     /* Loads a job from its catalog row unless it is in memory already; labels.c runs it for the
      * loads that waited for labels (feed.c sets it, so labels.c calls neither state.c nor
      * sync.c, which call it). */
@@ -353,6 +360,39 @@ int feed_job_batch_src(fjob *j, char *msg, size_t len);
  * The weights are copied. */
 int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const double *weights,
                     size_t nw, char *msg, size_t len);
+
+/* What feed_job_resize_start's callback gets when the job changed while the chain was built (a
+ * report raised a position, the epoch advanced, a restore or another replica replaced the job):
+ * nothing was written; run the Resize again on the job as it is now. */
+#define FEED_RETRY 2
+
+/* Called on the loop (lane) when a Resize started with feed_job_resize_start ends: err 0 (the
+ * job, looked up by `job`, has its new world), FEED_RETRY, or a failure with msg. */
+typedef void (*feed_resize_cb)(sl_rpc_call *call, sl_feed *f, const char *job, int err,
+                               const char *msg);
+
+/* feed_job_resize for a call: a resize that chains (mid-epoch, or after another in the epoch)
+ * builds its chain, index plan and elastic blob on the worker pool from a snapshot of the job,
+ * then commits on the loop if the job is as it was (else cb gets FEED_RETRY); meanwhile the job
+ * keeps its old state, its streams go on and its calls wait (feed_job_resize_park). Returns
+ * FEED_PENDING (cb runs later, with `call` referenced until then), or the result of a resize
+ * done at once (0 or a failure with msg; cb is not called). The job must not be resizing. */
+int feed_job_resize_start(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh,
+                          const double *weights, size_t nw, sl_rpc_call *call, feed_resize_cb cb,
+                          char *msg, size_t len);
+
+/* Another replica resized or restored job j (sync.c): build the chain and index plan of the
+ * row's elastic state on the worker pool first, the job keeping its old state meanwhile and its
+ * calls waiting (j->resizing); then refresh(f, job) runs (sync.c, which reads the row again and
+ * loads the job: the load takes them, if the blob is still the same). Returns
+ * FEED_PENDING, or 0 when there is nothing to build off the loop (no elastic state, a batch job,
+ * a job already resizing or reloading): replace the job now. Loop thread (lane). */
+int feed_job_reload_start(fjob *j, const sl_cat_job *row,
+                          void (*refresh)(sl_feed *f, const char *job));
+
+/* Park `call` until the job's Resize in flight ends (j->resizing set): cb runs then (look the job
+ * up again). Returns 0 or -ENOMEM. */
+int feed_job_resize_park(fjob *j, sl_rpc_call *call, feed_ready_cb cb);
 
 /* Put the job back to a checkpoint's state in memory (the catalog already has it): `spec`
  * (owned from now on), `epoch`, its elastic state and each dp rank's position, reported. Ends

@@ -80,9 +80,58 @@ static void reply_job(sl_rpc_call *call, const fjob *j)
     sl_rpc_call_reply(call, &out.base);
 }
 
+/* A call parked while its job resizes (feed_job_resize_start), or a Resize in flight: its
+ * handler runs again on a copy of its request. */
+typedef struct jparked {
+    feed_handler h;
+    void *arg;
+    const ProtobufCMessageDescriptor *desc;
+    size_t len;
+    uint8_t bytes[];
+} jparked;
+
+/* Keep a copy of m and h as the call's data, for parked_run. */
+static int park(sl_rpc_call *call, const ProtobufCMessage *m, feed_handler h, void *arg)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    jparked *p = malloc(sizeof(*p) + n);
+
+    if (!p)
+        return -ENOMEM;
+    p->h = h;
+    p->arg = arg;
+    p->desc = m->descriptor;
+    p->len = protobuf_c_message_pack(m, p->bytes);
+    sl_rpc_call_set_data(call, p, free);
+    return 0;
+}
+
+/* Run a parked call's handler again (feed_ready_cb). */
+static void parked_run(sl_rpc_call *call, sl_feed *f, const char *job)
+{
+    jparked *p = sl_rpc_call_data(call);
+    ProtobufCMessage *m;
+
+    (void)job;
+    sl_rpc_call_set_data(call, NULL, NULL);
+    if (!p || sl_rpc_call_is_done(call))
+        goto out;
+    if (f->shutting_down) {
+        sl_rpc_call_finish(call, SL_RPC_UNAVAILABLE, "server shutting down");
+    } else if (!(m = protobuf_c_message_unpack(p->desc, NULL, p->len, p->bytes))) {
+        sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+    } else {
+        p->h(call, m, p->arg);
+        protobuf_c_message_free_unpacked(m, NULL);
+    }
+out:
+    free(p);
+}
+
 /* Look a job up by a request's name: NOT_FOUND / INVALID_ARGUMENT are answered here. A job
  * whose load waits for its labels (read on the worker pool) parks the call: handler h runs again
- * on m once they are read. NULL when answered or parked. */
+ * on m once they are read; so does a job whose Resize is being built, once it ends (its calls
+ * see the job before or after it, never in between). NULL when answered or parked. */
 static fjob *job_or_fail(sl_rpc_call *call, const ProtobufCMessage *m, feed_handler h, sl_feed *f,
                          const char *name, int fresh)
 {
@@ -111,6 +160,16 @@ static fjob *job_or_fail(sl_rpc_call *call, const ProtobufCMessage *m, feed_hand
             sl_rpc_call_fail(call, err, "out of memory");
         else
             sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' not found", name);
+    }
+    if (j && j->resizing) {
+        if (park(call, m, h, f) != 0) {
+            sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+        } else if (feed_job_resize_park(j, call, parked_run) != 0) {
+            free(sl_rpc_call_data(call));
+            sl_rpc_call_set_data(call, NULL, NULL);
+            sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+        }
+        return NULL;
     }
     return j;
 }
@@ -339,6 +398,27 @@ static void job_delete(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     sl_rpc_call_reply(call, &resp.base);
 }
 
+/* A Resize built on the worker pool ended (feed_resize_cb). */
+static void resize_ended(sl_rpc_call *call, sl_feed *f, const char *job, int err, const char *msg)
+{
+    fjob *j;
+
+    if (err == FEED_RETRY) {
+        parked_run(call, f, job); /* the job changed meanwhile: resize it as it is now */
+        return;
+    }
+    free(sl_rpc_call_data(call));
+    sl_rpc_call_set_data(call, NULL, NULL);
+    if (sl_rpc_call_is_done(call))
+        return;
+    if (err)
+        sl_rpc_call_fail(call, err, "%s", msg);
+    else if ((j = feed_job_find(f, job)) != NULL)
+        reply_job(call, j);
+    else
+        sl_rpc_call_fail(call, SL_ENOTFOUND, "job '%s' was deleted", job);
+}
+
 static void job_resize(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 {
     const Sluice__V1__ResizeJobRequest *req = (const void *)m;
@@ -348,8 +428,17 @@ static void job_resize(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
 
     if (!j)
         return;
-    err = feed_job_resize(j, req->world_size, req->mesh, req->rank_weights, req->n_rank_weights,
-                          msg, sizeof(msg));
+    /* Its request is kept, to run it again if the job changes while the chain is built. */
+    if (park(call, m, job_resize, arg) != 0) {
+        sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+        return;
+    }
+    err = feed_job_resize_start(j, req->world_size, req->mesh, req->rank_weights,
+                                req->n_rank_weights, call, resize_ended, msg, sizeof(msg));
+    if (err == FEED_PENDING)
+        return;
+    free(sl_rpc_call_data(call));
+    sl_rpc_call_set_data(call, NULL, NULL);
     if (err) {
         sl_rpc_call_fail(call, err, "%s", msg);
         return;

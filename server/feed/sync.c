@@ -132,6 +132,12 @@ int feed_job_load(const sl_cat_job *row, void *arg)
     return 0;
 }
 
+/* The elastic state of a job changed elsewhere was built (feed_job_reload_start): load it. */
+static void refresh_built(sl_feed *f, const char *job)
+{
+    feed_job_refresh(f, job, NULL);
+}
+
 static int reconcile(const sl_cat_job *row, void *arg)
 {
     refresh *r = arg;
@@ -153,7 +159,11 @@ static int reconcile(const sl_cat_job *row, void *arg)
         return err ? err : merge_progress(f, j);
     }
     /* Resized or restored elsewhere (or more than one epoch behind): the catalog's job replaces
-     * this copy; its streams reopen on it. Reports queued for the old copy are refused by gen. */
+     * this copy; its streams reopen on it. Reports queued for the old copy are refused by gen.
+     * A chain of resizes is built on the worker pool first (O(resizes x ranks)), the copy
+     * serving meanwhile; this runs again once it is built. */
+    if (feed_job_reload_start(j, row, refresh_built) == FEED_PENDING)
+        return 0;
     sl_log_info("job_changed_elsewhere", "job=%s epoch=%llu version=%llu", j->name,
                 (unsigned long long)row->epoch, (unsigned long long)row->version);
     gen = j->gen;
@@ -193,7 +203,8 @@ int feed_job_refresh(sl_feed *f, const char *name, fjob **out)
 
     if (out)
         *out = j;
-    if (!sl_cat_shared(f->cat))
+    /* A Resize or a reload in flight: the job is refreshed when it ends, and calls wait. */
+    if (!sl_cat_shared(f->cat) || (j && j->resizing))
         return 0;
     /* The usual case, in one statement: the copy is current but for progress. */
     if (j) {

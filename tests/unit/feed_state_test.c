@@ -214,6 +214,61 @@ out:
     sl_feed_free(f);
 }
 
+/* A step's consumed counts are stored as runs of equal values when shorter (64 ranks, 2 runs:
+ * 28 bytes instead of 512), read back to the same shares; runs that do not add up to the
+ * step's ranks are refused as corrupt (the job does not load). */
+static void test_blob_runs(sl_cat *cat)
+{
+    uint64_t counts[64];
+    uint8_t spec[256], *blob = NULL;
+    uint32_t spec_len, cnt;
+    size_t len = 0, at, sl;
+    char msg[256];
+    sl_feed *f;
+    fjob *j;
+
+    add_job(cat, "runs", 6400, 64, "feistel", 0);
+    f = open_feed(cat);
+    j = feed_job_find(f, "runs");
+    CHECK(j != NULL);
+    if (!j)
+        goto out;
+    CHECK(report(j, 0, 3) == 0);
+    CHECK(feed_job_resize(j, 64, NULL, NULL, 0, msg, sizeof(msg)) == 0);
+    CHECK(j->chain && j->chain->n == 1 && j->src && j->elastic_blob);
+    if (!j->chain || !j->elastic_blob)
+        goto out;
+    memcpy(&spec_len, j->elastic_blob + 4, 4);
+    CHECK(j->elastic_len == 8 + spec_len + 4 + 16 + 4 + 2 * 12);
+    memcpy(counts, j->counts, sizeof(counts));
+    CHECK(counts[0] + counts[63] > 0 && counts[0] == counts[63]);
+    len = j->elastic_len;
+    blob = malloc(len);
+    sl = sluice__v1__job__pack(j->spec, spec);
+    if (blob)
+        memcpy(blob, j->elastic_blob, len);
+    sl_feed_free(f);
+    f = open_feed(cat);
+    j = feed_job_find(f, "runs");
+    CHECK(j && j->src && j->dp_size == 64 && memcmp(j->counts, counts, sizeof(counts)) == 0);
+    sl_feed_free(f);
+    if (!blob)
+        goto done;
+    /* The first run (rank 0's 3) now claims 2 ranks: 65 in all. */
+    at = 8 + spec_len + 4 + 16 + 4;
+    memcpy(&cnt, blob + at, 4);
+    CHECK(cnt == 1);
+    cnt = 2;
+    memcpy(blob + at, &cnt, 4);
+    CHECK(sl_cat_job_resize(cat, "runs", spec, sl, 64, blob, len, NULL) == 0);
+    f = open_feed(cat);
+    CHECK(feed_job_find(f, "runs") == NULL);
+out:
+    sl_feed_free(f);
+done:
+    free(blob);
+}
+
 /* feed_index_chunk: a message of that many indices, each as wide as the largest, fits. */
 static void test_index_chunk(void)
 {
@@ -256,6 +311,7 @@ int main(void)
         test_empty_shares_need_every_report(cat);
         test_group_position_and_checks(cat);
         test_chained_resize_and_old_blob(cat);
+        test_blob_runs(cat);
     }
     sl_cat_close(cat);
     uv_run(&loop, UV_RUN_DEFAULT);
