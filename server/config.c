@@ -51,9 +51,10 @@ static const setting settings[] = {
      0, 0, 86400 * 30, 0, "S  idle partial uploads are removed after S seconds (default 3600)"},
     {"upload-lease", "SLUICE_UPLOAD_LEASE", K_SECONDS, offsetof(sl_config, upload_lease_ms), 0, 2,
      3600, 0,
-     "S    with a shared (PostgreSQL) catalog: a replica's upload keeps its\n"
-     "                     rank to itself for S seconds after its last renewal; another\n"
-     "                     replica resumes the upload of a dead one after that (default 30)"},
+     "S    with a shared (PostgreSQL) catalog: an upload's lease lives S\n"
+     "                     seconds after its last renewal, by the catalog's clock, and\n"
+     "                     holds back commits meanwhile; a new attempt on any replica\n"
+     "                     takes it over at once (default 30)"},
     {"catalog-timeout", "SLUICE_CATALOG_TIMEOUT", K_SECONDS,
      offsetof(sl_config, catalog_timeout_ms), 0, 1, 3600, 0,
      "S with a PostgreSQL catalog: a statement unanswered after S seconds\n"
