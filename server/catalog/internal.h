@@ -29,4 +29,9 @@ struct sl_cat {
  * shutdown, a worker's own connection, or inside the lane). */
 int sl_db_outside_lane(sl_cat *cat, const char *op);
 
+/* Lock checkpoint `id`'s row for a change that needs it WRITING with no live commit claim, in
+ * the caller's transaction (ckpt.c; lease.c uses it too). 0, or SL_ENOTFOUND, SL_ESTATE (its
+ * state into *state), SL_EUNAVAILABLE (a live claim; the claimer into who). Loop thread. */
+int sl_cat_fence_ckpt(sl_cat *cat, int64_t id, int *state, char *who, size_t len);
+
 #endif
