@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Install the Debian bookworm packages sluice needs. Usage: deps.sh [--test]
-# --test adds what the test suite needs (PyTorch for the peer comparisons, numpy; PyYAML and
-# systemd-analyze for the deployment checks; clang and its libFuzzer runtime for tests/fuzz/run.sh;
-# valgrind for the memcheck run; python3-h2 (with python3-hpack) for the raw HTTP/2 attacks of
-# test_attacks.py); python3-sklearn for the StratifiedKFold comparison of test_sampling2.py;
-# python3-boto3 and npm (s3rver) for the S3 store's tests; postgresql-15 for the PostgreSQL
-# catalog's tests, which start their own server; faketime for the replica whose clock runs
-# ahead in test_fencing.py).
+# Install the Debian packages sluice needs (Debian 12 bookworm or 13 trixie: only names both
+# releases have). Usage: deps.sh [--test]
+# --test adds what the test suite needs besides its Python venv (deploy/scripts/venv.sh):
+# python3-venv for that venv; systemd-analyze for the deployment checks; clang and its
+# libFuzzer runtime for tests/fuzz/run.sh; valgrind for the memcheck run; npm (s3rver) for the S3
+# store's tests; postgresql for the PostgreSQL catalog's tests, which start their own server;
+# faketime for the replica whose clock runs ahead in test_fencing.py. Debian's python3-grpcio
+# and python3-protobuf (below) carry the installed client and the debian_python_smoke test.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config
@@ -14,9 +14,8 @@ pkgs=(build-essential cmake pkg-config
       grpc-proto libuv1-dev libssl-dev libcurl4-openssl-dev libsqlite3-dev libpq-dev libmicrohttpd-dev libinih-dev libsystemd-dev
       python3 python3-grpcio python3-protobuf)
 if [[ "${1:-}" == "--test" ]]; then
-  pkgs+=(clang-format openssl prometheus python3-torch python3-numpy python3-yaml systemd
-         clang-14 libclang-rt-14-dev valgrind python3-h2 python3-sklearn python3-boto3
-         postgresql-15 faketime)
+  pkgs+=(clang-format openssl prometheus python3-venv systemd clang libclang-rt-dev valgrind
+         postgresql faketime)
   # npm installs s3rver for the S3 tests (tests/s3/install.sh). A nodejs from elsewhere (e.g.
   # nodesource) bundles its own npm, which Debian's npm package would conflict with.
   command -v npm >/dev/null || pkgs+=(nodejs npm)

@@ -7,16 +7,21 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 "$root/deploy/scripts/deps.sh" --test
+# Every Python and torchrun test runs in this venv (tests/requirements.txt: torch 2.13 CPU,
+# grpcio, protobuf, ...); Debian's python3 runs one smoke test (debian_python_smoke).
+"$root/deploy/scripts/venv.sh" "$root/build/venv"
+py="$root/build/venv/bin/python"
 
 jobs="$(nproc)"
 start=$(date +%s)
 
 echo "== release build (-Werror)"
-"$root/deploy/scripts/build.sh" "$root/build/ci-release" -DSLUICE_WERROR=ON
+"$root/deploy/scripts/build.sh" "$root/build/ci-release" -DSLUICE_WERROR=ON -DSL_PYTHON="$py"
 (cd "$root/build/ci-release" && ctest --output-on-failure -j"$jobs" "$@")
 
 echo "== ASan+UBSan build"
-"$root/deploy/scripts/build.sh" "$root/build/ci-asan" -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=address
+"$root/deploy/scripts/build.sh" "$root/build/ci-asan" -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=address \
+  -DSL_PYTHON="$py"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0"
@@ -43,7 +48,7 @@ chmod +x "$vgdir/sluiced"
 if ! (cd "$root/tests/integration" &&
       SLUICED="$vgdir/sluiced" SLUICE_SLOWDOWN=10 SLUICE_CLI="$root/build/ci-release/client/cli/sluice" \
       PYTHONPATH="$root/build/ci-release/python:$root/tests/python" PYTHONDONTWRITEBYTECODE=1 \
-      /usr/bin/python3 -m unittest test_daemon.DaemonTest test_limits.MaxCallsTest \
+      "$py" -m unittest test_daemon.DaemonTest test_limits.MaxCallsTest \
         test_limits.MaxJobStreamsTest); then
   cat "$vgdir"/memcheck-*.log
   exit 1

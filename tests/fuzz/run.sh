@@ -10,7 +10,7 @@
 # repository) and writes crashing inputs to build/fuzz/artifacts/<target>/. It runs at the
 # lowest CPU priority (nice 19): this is a shared machine. After fixing a crash, copy its input
 # into tests/fuzz/corpus/<target>/ so ctest replays it from then on. Environment: CC (default
-# clang-14), JOBS (default 1), FUZZ_BUILD (default build/fuzz).
+# clang, Debian's: 14 on Debian 12, 19 on 13), JOBS (default 1), FUZZ_BUILD (default build/fuzz).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 if [[ $# -lt 2 ]]; then
@@ -20,7 +20,7 @@ fi
 target="$1"; minutes="$2"; shift 2
 [[ -f "$root/tests/fuzz/$target.c" ]] || { echo "run.sh: no target $target" >&2; exit 2; }
 dir="${FUZZ_BUILD:-$root/build/fuzz}"
-cc="${CC:-clang-14}"
+cc="${CC:-clang}"
 
 nice -n 19 cmake -S "$root" -B "$dir" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSLUICE_SANITIZE=address -DSLUICE_FUZZ=ON -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link" >/dev/null

@@ -10,6 +10,7 @@ Environment (from ctest): SLUICED, SLUICE_CLI, SLUICE_BUILD_DIR (the build tree 
 """
 import contextlib
 import filecmp
+import glob
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ import unittest
 
 import yaml
 
+from pgfixture import PG_BIN
 from sltest import SANITIZER_RE, SLUICE_CLI, SLUICED, Daemon
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -214,22 +216,29 @@ class InstallTest(unittest.TestCase):
             self.assertTrue(r.stdout.startswith(name + " "), r.stdout)
 
     def test_python_package(self):
-        # The package and its generated stubs land in lib/python3.X/dist-packages, which a
-        # fresh /usr/bin/python3 searches for the /usr/local prefix; from this prefix it imports
-        # sluice.torch with nothing but that directory (-I: no PYTHONPATH, no user site).
-        ver = "%d.%d" % sys.version_info[:2]
-        rel = os.path.join("lib", "python" + ver, "dist-packages")
-        pkg = os.path.join(self.prefix, rel)
+        # The package and its generated stubs land in lib/python3.X/dist-packages (X: Debian's
+        # python3, which CMake found), which a fresh /usr/bin/python3 searches for the /usr/local
+        # prefix. From this prefix, with that directory first on the path (README command 1 may
+        # have installed another copy in /usr/local, which must not be the one imported), and -I
+        # (no PYTHONPATH, no user site):
+        # - Debian's python3 imports the torch-free client (python3-grpcio, python3-protobuf);
+        # - the test venv's python imports sluice.torch (torch 2.x).
+        found = glob.glob(os.path.join(self.prefix, "lib", "python3*", "dist-packages"))
+        self.assertEqual(len(found), 1, found)
+        pkg = found[0]
+        rel = os.path.relpath(pkg, self.prefix)
         self.assertTrue(os.path.isfile(os.path.join(pkg, "sluice", "v1", "feed_pb2_grpc.py")))
         r = subprocess.run(["/usr/bin/python3", "-I", "-c", "import sys; print(sys.path)"],
                            capture_output=True, text=True, timeout=20)
         self.assertIn("'/usr/local/%s'" % rel, r.stdout)
-        code = ("import site; site.addsitedir(%r); import sluice.torch, sluice.checkpoint, "
-                "sluice.client; print(sluice.torch.__file__)" % pkg)
-        r = subprocess.run(["/usr/bin/python3", "-I", "-c", code], capture_output=True,
-                           text=True, timeout=60, cwd=self.tmp)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertTrue(r.stdout.startswith(pkg), r.stdout)
+        for python, modules in (("/usr/bin/python3", "sluice.checkpoint, sluice.client"),
+                                (sys.executable, "sluice.torch, sluice.checkpoint, sluice.client")):
+            code = ("import sys; sys.path.insert(0, %r); import %s; print(sluice.__file__)" %
+                    (pkg, modules))
+            r = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True,
+                               timeout=60, cwd=self.tmp)
+            self.assertEqual(r.returncode, 0, python + ": " + r.stderr)
+            self.assertTrue(r.stdout.startswith(pkg), python + ": " + r.stdout)
 
     def test_service_files(self):
         self.assertEqual(read(self.unit_path),
@@ -769,9 +778,8 @@ class ReplicasTest(unittest.TestCase):
         self.assertLessEqual({"SLUICE_TLS_CERT", "SLUICE_REPLICA_ID", "SLUICE_CATALOG"}, env)
         self.assertEqual(len(pod["volumes"]), len(self.volumes))
 
-    @unittest.skipUnless(os.path.exists(os.path.join(
-        os.environ.get("SL_PG_BIN", "/usr/lib/postgresql/15/bin"), "initdb")),
-        "PostgreSQL server binaries not installed")
+    @unittest.skipUnless(os.path.exists(os.path.join(PG_BIN, "initdb")),
+                         "PostgreSQL server binaries not installed")
     def test_replicas_against_postgresql(self):
         """Two sluiced configured as two pods are (the ConfigMap, the container's environment with
         the Secret's conninfo and the pod names, the password as the init container's command

@@ -1,5 +1,6 @@
-"""A real PostgreSQL 15 for the tests: Debian's postgresql-15, initdb in a temporary directory,
-listening on 127.0.0.1 at a free port, with password (SCRAM) authentication over TCP.
+"""A real PostgreSQL for the tests: Debian's postgresql (15 on Debian 12, 17 on 13), initdb in a
+temporary directory, listening on 127.0.0.1 at a free port, with password (SCRAM)
+authentication over TCP.
 
 initdb and postgres refuse to run as root: as root the server runs as `nobody` (its directory
 is handed over to it); otherwise as the current user. The password of the `sluice` role is in
@@ -9,6 +10,7 @@ is handed over to it); otherwise as the current user. The password of the `sluic
 fsync is off unless durable=True (tests restart PostgreSQL cleanly, they do not crash the
 machine); the benchmark runs it durable.
 """
+import glob
 import os
 import secrets
 import shutil
@@ -19,7 +21,19 @@ import tempfile
 import time
 import unittest
 
-PG_BIN = os.environ.get("SL_PG_BIN", "/usr/lib/postgresql/15/bin")
+
+
+def _pg_bin():
+    """Debian's PostgreSQL server binaries: $SL_PG_BIN, else the newest major version installed
+    (15 on Debian 12, 17 on Debian 13)."""
+    if os.environ.get("SL_PG_BIN"):
+        return os.environ["SL_PG_BIN"]
+    found = glob.glob("/usr/lib/postgresql/*/bin/initdb")
+    found.sort(key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
+    return os.path.dirname(found[-1]) if found else "/usr/lib/postgresql/15/bin"
+
+
+PG_BIN = _pg_bin()
 PSQL = os.path.join(PG_BIN, "psql")
 
 
