@@ -85,3 +85,10 @@ add_test(NAME sampling2_torchrun
 set_tests_properties(sampling2_torchrun PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
                      LABELS "python;feed"
                      RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
+
+# sluice.torch.DataLoader(num_workers=2) from `python -` and `python -c` (no script file).
+add_test(NAME feed_torch_workers
+         COMMAND ${SL_PYTHON} -m unittest -v test_torch_workers
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+set_tests_properties(feed_torch_workers PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
+                     LABELS "python;feed")

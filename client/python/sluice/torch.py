@@ -40,6 +40,7 @@ the position reached.
 """
 import multiprocessing
 import os
+import sys
 import time
 import warnings
 
@@ -566,13 +567,26 @@ class BatchSampler(_Fed, Sampler):
 _WORKER_START = "forkserver"
 
 
+def _main_reimportable():
+    """Whether a worker started by the fork server can run the training script's top level
+    again, as it must to find what the script defined (the dataset's class, a collate_fn): a
+    script run from its file, or a module run with ``python -m``. Not so for ``python -`` (a
+    script piped to stdin: "<stdin>"), ``python -c``, a notebook or the REPL: their workers died
+    at start, so those keep torch's own default (fork), as torch's DataLoader does there."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None):
+        return True
+    path = getattr(main, "__file__", None)
+    return bool(path) and os.path.isfile(path)
+
+
 def _worker_context():
     """The multiprocessing context of the workers (see _WORKER_START). The fork server imports
     torch once: a worker runs the training script's top level again (as with "spawn"), which
     imported torch in every worker of every epoch otherwise (1-2 s each on the 2-core VM). Only
     a hint for a server not yet started; the modules already asked for are kept. None (torch's
     default) where there is no fork server (Windows, which spawns anyway)."""
-    if _WORKER_START not in multiprocessing.get_all_start_methods():
+    if _WORKER_START not in multiprocessing.get_all_start_methods() or not _main_reimportable():
         return None
     ctx = multiprocessing.get_context(_WORKER_START)
     from multiprocessing import forkserver
@@ -610,7 +624,8 @@ class DataLoader(torch.utils.data.DataLoader):
     forking this process as torch does by default on Linux (see _WORKER_START). The dataset,
     collate_fn and worker_init_fn go to the workers pickled, and each worker runs the training
     script's top level again (as with ``spawn``): guard the training with
-    ``if __name__ == "__main__":``."""
+    ``if __name__ == "__main__":``. Where there is no script file to run again (``python -``,
+    ``python -c``, a notebook), the workers are forked as torch's DataLoader forks them."""
 
     def __init__(self, *args, report_every=1, **kwargs):
         if report_every < 1:
