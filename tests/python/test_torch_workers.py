@@ -1,12 +1,30 @@
-"""sluice.torch.DataLoader with workers wherever torch's own DataLoader runs: a script piped to
-`python -`, and `python -c` (no script file the fork server could run again: the workers are
-forked there, as torch forks them). Every sample of the epoch arrives once."""
-import os
+"""The rough edges a torch user meets first:
+- sluice.torch.DataLoader with workers wherever torch's own DataLoader runs: a script piped to
+  `python -`, and `python -c` (no script file the fork server could run again: the workers are
+  forked there, as torch forks them). Every sample of the epoch arrives once.
+- invalid sampler settings raise ValueError at construction, naming the value;
+- a sampler waiting for an unreachable daemon warns, naming the address, within seconds;
+- a sluice sampler inside torch's own DataLoader with workers warns once that it counts what
+  the workers prefetched."""
+import socket
 import subprocess
 import sys
+import time
 import unittest
+import warnings
 
+import torch
+
+import sluice.torch as st
 from sltest import Daemon
+
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return i * i
 
 SCRIPT = r"""
 import sys
@@ -41,6 +59,54 @@ class WorkersWithoutScriptFile(unittest.TestCase):
                 self.run_script(lambda src: ["-"], lambda src: src, d.addr, "stdin")
             with self.subTest("python -c"):
                 self.run_script(lambda src: ["-c", src], lambda src: None, d.addr, "dashc")
+
+
+class RoughEdges(unittest.TestCase):
+    def test_invalid_settings_raise_value_error(self):
+        with Daemon() as d:
+            with self.assertRaises(ValueError) as e:
+                st.DistributedSampler(num_replicas=2, rank=0, address=d.addr, job="strat",
+                                      num_samples=8, stratify=True, shuffle_mode="torch",
+                                      labels=[0, 1] * 4)
+            self.assertIn("torch", str(e.exception))
+            self.assertNotIsInstance(e.exception, __import__("grpc").RpcError)
+
+    def test_unreachable_daemon_warns_naming_the_address(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            addr = "127.0.0.1:%d" % s.getsockname()[1]  # nothing listens there
+        t0 = time.monotonic()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with self.assertRaises(Exception):
+                st.DistributedSampler(num_replicas=1, rank=0, address=addr, job="gone",
+                                      num_samples=8, retry_seconds=7)
+        took = time.monotonic() - t0
+        said = [str(w.message) for w in seen if addr in str(w.message)]
+        self.assertEqual(len(said), 1, [str(w.message) for w in seen])
+        self.assertIn("has not answered", said[0])
+        self.assertLess(took, 30)
+
+    def test_torch_loader_with_workers_warns_once(self):
+        with Daemon() as d:
+            s = st.DistributedSampler(num_replicas=1, rank=0, address=d.addr, job="pf",
+                                      num_samples=64, seed=2)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                for _ in range(2):
+                    loader = torch.utils.data.DataLoader(Squares(), sampler=s, batch_size=4,
+                                                         num_workers=2,
+                                                         multiprocessing_context="forkserver")
+                    self.assertEqual(sum(len(b) for b in loader), 64)
+            said = [str(w.message) for w in seen if "prefetched" in str(w.message)]
+            self.assertEqual(len(said), 1, [str(w.message) for w in seen])
+            self.assertIn("sluice.torch.DataLoader", said[0])
+            # sluice's own loader counts exactly: no warning from it.
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                loader = st.DataLoader(Squares(), sampler=s, batch_size=4, num_workers=2)
+                self.assertEqual(sum(len(b) for b in loader), 64)
+            self.assertEqual([w for w in seen if "prefetched" in str(w.message)], [])
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ __all__ = ["DistributedSampler", "BatchSampler", "DataLoader", "JobMismatchError
 
 _RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
           grpc.StatusCode.DEADLINE_EXCEEDED)
+# Seconds of failed tries after which a sampler waiting for the daemon says so.
+_WARN_AFTER = 5.0
 
 
 class JobMismatchError(ValueError):
@@ -141,6 +143,36 @@ def _dp_rank(info, rank):
     return rank
 
 
+_prefetch_warned = False
+
+
+def _warn_if_prefetching():
+    """Once per process: warn when a sluice sampler is iterated by torch's own DataLoader with
+    workers. That loader takes indices ahead of the training loop (prefetch_factor x num_workers
+    batches), so the positions the sampler reports count batches the loop has not trained: a
+    rank killed then skips them (96 samples in one test). Called from the sampler's __iter__
+    body, which torch's iterator runs a few frames below itself."""
+    global _prefetch_warned
+    if _prefetch_warned:
+        return
+    mp_iter = getattr(torch.utils.data.dataloader, "_MultiProcessingDataLoaderIter", None)
+    f = sys._getframe(2)
+    for _ in range(16):
+        if f is None:
+            return
+        me = f.f_locals.get("self")
+        if mp_iter is not None and isinstance(me, mp_iter):
+            _prefetch_warned = True
+            warnings.warn(
+                "sluice: a sluice sampler is iterated by torch.utils.data.DataLoader with "
+                "num_workers=%d: its progress reports and data_position() count the batches the "
+                "workers prefetched, not those the training loop consumed, so a rank killed now "
+                "skips them on resume. sluice.torch.DataLoader (same arguments) counts what the "
+                "loop consumed." % getattr(me, "_num_workers", 0), RuntimeWarning, stacklevel=2)
+            return
+        f = f.f_back
+
+
 class _Fed:
     """What both samplers share: the client, retries, the job check, the epoch and position
     bookkeeping, progress reports and the stream loop."""
@@ -171,14 +203,27 @@ class _Fed:
         self._at = None
 
     def _call(self, fn, *args, **kw):
-        """fn(*args, **kw), retried on transient failures for up to retry_seconds."""
+        """fn(*args, **kw), retried on transient failures for up to retry_seconds (with a
+        warning naming the address once the daemon has been unreachable for _WARN_AFTER s)."""
         backoff = _Backoff(self.retry_seconds)
+        first = None
         while True:
             try:
                 return fn(*args, **kw)
             except grpc.RpcError as e:
                 backoff.wait(e)
                 self.retries += 1
+                now = time.monotonic()
+                first = first or now
+                if first is not True and now - first >= _WARN_AFTER:
+                    first = True  # once per call
+                    self._warn_unreachable(e)
+
+    def _warn_unreachable(self, e):
+        warnings.warn("sluice: the daemon at %s has not answered for %g s (%s: %s); still "
+                      "trying, for up to %g s in all (retry_seconds)"
+                      % (self.client.address, _WARN_AFTER, e.code().name, e.details(),
+                         self.retry_seconds), RuntimeWarning, stacklevel=4)
 
     def _attach(self, create, attach_any, want, create_fn):
         """Create the job if asked to (every rank may race: ALREADY_EXISTS is fine), then check
@@ -187,6 +232,10 @@ class _Fed:
             try:
                 self._call(create_fn)
             except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    # The settings themselves (e.g. stratify with shuffle_mode="torch"): the
+                    # daemon's message names the bad value.
+                    raise ValueError("sluice: job %r: %s" % (self.job, e.details())) from None
                 if e.code() != grpc.StatusCode.ALREADY_EXISTS:
                     raise
         info = self._call(self.client.get_job, self.job)
@@ -338,6 +387,8 @@ class _Fed:
 
     def __iter__(self):
         """One epoch of this rank's share: what _items makes of each chunk _open streams."""
+        if not self._tracked:
+            _warn_if_prefetching()
         begun = False
         for chunk in self._chunks(self._open):
             if not begun:
