@@ -114,6 +114,12 @@ typedef struct fchain {
     sl_sample_resize *steps; /* [n]; consumed and weights owned */
 } fchain;
 
+/* At most this many consumed counts in all the steps of a chain (1 GiB of them, 2 GiB of its
+ * index plan): runs make a short blob stand for many counts, so its size no longer bounds what
+ * decoding it allocates. 2,048 resizes of 65,536 ranks in one epoch. */
+#define ELASTIC_COUNTS_MAX (1ull << 27)
+#define ELASTIC_STEPS_MAX  65536u
+
 struct fjob {
     sl_feed *feed;
     char name[SL_CAT_FEED_NAME_MAX + 1];
@@ -390,6 +396,15 @@ int feed_job_resize_start(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh,
 int feed_job_reload_start(fjob *j, const sl_cat_job *row,
                           void (*refresh)(sl_feed *f, const char *job));
 
+/* The job of a Resize or reload in flight is being freed: its end finds the job gone. */
+void feed_resize_orphan(fresize *r);
+
+/* The chain and index plan feed_job_reload_start built on the worker pool for job j's blob, if
+ * they are (the same job, labels, epoch and blob): 1 with both handed over (owned by the caller
+ * from now on), else 0. */
+int feed_resize_take_prebuilt(fjob *j, const uint8_t *blob, size_t blob_len, fchain **chain,
+                              sl_sample_elastic **plan);
+
 /* Park `call` until the job's Resize in flight ends (j->resizing set): cb runs then (look the job
  * up again). Returns 0 or -ENOMEM. */
 int feed_job_resize_park(fjob *j, sl_rpc_call *call, feed_ready_cb cb);
@@ -403,6 +418,45 @@ int feed_job_rewind(fjob *j, Sluice__V1__Job *spec, uint64_t epoch, const void *
 
 /* 1 if every dp rank finished the epoch. */
 int feed_job_complete(const fjob *j);
+
+/* ---- state.c: a job's epoch state, shared with resize.c ---- */
+
+/* Install a chain (owned from now on) and its blob as the current epoch's elastic state: index
+ * jobs get their plan now (`plan`, owned from now on, when built already), batch jobs once
+ * their epoch plan is ready. */
+int feed_job_elastic_install(fjob *j, fchain *c, const uint8_t *blob, size_t blob_len,
+                             sl_sample_elastic *plan, char *msg, size_t len);
+/* Build the elastic source of the current epoch from a blob. */
+int feed_job_elastic_load(fjob *j, const uint8_t *blob, size_t blob_len, char *msg, size_t len);
+/* Forget the epoch's shares, elastic state and progress. */
+void feed_job_drop_epoch(fjob *j);
+/* Compute dp_size, counts and zeroed progress for j->cfg (and j->src when elastic). */
+int feed_job_setup_counts(fjob *j, char *msg, size_t len);
+/* The per-rank counts of an elastic epoch (j->src; nothing without one). */
+int feed_job_setup_elastic_counts(fjob *j, char *msg, size_t len);
+
+/* ---- chain.c: a chain's elastic blob and plans (any thread) ---- */
+
+void feed_chain_free(fchain *c);
+/* Room for one more step. */
+int feed_chain_grow(fchain *c);
+/* Decode an elastic blob ("SLE1"/"SLE2", chain.c); cur_dp is the world after an "SLE1" blob's
+ * single resize. */
+int feed_chain_decode(const uint8_t *b, size_t len, uint32_t cur_dp, fchain **out);
+int feed_chain_encode(uint8_t **out, size_t *out_len, const fchain *c);
+/* A chain's epoch config and dp0 (the epoch's first dp world), for a job of `samples` with its
+ * `labels` in `epoch`. */
+int feed_chain_config(const sl_sample_labels *labels, uint64_t samples, uint64_t epoch, fchain *c,
+                      sl_sample_config *cfg, char *msg, size_t len);
+/* The index plan of a chain (index jobs), as feed_chain_config. */
+int feed_chain_index_plan(const sl_sample_labels *labels, uint64_t samples, uint64_t epoch,
+                          fchain *c, sl_sample_elastic **plan, char *msg, size_t len);
+/* A batch job's elastic plan over its epoch plan's batches (sl_sample_elastic_lockstep). */
+int feed_chain_batch_plan(const fchain *c, uint64_t per_rank, int pad, sl_sample_elastic **out,
+                          uint64_t *count, char *msg, size_t len);
+/* 1 if a batch job's chain dealt batches out unweighted first and brings weights later (it
+ * cannot be served: feed_job_replans). */
+int feed_chain_mixes_modes(const fchain *c);
 
 void fsrc_unref(fsrc *s);
 
