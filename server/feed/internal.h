@@ -377,6 +377,49 @@ int feed_job_resize(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh, const
 typedef void (*feed_resize_cb)(sl_rpc_call *call, sl_feed *f, const char *job, int err,
                                const char *msg);
 
+/* A Resize: the new spec and config the loop decided, the snapshot of the job its chain is built
+ * from (on the worker pool when it chains), the chain's products, and the calls waiting. */
+struct fresize {
+    sl_feed *f;
+    fjob *job; /* NULL once the job was freed (deleted, or replaced by a refresh) */
+    char name[SL_CAT_FEED_NAME_MAX + 1];
+    Sluice__V1__Job *nspec; /* the new spec, unpacked, and packed for the catalog */
+    uint8_t *spec_buf;
+    size_t spec_len;
+    sl_sample_config ncfg; /* borrows nspec and the labels */
+    uint32_t world, ndp;
+    /* The snapshot: the job is as it was (resize_stale) when these match at the end. */
+    uint64_t gen, version;
+    uint32_t dp_size;
+    uint64_t *progress; /* [dp_size] */
+    /* The chain's inputs: the job's blob (NULL: the epoch's first resize, which starts from
+     * first_spec), a new step's consumed counts (NULL: nobody progressed since the last
+     * resize, whose step is re-planned), the new rank weights ([ndp] or NULL). */
+    int chained;
+    int load; /* a reload's (feed_job_reload_start): spec_buf is the row's spec, old_blob its
+               * elastic state, and the products are the chain and plan of that blob */
+    void (*refresh)(sl_feed *f, const char *job); /* a reload's: refreshes the job (sync.c) */
+    uint8_t *old_blob;
+    size_t old_len;
+    Sluice__V1__Job *first_spec;
+    uint64_t *cons;
+    double *w;
+    flabels *labels; /* a reference */
+    uint64_t samples, epoch;
+    int batching;
+    /* The products: the chain, its index plan (index jobs), its blob. */
+    fchain *chain;
+    sl_sample_elastic *plan;
+    uint8_t *blob;
+    size_t blob_len;
+    int err;
+    char msg[320];
+    sl_rpc_call *call; /* referenced until cb ran */
+    feed_resize_cb cb;
+    fwaiters waiters; /* calls on the job, parked until this ends */
+    sl_cat_work work;
+};
+
 /* feed_job_resize for a call: a resize that chains (mid-epoch, or after another in the epoch)
  * builds its chain, index plan and elastic blob on the worker pool from a snapshot of the job,
  * then commits on the loop if the job is as it was (else cb gets FEED_RETRY); meanwhile the job
@@ -395,15 +438,6 @@ int feed_job_resize_start(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh,
  * a job already resizing or reloading): replace the job now. Loop thread (lane). */
 int feed_job_reload_start(fjob *j, const sl_cat_job *row,
                           void (*refresh)(sl_feed *f, const char *job));
-
-/* The job of a Resize or reload in flight is being freed: its end finds the job gone. */
-void feed_resize_orphan(fresize *r);
-
-/* The chain and index plan feed_job_reload_start built on the worker pool for job j's blob, if
- * they are (the same job, labels, epoch and blob): 1 with both handed over (owned by the caller
- * from now on), else 0. */
-int feed_resize_take_prebuilt(fjob *j, const uint8_t *blob, size_t blob_len, fchain **chain,
-                              sl_sample_elastic **plan);
 
 /* Park `call` until the job's Resize in flight ends (j->resizing set): cb runs then (look the job
  * up again). Returns 0 or -ENOMEM. */

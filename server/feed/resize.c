@@ -11,49 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A Resize: the new spec and config the loop decided, the snapshot of the job its chain is built
- * from (on the worker pool when it chains), the chain's products, and the calls waiting. */
-struct fresize {
-    sl_feed *f;
-    fjob *job; /* NULL once the job was freed (deleted, or replaced by a refresh) */
-    char name[SL_CAT_FEED_NAME_MAX + 1];
-    Sluice__V1__Job *nspec; /* the new spec, unpacked, and packed for the catalog */
-    uint8_t *spec_buf;
-    size_t spec_len;
-    sl_sample_config ncfg; /* borrows nspec and the labels */
-    uint32_t world, ndp;
-    /* The snapshot: the job is as it was (resize_stale) when these match at the end. */
-    uint64_t gen, version;
-    uint32_t dp_size;
-    uint64_t *progress; /* [dp_size] */
-    /* The chain's inputs: the job's blob (NULL: the epoch's first resize, which starts from
-     * first_spec), a new step's consumed counts (NULL: nobody progressed since the last
-     * resize, whose step is re-planned), the new rank weights ([ndp] or NULL). */
-    int chained;
-    int load; /* a reload's (feed_job_reload_start): spec_buf is the row's spec, old_blob its
-               * elastic state, and the products are the chain and plan of that blob */
-    void (*refresh)(sl_feed *f, const char *job); /* a reload's: refreshes the job (sync.c) */
-    uint8_t *old_blob;
-    size_t old_len;
-    Sluice__V1__Job *first_spec;
-    uint64_t *cons;
-    double *w;
-    flabels *labels; /* a reference */
-    uint64_t samples, epoch;
-    int batching;
-    /* The products: the chain, its index plan (index jobs), its blob. */
-    fchain *chain;
-    sl_sample_elastic *plan;
-    uint8_t *blob;
-    size_t blob_len;
-    int err;
-    char msg[320];
-    sl_rpc_call *call; /* referenced until cb ran */
-    feed_resize_cb cb;
-    fwaiters waiters; /* calls on the job, parked until this ends */
-    sl_cat_work work;
-};
-
 static void resize_free(fresize *r)
 {
     if (!r)
@@ -509,26 +466,6 @@ int feed_job_resize_start(fjob *j, uint32_t world, const Sluice__V1__Mesh *mesh,
     sl_rpc_call_ref(call);
     j->resizing = r;
     return FEED_PENDING;
-}
-
-void feed_resize_orphan(fresize *r)
-{
-    r->job = NULL;
-}
-
-int feed_resize_take_prebuilt(fjob *j, const uint8_t *blob, size_t blob_len, fchain **chain,
-                              sl_sample_elastic **plan)
-{
-    fresize *p = j->feed->prebuilt;
-
-    if (!p || !p->chain || strcmp(p->name, j->name) != 0 || p->labels != j->labels ||
-        p->epoch != j->epoch || p->old_len != blob_len || memcmp(p->old_blob, blob, blob_len) != 0)
-        return 0;
-    *chain = p->chain;
-    *plan = p->plan;
-    p->chain = NULL;
-    p->plan = NULL;
-    return 1;
 }
 
 int feed_job_resize_park(fjob *j, sl_rpc_call *call, feed_ready_cb cb)

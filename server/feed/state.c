@@ -90,6 +90,23 @@ int feed_job_elastic_install(fjob *j, fchain *c, const uint8_t *blob, size_t blo
     return 0;
 }
 
+/* The chain and index plan feed_job_reload_start built on the worker pool for job j's blob, if
+ * they are (the same job, labels, epoch and blob): 1 with both handed over, else 0. */
+static int take_prebuilt(fjob *j, const uint8_t *blob, size_t blob_len, fchain **chain,
+                         sl_sample_elastic **plan)
+{
+    fresize *p = j->feed->prebuilt;
+
+    if (!p || !p->chain || strcmp(p->name, j->name) != 0 || p->labels != j->labels ||
+        p->epoch != j->epoch || p->old_len != blob_len || memcmp(p->old_blob, blob, blob_len) != 0)
+        return 0;
+    *chain = p->chain;
+    *plan = p->plan;
+    p->chain = NULL;
+    p->plan = NULL;
+    return 1;
+}
+
 /* Build the elastic source of the current epoch from a blob. */
 int feed_job_elastic_load(fjob *j, const uint8_t *blob, size_t blob_len, char *msg, size_t len)
 {
@@ -97,7 +114,7 @@ int feed_job_elastic_load(fjob *j, const uint8_t *blob, size_t blob_len, char *m
     fchain *c = NULL;
     int err;
 
-    if (feed_resize_take_prebuilt(j, blob, blob_len, &c, &plan))
+    if (take_prebuilt(j, blob, blob_len, &c, &plan))
         return feed_job_elastic_install(j, c, blob, blob_len, plan, msg, len);
     err = feed_chain_decode(blob, blob_len, j->dp_size, &c);
 
@@ -182,7 +199,7 @@ static void job_free(fjob *j)
     if (!j)
         return;
     if (j->resizing)
-        feed_resize_orphan(j->resizing); /* its end finds the job gone: the call runs again */
+        j->resizing->job = NULL; /* its end finds the job gone: the call runs again */
     feed_job_drop_epoch(j);
     flabels_unref(j->feed, j->labels);
     if (j->spec)
