@@ -280,7 +280,7 @@ uint64_t feed_job_group_position(const fjob *j);
 /* Apply a durable report in memory; advances the epoch when complete (unless manual). */
 int feed_job_report_apply(fjob *j, uint32_t dp, uint64_t position, int *advanced);
 
-/* Queue a checked report for the next group commit (jobs.c); the call is answered then. */
+/* Queue a checked report for the next group commit (reports.c); the call is answered then. */
 int feed_report_enqueue(sl_feed *f, sl_rpc_call *call, const fjob *j, uint32_t dp, uint64_t epoch,
                         uint64_t position);
 
