@@ -77,6 +77,15 @@ class PipInstallTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"^sluice 0\.1\.0 \(grpcio [0-9.]+, protobuf [0-9.]+, torch 2\.")
 
+    def test_every_module_imports_first(self):
+        # No import cycle: each module imports on its own in a fresh interpreter.
+        self.assertEqual(self.pip.returncode, 0, self.pip.stderr)
+        for mod in ("sluice", "sluice._channel", "sluice._retry", "sluice.client",
+                    "sluice.checkpoint", "sluice._state", "sluice.torch", "sluice.torch.sampler",
+                    "sluice.torch.loader", "sluice.torch.checkpoint", "sluice.__main__"):
+            r = self.run_py("-c", "import %s" % mod)
+            self.assertEqual(r.returncode, 0, mod + ": " + r.stderr)
+
     def test_imports_without_torch(self):
         self.assertEqual(self.pip.returncode, 0, self.pip.stderr)
         # torch hidden: the torch-free client still imports; sluice.torch says what is missing.

@@ -1,44 +1,6 @@
-"""PyTorch samplers fed by the sluice coordinator.
-
-``DistributedSampler`` takes the arguments of ``torch.utils.data.DistributedSampler`` plus the
-daemon's address and a job name, and can be used wherever torch's is; ``BatchSampler`` serves a
-job's token-budget batches. ``DataLoader`` is torch's DataLoader (same arguments) that also tells
-the coordinator how far the training loop got::
-
-    sampler = sluice.torch.DistributedSampler(ds, shuffle=True, seed=0, job="run1")
-    loader = sluice.torch.DataLoader(ds, batch_size=32, sampler=sampler, num_workers=2)
-    for epoch in range(sampler.epoch, EPOCHS):   # sampler.epoch: the epoch served next
-        sampler.set_epoch(epoch)
-        for batch in loader:
-            train_step(batch)
-
-The coordinator owns the epoch: every rank of a job gets the same epoch and a disjoint share of
-it; when every rank has finished the epoch, the next one begins.
-
-Positions count what the training loop consumed. ``DataLoader`` reports, before it hands the loop
-batch k of an epoch, that batches [0, k) are consumed, and at the end of the epoch the whole share
-(retried until it lands). With DataLoader workers the sampler runs ahead of the loop by the
-prefetched batches; those are not counted. A rank killed while training batch k trains it again
-after its restart, and nothing is lost.
-
-DDP lockstep: a new iteration starts at the group's common position, the lowest position any
-data-parallel rank of the job reported in the epoch, so after torchrun restarts the group every
-rank has the same number of steps left. A rank that had reported further trains the difference
-again (at most ``report_every`` batches, default 1).
-
-``loader.data_position()`` is where the loop is (epoch, position in the job's unit), as counted
-above; ``CheckpointManager`` (sluice/torch_ckpt.py) saves it with every asynchronous checkpoint
-and rewinds the job to it on restore.
-
-Failures: every call is retried on UNAVAILABLE, CANCELLED (a daemon shutting down) and
-DEADLINE_EXCEEDED with backoff for up to ``retry_seconds`` (also the first call, so a sampler
-built before sluiced is up waits for it). A stream that breaks is reopened at the position
-reached, in the same epoch. With several replicas (``address="h1:7700,h2:7700"``), a replica
-that is UNAVAILABLE sends calls and the reopened stream on to the next one. If the training loop pauses longer than the daemon's
-``--idle-timeout``, the daemon ends the stream it cannot send on; the sampler opens a new one at
-the position reached.
-"""
-import multiprocessing
+"""sluice.torch's samplers: DistributedSampler (indices) and BatchSampler (token-budget batches)
+fed by the coordinator, with what both share (_Fed: the job check, the epoch and position
+bookkeeping, progress reports, the stream loop). See sluice.torch for the guarantees."""
 import os
 import sys
 import time
@@ -49,14 +11,11 @@ import torch.distributed as dist
 import torch.utils.data
 from torch.utils.data import Sampler
 
+from sluice._retry import RETRY as _RETRY
+from sluice._retry import Backoff as _Backoff
 from sluice.client import Client
 from sluice.v1.feed_pb2 import BatchConfig
 
-__all__ = ["DistributedSampler", "BatchSampler", "DataLoader", "JobMismatchError",
-           "CheckpointManager", "CheckpointError"]
-
-_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
-          grpc.StatusCode.DEADLINE_EXCEEDED)
 # Seconds of failed tries after which a sampler waiting for the daemon says so.
 _WARN_AFTER = 5.0
 
@@ -85,29 +44,6 @@ def _world_and_rank(num_replicas, rank):
     if num_replicas < 1 or not 0 <= rank < num_replicas:
         raise ValueError("rank %d out of range [0, %d)" % (rank, num_replicas))
     return num_replicas, rank
-
-
-class _Backoff:
-    """The waits between tries of a call that failed transiently: 50 ms doubling to 1 s, for up
-    to `seconds` after the first failure (0: no retries)."""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-        self.reset()
-
-    def reset(self):
-        self.deadline, self.delay = None, 0.05
-
-    def wait(self, e):
-        """Sleep before the next try, or raise `e` if it is not transient or the time is up."""
-        if e.code() not in _RETRY or not self.seconds:
-            raise e
-        now = time.monotonic()
-        self.deadline = self.deadline or now + self.seconds
-        if now >= self.deadline:
-            raise e
-        time.sleep(min(self.delay, self.deadline - now))
-        self.delay = min(self.delay * 2, 1.0)
 
 
 def _idle_ended(e):
@@ -601,142 +537,3 @@ class BatchSampler(_Fed, Sampler):
         for b in chunk.batches:
             self.last_batches.append((b.max_len, b.tokens, b.padded_tokens))
             yield b.step + 1, list(b.indices)
-
-
-# How sluice.torch.DataLoader starts its workers when not told: not by fork(). This process
-# talks gRPC (the samplers' streams and reports, CheckpointManager's background uploads), and
-# grpcio's core registers a pthread_atfork prepare handler (grpc_prefork, fork_posix.cc; on by
-# default in grpcio's build, whatever the Python layer's GRPC_ENABLE_FORK_SUPPORT default says)
-# that stops gRPC's executor threads and runs the closures they had queued on the forking thread.
-# Now and then one of those waits on a condition variable that nothing signals any more, and
-# fork() never returns. torch forks the workers at the start of every epoch, so a trainer hung
-# there holding the GIL (its checkpoint upload thread stopped with it) until the other ranks'
-# collective timed out: the 90 s gloo timeouts of test_torch_ckpt_train, the hung rank at
-# os.fork -> __run_prefork_handlers -> grpc_prefork -> Executor::SetThreadingAll(false) -> a
-# closure -> gpr_cv_wait. The fork server is started by vfork+exec (no fork handlers run), has no
-# gRPC state, and forks the workers itself.
-_WORKER_START = "forkserver"
-
-
-def _main_reimportable():
-    """Whether a worker started by the fork server can run the training script's top level
-    again, as it must to find what the script defined (the dataset's class, a collate_fn): a
-    script run from its file, or a module run with ``python -m``. Not so for ``python -`` (a
-    script piped to stdin: "<stdin>"), ``python -c``, a notebook or the REPL: their workers died
-    at start, so those keep torch's own default (fork), as torch's DataLoader does there."""
-    main = sys.modules.get("__main__")
-    if getattr(getattr(main, "__spec__", None), "name", None):
-        return True
-    path = getattr(main, "__file__", None)
-    return bool(path) and os.path.isfile(path)
-
-
-def _worker_context():
-    """The multiprocessing context of the workers (see _WORKER_START). The fork server imports
-    torch once: a worker runs the training script's top level again (as with "spawn"), which
-    imported torch in every worker of every epoch otherwise (1-2 s each on the 2-core VM). Only
-    a hint for a server not yet started; the modules already asked for are kept. None (torch's
-    default) where there is no fork server (Windows, which spawns anyway)."""
-    if _WORKER_START not in multiprocessing.get_all_start_methods() or not _main_reimportable():
-        return None
-    ctx = multiprocessing.get_context(_WORKER_START)
-    from multiprocessing import forkserver
-    have = list(getattr(forkserver._forkserver, "_preload_modules", None) or ["__main__"])
-    if "torch" not in have:
-        ctx.set_forkserver_preload(have + ["torch"])
-    return ctx
-
-
-def _fed_sampler(loader):
-    """(sluice sampler, positions per batch) of a DataLoader, or (None, 0)."""
-    bs = loader.batch_sampler
-    if isinstance(bs, BatchSampler):
-        return bs, 1
-    inner = getattr(bs, "sampler", None)
-    if isinstance(inner, DistributedSampler):
-        return inner, bs.batch_size
-    if bs is None and isinstance(loader.sampler, DistributedSampler):
-        return loader.sampler, 1
-    return None, 0
-
-
-class DataLoader(torch.utils.data.DataLoader):
-    """torch.utils.data.DataLoader (same arguments) that reports what the training loop consumed
-    to the coordinator, when its sampler or batch_sampler is a sluice sampler.
-
-    When the loop asks for batch k of an epoch, batches [0, k) are consumed: the report of that
-    (every ``report_every`` batches) is sent while batch k is fetched and has been recorded
-    before batch k is handed out (retried on transient failures). When the loop has taken every
-    batch the whole share is reported, which may end the epoch. Prefetched batches
-    (num_workers > 0) are not counted until the loop takes them, so a rank killed at any moment
-    loses no sample and trains at most ``report_every`` batches again.
-
-    Workers start with ``multiprocessing_context="forkserver"`` unless another is given, not by
-    forking this process as torch does by default on Linux (see _WORKER_START). The dataset,
-    collate_fn and worker_init_fn go to the workers pickled, and each worker runs the training
-    script's top level again (as with ``spawn``): guard the training with
-    ``if __name__ == "__main__":``. Where there is no script file to run again (``python -``,
-    ``python -c``, a notebook), the workers are forked as torch's DataLoader forks them."""
-
-    def __init__(self, *args, report_every=1, **kwargs):
-        if report_every < 1:
-            raise ValueError("report_every %r must be at least 1" % (report_every,))
-        super().__init__(*args, **kwargs)
-        self.report_every = report_every
-        if self.num_workers > 0 and self.multiprocessing_context is None:
-            self.multiprocessing_context = _worker_context()
-
-    def data_position(self):
-        """The data position of what the training loop took from this loader: its sampler's
-        data_position() (see there)."""
-        sampler, _ = _fed_sampler(self)
-        if sampler is None:
-            raise ValueError("this DataLoader has no sluice sampler or batch_sampler")
-        return sampler.data_position()
-
-    def __iter__(self):
-        sampler, per_batch = _fed_sampler(self)
-        if sampler is None:
-            return super().__iter__()
-        # Before torch's iterator exists: with workers it prefetches (and may exhaust the
-        # sampler) as it is built, and an untracked sampler would report its share itself.
-        sampler._tracked = True
-        sampler.consumed = None
-        return self._tracked(super().__iter__(), sampler, per_batch)
-
-    def _tracked(self, it, sampler, per_batch):
-        taken = 0
-        try:
-            while True:
-                pending = None
-                if taken:
-                    sampler.consumed = min(sampler.start_position + taken * per_batch,
-                                           sampler._share)
-                    if taken % self.report_every == 0:
-                        pending = sampler._report_begin(sampler.consumed)
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    sampler._report_end(pending)
-                    break
-                sampler._report_end(pending)
-                taken += 1
-                # What a checkpoint taken while the loop holds this batch carries (the loop is
-                # expected to save after training it).
-                sampler._at = (sampler._serving,
-                               min(sampler.start_position + taken * per_batch, sampler._share))
-                yield batch
-            if sampler._serving is not None:
-                sampler.consumed = sampler._share
-                sampler._finish()
-        finally:
-            sampler._tracked = False
-
-
-def __getattr__(name):
-    # CheckpointManager lives in sluice/torch_ckpt.py, which builds on this module: imported on
-    # first use, so that either module can be imported first.
-    if name in ("CheckpointManager", "CheckpointError"):
-        from sluice import torch_ckpt
-        return getattr(torch_ckpt, name)
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))

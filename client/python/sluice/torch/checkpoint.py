@@ -37,8 +37,11 @@ import grpc
 import torch
 import torch.distributed as dist
 
+from sluice._retry import Backoff as _Backoff
 from sluice.checkpoint import CHUNK, COMPLETE, WRITING, Checkpoints, _StateShard, encode_state
 from sluice.client import Client
+from sluice.torch.loader import DataLoader, _fed_sampler
+from sluice.torch.sampler import BatchSampler, DistributedSampler, _dp_rank, _world_and_rank
 
 __all__ = ["CheckpointManager", "CheckpointError"]
 
@@ -81,7 +84,6 @@ class CheckpointManager:
                  world_size=None, retry_seconds=60.0, restore_timeout=300.0,
                  reuse_buffers=True, chunk_size=CHUNK, token=None, checkpoints=None,
                  allow_pickle=False):
-        from sluice.torch import _world_and_rank
         self.world, self.rank = _world_and_rank(world_size, rank)
         self._source = None
         self._feed_job = None
@@ -129,7 +131,6 @@ class CheckpointManager:
 
     @data.setter
     def data(self, data):
-        from sluice.torch import BatchSampler, DataLoader, DistributedSampler, _fed_sampler
         if isinstance(data, DataLoader):
             sampler, _ = _fed_sampler(data)
             if sampler is None:
@@ -154,7 +155,6 @@ class CheckpointManager:
 
     def _retry(self, fn, *args, **kw):
         """fn(*args, **kw), retried like the samplers' calls (transient statuses, backoff)."""
-        from sluice.torch import _Backoff
         backoff = _Backoff(self.retry_seconds)
         while True:
             try:
@@ -259,7 +259,6 @@ class CheckpointManager:
     def _send(self, name, shard, position):
         """Upload the shard; after a transient failure resume what the daemon holds, or accept
         the shard the daemon stored before its answer was lost."""
-        from sluice.torch import _Backoff
         backoff = _Backoff(self.retry_seconds)
         resume = False
         while True:
@@ -421,7 +420,6 @@ class CheckpointManager:
         """restore() of ranks other than 0 without torch.distributed: find the same checkpoint
         and poll the feed job until rank 0's Restore shows in this rank's own position (which
         only this rank moves forward)."""
-        from sluice.torch import _dp_rank
         deadline = time.monotonic() + self.restore_timeout
         ck = self._find(step)
         if ck is None:

@@ -1,0 +1,138 @@
+"""sluice.torch.DataLoader: torch's DataLoader that reports what the training loop consumed, and
+how its workers start."""
+import multiprocessing
+import os
+import sys
+
+import torch.utils.data
+
+from sluice.torch.sampler import BatchSampler, DistributedSampler
+
+# How sluice.torch.DataLoader starts its workers when not told: not by fork(). This process
+# talks gRPC (the samplers' streams and reports, CheckpointManager's background uploads), and
+# grpcio's core registers a pthread_atfork prepare handler (grpc_prefork, fork_posix.cc; on by
+# default in grpcio's build, whatever the Python layer's GRPC_ENABLE_FORK_SUPPORT default says)
+# that stops gRPC's executor threads and runs the closures they had queued on the forking thread.
+# Now and then one of those waits on a condition variable that nothing signals any more, and
+# fork() never returns. torch forks the workers at the start of every epoch, so a trainer hung
+# there holding the GIL (its checkpoint upload thread stopped with it) until the other ranks'
+# collective timed out: the 90 s gloo timeouts of test_torch_ckpt_train, the hung rank at
+# os.fork -> __run_prefork_handlers -> grpc_prefork -> Executor::SetThreadingAll(false) -> a
+# closure -> gpr_cv_wait. The fork server is started by vfork+exec (no fork handlers run), has no
+# gRPC state, and forks the workers itself.
+_WORKER_START = "forkserver"
+
+
+def _main_reimportable():
+    """Whether a worker started by the fork server can run the training script's top level
+    again, as it must to find what the script defined (the dataset's class, a collate_fn): a
+    script run from its file, or a module run with ``python -m``. Not so for ``python -`` (a
+    script piped to stdin: "<stdin>"), ``python -c``, a notebook or the REPL: their workers died
+    at start, so those keep torch's own default (fork), as torch's DataLoader does there."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None):
+        return True
+    path = getattr(main, "__file__", None)
+    return bool(path) and os.path.isfile(path)
+
+
+def _worker_context():
+    """The multiprocessing context of the workers (see _WORKER_START). The fork server imports
+    torch once: a worker runs the training script's top level again (as with "spawn"), which
+    imported torch in every worker of every epoch otherwise (1-2 s each on the 2-core VM). Only
+    a hint for a server not yet started; the modules already asked for are kept. None (torch's
+    default) where there is no fork server (Windows, which spawns anyway)."""
+    if _WORKER_START not in multiprocessing.get_all_start_methods() or not _main_reimportable():
+        return None
+    ctx = multiprocessing.get_context(_WORKER_START)
+    from multiprocessing import forkserver
+    have = list(getattr(forkserver._forkserver, "_preload_modules", None) or ["__main__"])
+    if "torch" not in have:
+        ctx.set_forkserver_preload(have + ["torch"])
+    return ctx
+
+
+def _fed_sampler(loader):
+    """(sluice sampler, positions per batch) of a DataLoader, or (None, 0)."""
+    bs = loader.batch_sampler
+    if isinstance(bs, BatchSampler):
+        return bs, 1
+    inner = getattr(bs, "sampler", None)
+    if isinstance(inner, DistributedSampler):
+        return inner, bs.batch_size
+    if bs is None and isinstance(loader.sampler, DistributedSampler):
+        return loader.sampler, 1
+    return None, 0
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """torch.utils.data.DataLoader (same arguments) that reports what the training loop consumed
+    to the coordinator, when its sampler or batch_sampler is a sluice sampler.
+
+    When the loop asks for batch k of an epoch, batches [0, k) are consumed: the report of that
+    (every ``report_every`` batches) is sent while batch k is fetched and has been recorded
+    before batch k is handed out (retried on transient failures). When the loop has taken every
+    batch the whole share is reported, which may end the epoch. Prefetched batches
+    (num_workers > 0) are not counted until the loop takes them, so a rank killed at any moment
+    loses no sample and trains at most ``report_every`` batches again.
+
+    Workers start with ``multiprocessing_context="forkserver"`` unless another is given, not by
+    forking this process as torch does by default on Linux (see _WORKER_START). The dataset,
+    collate_fn and worker_init_fn go to the workers pickled, and each worker runs the training
+    script's top level again (as with ``spawn``): guard the training with
+    ``if __name__ == "__main__":``. Where there is no script file to run again (``python -``,
+    ``python -c``, a notebook), the workers are forked as torch's DataLoader forks them."""
+
+    def __init__(self, *args, report_every=1, **kwargs):
+        if report_every < 1:
+            raise ValueError("report_every %r must be at least 1" % (report_every,))
+        super().__init__(*args, **kwargs)
+        self.report_every = report_every
+        if self.num_workers > 0 and self.multiprocessing_context is None:
+            self.multiprocessing_context = _worker_context()
+
+    def data_position(self):
+        """The data position of what the training loop took from this loader: its sampler's
+        data_position() (see there)."""
+        sampler, _ = _fed_sampler(self)
+        if sampler is None:
+            raise ValueError("this DataLoader has no sluice sampler or batch_sampler")
+        return sampler.data_position()
+
+    def __iter__(self):
+        sampler, per_batch = _fed_sampler(self)
+        if sampler is None:
+            return super().__iter__()
+        # Before torch's iterator exists: with workers it prefetches (and may exhaust the
+        # sampler) as it is built, and an untracked sampler would report its share itself.
+        sampler._tracked = True
+        sampler.consumed = None
+        return self._tracked(super().__iter__(), sampler, per_batch)
+
+    def _tracked(self, it, sampler, per_batch):
+        taken = 0
+        try:
+            while True:
+                pending = None
+                if taken:
+                    sampler.consumed = min(sampler.start_position + taken * per_batch,
+                                           sampler._share)
+                    if taken % self.report_every == 0:
+                        pending = sampler._report_begin(sampler.consumed)
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    sampler._report_end(pending)
+                    break
+                sampler._report_end(pending)
+                taken += 1
+                # What a checkpoint taken while the loop holds this batch carries (the loop is
+                # expected to save after training it).
+                sampler._at = (sampler._serving,
+                               min(sampler.start_position + taken * per_batch, sampler._share))
+                yield batch
+            if sampler._serving is not None:
+                sampler.consumed = sampler._share
+                sampler._finish()
+        finally:
+            sampler._tracked = False
