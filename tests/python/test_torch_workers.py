@@ -5,10 +5,14 @@
 - invalid sampler settings raise ValueError at construction, naming the value;
 - a sampler waiting for an unreachable daemon warns, naming the address, within seconds;
 - a sluice sampler inside torch's own DataLoader with workers warns once that it counts what
-  the workers prefetched."""
+  the workers prefetched;
+- a script without the `if __name__ == "__main__":` guard gets a clear error, not dead workers
+  (nor workers that consume the epoch themselves)."""
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 import warnings
@@ -62,6 +66,20 @@ class WorkersWithoutScriptFile(unittest.TestCase):
 
 
 class RoughEdges(unittest.TestCase):
+    def test_script_without_main_guard_fails_clearly(self):
+        # Its workers (fork server) run the script's top level again: the sampler made there is
+        # refused (it would consume the epoch a second time), and the loop's error says why.
+        with Daemon() as d, tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "train.py")
+            with open(path, "w") as f:
+                f.write(SCRIPT.replace("ADDR", repr(d.addr)).replace("JOB", repr("noguard")))
+            r = subprocess.run([sys.executable, path], capture_output=True, text=True,
+                               timeout=120)
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertIn("exited before the first batch", r.stderr)
+            self.assertIn("re-ran the training script", r.stderr)
+            self.assertEqual(r.stdout, "")
+
     def test_invalid_settings_raise_value_error(self):
         with Daemon() as d:
             with self.assertRaises(ValueError) as e:

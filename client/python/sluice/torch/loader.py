@@ -52,6 +52,20 @@ def _worker_context():
     return ctx
 
 
+def _workers_failed(loader):
+    """What to say when the workers died before the first batch (torch says only that they
+    "exited unexpectedly")."""
+    ctx = loader.multiprocessing_context
+    how = ctx.get_start_method() if ctx is not None and not isinstance(ctx, str) else (
+        ctx or multiprocessing.get_start_method(allow_none=True) or "fork")
+    return ("sluice.torch.DataLoader: its %d workers (started by %r) exited before the first "
+            "batch. With 'forkserver' or 'spawn' each worker imports the training script again: "
+            "keep the training under `if __name__ == \"__main__\":`, and define the dataset, "
+            "collate_fn and worker_init_fn at a module's top level; the workers' own error is "
+            "above. multiprocessing_context='fork' (torch's default) avoids the re-import but "
+            "risks gRPC's fork hang (docs/feeding.md)" % (loader.num_workers, how))
+
+
 def _fed_sampler(loader):
     """(sluice sampler, positions per batch) of a DataLoader, or (None, 0)."""
     bs = loader.batch_sampler
@@ -124,6 +138,10 @@ class DataLoader(torch.utils.data.DataLoader):
                 except StopIteration:
                     sampler._report_end(pending)
                     break
+                except RuntimeError as e:
+                    if taken or "exited unexpectedly" not in str(e):
+                        raise
+                    raise RuntimeError(_workers_failed(self)) from e
                 sampler._report_end(pending)
                 taken += 1
                 # What a checkpoint taken while the loop holds this batch carries (the loop is

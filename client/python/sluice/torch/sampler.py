@@ -1,6 +1,7 @@
 """sluice.torch's samplers: DistributedSampler (indices) and BatchSampler (token-budget batches)
 fed by the coordinator, with what both share (_Fed: the job check, the epoch and position
 bookkeeping, progress reports, the stream loop). See sluice.torch for the guarantees."""
+import multiprocessing
 import os
 import sys
 import time
@@ -79,6 +80,22 @@ def _dp_rank(info, rank):
     return rank
 
 
+def _refuse_in_reimported_main():
+    """A sampler made while a worker process (forkserver, spawn) runs the training script's top
+    level again, because the script has no ``if __name__ == "__main__":`` guard: that copy
+    would stream and report the job's data itself (it did: a second consumer of the epoch, with
+    nothing said). Refused, so that the worker fails at start and the loop gets a clear error."""
+    # multiprocessing sets _inheriting while a child imports the parent's main module (spawn's
+    # preparation, the fork server's preload), and only then: a sampler made later in a child's
+    # target function is fine.
+    main = sys.modules.get("__main__")
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            "sluice: a sampler was created while a worker process re-ran the training script "
+            "(%s): put the training under `if __name__ == \"__main__\":`"
+            % (getattr(main, "__file__", None) or "its top level"))
+
+
 _prefetch_warned = False
 
 
@@ -114,6 +131,7 @@ class _Fed:
     bookkeeping, progress reports and the stream loop."""
 
     def _setup(self, address, job, num_replicas, rank, client, retry_seconds, lockstep):
+        _refuse_in_reimported_main()
         self.client = client or Client(address)
         self.job = job or os.environ.get("SLUICE_JOB")
         if not self.job:
