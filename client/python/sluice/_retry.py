@@ -31,3 +31,19 @@ class Backoff:
             raise e
         time.sleep(min(self.delay, self.deadline - now))
         self.delay = min(self.delay * 2, 1.0)
+
+
+def call(fn, seconds, on_retry=None):
+    """fn(), retried on transient failures with Backoff for up to `seconds`; after each failed
+    try that is tried again, on_retry(error, seconds since the first failure)."""
+    backoff = Backoff(seconds)
+    first = None
+    while True:
+        try:
+            return fn()
+        except grpc.RpcError as e:
+            backoff.wait(e)
+            now = time.monotonic()
+            first = first or now
+            if on_retry is not None:
+                on_retry(e, now - first)

@@ -37,6 +37,7 @@ import grpc
 import torch
 import torch.distributed as dist
 
+from sluice import _retry
 from sluice._retry import Backoff as _Backoff
 from sluice.checkpoint import CHUNK, COMPLETE, WRITING, Checkpoints, _StateShard, encode_state
 from sluice.client import Client
@@ -155,13 +156,10 @@ class CheckpointManager:
 
     def _retry(self, fn, *args, **kw):
         """fn(*args, **kw), retried like the samplers' calls (transient statuses, backoff)."""
-        backoff = _Backoff(self.retry_seconds)
-        while True:
-            try:
-                return fn(*args, **kw)
-            except grpc.RpcError as e:
-                backoff.wait(e)
-                self.retries += 1
+        return _retry.call(lambda: fn(*args, **kw), self.retry_seconds, self._retried)
+
+    def _retried(self, e, waited):
+        self.retries += 1
 
     # ---- saving ----
 

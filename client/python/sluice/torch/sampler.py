@@ -4,7 +4,6 @@ bookkeeping, progress reports, the stream loop). See sluice.torch for the guaran
 import multiprocessing
 import os
 import sys
-import time
 import warnings
 
 import grpc
@@ -12,6 +11,7 @@ import torch.distributed as dist
 import torch.utils.data
 from torch.utils.data import Sampler
 
+from sluice import _retry
 from sluice._retry import RETRY as _RETRY
 from sluice._retry import Backoff as _Backoff
 from sluice.client import Client
@@ -159,19 +159,14 @@ class _Fed:
     def _call(self, fn, *args, **kw):
         """fn(*args, **kw), retried on transient failures for up to retry_seconds (with a
         warning naming the address once the daemon has been unreachable for _WARN_AFTER s)."""
-        backoff = _Backoff(self.retry_seconds)
-        first = None
-        while True:
-            try:
-                return fn(*args, **kw)
-            except grpc.RpcError as e:
-                backoff.wait(e)
-                self.retries += 1
-                now = time.monotonic()
-                first = first or now
-                if first is not True and now - first >= _WARN_AFTER:
-                    first = True  # once per call
-                    self._warn_unreachable(e)
+        warned = []
+
+        def retried(e, waited):
+            self.retries += 1
+            if not warned and waited >= _WARN_AFTER:
+                warned.append(True)  # once per call
+                self._warn_unreachable(e)
+        return _retry.call(lambda: fn(*args, **kw), self.retry_seconds, retried)
 
     def _warn_unreachable(self, e):
         warnings.warn("sluice: the daemon at %s has not answered for %g s (%s: %s); still "
