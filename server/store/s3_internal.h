@@ -105,7 +105,8 @@ int s3_digests(const struct iovec *iov, int n, char sha256[S3_HEX_SHA256], char 
                char md5_hex[33]);
 
 /* XML answers. s3_xml_find finds the first element <tag> (attributes allowed) between p and end
- * and returns 1 with its contents in [*vs, *ve), or 0. s3_xml_text decodes an element's text
+ * and returns 1 with its contents in [*vs, *ve) up to its own closing tag (elements of the same
+ * name inside it are skipped whole), or 0. s3_xml_text decodes an element's text
  * (the five entities and numeric references) into out; SL_ECORRUPT if it is not text or does
  * not fit. */
 int s3_xml_find(const char *p, const char *end, const char *tag, const char **vs, const char **ve);

@@ -39,14 +39,26 @@ int s3_xml_find(const char *p, const char *end, const char *tag, const char **vs
             return 1;
         }
         const char *s = gt + 1;
+        /* Its own closing tag: elements of the same name inside it open and close in between
+         * (a store's answer never nests them, a hostile one may: the element found is then the
+         * outer one whole, never a piece ending at an inner close). */
+        unsigned depth = 0;
         for (const char *q = s; q < end;) {
             const char *close = memchr(q, '<', (size_t)(end - q));
             if (!close || end - close < (ptrdiff_t)tl + 3)
                 return 0;
             if (close[1] == '/' && memcmp(close + 2, tag, tl) == 0 && close[2 + tl] == '>') {
-                *vs = s;
-                *ve = close;
-                return 1;
+                if (depth-- == 0) {
+                    *vs = s;
+                    *ve = close;
+                    return 1;
+                }
+            } else if (tag_at(close + 1, end, tag, tl)) {
+                const char *igt = memchr(close + 1, '>', (size_t)(end - close - 1));
+                if (!igt)
+                    return 0;
+                if (igt[-1] != '/') /* <Tag/> opens nothing */
+                    depth++;
             }
             q = close + 1;
         }

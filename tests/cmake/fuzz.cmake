@@ -41,3 +41,5 @@ sl_fuzz_target(fuzz_read_lengths sl_server_core)
 sl_fuzz_target(fuzz_read_labels sl_server_core)
 # sluiced's flags and SLUICE_* environment (server/config.c).
 sl_fuzz_target(fuzz_flags sl_server_core)
+# The S3 client's reading of a store's XML answers (server/store/s3_xml.c): a hostile store.
+sl_fuzz_target(fuzz_s3_xml sl_server_core)

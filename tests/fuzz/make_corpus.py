@@ -259,6 +259,31 @@ def flags():
         config="data-dir = /" + "a" * 185 + "listen = evil\n"))
 
 
+def s3_xml():
+    t = "fuzz_s3_xml"
+    put(t, "listing", b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="x">'
+        b"<Name>b</Name><IsTruncated>true</IsTruncated><Contents><Key>j/a_shard_0.shard</Key>"
+        b"<LastModified>2026-11-24T01:57:37.123Z</LastModified><Size>4096</Size></Contents>"
+        b"<Contents><Key>j/&lt;b&amp;c&#65;&#x42;</Key><Size>0</Size></Contents>"
+        b"<NextContinuationToken>tok</NextContinuationToken></ListBucketResult>")
+    put(t, "error", b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate."
+        b"</Message><RequestId>1</RequestId></Error>")
+    put(t, "uploads", b"<ListMultipartUploadsResult><Upload><Key>j/.x.part</Key><UploadId>u1"
+        b"</UploadId><Initiated>2026-11-24T01:57:37Z</Initiated></Upload><NextKeyMarker>k"
+        b"</NextKeyMarker></ListMultipartUploadsResult>")
+    put(t, "upload_id", b"<InitiateMultipartUploadResult><UploadId>abc</UploadId>"
+        b"</InitiateMultipartUploadResult>")
+    put(t, "nested_same_name", b"<ListBucketResult><Contents><Key>a</Key><Contents><Key>b</Key>"
+        b"</Contents><Size>1</Size></Contents></ListBucketResult>")
+    put(t, "empty_elements", b"<ListBucketResult><Contents/><Contents ></Contents><Key/>"
+        b"</ListBucketResult>")
+    put(t, "unclosed", b"<ListBucketResult><Contents><Key>a</Key><Contents><Key")
+    put(t, "bad_entities", b"<Error><Code>&#xFFFFFFFF;&bogus;&#0;&</Code><Message>&#55296;"
+        b"</Message></Error>")
+    put(t, "bad_dates", b"<Contents><LastModified>2026-13-40T99:99:99.9999Z</LastModified>"
+        b"</Contents>")
+
+
 if __name__ == "__main__":
     shard()
     lengths()
@@ -268,3 +293,4 @@ if __name__ == "__main__":
     read_lengths()
     read_labels()
     flags()
+    s3_xml()

@@ -202,6 +202,14 @@ static void test_xml(void)
     const char *bad = "<Key>a&bogus;</Key><Open>never closed";
     CHECK(s3_xml_get(bad, bad + strlen(bad), "Key", out, sizeof(out)) == SL_ECORRUPT);
     CHECK(s3_xml_get(bad, bad + strlen(bad), "Open", out, sizeof(out)) == SL_ENOTFOUND);
+    /* Same-name elements nested (a hostile store): the outer element is found whole. */
+    const char *nest = "<Contents><Key>a</Key><Contents><Key>b</Key></Contents><Contents/>"
+                       "<Size>7</Size></Contents><Size>9</Size>";
+    CHECK(s3_xml_find(nest, nest + strlen(nest), "Contents", &vs, &ve) == 1);
+    CHECK(s3_xml_get(vs, ve, "Size", out, sizeof(out)) == 0 && strcmp(out, "7") == 0);
+    CHECK(strncmp(ve, "</Contents><Size>9", 18) == 0);
+    const char *open2 = "<Contents><Contents></Contents>";
+    CHECK(s3_xml_find(open2, open2 + strlen(open2), "Contents", &vs, &ve) == 0);
     CHECK(s3_iso8601_ms("2026-11-24T01:57:37.123Z") == 1795485457123LL);
     CHECK(s3_iso8601_ms("2026-11-24T01:57:37Z") == 1795485457000LL);
     CHECK(s3_iso8601_ms("2026-11-24 01:57:37") == -1);
