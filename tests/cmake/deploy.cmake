@@ -10,8 +10,9 @@ set_tests_properties(deploy PROPERTIES
 
 # `pip install ./client/python` into a fresh venv (stubs generated from proto/ at build time),
 # then `python -m sluice --version`, the torch-free import and a sampler against the daemon.
+# Packaging: release build only.
 add_test(NAME pip_install
          COMMAND ${SL_PYTHON} -m unittest -v test_pip_install
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(pip_install PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
-                     LABELS "python")
+                     LABELS "python;no_asan")
