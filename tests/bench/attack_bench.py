@@ -10,7 +10,7 @@ percentiles; exits 1 if RSS reached --rss-max MiB, a Check failed or took 1 s or
 daemon did not exit 0 on SIGTERM.
 
     SLUICED=build/rel/server/sluiced PYTHONPATH=build/rel/python:tests/python \\
-        /usr/bin/python3 tests/bench/attack_bench.py --duration 60
+        build/venv/bin/python tests/bench/attack_bench.py --duration 60
 """
 import argparse
 import os

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Benchmark driver for common/batch/ (issue 4), side by side with a fairseq-style baseline.
 
     python3 tests/bench/batch_bench.py --bench build-batch/tests/batch_bench \

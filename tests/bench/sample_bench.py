@@ -1,7 +1,7 @@
 """Side-by-side benchmark: sluice's sampler (tests/bench/sample_bench.c) and torch's
 DistributedSampler listing one rank's share, in the same run.
 
-    /usr/bin/python3 tests/bench/sample_bench.py BUILD_DIR/tests/sample_bench [--runs K]
+    build/venv/bin/python tests/bench/sample_bench.py BUILD_DIR/tests/sample_bench [--runs K]
 
 For torch, each run is a fresh process (so peak RSS is its own): time to the first index of
 rank 0 of R=8 and time to list the whole share, at N = 1e7 and 1e8. Medians of K runs."""

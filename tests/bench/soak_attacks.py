@@ -33,7 +33,7 @@ above its level after the first round of phases (or above --rss-max), a daemon t
 not complete).
 
     SLUICED=build/rel/server/sluiced SOAK=build/rel/tests/soak \\
-    PYTHONPATH=build/rel/python:tests/python /usr/bin/python3 tests/bench/soak_attacks.py \\
+    PYTHONPATH=build/rel/python:tests/python build/venv/bin/python tests/bench/soak_attacks.py \\
         --duration 600 --phase 20 --streams 256
 
 The ctest smoke (tests/cmake/soak.cmake) is --duration 60 --phase 4 --tail 8 --small.

@@ -11,7 +11,7 @@ its memory is the weight tensor it must be given (8 bytes per sample as float64)
 --runs; ratios are sluice's rate over torch's. At N = 1e8 torch cannot run at all
 (torch.multinomial takes at most 2^24 categories): the row says so.
 
-    STRAT_BENCH=build/tests/strat_bench /usr/bin/python3 tests/bench/strat_bench.py --runs 3
+    STRAT_BENCH=build/tests/strat_bench build/venv/bin/python tests/bench/strat_bench.py --runs 3
 """
 import argparse
 import os

@@ -37,7 +37,7 @@ class TorchStratTest(unittest.TestCase):
 
     def test_stratified_ddp(self):
         out = self._tmp.name
-        cmd = ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", str(WORLD), "--redirects", "2", "--tee", "2",
                os.path.join(HERE, "torch_strat_worker.py"), "--addr", self.d.addrs,
                "--job", "strat", "--out", out, "--epochs", str(EPOCHS),
