@@ -603,6 +603,65 @@ static void epoch_next(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
     reply_epoch(call, j);
 }
 
+/* Epochs.Rewind: the job put back to a position a trainer saved (its sampler's state_dict), as
+ * a Restore puts it back to a checkpoint's: the same feed state is captured from the epoch's
+ * record (every dp rank at the position) and restored, resized into to_world_size. */
+static void epoch_rewind(sl_rpc_call *call, const ProtobufCMessage *m, void *arg)
+{
+    const Sluice__V1__RewindRequest *req = (const void *)m;
+    Sluice__V1__RewindResponse resp = SLUICE__V1__REWIND_RESPONSE__INIT;
+    sl_feed *f = arg;
+    sl_cat_blob state, spec, elastic;
+    sl_feed_restore_req fr;
+    uint64_t *pos, epoch = 0;
+    uint32_t world = 0;
+    char msg[320] = "";
+    int err;
+
+    if (!job_or_fail(call, m, epoch_rewind, f, req->job, 1))
+        return;
+    if (req->world_size < 1 || req->world_size > FEED_MAX_WORLD ||
+        req->to_world_size > FEED_MAX_WORLD) {
+        sl_rpc_call_fail(call, SL_EINVAL,
+                         "world_size %u or to_world_size %u out of range (1 to %u, 0: the same)",
+                         req->world_size, req->to_world_size, FEED_MAX_WORLD);
+        return;
+    }
+    if (!(pos = malloc(sizeof(*pos) * req->world_size))) {
+        sl_rpc_call_fail(call, -ENOMEM, "out of memory");
+        return;
+    }
+    for (uint32_t r = 0; r < req->world_size; r++)
+        pos[r] = req->position;
+    err = sl_feed_capture(f, req->job, req->epoch, req->world_size, pos, &state, &spec, &elastic,
+                          msg, sizeof(msg));
+    free(pos);
+    if (err) {
+        sl_rpc_call_fail(call, err, "%s", msg[0] ? msg : sl_strerror(err));
+        return;
+    }
+    fr.state = &state;
+    fr.spec = &spec;
+    fr.elastic = &elastic;
+    fr.world = req->to_world_size;
+    fr.mesh = req->to_mesh;
+    err = sl_feed_restore(f, &fr, &epoch, &world, msg, sizeof(msg));
+    sl_cat_blob_free(&state);
+    sl_cat_blob_free(&spec);
+    sl_cat_blob_free(&elastic);
+    if (err) {
+        sl_rpc_call_fail(call, err, "%s", msg[0] ? msg : sl_strerror(err));
+        return;
+    }
+    sl_log_info("job_rewound",
+                "job=%s epoch=%llu position=%llu world=%u now_epoch=%llu now_world=%u", req->job,
+                (unsigned long long)req->epoch, (unsigned long long)req->position, req->world_size,
+                (unsigned long long)epoch, world);
+    resp.epoch = epoch;
+    resp.world_size = world;
+    sl_rpc_call_reply(call, &resp.base);
+}
+
 static const sl_rpc_method job_methods[] = {
     {
         .name = "Create",
@@ -652,6 +711,11 @@ static const char *report_scope(const ProtobufCMessage *m)
     return ((const Sluice__V1__ReportProgressRequest *)m)->job;
 }
 
+static const char *rewind_scope(const ProtobufCMessage *m)
+{
+    return ((const Sluice__V1__RewindRequest *)m)->job;
+}
+
 static const sl_rpc_method epoch_methods[] = {
     {
         .name = "Get",
@@ -677,6 +741,15 @@ static const sl_rpc_method epoch_methods[] = {
         .request = &sluice__v1__next_epoch_request__descriptor,
         .response = &sluice__v1__epoch_state__descriptor,
         .on_start = epoch_next,
+    },
+    {
+        .name = "Rewind",
+        .kind = SL_RPC_UNARY,
+        .access = FEED_ACCESS_TRAINER,
+        .scope = rewind_scope,
+        .request = &sluice__v1__rewind_request__descriptor,
+        .response = &sluice__v1__rewind_response__descriptor,
+        .on_start = epoch_rewind,
     },
 };
 

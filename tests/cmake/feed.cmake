@@ -95,3 +95,14 @@ add_test(NAME feed_torch_workers
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(feed_torch_workers PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
                      LABELS "python;feed")
+
+# The data position as a torch Stateful (sampler/DataLoader state_dict and load_state_dict,
+# Epochs.Rewind): resume, into another world, torch.load(weights_only), torchdata's
+# StatefulDataLoader, a torch.distributed.checkpoint state dict, and torchrun (2 ranks, a rank
+# SIGKILLed between two DCP saves, the group restarted from the newest).
+add_test(NAME feed_torch_state
+         COMMAND ${SL_PYTHON} -m unittest -v test_torch_state
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+set_tests_properties(feed_torch_state PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
+                     LABELS "python;feed;torchrun"
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)

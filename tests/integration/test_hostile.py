@@ -430,6 +430,22 @@ class HostileTest(unittest.TestCase):
              C.FAILED_PRECONDITION, str(U64)),
         ]
         cases += self.name_cases(UNARY, E + "Next", lambda n: fd.NextEpochRequest(job=n), "job")
+        rw = E + "Rewind"
+        cases += self.name_cases(UNARY, rw, lambda n: fd.RewindRequest(job=n, world_size=1), "job")
+        cases += [
+            ("unknown", UNARY, rw, fd.RewindRequest(job="nope", world_size=1), C.NOT_FOUND,
+             "nope"),
+            ("world 0", UNARY, rw, fd.RewindRequest(job="j"), C.INVALID_ARGUMENT, "world_size 0"),
+            ("world u32 max", UNARY, rw, fd.RewindRequest(job="j", world_size=2**32 - 1),
+             C.INVALID_ARGUMENT, str(2**32 - 1)),
+            ("to world u32 max", UNARY, rw,
+             fd.RewindRequest(job="j", world_size=1, to_world_size=2**32 - 1), C.INVALID_ARGUMENT,
+             str(2**32 - 1)),
+            ("epoch u64 max", UNARY, rw, fd.RewindRequest(job="j", world_size=1, epoch=U64),
+             C.FAILED_PRECONDITION, str(U64)),
+            ("position u64 max", UNARY, rw, fd.RewindRequest(job="j", world_size=4, position=U64),
+             C.INVALID_ARGUMENT, str(U64)),
+        ]
         cases += [
             ("unknown", UNARY, E + "Next", fd.NextEpochRequest(job="nope"), C.NOT_FOUND, "nope"),
             ("wrong expected epoch", UNARY, E + "Next",
@@ -723,6 +739,7 @@ class NulBytesTest(HostileTest):
             (UNARY, E + "Get", fd.GetEpochRequest(job=n)),
             (UNARY, E + "ReportProgress", fd.ReportProgressRequest(job=n, position=1)),
             (UNARY, E + "Next", fd.NextEpochRequest(job=n)),
+            (UNARY, E + "Rewind", fd.RewindRequest(job=n, world_size=1)),
             (SSTREAM, F + "StreamIndices", fd.StreamIndicesRequest(job=n)),
             (SSTREAM, F + "StreamBatches", fd.StreamBatchesRequest(job=n)),
             (UNARY, K + "Begin", ck.BeginRequest(job="cj", name=n, world_size=1)),

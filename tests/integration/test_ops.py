@@ -230,6 +230,7 @@ class AuthTest(unittest.TestCase):
             ("/sluice.v1.Epochs/Get", U, "reader"),
             ("/sluice.v1.Epochs/ReportProgress", U, "trainer"),
             ("/sluice.v1.Epochs/Next", U, "admin"),
+            ("/sluice.v1.Epochs/Rewind", U, "trainer"),
             ("/sluice.v1.Feed/StreamIndices", SS, "reader"),
             ("/sluice.v1.Feed/StreamBatches", SS, "reader"),
             ("/sluice.v1.Checkpoints/Begin", U, "trainer"),

@@ -134,6 +134,16 @@ class Client:
 
     # ---- epochs ----
 
+    def rewind(self, job, epoch, position, world_size, to_world_size=0, mesh=None):
+        """Put ``job`` back to ``position`` of ``epoch`` for every data-parallel rank, counted in
+        a world of ``world_size``, then resized into ``to_world_size`` (0: the same). What the
+        samplers' load_state_dict() sends (one rank of the group)."""
+        req = feed_pb2.RewindRequest(job=job, epoch=epoch, position=position,
+                                     world_size=world_size, to_world_size=to_world_size)
+        if mesh:
+            req.to_mesh.CopyFrom(feed_pb2.Mesh(**mesh))
+        return self.epochs.Rewind(req, **self._kw())
+
     def get_epoch(self, job):
         return self.epochs.Get(feed_pb2.GetEpochRequest(job=job), **self._kw())
 

@@ -113,6 +113,22 @@ class DataLoader(torch.utils.data.DataLoader):
             raise ValueError("this DataLoader has no sluice sampler or batch_sampler")
         return sampler.data_position()
 
+    def state_dict(self):
+        """Its sluice sampler's state_dict(): the position the training loop consumed (a torch
+        Stateful: put the loader itself in a torch.distributed.checkpoint state dict, e.g.
+        ``{"model": ..., "optim": ..., "dataloader": loader}``)."""
+        return self._sluice_sampler().state_dict()
+
+    def load_state_dict(self, state):
+        """Its sluice sampler's load_state_dict(): every rank calls it before iterating."""
+        self._sluice_sampler().load_state_dict(state)
+
+    def _sluice_sampler(self):
+        sampler, _ = _fed_sampler(self)
+        if sampler is None:
+            raise ValueError("this DataLoader has no sluice sampler or batch_sampler")
+        return sampler
+
     def __iter__(self):
         sampler, per_batch = _fed_sampler(self)
         if sampler is None:

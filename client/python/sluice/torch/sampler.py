@@ -96,6 +96,16 @@ def _refuse_in_reimported_main():
             % (getattr(main, "__file__", None) or "its top level"))
 
 
+# The version of the samplers' state_dict() format.
+_STATE_VERSION = 1
+
+
+def _state_settings(have):
+    """The job settings a state_dict() carries and load_state_dict() compares: those that define
+    the epochs' order (a resize changes the world and the rank weights, not these)."""
+    return {k: v for k, v in have.items() if k != "rank_weights"}
+
+
 _prefetch_warned = False
 
 
@@ -188,9 +198,10 @@ class _Fed:
                 if e.code() != grpc.StatusCode.ALREADY_EXISTS:
                     raise
         info = self._call(self.client.get_job, self.job)
-        if info.world_size != self.num_replicas:
-            raise JobMismatchError("job %r has world size %d, this process was started with %d"
-                                   % (self.job, info.world_size, self.num_replicas))
+        # Another world: refused when the sampler is first used, unless a load_state_dict()
+        # (a restart into another world size, the state coming from the trainer's checkpoint
+        # after the sampler was built) resizes the job to this world first.
+        self._world_pending = None if info.world_size == self.num_replicas else info.world_size
         have = self._job_settings(info)
         diff = [] if attach_any else _mismatches(have, want)
         if diff:
@@ -200,6 +211,7 @@ class _Fed:
                 % (self.job, "; ".join("%s: job has %r, sampler %r" % d for d in diff)))
         self.info = info
         self.epoch = self._next_epoch = info.epoch
+        self._settings = _state_settings(have)
         return have
 
     @property
@@ -214,8 +226,15 @@ class _Fed:
         self.epoch = int(epoch)
         self._epoch_set = True
 
+    def _check_world(self):
+        if self._world_pending is not None:
+            raise JobMismatchError("job %r has world size %d, this process was started with %d "
+                                   "(load_state_dict() of a saved state resizes the job to this "
+                                   "world)" % (self.job, self._world_pending, self.num_replicas))
+
     def _want_epoch(self):
         """The epoch to stream in a new iteration: self.epoch, checked against the job's."""
+        self._check_world()
         current = self._call(self.client.get_job, self.job).epoch
         want = self.next_epoch
         if want < current:
@@ -266,6 +285,52 @@ class _Fed:
         return {"job": self.job, "epoch": int(epoch), "position": int(position),
                 "world_size": self.num_replicas}
 
+    # ---- the position as a torch Stateful ----
+
+    def state_dict(self):
+        """The data position as a torch Stateful state (torch.distributed.checkpoint, torchdata's
+        StatefulDataLoader, a torchtitan-style ``{"dataloader": loader}``): the job, the epoch,
+        the position (data_position(): with sluice.torch.DataLoader what the loop consumed, else
+        what this sampler handed out, which is what StatefulDataLoader's snapshots expect), the
+        world it was counted in, the unit and the job's settings. Plain values only, so that
+        ``torch.load(weights_only=True)`` reads it."""
+        pos = self.data_position()
+        return {"sluice_state": _STATE_VERSION, "job": self.job, "unit": self._unit,
+                "epoch": pos["epoch"], "position": pos["position"],
+                "world_size": pos["world_size"], "settings": dict(self._settings)}
+
+    def load_state_dict(self, state):
+        """Rewind the job to a state_dict() every rank of the data-parallel group saved at the
+        same step: rank 0 puts every rank at that position (in this process's world: a state
+        saved by 4 ranks loads into 2 or 3, the rest of the epoch redistributed) and, with
+        torch.distributed initialized, the others wait for it at a barrier, so call it on every
+        rank before iterating. Then this sampler takes the job as it is. ValueError naming the
+        difference for a state of another job, unit or settings."""
+        if not isinstance(state, dict) or state.get("sluice_state") != _STATE_VERSION:
+            raise ValueError("not a sluice sampler state (state_dict() of sluice %d): %r"
+                             % (_STATE_VERSION, type(state).__name__ if not isinstance(state, dict)
+                                else sorted(state)))
+        diff = []
+        if state.get("job") != self.job:
+            diff.append(("job", state.get("job"), self.job))
+        if state.get("unit") != self._unit:
+            diff.append(("unit", state.get("unit"), self._unit))
+        saved = state.get("settings") or {}
+        for key in sorted(set(saved) | set(self._settings)):
+            if saved.get(key) != self._settings.get(key):
+                diff.append((key, saved.get(key), self._settings.get(key)))
+        if diff:
+            raise ValueError("sluice: this state was saved with other settings than job %r has "
+                             "now: %s" % (self.job, "; ".join("%s: state has %r, job %r" % d
+                                                              for d in diff)))
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if (dist.get_rank() if distributed else self.rank) == 0:
+            self._call(self.client.rewind, self.job, int(state["epoch"]), int(state["position"]),
+                       int(state["world_size"]), self.num_replicas)
+        if distributed:
+            dist.barrier()
+        self._resync()
+
     def _resync(self):
         """Forget where this process was in the feed and take the job as the coordinator has
         it now (after a Restore rewound it): its epoch, world and share sizes. The next
@@ -275,6 +340,8 @@ class _Fed:
             raise JobMismatchError("job %r now has world size %d, this process was started "
                                    "with %d" % (self.job, info.world_size, self.num_replicas))
         self.info = info
+        self._world_pending = None
+        self._settings = _state_settings(self._job_settings(info))
         self.epoch = self._next_epoch = info.epoch
         self._epoch_set = False
         self._serving = self._at = self.consumed = None
@@ -396,6 +463,8 @@ class DistributedSampler(_Fed, Sampler):
     existing job's like the others.
     """
 
+    _unit = "indices"  # what a position counts (state_dict)
+
     def __init__(self, dataset=None, num_replicas=None, rank=None, shuffle=True, seed=0,
                  drop_last=False, *, address=None, job=None, dataset_name=None,
                  num_samples=None, shuffle_mode=None, partition="", chunk_size=0, create=True,
@@ -496,6 +565,8 @@ class BatchSampler(_Fed, Sampler):
     Positions are counted in batches. Give ``batching`` (BatchConfig fields), ``seed`` or
     ``shuffle_mode`` to check them against the job (JobMismatchError), or ``attach_any=True``.
     ``len()`` is the epoch's number of batches per rank, known right after construction."""
+
+    _unit = "batches"  # what a position counts (state_dict)
 
     def __init__(self, num_replicas=None, rank=None, *, address=None, job=None, batching=None,
                  seed=None, shuffle_mode=None, attach_any=False, report_every=0, max_batches=0,

@@ -1,0 +1,99 @@
+"""One rank of test_torch_state's torchrun test: the torchtitan pattern. The loader itself is in
+the state dict that torch.distributed.checkpoint saves every --every steps, with the model and the
+step; a restarted group loads the newest complete checkpoint (dcp.load calls the loader's
+load_state_dict) and trains on. Ranks step in lockstep (a barrier per step, as DDP's allreduce).
+
+Each trained batch is appended to OUT/rank-R.log as "restart step epoch i,j,...". With --kill
+"RANK:STEP", that rank SIGKILLs itself right after training that step in the first run (before
+the step's checkpoint, if one was due).
+"""
+import argparse
+import os
+import signal
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+import sluice.torch as st
+
+
+class Items(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+def newest(root):
+    done = [int(f[5:-5]) for f in os.listdir(root) if f.startswith("step-") and f.endswith(".done")]
+    return max(done) if done else None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--addr", required=True)
+    p.add_argument("--job", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--samples", type=int, default=101)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--every", type=int, default=4)
+    p.add_argument("--kill", default="")
+    a = p.parse_args()
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # The group's keys under a prefix of this attempt: with torch 2.13's torchrun --standalone a
+    # restarted rank now and then read the address the killed attempt's rank had published
+    # (gloo: "Connection refused" to the old port) from the agent's store.
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          world_size=world, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=dist.PrefixStore("attempt-%d" % restart, store),
+                            rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    ckpts = os.path.join(a.out, "ckpt")
+    os.makedirs(ckpts, exist_ok=True)
+
+    sampler = st.DistributedSampler(num_replicas=world, rank=rank, address=a.addr, job=a.job,
+                                    dataset_name=a.job, num_samples=a.samples, seed=3,
+                                    drop_last=True)
+    loader = st.DataLoader(Items(a.samples), sampler=sampler, batch_size=a.batch)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    step = 0
+    last = newest(ckpts)
+    if last is not None:
+        state = {"dataloader": loader, "model": model.state_dict(), "step": torch.tensor(0)}
+        dcp.load(state, checkpoint_id=os.path.join(ckpts, "step-%d" % last))
+        model.load_state_dict(state["model"])
+        step = int(state["step"])
+    kill_rank, kill_step = (int(x) for x in a.kill.split(":")) if a.kill else (-1, -1)
+    with open(os.path.join(a.out, "rank-%d.log" % rank), "a") as log:
+        for epoch in range(sampler.epoch, a.epochs):
+            sampler.set_epoch(epoch)
+            for batch in loader:
+                model.weight.data += batch.float().sum() * 1e-6
+                dist.barrier()
+                step += 1
+                log.write("%d %d %d %s\n" % (restart, step, epoch,
+                                             ",".join(str(int(i)) for i in batch)))
+                log.flush()
+                if restart == 0 and rank == kill_rank and step == kill_step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if step % a.every == 0:
+                    dcp.save({"dataloader": loader, "model": model.state_dict(),
+                              "step": torch.tensor(step)},
+                             checkpoint_id=os.path.join(ckpts, "step-%d" % step))
+                    dist.barrier()
+                    if rank == 0:
+                        open(os.path.join(ckpts, "step-%d.done" % step), "w").close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
