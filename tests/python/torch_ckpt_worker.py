@@ -44,6 +44,7 @@ from torch.utils.data import Dataset
 import sluice.torch as st
 from sluice.checkpoint import Checkpoints
 from sltest import rank_address
+from torchrun_group import init_gloo
 
 PAUSE_LIMIT = 120.0
 
@@ -125,7 +126,7 @@ class Trainer:
     def run(self):
         a = self.a
         gloo = float(os.environ.get("SLUICE_TEST_GLOO_TIMEOUT") or 90)
-        dist.init_process_group("gloo", timeout=timedelta(seconds=gloo))
+        init_gloo(timedelta(seconds=gloo))
         torch.manual_seed(0)
         torch.use_deterministic_algorithms(True)
         ds = Indexed(a.n)

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import sluice.torch as st
 from sltest import rank_address
+from torchrun_group import init_gloo
 
 
 class Indexed(Dataset):
@@ -48,7 +49,7 @@ def main():
     n = int(os.environ.get("N_SAMPLES", "103"))
     # The replicas (a comma-separated SLUICE_ADDR), spread over the ranks.
     os.environ["SLUICE_ADDR"] = rank_address(os.environ["SLUICE_ADDR"], int(os.environ["RANK"]))
-    dist.init_process_group("gloo", timeout=timeout)
+    init_gloo(timeout)
     ds = Indexed(n)
     if mode == "indices":
         sampler = st.DistributedSampler(ds, shuffle=True, seed=seed, drop_last=drop_last, job=job)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import sluice.torch as st
+from torchrun_group import init_gloo
 
 
 class Items(torch.utils.data.Dataset):
@@ -46,15 +47,9 @@ def main():
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--kill", default="")
     a = p.parse_args()
+    init_gloo(timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    # The group's keys under a prefix of this attempt: with torch 2.13's torchrun --standalone a
-    # restarted rank now and then read the address the killed attempt's rank had published
-    # (gloo: "Connection refused" to the old port) from the agent's store.
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          world_size=world, is_master=False, timeout=timedelta(seconds=60))
-    dist.init_process_group("gloo", store=dist.PrefixStore("attempt-%d" % restart, store),
-                            rank=rank, world_size=world, timeout=timedelta(seconds=60))
     ckpts = os.path.join(a.out, "ckpt")
     os.makedirs(ckpts, exist_ok=True)
 

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 import sluice.torch as st
 from sltest import rank_address
+from torchrun_group import init_gloo
 
 
 def labels_of(n):
@@ -50,7 +51,7 @@ def main():
     a = p.parse_args()
     rank = int(os.environ["RANK"])
     a.addr = rank_address(a.addr, rank)  # the replicas, spread over the ranks
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    init_gloo(timedelta(seconds=60))
     ds = Indexed(a.samples)
     sampler = st.DistributedSampler(ds, shuffle=True, seed=3, drop_last=True, job=a.job,
                                     address=a.addr, stratify=True, labels=labels_of(a.samples))

@@ -44,6 +44,7 @@ from torch.utils.data import DistributedSampler as TorchSampler
 
 import sluice.torch as st
 from sltest import rank_address
+from torchrun_group import init_gloo
 
 PAUSE_LIMIT = 180.0  # seconds a paused rank waits for its release before it gives up
 
@@ -151,7 +152,7 @@ class Trainer:
     def run(self):
         a = self.args
         # A rank left alone in a collective (the ranks fell out of lockstep) fails after this.
-        dist.init_process_group("gloo", timeout=timedelta(seconds=60 * self.slow))
+        init_gloo(timedelta(seconds=60 * self.slow))
         ds = Indexed(a.n)
         self.marker("started-%d-%d" % (self.rank, self.restart))
         if a.mode == "indices":
