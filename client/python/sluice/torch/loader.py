@@ -108,10 +108,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def data_position(self):
         """The data position of what the training loop took from this loader: its sampler's
         data_position() (see there)."""
-        sampler, _ = _fed_sampler(self)
-        if sampler is None:
-            raise ValueError("this DataLoader has no sluice sampler or batch_sampler")
-        return sampler.data_position()
+        return self._sluice_sampler().data_position()
 
     def state_dict(self):
         """Its sluice sampler's state_dict(): the position the training loop consumed (a torch
