@@ -523,7 +523,8 @@ class S3StoreTest(unittest.TestCase):
         self.assertIn(young, ids)
         for u in lives:
             self.assertIn(u, ids)
-        self.assertIn("event=s3_upload_aborted", self.d.log())
+        # The proxy saw the DELETE when it was sent; the daemon logs it once answered.
+        wait_for("the abort's log line", lambda: "event=s3_upload_aborted" in self.d.log())
         wait_for("the sweep's count", lambda: "uploads_aborted=1 " in self.d.log())
         for r, (held, fut) in enumerate(helds):
             held.release.set()
