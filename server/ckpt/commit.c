@@ -267,9 +267,10 @@ typedef struct commit_job {
     char file[NAME_MAX + 1];
     sl_buf json;
     sl_cat_blob feed_state, feed_spec, feed_elastic; /* empty: none */
-    /* Object storage: each rank's recorded file size, checked on the worker pool before the
-     * metadata is written (a directory store checks on the loop). */
+    /* Object storage: each rank's recorded file size and checksum, checked on the worker pool
+     * before the metadata is written (a directory store checks on the loop). */
     uint64_t *sizes;
+    char (*shas)[SL_SHARD_HEX_LEN + 1];
     int err;
     char errmsg[256];
 } commit_job;
@@ -281,9 +282,10 @@ static const char *commit_replica(const sl_ckpt_svc *s);
 typedef struct commit_check {
     sl_ckpt_svc *svc;
     const sl_cat_ckpt *ck;
-    uint64_t *sizes; /* remote store: recorded sizes, checked later */
-    int32_t next;    /* the next rank expected */
-    sl_buf missing;  /* the first 32 missing ranks, for the message */
+    uint64_t *sizes; /* remote store: recorded sizes and checksums, checked later */
+    char (*shas)[SL_SHARD_HEX_LEN + 1];
+    int32_t next;   /* the next rank expected */
+    sl_buf missing; /* the first 32 missing ranks, for the message */
     int n_missing;
     char bad[256];
     uint64_t *pos;      /* [world_size] each rank's position */
@@ -346,10 +348,11 @@ static int check_shard(const sl_cat_shard *sh, void *arg)
         return 0;
     note_missing(cc, cc->next, sh->rank);
     cc->next = sh->rank + 1;
-    if (cc->sizes)
+    if (cc->sizes) {
         cc->sizes[sh->rank] = sh->file_size;
-    else if (!cc->bad[0] &&
-             sl_store_file_name(file, sizeof(file), SL_STORE_SHARD, cc->ck->name, sh->rank) == 0)
+        memcpy(cc->shas[sh->rank], sh->sha256, SL_SHARD_HEX_LEN + 1);
+    } else if (!cc->bad[0] &&
+               sl_store_file_name(file, sizeof(file), SL_STORE_SHARD, cc->ck->name, sh->rank) == 0)
         check_file(cc, st, file, sh);
     if (!sh->has_pos) {
         cc->no_pos = sh->rank;
@@ -376,14 +379,29 @@ static void commit_work(uv_work_t *w)
     uint64_t size = 0;
     int err;
 
+    /* As check_file does for a local store: the object's header carries the record's checksum,
+     * and a rank recorded but not yet published (its holder died or paused between the record
+     * and CompleteMultipartUpload) is published now from its sealed upload. */
     for (int32_t r = 0; j->sizes && r < j->ck.world_size; r++) {
+        char sha[SL_SHARD_HEX_LEN + 1];
         if (sl_store_file_name(file, sizeof(file), SL_STORE_SHARD, j->ck.name, r) != 0)
             continue;
-        err = st->ops->stat(st, j->ck.job, file, &size);
-        if (err && err != SL_ENOTFOUND) {
+        err = st->ops->shard_sha(st, j->ck.job, file, &size, sha);
+        if ((err == SL_ENOTFOUND || (!err && strcmp(sha, j->shas[r]) != 0)) &&
+            st->ops->recover(st, j->ck.job, j->ck.name, r, j->shas[r]) == 0)
+            err = st->ops->shard_sha(st, j->ck.job, file, &size, sha);
+        if (err && err != SL_ENOTFOUND && err != SL_ECORRUPT) {
             snprintf(j->errmsg, sizeof(j->errmsg), "cannot check the shard of rank %d: %s", r,
                      sl_strerror(err));
             j->err = err;
+            return;
+        }
+        if (!err && strcmp(sha, j->shas[r]) != 0) {
+            snprintf(j->errmsg, sizeof(j->errmsg),
+                     "shard object of rank %d holds sha256 %.16s..., its record says %.16s...: "
+                     "its upload has not finished, or was overtaken; upload the rank again",
+                     r, sha, j->shas[r]);
+            j->err = SL_ECORRUPT;
             return;
         }
         if (err || size != j->sizes[r]) {
@@ -393,6 +411,9 @@ static void commit_work(uv_work_t *w)
             return;
         }
     }
+    if (j->sizes && st->ops->tidy)
+        st->ops->tidy(st, j->ck.job, j->ck.name, j->ck.world_size,
+                      (const char(*)[SL_SHARD_HEX_LEN + 1]) j->shas);
     j->err =
         st->ops->put(st, j->ck.job, j->file, j->json.p, j->json.len, j->errmsg, sizeof(j->errmsg));
 }
@@ -413,6 +434,7 @@ static void commit_job_free(commit_job *j)
         sl_rpc_call_unref(j->call);
     sl_buf_free(&j->json);
     free(j->sizes);
+    free(j->shas);
     sl_cat_blob_free(&j->feed_state);
     sl_cat_blob_free(&j->feed_spec);
     sl_cat_blob_free(&j->feed_elastic);
@@ -426,6 +448,9 @@ static void rewrite_work(uv_work_t *w)
     commit_job *j = w->data;
     sl_sstore *st = j->svc->opts.store;
 
+    if (j->sizes && st->ops->tidy)
+        st->ops->tidy(st, j->ck.job, j->ck.name, j->ck.world_size,
+                      (const char(*)[SL_SHARD_HEX_LEN + 1]) j->shas);
     j->err =
         st->ops->put(st, j->ck.job, j->file, j->json.p, j->json.len, j->errmsg, sizeof(j->errmsg));
 }
@@ -555,9 +580,11 @@ static int commit_shards_ok(sl_ckpt_svc *s, commit_job *j, char *msg, size_t len
     cc.ck = ck;
     cc.no_pos = -1;
     if (sl_sstore_remote(s->opts.store)) {
-        if (!(j->sizes = calloc((size_t)ck->world_size, sizeof(*j->sizes))))
+        if (!(j->sizes = calloc((size_t)ck->world_size, sizeof(*j->sizes))) ||
+            !(j->shas = calloc((size_t)ck->world_size, sizeof(*j->shas))))
             return -ENOMEM;
         cc.sizes = j->sizes;
+        cc.shas = j->shas;
     }
     sl_buf_init(&cc.missing, 1024);
     if (!(cc.pos = calloc((size_t)ck->world_size, sizeof(*cc.pos)))) {

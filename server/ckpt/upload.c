@@ -11,8 +11,9 @@
  * checksum are checked on the loop -> FINALIZING: a worker has the store make the shard durable
  * with the real checksum in its header -> the catalog row, in the transaction that fences this
  * attempt (the checkpoint WRITING and not being committed, the lease's generation still ours) ->
- * PUBLISHING: a worker renames it under its name (the directory store; object storage published
- * it when finishing) -> DONE and the receipt. Nothing reaches the catalog before its bytes are
+ * PUBLISHING: a worker publishes it under its name (a directory's rename, object storage's
+ * CompleteMultipartUpload) -> DONE and the receipt; a publish that fails keeps the sealed upload
+ * for Commit to publish (STOPPING). Nothing reaches the catalog before its bytes are
  * durable, and nothing is published before the catalog fenced it.
  * An upload that stops (STOPPING) keeps its written bytes for a resume and gives back the space
  * reserved beyond them; one that fails has the store discard them (a write-lane job, before the
@@ -42,7 +43,7 @@ static const unsigned up_next[] = {
     [UP_RECEIVING] = B(UP_DRAINING) | B(UP_STOPPING) | B(UP_FAILING),
     [UP_DRAINING] = B(UP_FINALIZING) | B(UP_STOPPING) | B(UP_FAILING),
     [UP_FINALIZING] = B(UP_PUBLISHING) | B(UP_ABORTING) | B(UP_FAILING) | B(UP_DONE),
-    [UP_PUBLISHING] = B(UP_ABORTING) | B(UP_FAILING) | B(UP_DONE),
+    [UP_PUBLISHING] = B(UP_ABORTING) | B(UP_STOPPING) | B(UP_FAILING) | B(UP_DONE),
     [UP_ABORTING] = B(UP_FAILING),
     [UP_STOPPING] = B(UP_FAILING) | B(UP_DONE),
     [UP_FAILING] = B(UP_FAILING) | B(UP_DONE),
@@ -439,7 +440,12 @@ static void up_after_write(uv_work_t *w, int status)
     case UP_PUBLISHING:
     case UP_ABORTING:
         /* The bytes are durable: record them even if the client has gone. */
-        if (up->err) {
+        if (up->err && up->state == UP_PUBLISHING && up->err != SL_EFENCED) {
+            /* Recorded but not published (the store failed): the sealed upload stays, for a
+             * Commit to publish (sl_sstore_ops.recover); UploadStatus says stored. */
+            up_stop(up, io_err_status(up->err), "rank %d recorded, not yet published: %s", up->rank,
+                    up->errmsg);
+        } else if (up->err) {
             up_fail(up, io_err_status(up->err), "%s", up->errmsg);
         } else if (up->state == UP_ABORTING) {
             /* The new shard goes: FAILING has the store discard it when closing the writer. */

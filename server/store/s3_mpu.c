@@ -220,11 +220,13 @@ int sl_s3_mpu_complete(sl_s3 *c, const char *key, const char *upload_id, int npa
     r.out = &body;
     r.retry_error_body = 1;
     rc = s3_perform(c, &r, msg, msglen);
+    int landed = 0;
     if (rc == SL_ENOTFOUND)
-        rc = complete_landed(c, key, nparts, etags, msg, msglen);
+        landed = (rc = complete_landed(c, key, nparts, etags, msg, msglen)) == 0;
     const char *vs, *ve;
-    if (rc == 0 && !s3_xml_find(body.p ? body.p : "", body.p ? body.p + body.len : "",
-                                "CompleteMultipartUploadResult", &vs, &ve)) {
+    if (rc == 0 && !landed &&
+        !s3_xml_find(body.p ? body.p : "", body.p ? body.p + body.len : "",
+                     "CompleteMultipartUploadResult", &vs, &ve)) {
         snprintf(msg, msglen,
                  "CompleteMultipartUpload %s: the answer is not a "
                  "CompleteMultipartUploadResult",

@@ -78,11 +78,11 @@ typedef struct sl_sstore_ops {
      * state loaded into `sha`): SL_ESTATE with msg if there is no matching partial upload.
      * write: the n ranges at data offset `off`, in order, offsets contiguous (hashed into `sha`
      * with ops.hashes; `sha` must then outlive the writer). finish: the header
-     * with checksum `sha_hex` written and the shard durable; with w_publish, still as a partial
-     * upload, published under its name only by w_publish, which the caller runs after the
+     * with checksum `sha_hex` written and the shard durable, still as a partial upload
+     * (sealed), published under its name only by w_publish, which the caller runs after the
      * catalog transaction that fences the attempt (an older shard of the rank replaced;
-     * SL_EFENCED if a newer attempt removed this one's file); without it (object storage), under
-     * its name already. Nothing is visible under the name before. release: give back room
+     * SL_EFENCED if a newer attempt removed or aborted this one's). Nothing is visible under
+     * the name before. release: give back room
      * reserved ahead of the written bytes (the written bytes stay for a resume). close: free
      * the writer; `discard` removes the partial upload (and, after finish, the shard). */
     int (*w_open)(sl_sstore *s, const sl_swriter_spec *spec, sl_sha256 *sha, sl_swriter **out,
@@ -106,16 +106,21 @@ typedef struct sl_sstore_ops {
                char *msg, size_t msglen);
     /* Size of a stored file; SL_ENOTFOUND if missing. */
     int (*stat)(sl_sstore *s, const char *job, const char *file, uint64_t *size);
-    /* Size and the checksum in the header of a stored shard file (NULL where reading it costs a
-     * request: object storage); SL_ENOTFOUND if missing, SL_ECORRUPT if the header does not
-     * parse. Commit checks it against the catalog's row. */
+    /* Size and the checksum in the header of a stored shard file (object storage: a HEAD and a
+     * ranged GET); SL_ENOTFOUND if missing, SL_ECORRUPT if the header does not parse. Commit
+     * checks it against the catalog's row. */
     int (*shard_sha)(sl_sstore *s, const char *job, const char *file, uint64_t *size,
                      char sha[SL_SHARD_HEX_LEN + 1]);
     /* A shard recorded in the catalog but not under its name (a crash, or a pause, between the
      * record and w_publish): publish the sealed partial upload of (name, rank) whose header
-     * carries `sha`, the record's checksum. 0, SL_ENOTFOUND if there is none, or an error. NULL
-     * where the store publishes before the record (object storage). */
+     * carries `sha`, the record's checksum. 0, SL_ENOTFOUND if there is none, or an error. */
     int (*recover)(sl_sstore *s, const char *job, const char *name, int32_t rank, const char *sha);
+    /* Object storage (NULL elsewhere), on a worker, once Commit found every rank of checkpoint
+     * `name` published with the checksum its record has (shas[rank]): remove the state and head
+     * objects that sealed uploads of those checksums left behind (a kill or a pause between
+     * CompleteMultipartUpload and their removal). One listing; best effort. */
+    void (*tidy)(sl_sstore *s, const char *job, const char *name, int32_t world_size,
+                 const char (*shas)[SL_SHARD_HEX_LEN + 1]);
     /* Remove one file (missing: not an error). */
     int (*remove)(sl_sstore *s, const char *job, const char *file);
     /* Remove every file of checkpoint `name` of ranks [0, world_size): shards, partial uploads,

@@ -1,14 +1,18 @@
 /* The object-storage backend of the shard store (sstore.h) over the S3 client (s3.h).
  *
  * Objects are "<job>/<file>" under the configured prefix, with the same bytes as the directory
- * backend's files. A shard whose header and data fit in one part is written with one PutObject.
- * A larger one is a multipart upload: part 1 is the header and the first data bytes, parts 2..n
- * the rest; part 1 goes last, once the checksum in its header is known, and
- * CompleteMultipartUpload makes the shard visible whole. While it is written, two more objects
- * keep it resumable, by another process too:
+ * backend's files. Every shard is a multipart upload (one part for a small one): part 1 is the
+ * header and the first data bytes, parts 2..n the rest; part 1 goes last, once the checksum in
+ * its header is known, and the state object is then sealed (every part's ETag, the checksum).
+ * CompleteMultipartUpload makes the shard visible whole, and only after the catalog recorded it
+ * (w_publish), so that an attempt fenced out in the catalog never publishes; a rank recorded but
+ * not published (its replica died or paused in between) is completed by Commit from the sealed
+ * state (s3s_recover). While it is written, two more objects keep it resumable, by another
+ * process too:
  *   .<name>_shard_<rank>.shard.part   the upload's state: its upload id, the parts stored with
  *                                     their ETags, the data bytes they hold and the SHA-256 state
- *                                     after them (written after each part that extends them);
+ *                                     after them (written after each part that extends them),
+ *                                     and once sealed the checksum and every part's ETag;
  *   .<name>_shard_<rank>.shard.part.head   the data bytes of part 1, stored once they are all
  *                                          here.
  * The state object has the name of a directory's partial file, so the sweeps treat both alike; a
@@ -306,6 +310,7 @@ static const sl_sstore_ops s3_ops = {
     .w_open = s3s_w_open,
     .w_write = s3s_w_write,
     .w_finish = s3s_w_finish,
+    .w_publish = s3s_w_publish,
     .w_release = s3s_w_release,
     .w_close = s3s_w_close,
     .held = s3s_held,
@@ -314,6 +319,9 @@ static const sl_sstore_ops s3_ops = {
     .r_close = s_r_close,
     .put = s_put,
     .stat = s_stat,
+    .shard_sha = s3s_shard_sha,
+    .recover = s3s_recover,
+    .tidy = s3s_tidy,
     .remove = s_remove,
     .remove_ckpt = s_remove_ckpt,
     .free_bytes = s_free_bytes,

@@ -75,7 +75,12 @@ struct sl_swriter {
     int done_upto;                 /* parts 2..done_upto stored */
     uint64_t data_done;            /* data bytes stored (head and parts 2..done_upto) */
     uint8_t done_state[SL_SHA256_STATE_LEN];
+    int prefix_upto; /* parts 2..prefix_upto hold the data_done bytes (the resumable prefix) */
     int head_stored, finished;
+    /* Sealed by finish: every part stored (part 1 with the real header) and named, with the
+     * checksum, in the state object; published (CompleteMultipartUpload) by w_publish only. */
+    int sealed;
+    char sealed_sha[SL_SHARD_HEX_LEN + 1];
     int finishing; /* in finish: the caller finalized the hasher (its state means nothing) */
     pjob *jobs, *jobs_tail;
     int njobs;
@@ -107,6 +112,10 @@ typedef struct ustate {
     uint32_t tensor_count;
     uint8_t sha[SL_SHA256_STATE_LEN];
     int last_part;
+    /* A sealed upload: the shard's checksum ("" if not sealed) and its parts, 1..sealed_parts,
+     * every one stored (their ETags in the table of s3s_state_load). */
+    char sealed[SL_SHARD_HEX_LEN + 1];
+    int sealed_parts;
 } ustate;
 
 /* Write the writer's state object (its errmsg on failure). */
@@ -116,8 +125,17 @@ int s3s_state_save(sl_swriter *w);
  * SL_ENOTFOUND if there is none, SL_ECORRUPT if it does not parse. */
 int s3s_state_load(s3store *s, const char *key, ustate *u, char (*etags)[SL_S3_ETAG_MAX],
                    int max_part, char *msg, size_t msglen);
+/* The number of parts of a shard of data_size bytes in parts of part_size (part 1: the header and
+ * the first part_size - header bytes). */
+int s3s_part_count(uint64_t data_size, uint64_t part_size);
 /* Abort the multipart upload a state object names and remove it with its head object. */
 void s3s_state_discard(s3store *s, const char *state_key);
+/* sl_sstore_ops.recover and shard_sha. */
+void s3s_tidy(sl_sstore *base, const char *job, const char *name, int32_t world_size,
+              const char (*shas)[SL_SHARD_HEX_LEN + 1]);
+int s3s_recover(sl_sstore *base, const char *job, const char *name, int32_t rank, const char *sha);
+int s3s_shard_sha(sl_sstore *base, const char *job, const char *file, uint64_t *size,
+                  char sha[SL_SHARD_HEX_LEN + 1]);
 /* sl_sstore_ops.orphans and abort_upload. */
 int s3s_orphans(sl_sstore *base, int64_t before_ms, sl_sstore_orphan_fn fn, void *arg);
 int s3s_abort_upload(sl_sstore *base, const char *job, const char *file, const char *upload_id);
@@ -134,6 +152,7 @@ int s3s_w_open(sl_sstore *base, const sl_swriter_spec *spec, sl_sha256 *sha, sl_
 int s3s_w_write(sl_swriter *w, const struct iovec *iov, int n, uint64_t off, char *msg,
                 size_t msglen);
 int s3s_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen);
+int s3s_w_publish(sl_swriter *w, char *msg, size_t msglen);
 void s3s_w_release(sl_swriter *w);
 void s3s_w_close(sl_swriter *w, int discard);
 

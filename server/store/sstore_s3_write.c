@@ -103,6 +103,7 @@ static int w_reap(sl_swriter *w, int keep)
                 memcpy(w->etags[j->part_no], j->etag, SL_S3_ETAG_MAX);
                 w->done_upto = j->part_no;
                 if (!j->no_state) {
+                    w->prefix_upto = j->part_no;
                     w->data_done = j->data_end;
                     memcpy(w->done_state, j->sha_state, sizeof(w->done_state));
                     grew = 1;
@@ -171,6 +172,7 @@ static int w_store_head(sl_swriter *w)
     w->head_stored = 1;
     w->data_done = w->head_len;
     w->done_upto = 1;
+    w->prefix_upto = 1;
     w->next_part = 2;
     sl_sha256_save(w->run, w->done_state);
     return s3s_state_save(w);
@@ -186,15 +188,23 @@ static uint64_t pick_part_size(const s3store *s, uint64_t data_size)
     return p;
 }
 
-/* A new upload: any earlier partial upload of the rank goes, and a multipart upload starts when
- * the shard does not fit in one part. */
+int s3s_part_count(uint64_t data_size, uint64_t part_size)
+{
+    uint64_t head_len = part_size - SL_SHARD_HEADER_SIZE;
+
+    if (head_len >= data_size)
+        return 1;
+    return 1 + (int)((data_size - head_len + part_size - 1) / part_size);
+}
+
+/* A new upload: any earlier partial upload of the rank goes, and a multipart upload starts, even
+ * for a shard of one part: CompleteMultipartUpload is how a shard is published, after the record
+ * (a PutObject at the end could not wait for it without holding the whole shard). */
 static int w_start(sl_swriter *w, char *msg, size_t msglen)
 {
     int err;
 
     s3s_state_discard(w->s, w->state_key);
-    if (w->data_size <= w->head_len)
-        return 0;
     err = sl_s3_mpu_create(w->s->c, w->key, w->upload_id, msg, msglen);
     if (!err && (err = s3s_state_save(w)) != 0)
         snprintf(msg, msglen, "%s", w->errmsg);
@@ -217,7 +227,7 @@ static int w_resume(sl_swriter *w, uint64_t from, sl_sha256 *sha, char *msg, siz
         w->head_len = w->part_size - SL_SHARD_HEADER_SIZE;
         if (w->head_len > w->data_size)
             w->head_len = w->data_size;
-        w->max_part = 1 + (int)((w->data_size - w->head_len + w->part_size - 1) / w->part_size);
+        w->max_part = s3s_part_count(w->data_size, w->part_size);
         if (!(etags = calloc((size_t)w->max_part + 1, sizeof(*etags))))
             return -ENOMEM;
         free(w->etags);
@@ -265,6 +275,7 @@ static int w_resume(sl_swriter *w, uint64_t from, sl_sha256 *sha, char *msg, siz
     w->head = NULL;
     w->head_stored = 1;
     w->done_upto = u.last_part;
+    w->prefix_upto = u.last_part;
     w->next_part = u.last_part + 1;
     w->data_done = from;
     w->data_pos = from;
@@ -317,7 +328,7 @@ int s3s_w_open(sl_sstore *base, const sl_swriter_spec *spec, sl_sha256 *sha, sl_
      * besides its parts in flight. */
     w->head = malloc(w->head_len ? w->head_len : 1);
     /* Parts: part 1 with the head, then the rest in part_size pieces (at most PARTS_MAX). */
-    w->max_part = 1 + (int)((w->data_size - w->head_len + w->part_size - 1) / w->part_size);
+    w->max_part = s3s_part_count(w->data_size, w->part_size);
     w->etags = calloc((size_t)w->max_part + 1, sizeof(*w->etags));
     /* The data is hashed here, into the upload's hasher (ops.hashes): the state saved at part
      * boundaries is that hash's, and the checkpoint service runs no hash lane of its own. */
@@ -380,6 +391,8 @@ int s3s_w_write(sl_swriter *w, const struct iovec *iov, int n, uint64_t off, cha
     return err;
 }
 
+/* Every part stored, part 1 last with the real header, and the state object sealed with the
+ * checksum and every part's ETag: durable, but not yet under the shard's name (s3s_w_publish). */
 int s3s_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen)
 {
     uint8_t *part1 = NULL;
@@ -400,14 +413,11 @@ int s3s_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen)
             err = sl_s3_get(w->s->c, w->head_key, 0, part1 + SL_SHARD_HEADER_SIZE, w->head_len, msg,
                             msglen);
     }
-    if (!err && !w->upload_id[0]) {
-        /* One part: one PutObject. */
-        err = sl_s3_put(w->s->c, w->key, part1, SL_SHARD_HEADER_SIZE + w->head_len, msg, msglen);
-    } else if (!err) {
+    if (!err) {
         struct iovec iov = {part1, SL_SHARD_HEADER_SIZE + w->head_len};
         /* The parts before the last one are recorded first; the last, partly filled one is
-         * not: the caller finalized the hasher to give sha_hex, so there is no state to record
-         * after it (a resume after a crash sends it again). */
+         * not in the resumable prefix: the caller finalized the hasher to give sha_hex, so
+         * there is no hash state to record after it (a resume after a crash sends it again). */
         err = w_reap(w, 0);
         if (!err && w->fill) {
             w->finishing = 1;
@@ -418,22 +428,76 @@ int s3s_w_finish(sl_swriter *w, const char *sha_hex, char *msg, size_t msglen)
         if (!err)
             err =
                 sl_s3_mpu_part(w->s->c, w->key, w->upload_id, 1, &iov, 1, w->etags[1], msg, msglen);
-        if (!err)
-            err = sl_s3_mpu_complete(w->s->c, w->key, w->upload_id, w->done_upto,
-                                     (const char(*)[SL_S3_ETAG_MAX])(w->etags + 1), msg, msglen);
+        if (!err && w->max_part > 1 && w->done_upto < w->max_part) {
+            snprintf(msg, msglen, "%d of %d parts stored", w->done_upto, w->max_part);
+            err = SL_ESTATE;
+        }
         if (!err) {
-            char m2[256];
-            sl_s3_delete(w->s->c, w->head_key, m2, sizeof(m2));
-            sl_s3_delete(w->s->c, w->state_key, m2, sizeof(m2));
-            w->upload_id[0] = '\0';
+            w->sealed = 1;
+            memcpy(w->sealed_sha, sha_hex, SL_SHARD_HEX_LEN);
+            w->sealed_sha[SL_SHARD_HEX_LEN] = '\0';
+            if ((err = s3s_state_save(w)) != 0) {
+                w->sealed = 0;
+                snprintf(msg, msglen, "%s", w->errmsg);
+            }
         }
     }
     free(part1);
     if (err && !msg[0])
         snprintf(msg, msglen, "%s", w->errmsg[0] ? w->errmsg : sl_strerror(err));
-    if (!err)
-        w->finished = 1;
     return err;
+}
+
+/* Does the state object still describe this writer's sealed upload? 1 yes, 0 no (a newer attempt
+ * replaced it, or it is gone), negative if the store could not say. */
+static int w_state_is_ours(sl_swriter *w)
+{
+    char msg[256];
+    ustate u;
+    int err = s3s_state_load(w->s, w->state_key, &u, NULL, 0, msg, sizeof(msg));
+
+    if (err == SL_ENOTFOUND || err == SL_ECORRUPT)
+        return 0;
+    if (err)
+        return err;
+    return strcmp(u.upload_id, w->upload_id) == 0 && strcmp(u.sealed, w->sealed_sha) == 0;
+}
+
+/* Publish the sealed upload under the shard's name (CompleteMultipartUpload), after the catalog
+ * recorded it; then its state and head objects go. A Commit that found the rank recorded but not
+ * published may have completed it already (s3s_recover): the object then carries this
+ * checksum. An upload a newer attempt aborted is fenced out: nothing was published. */
+int s3s_w_publish(sl_swriter *w, char *msg, size_t msglen)
+{
+    int err;
+
+    if (!w->sealed)
+        return SL_ESTATE;
+    err = sl_s3_mpu_complete(w->s->c, w->key, w->upload_id, w->max_part,
+                             (const char(*)[SL_S3_ETAG_MAX])(w->etags + 1), msg, msglen);
+    if (err == SL_ENOTFOUND) {
+        char got[SL_SHARD_HEX_LEN + 1];
+        uint64_t size = 0;
+        const char *slash = strchr(w->key, '/');
+        if (slash && s3s_shard_sha(&w->s->base, w->job, slash + 1, &size, got) == 0 &&
+            strcmp(got, w->sealed_sha) == 0 && size == SL_SHARD_HEADER_SIZE + w->data_size) {
+            err = 0;
+            msg[0] = '\0';
+        } else {
+            snprintf(msg, msglen, "a newer upload attempt of rank %d took over", w->rank);
+            return SL_EFENCED;
+        }
+    }
+    if (err)
+        return err;
+    if (w_state_is_ours(w) == 1) {
+        char m2[256];
+        sl_s3_delete(w->s->c, w->head_key, m2, sizeof(m2));
+        sl_s3_delete(w->s->c, w->state_key, m2, sizeof(m2));
+    }
+    w->upload_id[0] = '\0';
+    w->finished = 1;
+    return 0;
 }
 
 void s3s_w_release(sl_swriter *w)
@@ -455,6 +519,11 @@ void s3s_w_close(sl_swriter *w, int discard)
     w_reap(w, 0);
     if (discard && w->finished) {
         sl_s3_delete(w->s->c, w->key, msg, sizeof(msg));
+    } else if (discard && w->sealed && w_state_is_ours(w) != 1) {
+        /* Sealed but not recorded (fenced out, or the checkpoint aborted meanwhile), and the
+         * state is no longer ours: what is there belongs to a newer attempt. Our multipart
+         * upload, if that attempt did not abort it, is the orphan sweep's. */
+        sl_log_info("s3_sealed_upload_left", "key=%s upload_id=%s", w->key, w->upload_id);
     } else if (discard) {
         if (w->upload_id[0]) {
             int err = sl_s3_mpu_abort(w->s->c, w->key, w->upload_id, msg, sizeof(msg));

@@ -246,14 +246,121 @@ class FencingTest(FencingBase):
 
 
 class S3FencingTest(FencingBase):
-    """The same with the shards in one bucket and prefix (the test process's s3rver behind its
-    FaultProxy) instead of one directory."""
+    """The same with the shards in one bucket and prefix (the test process's s3rver, behind a
+    FaultProxy of this test that also answers AbortMultipartUpload as S3 does) instead of one
+    directory."""
+
+    def setUp(self):
+        from s3fixture import FaultProxy
+        from sltest import shared_s3
+        self.s3, _ = shared_s3()
+        self.proxy = FaultProxy(self.s3.port, s3rver=self.s3, multipart=True).start()
+        super().setUp()
+
+    def tearDown(self):
+        self.proxy.release()
+        super().tearDown()
+        self.proxy.stop()
 
     def replica(self, i, args=()):
         from sltest import Daemon
         return Daemon(data_dir=self.data, catalog="postgresql", pg=self.pg, store="s3",
+                      s3=self.s3, s3_endpoint=self.proxy.endpoint,
                       args=["--replica-id", "r%d" % i, "--upload-lease", "4", "--s3-part-size",
                             str(5 * MiB)] + list(args))
+
+    def complete_of(self, job, name, rank):
+        """The proxy's match for CompleteMultipartUpload of that shard object."""
+        return "POST /%s/%s/%s/%s_shard_%d.shard?uploadId=" % (
+            self.s3.bucket, self.ds[0].s3_prefix, job, name, rank)
+
+    def upload_in_thread(self, k, job, name, rank, data):
+        out = []
+
+        def up():
+            try:
+                out.append(k.upload(job, name, rank, data))
+            except grpc.RpcError as e:
+                out.append(e)
+        t = threading.Thread(target=up)
+        t.start()
+        self.threads.append(t)
+        return t, out
+
+    def partial_objects(self, job):
+        return [f for f in self.ds[0].store_files(job) if f.startswith(".")]
+
+    def test_recorded_shard_published_by_commit_s3(self):
+        # Replica 0 records rank 0 and is paused (SIGSTOP) with its CompleteMultipartUpload on
+        # the wire: the shard is recorded but not under its name. Commit through replica 1
+        # publishes it from the sealed upload (before: Complete came before the record, so a
+        # holder paused there could complete its upload after another attempt's commit).
+        datas = [os.urandom(7 * MiB), os.urandom(1000)]
+        self.ks[0].begin("job", "r", 1, 2)
+        self.ks[1].upload("job", "r", 1, datas[1])
+        self.proxy.hold(self.complete_of("job", "r", 0))
+        t, out = self.upload_in_thread(self.ks[0], "job", "r", 0, datas[0])
+        self.assertTrue(self.proxy.holding.wait(20), "replica 0's Complete never came")
+        os.kill(self.ds[0].proc.pid, signal.SIGSTOP)
+        self.assertTrue(self.ks[1].upload_status("job", "r", 0).stored)
+        self.assertEqual(self.ks[1].commit("job", "r").state, 2)
+        self.assertIn("event=s3_shard_recovered", self.ds[1].log())
+        self.assert_intact("job", "r", datas)
+        # Replica 0 resumed: its Complete finds the upload completed with its own parts, and
+        # the upload is answered as stored.
+        os.kill(self.ds[0].proc.pid, signal.SIGCONT)
+        self.proxy.release()
+        t.join(30)
+        self.assertFalse(t.is_alive())
+        self.assertNotIsInstance(out[0], grpc.RpcError, out)
+        self.assert_intact("job", "r", datas)
+        wait_for(lambda: self.partial_objects("job") == [], 10, "no partial objects")
+
+    def test_recorded_holder_paused_before_complete_is_fenced_s3(self):
+        # Replica 0 records rank 0 (bytes A) and is paused before its Complete; the rank is
+        # uploaded again through replica 1 (bytes B, a new attempt that aborts A's multipart
+        # upload) and committed. Replica 0 resumed sends its Complete late: it publishes
+        # nothing over B, and its client is told it was overtaken.
+        a, b = os.urandom(6 * MiB), os.urandom(6 * MiB)
+        self.ks[0].begin("job", "f", 1, 1)
+        self.proxy.hold(self.complete_of("job", "f", 0))
+        t, out = self.upload_in_thread(self.ks[0], "job", "f", 0, a)
+        self.assertTrue(self.proxy.holding.wait(20), "replica 0's Complete never came")
+        os.kill(self.ds[0].proc.pid, signal.SIGSTOP)
+        self.ks[1].upload("job", "f", 0, b)
+        self.assertEqual(self.ks[1].commit("job", "f").state, 2)
+        self.assert_intact("job", "f", [b])
+        os.kill(self.ds[0].proc.pid, signal.SIGCONT)
+        self.proxy.release()
+        t.join(30)
+        self.assertFalse(t.is_alive())
+        self.assertIsInstance(out[0], grpc.RpcError, out)
+        self.assertIn("took over", out[0].details())
+        time.sleep(1)
+        self.assert_intact("job", "f", [b])
+        self.assertEqual(self.partial_objects("job"), [])
+
+    def test_publish_failure_keeps_the_recorded_shard_s3(self):
+        # The store refuses replica 0's Complete past the retry deadline: the upload answers
+        # UNAVAILABLE, but its record stands and its sealed upload stays; the commit publishes
+        # it (before: the failure discarded the upload under a recorded row).
+        data = os.urandom(6 * MiB)
+        self.ds[0].stop()
+        self.ds[0].args = self.ds[0].args + ["--s3-retry-deadline", "1"]
+        self.ds[0].start()
+        self.ks[0].close()
+        from sluice.checkpoint import Checkpoints
+        self.ks[0] = Checkpoints(self.ds[0].addr)
+        self.ks[0].begin("job", "u", 1, 1)
+        self.proxy.set(slowdown=1000, match=self.complete_of("job", "u", 0))
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.ks[0].upload("job", "u", 0, data)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.UNAVAILABLE, cm.exception.details())
+        self.proxy.passthrough()
+        self.assertTrue(self.ks[1].upload_status("job", "u", 0).stored)
+        self.assertEqual(self.ks[1].commit("job", "u").state, 2)
+        self.assert_intact("job", "u", [data])
+        self.assertEqual(self.partial_objects("job"), [])
 
     def test_paused_holder_resumed_after_takeover_s3(self):
         # Replica 0 has stored the first part's data (the head) and is paused; replica 1 takes

@@ -413,6 +413,10 @@ class FaultProxy:
         # name -> [count, match, requests to let by first]
         self.faults = {name: [0, None, 0] for name in self.FAULTS}
         self.delay_ms = 0
+        # hold(): the next request matching is kept from the store until release().
+        self._hold_match = None
+        self.holding = threading.Event()
+        self._hold_release = threading.Event()
         self.sock = None
         self.port = None
         self._threads = []
@@ -443,6 +447,21 @@ class FaultProxy:
                     self.faults[name] = [n, match, after]
             if delay_ms is not None:
                 self.delay_ms = delay_ms
+
+    def hold(self, match):
+        """Keep the next request whose "METHOD target" contains `match` from the store until
+        release() (a request on the wire while its sender is paused); `holding` is set once
+        one is held."""
+        with self.lock:
+            self._hold_match = match
+            self.holding.clear()
+            self._hold_release.clear()
+
+    def release(self):
+        """Let the held request (if any) go on to the store."""
+        with self.lock:
+            self._hold_match = None
+        self._hold_release.set()
 
     def passthrough(self):
         self.set(slowdown=0, reset=0, error200=0, bad_etag=0, drop_answer=0, bad_digest=0,
@@ -664,6 +683,14 @@ class FaultProxy:
                 if self._take("reset", method, target):
                     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return
+                with self.lock:
+                    held = self._hold_match is not None and \
+                        self._hold_match in "%s %s" % (method, target)
+                    if held:
+                        self._hold_match = None
+                if held:
+                    self.holding.set()
+                    self._hold_release.wait(120)
                 if delay:
                     time.sleep(delay / 1000.0)
                 if self._take("slowdown", method, target):
