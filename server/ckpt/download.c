@@ -332,6 +332,14 @@ static int dl_find(sl_ckpt_svc *s, sl_rpc_call *call, const Sluice__V1__Download
                          req->rank);
         return err;
     }
+    if (req->length > 0 && ck->state != SL_CKPT_COMPLETE) {
+        /* A range is a piece of a committed checkpoint (a DCP load): a WRITING checkpoint's
+         * shard may still be replaced by another upload of its rank. */
+        sl_rpc_call_fail(call, SL_ESTATE,
+                         "checkpoint %s/%s is %s: ranged reads serve COMPLETE checkpoints only",
+                         ck->job, ck->name, sl_cat_ckpt_state_name(ck->state));
+        return SL_ESTATE;
+    }
     if (req->offset > sh->data_size || req->length > sh->data_size - req->offset) {
         sl_rpc_call_fail(call, SL_EINVAL,
                          "range of %" PRIu64 " bytes at offset %" PRIu64

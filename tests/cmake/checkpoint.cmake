@@ -82,6 +82,47 @@ set_tests_properties(ckpt_torch_train PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TI
                      LABELS "python;checkpoint"
                      RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
 
+# torch.distributed.checkpoint into sluiced (sluice.torch.dcp, tests/python/test_torch_dcp.py):
+# FSDP2 on 4 torchrun ranks saved with dcp.save and async_save (thread, process), loaded into 4,
+# 3, 2 ranks and one process bit-identical, a rank killed in async_save; ~3 min, alone, release
+# build only (the daemon's side of it, ranges and commits, runs sanitized in ckpt_dcp_input and
+# the ckpt_ranges tests). ckpt_dcp_input: damaged shards, tampered metadata, ranges out of bounds
+# or of a WRITING checkpoint, a COMPLETE step saved again; a few seconds.
+add_test(NAME ckpt_dcp
+         COMMAND ${SL_PYTHON} -m unittest -v test_torch_dcp.DcpTorchrunTest
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+set_tests_properties(ckpt_dcp PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 900
+                     LABELS "python;checkpoint;torchrun;no_asan"
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
+add_test(NAME ckpt_dcp_input
+         COMMAND ${SL_PYTHON} -m unittest -v test_torch_dcp.DcpBadInputTest
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+set_tests_properties(ckpt_dcp_input PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
+                     LABELS "python;checkpoint")
+# The same on object storage and over three replicas of one PostgreSQL catalog: one save run
+# (dcp.save, async_save with the thread checkpointer) loaded into 2 ranks, and the bad input.
+foreach (variant "s3|SL_TEST_STORE=s3|s3" "pg|SL_TEST_CATALOG=postgresql;SL_TEST_REPLICAS=3|pg")
+  string(REPLACE "|" ";" parts "${variant}")
+  list(GET parts 0 sfx)
+  list(GET parts -1 label)
+  list(REMOVE_AT parts 0 -1)
+  add_test(NAME ckpt_dcp_${sfx}
+           COMMAND ${SL_PYTHON} -m unittest -v test_torch_dcp.DcpTorchrunTest.test_load_into_two_ranks
+                   test_torch_dcp.DcpBadInputTest
+           WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+  set_tests_properties(ckpt_dcp_${sfx} PROPERTIES
+                       ENVIRONMENT "${SL_TEST_ENV};${parts};SL_DCP_SAVES=2:sync,3:thread"
+                       TIMEOUT 600 LABELS "python;checkpoint;torchrun;no_asan;${label}"
+                       RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
+endforeach ()
+
+# DCP's save, async_save and load into sluiced against its FileSystemWriter/Reader
+# (tests/bench/dcp_bench.py); ctest runs a small smoke round only.
+add_test(NAME dcp_bench_smoke
+         COMMAND ${SL_PYTHON} "${CMAKE_CURRENT_SOURCE_DIR}/bench/dcp_bench.py" --smoke)
+set_tests_properties(dcp_bench_smoke PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 120
+                     LABELS bench)
+
 # The training loop's stall of one save (tests/bench/ckpt_save_bench.py); ctest runs a small
 # smoke round only.
 add_test(NAME ckpt_save_bench_smoke

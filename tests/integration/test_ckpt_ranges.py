@@ -122,6 +122,24 @@ class RangeTest(unittest.TestCase):
             self.assertEqual(code, grpc.StatusCode.INVALID_ARGUMENT, (off, length))
             self.assertIn("beyond the data size", msg)
 
+    def test_range_of_a_writing_checkpoint_refused(self):
+        # A range is a piece of a committed checkpoint (DCP's load reads ranges): a WRITING
+        # checkpoint's recorded shard may still be replaced, so ranges of it are refused; the
+        # whole shard still downloads (its checksum comes with it).
+        data = data_of(MiB + 5)
+        self.stub.Begin(pb.BeginRequest(job="rj", name="w", world_size=2), timeout=10)
+        self.stub.UploadShard(iter([
+            pb.UploadShardRequest(header=pb.ShardHeader(
+                job="rj", checkpoint="w", rank=0, data_size=len(data),
+                tensors=[pb.TensorInfo(name="w", dtype="uint8", shape=[len(data)], offset=0,
+                                       size=len(data))])),
+            pb.UploadShardRequest(chunk=data)]), timeout=60)
+        code, msg, got = self.fails("w", 10, 100)
+        self.assertEqual(code, grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("rj/w is WRITING", msg)
+        self.assertEqual(got, b"")
+        self.assertEqual(self.download("w")[0], data)
+
     def test_damaged_block(self):
         data = data_of(4 * MiB + 777)
         self.save("d", data)

@@ -1,6 +1,7 @@
 """One rank of test_torch_state's torchrun test: the torchtitan pattern. The loader itself is in
-the state dict that torch.distributed.checkpoint saves every --every steps, with the model and the
-step; a restarted group loads the newest complete checkpoint (dcp.load calls the loader's
+the state dict that torch.distributed.checkpoint saves every --every steps into sluiced
+(sluice.torch.dcp, checkpoint ids sluice://JOB-ckpt/STEP), with the model and the step; a
+restarted group loads the newest COMPLETE checkpoint (dcp.load calls the loader's
 load_state_dict) and trains on. Ranks step in lockstep (a barrier per step, as DDP's allreduce).
 
 Each trained batch is appended to OUT/rank-R.log as "restart step epoch i,j,...". With --kill
@@ -16,7 +17,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+import grpc
+
 import sluice.torch as st
+import sluice.torch.dcp  # noqa: F401 - sluice:// ids for dcp.save and dcp.load
+from sluice.checkpoint import Checkpoints
 from torchrun_group import init_gloo
 
 
@@ -31,9 +36,15 @@ class Items(torch.utils.data.Dataset):
         return i
 
 
-def newest(root):
-    done = [int(f[5:-5]) for f in os.listdir(root) if f.startswith("step-") and f.endswith(".done")]
-    return max(done) if done else None
+def newest(addr, job):
+    """The step of the newest COMPLETE checkpoint of job, or None."""
+    with Checkpoints(addr) as ck:
+        try:
+            return ck.latest(job).step
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            return None
 
 
 def main():
@@ -50,8 +61,8 @@ def main():
     init_gloo(timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    ckpts = os.path.join(a.out, "ckpt")
-    os.makedirs(ckpts, exist_ok=True)
+    os.environ["SLUICE_ADDR"] = a.addr
+    ckpts = a.job + "-ckpt"
 
     sampler = st.DistributedSampler(num_replicas=world, rank=rank, address=a.addr, job=a.job,
                                     dataset_name=a.job, num_samples=a.samples, seed=3,
@@ -60,10 +71,10 @@ def main():
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     step = 0
-    last = newest(ckpts)
+    last = newest(a.addr, ckpts)
     if last is not None:
         state = {"dataloader": loader, "model": model.state_dict(), "step": torch.tensor(0)}
-        dcp.load(state, checkpoint_id=os.path.join(ckpts, "step-%d" % last))
+        dcp.load(state, checkpoint_id="sluice://%s/%d" % (ckpts, last))
         model.load_state_dict(state["model"])
         step = int(state["step"])
     kill_rank, kill_step = (int(x) for x in a.kill.split(":")) if a.kill else (-1, -1)
@@ -82,10 +93,7 @@ def main():
                 if step % a.every == 0:
                     dcp.save({"dataloader": loader, "model": model.state_dict(),
                               "step": torch.tensor(step)},
-                             checkpoint_id=os.path.join(ckpts, "step-%d" % step))
-                    dist.barrier()
-                    if rank == 0:
-                        open(os.path.join(ckpts, "step-%d.done" % step), "w").close()
+                             checkpoint_id="sluice://%s/%d" % (ckpts, step))
     dist.barrier()
     dist.destroy_process_group()
 

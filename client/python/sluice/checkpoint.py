@@ -462,16 +462,17 @@ class Checkpoints:
         finally:
             s.cancel()
 
-    def _download_messages(self, job, name, rank):
-        """The DownloadShard messages of rank's shard. With several replicas (a Replicas
-        channel), a stream that ends UNAVAILABLE is reopened on the next one at the offset
-        reached, each replica at most once since the last message."""
-        offset, tries = 0, 0
+    def _download_messages(self, job, name, rank, offset=0, length=0):
+        """The DownloadShard messages of rank's shard (of [offset, offset + length) with a
+        length). With several replicas (a Replicas channel), a stream that ends UNAVAILABLE is
+        reopened on the next one at the offset reached, each replica at most once since the last
+        message."""
+        tries, end = 0, offset + length
         count = getattr(self.channel, "count", 1)
         while True:
-            call = self.stub.DownloadShard(pb.DownloadShardRequest(job=job, name=name, rank=rank,
-                                                                   offset=offset),
-                                           **self._kw(timeout=False))
+            call = self.stub.DownloadShard(pb.DownloadShardRequest(
+                job=job, name=name, rank=rank, offset=offset,
+                length=end - offset if length else 0), **self._kw(timeout=False))
             try:
                 for m in call:
                     if m.offset != offset:
@@ -487,6 +488,30 @@ class Checkpoints:
                     raise
             finally:
                 call.cancel()
+
+    def read_range(self, job, name, rank, offset, length):
+        """Bytes [offset, offset + length) of rank's shard data, from a COMPLETE checkpoint. The
+        daemon checks every block they come from against the digests recorded at upload before
+        it sends any (DATA_LOSS otherwise); a range past the data is INVALID_ARGUMENT, one of a
+        checkpoint still WRITING FAILED_PRECONDITION."""
+        return bytes(self._read_range(job, name, rank, offset, length))
+
+    def _read_range(self, job, name, rank, offset, length):
+        """read_range into a bytearray of its own."""
+        if length < 0 or offset < 0:
+            raise ValueError("range of %r bytes at offset %r" % (length, offset))
+        out = bytearray(length)
+        if length == 0:
+            return out
+        n = 0
+        for m in self._download_messages(job, name, rank, offset, length):
+            if n + len(m.data) > length:
+                raise ValueError("the daemon sent more than the %d bytes asked for" % length)
+            out[n:n + len(m.data)] = m.data
+            n += len(m.data)
+        if n != length:
+            raise ValueError("the daemon sent %d bytes of a %d-byte range" % (n, length))
+        return out
 
     def download(self, job, name, rank, dest=None):
         """Download rank's shard data: returns bytes when `dest` is None, else writes it to

@@ -1,0 +1,541 @@
+"""torch.distributed.checkpoint (DCP) storage in sluiced: ``dcp.save``, ``dcp.async_save`` and
+``dcp.load`` with checkpoint ids ``sluice://JOB/STEP``::
+
+    import torch.distributed.checkpoint as dcp
+    import sluice.torch.dcp                      # makes sluice:// ids known to DCP
+
+    state = {"model": model, "optim": optim, "dataloader": loader}   # Stateful values
+    dcp.save(state, checkpoint_id="sluice://run1/100")
+    dcp.load(state, checkpoint_id="sluice://run1/100")               # any world size
+
+or with an explicit writer and reader (their address, token and options)::
+
+    dcp.save(state, storage_writer=sluice.torch.dcp.Writer("sluice://run1/100", address=addr))
+    dcp.load(state, storage_reader=sluice.torch.dcp.Reader("sluice://run1/100", address=addr))
+
+One DCP checkpoint is one sluice checkpoint ``JOB/step_STEP`` (``sluice://JOB/NAME`` for a name
+that is not a number) of N + 1 shards: shard r holds what DCP's plan gives rank r to write, each
+item's bytes one after the other (a tensor as its raw contiguous bytes); shard N holds DCP's
+metadata (the state dict's layout, where each item lies, its SHA-256), as JSON, never pickled.
+The coordinator begins the checkpoint in its global plan (refused if that step is COMPLETE
+already); each rank streams its shard to sluiced, which hashes it on arrival and stores it
+durably; ``finish()`` writes the metadata shard and commits: the checkpoint is COMPLETE only when
+every rank's data and the metadata are durable, and a save cut short (a rank killed) leaves it
+WRITING, never COMPLETE, while the previous step stays loadable.
+
+Loading reads the metadata shard, then every item a rank needs as a byte range of its shard
+(neighbouring items of one shard in one read); sluiced checks the blocks a range comes from
+against the digests recorded at upload, and each item's bytes are checked against the SHA-256
+in the metadata before they are used. DCP's planner reshards: what N ranks saved (FSDP2,
+DTensor) loads into any number of ranks, or into one process. The loader's position goes into
+the same checkpoint as a Stateful value (``{"dataloader": loader}``, sluice.torch.DataLoader's
+state_dict), so it commits with the model.
+"""
+import base64
+import dataclasses
+import hashlib
+import io
+import json
+import re
+import uuid
+import grpc
+import torch
+from torch.distributed.checkpoint import metadata as dmeta
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+
+from sluice.checkpoint import COMPLETE, ChecksumError, Checkpoints
+from sluice.v1 import checkpoint_pb2 as pb
+
+__all__ = ["Writer", "Reader", "parse_checkpoint_id", "SCHEME"]
+
+SCHEME = "sluice://"
+FORMAT = "sluice-dcp 1"
+# Items of one shard closer than this are read in one range.
+COALESCE_GAP = 1 << 20
+# A range read at once at most (several when items are larger).
+RANGE_MAX = 64 << 20
+
+
+def parse_checkpoint_id(checkpoint_id):
+    """(job, name, step) of ``sluice://JOB/STEP`` (name ``step_STEP``) or ``sluice://JOB/NAME``
+    (step 0). Anything else raises ValueError naming it."""
+    s = str(checkpoint_id)
+    if not s.startswith(SCHEME):
+        raise ValueError("checkpoint id %r: want %sJOB/STEP" % (s, SCHEME))
+    rest = s[len(SCHEME):]
+    job, sep, last = rest.partition("/")
+    if not sep or not job or not last or "/" in last:
+        raise ValueError("checkpoint id %r: want %sJOB/STEP (one job, one step)" % (s, SCHEME))
+    if re.fullmatch(r"[0-9]+", last):
+        step = int(last)
+        if step >= 1 << 63:
+            raise ValueError("checkpoint id %r: step %d out of range" % (s, step))
+        return job, "step_%d" % step, step
+    return job, last, 0
+
+
+# ---- the metadata shard: DCP's Metadata as JSON ----
+
+def _dtype(name):
+    v = getattr(torch, name.rpartition(".")[2], None) if isinstance(name, str) else None
+    if not isinstance(v, torch.dtype):
+        raise ValueError("unknown dtype %r in the checkpoint's metadata" % (name,))
+    return v
+
+
+def _torch_attr(name, kind):
+    v = getattr(torch, name.rpartition(".")[2], None) if isinstance(name, str) else None
+    if not isinstance(v, kind):
+        raise ValueError("unknown %s %r in the checkpoint's metadata" % (kind.__name__, name))
+    return v
+
+
+def _ints(v, what):
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                          and x >= 0 for x in v):
+        raise ValueError("%s %r in the checkpoint's metadata is not a list of sizes" % (what, v))
+    return torch.Size(v)
+
+
+def _index_key(index):
+    return [index.fqn, None if index.offset is None else list(index.offset), index.index]
+
+
+def _index_of(v):
+    if not isinstance(v, list) or len(v) != 3 or not isinstance(v[0], str):
+        raise ValueError("bad item index %r in the checkpoint's metadata" % (v,))
+    return dmeta.MetadataIndex(v[0], None if v[1] is None else _ints(v[1], "offset"), v[2])
+
+
+def _plain(v):
+    """planner_data as JSON: DCP's default planner keeps {fqn: (key, key, ...)}."""
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return {"__t": [_plain(x) for x in v]} if isinstance(v, tuple) else [_plain(x) for x in v]
+    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+        return {"__d": {k: _plain(x) for k, x in v.items()}}
+    raise TypeError("planner_data holds a %s, which the JSON metadata cannot hold (a custom "
+                    "planner: pass allow_pickle=True to the writer and the reader)"
+                    % type(v).__name__)
+
+
+def _unplain(v):
+    if isinstance(v, list):
+        return [_unplain(x) for x in v]
+    if isinstance(v, dict):
+        if set(v) == {"__t"} and isinstance(v["__t"], list):
+            return tuple(_unplain(x) for x in v["__t"])
+        if set(v) == {"__d"} and isinstance(v["__d"], dict):
+            return {k: _unplain(x) for k, x in v["__d"].items()}
+        raise ValueError("bad planner_data in the checkpoint's metadata")
+    return v
+
+
+def encode_metadata(md, allow_pickle=False):
+    """DCP's Metadata (its storage_data: {MetadataIndex: item}) as JSON bytes."""
+    sdm = {}
+    for fqn, m in md.state_dict_metadata.items():
+        if isinstance(m, dmeta.BytesStorageMetadata):
+            sdm[fqn] = {"kind": "bytes"}
+            continue
+        p = m.properties
+        sdm[fqn] = {"kind": "tensor", "dtype": str(p.dtype), "layout": str(p.layout),
+                    "requires_grad": bool(p.requires_grad),
+                    "memory_format": str(p.memory_format), "pin_memory": bool(p.pin_memory),
+                    "size": list(m.size),
+                    "chunks": [[list(c.offsets), list(c.sizes)] for c in m.chunks]}
+    try:
+        planner = {"json": _plain(md.planner_data)}
+    except TypeError:
+        if not allow_pickle:
+            raise
+        import pickle
+        planner = {"pickle": base64.b64encode(pickle.dumps(md.planner_data)).decode()}
+    sm = md.storage_meta
+    doc = {
+        "format": FORMAT,
+        "version": md.version,
+        "state_dict_metadata": sdm,
+        "planner_data": planner,
+        "storage_data": [_index_key(k) + [v] for k, v in md.storage_data.items()],
+        "storage_meta": None if sm is None else {
+            "checkpoint_id": None if sm.checkpoint_id is None else str(sm.checkpoint_id),
+            "save_id": sm.save_id, "load_id": sm.load_id, "modules": list(sm.modules)},
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def decode_metadata(blob, allow_pickle=False):
+    """The Metadata that encode_metadata wrote; anything else raises ValueError."""
+    try:
+        doc = json.loads(blob)
+    except ValueError as e:
+        raise ValueError("the checkpoint's DCP metadata is not JSON: %s" % e) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError("the checkpoint's DCP metadata is not %r" % FORMAT)
+    sdm = {}
+    for fqn, m in doc["state_dict_metadata"].items():
+        if m.get("kind") == "bytes":
+            sdm[fqn] = dmeta.BytesStorageMetadata()
+            continue
+        props = dmeta.TensorProperties(
+            dtype=_dtype(m["dtype"]), layout=_torch_attr(m["layout"], torch.layout),
+            requires_grad=bool(m["requires_grad"]),
+            memory_format=_torch_attr(m["memory_format"], torch.memory_format),
+            pin_memory=bool(m["pin_memory"]))
+        chunks = [dmeta.ChunkStorageMetadata(offsets=_ints(o, "offsets"), sizes=_ints(s, "sizes"))
+                  for o, s in m["chunks"]]
+        sdm[fqn] = dmeta.TensorStorageMetadata(properties=props, size=_ints(m["size"], "size"),
+                                               chunks=chunks)
+    planner = doc["planner_data"]
+    if "pickle" in planner:
+        if not allow_pickle:
+            raise ValueError("the checkpoint's planner_data was pickled (a custom planner); "
+                             "loading it runs code: pass allow_pickle=True to the Reader")
+        import pickle
+        planner_data = pickle.loads(base64.b64decode(planner["pickle"]))
+    else:
+        planner_data = _unplain(planner["json"])
+    storage = {}
+    for row in doc["storage_data"]:
+        storage[_index_of(row[:3])] = _Item.check(row[3])
+    sm = doc.get("storage_meta")
+    return dmeta.Metadata(
+        state_dict_metadata=sdm, planner_data=planner_data, storage_data=storage,
+        storage_meta=None if sm is None else dmeta.StorageMeta(
+            checkpoint_id=sm["checkpoint_id"], save_id=sm["save_id"], load_id=sm["load_id"],
+            modules=list(sm["modules"])),
+        version=doc.get("version"))
+
+
+class _Item:
+    """Where an item lies: [shard rank, offset, length, sha256, dtype or None, sizes or None]."""
+
+    @staticmethod
+    def check(v):
+        if not (isinstance(v, list) and len(v) == 6 and all(isinstance(x, int) and x >= 0
+                                                             for x in v[:3])
+                and isinstance(v[3], str) and re.fullmatch(r"[0-9a-f]{64}", v[3])):
+            raise ValueError("bad item %r in the checkpoint's metadata" % (v,))
+        return v
+
+
+# ---- the client ----
+
+class _Conn:
+    """A Checkpoints client made on first use (never pickled: DCP's process-based async_save
+    sends the writer to another process)."""
+
+    def __init__(self, address, token):
+        self.address, self.token, self._ck = address, token, None
+
+    def get(self):
+        if self._ck is None:
+            self._ck = Checkpoints(self.address, token=self.token, timeout=60.0)
+        return self._ck
+
+    def __getstate__(self):
+        return {"address": self.address, "token": self.token, "_ck": None}
+
+
+def _tensor_bytes(t):
+    """The raw bytes of tensor t (its values in row-major order) as a memoryview, on the CPU."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.view(torch.uint8).numpy())
+
+
+class _Concat(io.RawIOBase):
+    """A read-only stream over a list of buffers, one after the other (no copy until read)."""
+
+    def __init__(self, bufs):
+        self._bufs, self._i, self._off = bufs, 0, 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, dst):
+        n = 0
+        dst = memoryview(dst).cast("B")
+        while n < len(dst) and self._i < len(self._bufs):
+            b = self._bufs[self._i]
+            k = min(len(dst) - n, len(b) - self._off)
+            dst[n:n + k] = b[self._off:self._off + k]
+            n += k
+            self._off += k
+            if self._off == len(b):
+                self._i, self._off = self._i + 1, 0
+        return n
+
+
+def _tensor_name(index):
+    name = index.fqn if index.offset is None or not len(index.offset) else "%s@%s" % (
+        index.fqn, ",".join(map(str, index.offset)))
+    name = "".join(c if " " <= c <= "~" else "?" for c in name)
+    return name[:1000] or "?"
+
+
+def _need_id(storage, call):
+    if storage.checkpoint_id is None:
+        raise ValueError("no checkpoint id: pass checkpoint_id=\"%sJOB/STEP\" to %s or to the "
+                         "%s" % (SCHEME, call, type(storage).__name__))
+
+
+class Writer(StorageWriter):
+    """DCP StorageWriter into sluiced. ``checkpoint_id``: ``sluice://JOB/STEP`` (or given to
+    dcp.save); ``address``: sluiced's (default $SLUICE_ADDR, several comma-separated for
+    replicas); ``token``: a bearer token with the trainer role. ``allow_pickle``: store a
+    custom planner's planner_data pickled (loading it then needs allow_pickle too)."""
+
+    def __init__(self, checkpoint_id=None, address=None, token=None, allow_pickle=False):
+        super().__init__()
+        self._conn = _Conn(address, token)
+        self.allow_pickle = allow_pickle
+        self.checkpoint_id = None
+        self.is_coordinator = False
+        self.save_id = None
+        if checkpoint_id is not None:
+            self.reset(checkpoint_id)
+
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id is not None:
+            self.job, self.name, self.step = parse_checkpoint_id(checkpoint_id)
+            self.checkpoint_id = str(checkpoint_id)
+        elif self.checkpoint_id is None:
+            raise ValueError("no checkpoint id: pass %sJOB/STEP to dcp.save or the Writer"
+                             % SCHEME)
+        self.save_id = uuid.uuid4().hex
+
+    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        if kwargs.get("use_collectives", True) is False:
+            raise ValueError("sluice.torch.dcp needs DCP's collectives (one plan, one commit "
+                             "for all ranks): use_collectives=False is not supported")
+        self.is_coordinator = is_coordinator
+
+    def storage_meta(self):
+        return dmeta.StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        try:
+            parse_checkpoint_id(checkpoint_id)
+            return True
+        except ValueError:
+            return False
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        """The coordinator begins the checkpoint: one shard per rank and one for the metadata.
+        A step that is COMPLETE already is refused; one left WRITING by a save that was cut
+        short is written again."""
+        _need_id(self, "dcp.save")
+        world = len(plans) + 1
+        ck = self._conn.get()
+        try:
+            got = ck.get(self.job, self.name)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            got = None
+        if got is not None and got.state == COMPLETE:
+            raise ValueError("checkpoint %s/%s (%s) is COMPLETE already: a step is saved once"
+                             % (self.job, self.name, self.checkpoint_id))
+        if got is not None and got.world_size != world:
+            raise ValueError("checkpoint %s/%s is WRITING with %d shards, this save needs %d: "
+                             "abort it (sluice ckpt abort) or save another step"
+                             % (self.job, self.name, got.world_size, world))
+        ck.begin(self.job, self.name, step=self.step, world_size=world, no_feed=True,
+                 user_metadata=json.dumps({"format": FORMAT, "ranks": len(plans)}))
+        return [dataclasses.replace(p, storage_data=i) for i, p in enumerate(plans)]
+
+    def write_data(self, plan, planner):
+        rank = plan.storage_data
+        bufs, results, tensors, off = [], [], [], 0
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                b = memoryview(data.getbuffer() if isinstance(data, io.BytesIO) else bytes(data))
+                dtype = sizes = None
+            else:
+                b = _tensor_bytes(data)
+                dtype, sizes = str(data.dtype), list(data.shape)
+            sha = hashlib.sha256(b).hexdigest()
+            bufs.append(b)
+            tensors.append(pb.TensorInfo(name=_tensor_name(item.index), dtype="bytes",
+                                         shape=[len(b)], offset=off, size=len(b)))
+            results.append(WriteResult(index=item.index, size_in_bytes=len(b),
+                                       storage_data=[rank, off, len(b), sha, dtype, sizes]))
+            off += len(b)
+        if len(tensors) > 65536:
+            tensors = None  # one "data" entry: the daemon lists at most 65536 per shard
+        self._conn.get().upload(self.job, self.name, rank, _Concat(bufs), tensors=tensors,
+                                size=off)
+        fut = torch.futures.Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata, results):
+        """Coordinator: the metadata shard, then the commit (COMPLETE once every shard is
+        durable)."""
+        metadata.storage_data = {wr.index: wr.storage_data for rs in results for wr in rs}
+        metadata.storage_meta = self.storage_meta()
+        blob = encode_metadata(metadata, self.allow_pickle)
+        ck = self._conn.get()
+        ck.upload(self.job, self.name, len(results), blob)
+        done = ck.commit(self.job, self.name)
+        if done.state != COMPLETE:
+            raise RuntimeError("checkpoint %s/%s not committed (state %d)"
+                               % (self.job, self.name, done.state))
+
+
+class Reader(StorageReader):
+    """DCP StorageReader from sluiced (the Writer's arguments). The checkpoint must be
+    COMPLETE; every item is checked against its SHA-256 before it is used (ChecksumError)."""
+
+    def __init__(self, checkpoint_id=None, address=None, token=None, allow_pickle=False):
+        super().__init__()
+        self._conn = _Conn(address, token)
+        self.allow_pickle = allow_pickle
+        self.checkpoint_id = None
+        self.storage_data = None
+        self.load_id = None
+        if checkpoint_id is not None:
+            self.reset(checkpoint_id)
+
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id is not None:
+            self.job, self.name, self.step = parse_checkpoint_id(checkpoint_id)
+            self.checkpoint_id = str(checkpoint_id)
+        elif self.checkpoint_id is None:
+            raise ValueError("no checkpoint id: pass %sJOB/STEP to dcp.load or the Reader"
+                             % SCHEME)
+        self.storage_data = None
+        self.load_id = uuid.uuid4().hex
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return Writer.validate_checkpoint_id(checkpoint_id)
+
+    def read_metadata(self, *args, **kwargs):
+        _need_id(self, "dcp.load")
+        ck = self._conn.get()
+        got = ck.get(self.job, self.name)
+        if got.state != COMPLETE:
+            raise ValueError("checkpoint %s/%s is %s, not COMPLETE: only committed steps load"
+                             % (self.job, self.name, pb.CheckpointState.Name(got.state)))
+        meta_rank = got.world_size - 1
+        shard = next((s for s in got.shards if s.rank == meta_rank), None)
+        size = shard.data_size if shard is not None else None
+        if size is None:
+            blob = ck.download(self.job, self.name, meta_rank)
+        else:
+            # A range, so that the daemon checks every block before it sends one (DATA_LOSS).
+            blob = ck.read_range(self.job, self.name, meta_rank, 0, size)
+            if hashlib.sha256(blob).hexdigest() != shard.sha256:
+                raise ChecksumError("the DCP metadata of %s/%s hashes to %s, its record says %s"
+                                    % (self.job, self.name, hashlib.sha256(blob).hexdigest(),
+                                       shard.sha256))
+        md = decode_metadata(blob, self.allow_pickle)
+        if md.storage_meta is None:
+            md.storage_meta = dmeta.StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        return md
+
+    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def _ranges(self, reqs):
+        """Items of one shard sorted by offset, grouped into ranges to read at once."""
+        items = sorted(((self.storage_data[r.storage_index], r) for r in reqs),
+                       key=lambda x: x[0][1])
+        group, start, end = [], None, None
+        for info, req in items:
+            o, n = info[1], info[2]
+            if group and (o - end > COALESCE_GAP or o + n - start > RANGE_MAX):
+                yield start, end, group
+                group = []
+            if not group:
+                start, end = o, o
+            group.append((info, req))
+            end = max(end, o + n)
+        if group:
+            yield start, end, group
+
+    def read_data(self, plan, planner):
+        from torch.distributed._shard._utils import narrow_tensor_by_index
+        per_rank = {}
+        for req in plan.items:
+            info = self.storage_data.get(req.storage_index)
+            if info is None:
+                raise ValueError("the checkpoint has no item %s" % (req.storage_index,))
+            per_rank.setdefault(info[0], []).append(req)
+        ck = self._conn.get()
+        for rank in sorted(per_rank):
+            for start, end, group in self._ranges(per_rank[rank]):
+                raw = ck._read_range(self.job, self.name, rank, start, end - start)
+                buf = memoryview(raw)
+                for info, req in group:
+                    o = info[1] - start
+                    b = buf[o:o + info[2]]
+                    if hashlib.sha256(b).hexdigest() != info[3]:
+                        raise ChecksumError(
+                            "item %s of %s/%s rank %d hashes to %s, the metadata says %s"
+                            % (req.storage_index.fqn, self.job, self.name, rank,
+                               hashlib.sha256(b).hexdigest(), info[3]))
+                    if req.type == LoadItemType.BYTE_IO:
+                        planner.load_bytes(req, io.BytesIO(b.tobytes()))
+                        continue
+                    t = torch.frombuffer(raw, dtype=torch.uint8, offset=o, count=len(b)) \
+                        if len(b) else torch.empty(0, dtype=torch.uint8)
+                    t = t.view(_dtype(info[4])).reshape(info[5])
+                    t = narrow_tensor_by_index(t, req.storage_offsets, req.lengths)
+                    target = planner.resolve_tensor(req).detach()
+                    if target.size() != t.size():
+                        raise ValueError("item %s: stored %s, the state wants %s"
+                                         % (req.storage_index.fqn, tuple(t.size()),
+                                            tuple(target.size())))
+                    target.copy_(t)
+                    planner.commit_tensor(req, target)
+        fut = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+
+# ---- sluice:// ids without an explicit writer or reader ----
+
+def _install():
+    """Have dcp.save/async_save/load take sluice:// ids without a storage_writer or
+    storage_reader: DCP picks its storage from the id among the ones it knows, so its picker
+    learns this one too (on import of this module)."""
+    import torch.distributed.checkpoint._storage_utils as su
+    import torch.distributed.checkpoint.state_dict_loader as sl
+    import torch.distributed.checkpoint.state_dict_saver as ss
+    orig = su._storage_setup
+    if getattr(orig, "_sluice", False):
+        return
+
+    def setup(storage, checkpoint_id, reader=False):
+        if not storage and checkpoint_id is not None and str(checkpoint_id).startswith(SCHEME):
+            storage = Reader() if reader else Writer()
+        return orig(storage, checkpoint_id, reader)
+    setup._sluice = True
+    for mod in (su, sl, ss):
+        if getattr(mod, "_storage_setup", None) is orig:
+            mod._storage_setup = setup
+
+
+_install()
