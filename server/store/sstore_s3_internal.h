@@ -93,6 +93,17 @@ struct sl_sreader {
     char key[SL_S3_KEY_MAX];
 };
 
+/* The number of parts of a shard of data_size bytes in parts of part_size (part 1: the header and
+ * the first part_size - header bytes). */
+static inline int s3s_part_count(uint64_t data_size, uint64_t part_size)
+{
+    uint64_t head_len = part_size - SL_SHARD_HEADER_SIZE;
+
+    if (head_len >= data_size)
+        return 1;
+    return 1 + (int)((data_size - head_len + part_size - 1) / part_size);
+}
+
 /* "<job>/<file><suffix>" into buf. Returns 0 or SL_ELIMIT. */
 static inline int obj_key(char *buf, size_t len, const char *job, const char *file,
                           const char *suffix)
@@ -125,9 +136,6 @@ int s3s_state_save(sl_swriter *w);
  * SL_ENOTFOUND if there is none, SL_ECORRUPT if it does not parse. */
 int s3s_state_load(s3store *s, const char *key, ustate *u, char (*etags)[SL_S3_ETAG_MAX],
                    int max_part, char *msg, size_t msglen);
-/* The number of parts of a shard of data_size bytes in parts of part_size (part 1: the header and
- * the first part_size - header bytes). */
-int s3s_part_count(uint64_t data_size, uint64_t part_size);
 /* Abort the multipart upload a state object names and remove it with its head object. */
 void s3s_state_discard(s3store *s, const char *state_key);
 /* sl_sstore_ops.recover and shard_sha. */

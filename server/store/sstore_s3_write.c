@@ -188,15 +188,6 @@ static uint64_t pick_part_size(const s3store *s, uint64_t data_size)
     return p;
 }
 
-int s3s_part_count(uint64_t data_size, uint64_t part_size)
-{
-    uint64_t head_len = part_size - SL_SHARD_HEADER_SIZE;
-
-    if (head_len >= data_size)
-        return 1;
-    return 1 + (int)((data_size - head_len + part_size - 1) / part_size);
-}
-
 /* A new upload: any earlier partial upload of the rank goes, and a multipart upload starts, even
  * for a shard of one part: CompleteMultipartUpload is how a shard is published, after the record
  * (a PutObject at the end could not wait for it without holding the whole shard). */

@@ -287,29 +287,37 @@ def _need_id(storage, call):
                          "%s" % (SCHEME, call, type(storage).__name__))
 
 
-class Writer(StorageWriter):
+class _Target:
+    """What the Writer and the Reader share: the checkpoint id, the connection, allow_pickle."""
+
+    def __init__(self, checkpoint_id, address, token, allow_pickle):
+        self._conn = _Conn(address, token)
+        self.allow_pickle = allow_pickle
+        self.checkpoint_id = None
+        if checkpoint_id is not None:
+            self.reset(checkpoint_id)
+
+    def _reset_id(self, checkpoint_id, call):
+        if checkpoint_id is not None:
+            self.job, self.name, self.step = parse_checkpoint_id(checkpoint_id)
+            self.checkpoint_id = str(checkpoint_id)
+        else:
+            _need_id(self, call)
+
+
+class Writer(_Target, StorageWriter):
     """DCP StorageWriter into sluiced. ``checkpoint_id``: ``sluice://JOB/STEP`` (or given to
     dcp.save); ``address``: sluiced's (default $SLUICE_ADDR, several comma-separated for
     replicas); ``token``: a bearer token with the trainer role. ``allow_pickle``: store a
     custom planner's planner_data pickled (loading it then needs allow_pickle too)."""
 
     def __init__(self, checkpoint_id=None, address=None, token=None, allow_pickle=False):
-        super().__init__()
-        self._conn = _Conn(address, token)
-        self.allow_pickle = allow_pickle
-        self.checkpoint_id = None
         self.is_coordinator = False
         self.save_id = None
-        if checkpoint_id is not None:
-            self.reset(checkpoint_id)
+        _Target.__init__(self, checkpoint_id, address, token, allow_pickle)
 
     def reset(self, checkpoint_id=None):
-        if checkpoint_id is not None:
-            self.job, self.name, self.step = parse_checkpoint_id(checkpoint_id)
-            self.checkpoint_id = str(checkpoint_id)
-        elif self.checkpoint_id is None:
-            raise ValueError("no checkpoint id: pass %sJOB/STEP to dcp.save or the Writer"
-                             % SCHEME)
+        self._reset_id(checkpoint_id, "dcp.save")
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
@@ -396,27 +404,17 @@ class Writer(StorageWriter):
                                % (self.job, self.name, done.state))
 
 
-class Reader(StorageReader):
+class Reader(_Target, StorageReader):
     """DCP StorageReader from sluiced (the Writer's arguments). The checkpoint must be
     COMPLETE; every item is checked against its SHA-256 before it is used (ChecksumError)."""
 
     def __init__(self, checkpoint_id=None, address=None, token=None, allow_pickle=False):
-        super().__init__()
-        self._conn = _Conn(address, token)
-        self.allow_pickle = allow_pickle
-        self.checkpoint_id = None
         self.storage_data = None
         self.load_id = None
-        if checkpoint_id is not None:
-            self.reset(checkpoint_id)
+        _Target.__init__(self, checkpoint_id, address, token, allow_pickle)
 
     def reset(self, checkpoint_id=None):
-        if checkpoint_id is not None:
-            self.job, self.name, self.step = parse_checkpoint_id(checkpoint_id)
-            self.checkpoint_id = str(checkpoint_id)
-        elif self.checkpoint_id is None:
-            raise ValueError("no checkpoint id: pass %sJOB/STEP to dcp.load or the Reader"
-                             % SCHEME)
+        self._reset_id(checkpoint_id, "dcp.load")
         self.storage_data = None
         self.load_id = uuid.uuid4().hex
 
