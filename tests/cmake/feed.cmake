@@ -98,11 +98,21 @@ set_tests_properties(feed_torch_workers PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" 
 
 # The data position as a torch Stateful (sampler/DataLoader state_dict and load_state_dict,
 # Epochs.Rewind): resume, into another world, torch.load(weights_only), torchdata's
-# StatefulDataLoader, a torch.distributed.checkpoint state dict, and torchrun (2 ranks, a rank
-# SIGKILLed between two DCP saves, the group restarted from the newest).
+# StatefulDataLoader, a torch.distributed.checkpoint state dict, and torchrun: 2 ranks with
+# sluice.torch.DataLoader and with StatefulDataLoader (2 workers), a rank SIGKILLed between two
+# DCP saves, the group restarted from the newest: the uninterrupted run's batches and model bit
+# for bit; 3 ranks stopped and restarted as 2. About 2 min. feed_torch_state_pg: the kill and
+# restart over three replicas of one PostgreSQL catalog.
 add_test(NAME feed_torch_state
          COMMAND ${SL_PYTHON} -m unittest -v test_torch_state
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
-set_tests_properties(feed_torch_state PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
+set_tests_properties(feed_torch_state PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 480
                      LABELS "python;feed;torchrun"
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
+add_test(NAME feed_torch_state_pg
+         COMMAND ${SL_PYTHON} -m unittest -v test_torch_state.TorchrunTest.test_kill_and_restart_from_dcp
+         WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
+set_tests_properties(feed_torch_state_pg PROPERTIES
+                     ENVIRONMENT "${SL_TEST_ENV};SL_TEST_CATALOG=postgresql;SL_TEST_REPLICAS=3"
+                     TIMEOUT 300 LABELS "python;feed;torchrun;no_asan;pg"
                      RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)

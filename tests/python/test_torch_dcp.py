@@ -127,6 +127,21 @@ class DcpTorchrunTest(unittest.TestCase):
         self.loaded(0, [last])
 
 
+_RAN = []
+
+
+def _mark():
+    _RAN.append(1)
+    return "ran"
+
+
+class _Boom:
+    """Unpickling it calls _mark: code a checkpoint would run on load."""
+
+    def __reduce__(self):
+        return (_mark, ())
+
+
 class DcpBadInputTest(unittest.TestCase):
     """A one-process DCP checkpoint, damaged and misused."""
 
@@ -158,6 +173,37 @@ class DcpBadInputTest(unittest.TestCase):
         self.assertEqual(got["extra"], {"step": 3, "note": "x"})
         meta = json.loads(self.ck.download("bad", "step_3", 1))
         self.assertEqual(meta["format"], sdcp.FORMAT)
+
+    def test_values_load_without_unpickling(self):
+        # Non-tensor values go into the checkpoint in sluice's JSON encoding, not as pickles:
+        # numpy's and Python's RNG states, nested plain values. A value only a pickle can hold
+        # is refused at load (naming it, its code not run) unless the Reader has allow_pickle.
+        import random
+        import numpy as np
+        state = {"np": np.random.RandomState(5).get_state(), "py": random.Random(5).getstate(),
+                 "plain": {"lr": 0.5, "tags": ("a", None), "big": 1 << 80}, "boom": _Boom(),
+                 "t": torch.ones(3)}
+        dcp.save(state, storage_writer=sdcp.Writer("sluice://vals/1", address=self.addr))
+        data = self.ck.download("vals", "step_1", 0)
+        self.assertEqual(data.count(b"SLUICEV1"), 5)    # np (two items: dict leaves), py, ...
+        like = {"np": None, "py": None, "plain": {"lr": 0, "tags": None, "big": 0},
+                "t": torch.zeros(3)}
+        dcp.load(like, storage_reader=sdcp.Reader("sluice://vals/1", address=self.addr))
+        self.assertEqual(like["py"], state["py"])
+        self.assertEqual(like["plain"], state["plain"])
+        self.assertTrue(all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+                            for a, b in zip(like["np"], state["np"])))
+        del _RAN[:]
+        with self.assertRaises(DCP_ERRORS) as cm:
+            dcp.load({"boom": None}, storage_reader=sdcp.Reader("sluice://vals/1",
+                                                                address=self.addr))
+        self.assertIn("item boom of vals/step_1 is a pickle", str(cm.exception))
+        self.assertIn("allow_pickle=True", str(cm.exception))
+        self.assertEqual(_RAN, [])
+        got = {"boom": None}
+        dcp.load(got, storage_reader=sdcp.Reader("sluice://vals/1", address=self.addr,
+                                                 allow_pickle=True))
+        self.assertEqual((got["boom"], _RAN), ("ran", [1]))
 
     def test_range_past_the_data(self):
         size = self.ck.get("bad", "step_3").shards[0].data_size

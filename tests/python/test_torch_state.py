@@ -169,47 +169,177 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUN_TIMEOUT = 240
 
 
-class TorchrunTest(unittest.TestCase):
-    def test_kill_and_restart_from_dcp(self):
-        every, kill = 4, 7
-        with Daemon() as d, tempfile.TemporaryDirectory() as out:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                   "--nproc_per_node", "2", "--max_restarts", "1", "--monitor_interval", "0.5",
-                   os.path.join(HERE, "torch_state_worker.py"), "--addr", d.addrs,
-                   "--job", "titan", "--out", out, "--every", str(every),
-                   "--kill", "1:%d" % kill]
-            with open(os.path.join(out, "run.log"), "wb") as f:
-                p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                     start_new_session=True,
-                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
+def twin_shares(addr, job, world, epochs):
+    """[rank][epoch] -> the indices of that share, from a twin job of the worker's settings:
+    what an uninterrupted run trains on, in order."""
+    group = [st.DistributedSampler(num_replicas=world, rank=r, address=addr, job=job,
+                                   dataset_name=job, num_samples=N, seed=3, drop_last=True)
+             for r in range(world)]
+    out = [[] for _ in range(world)]
+    for e in range(epochs):     # the next epoch starts once every rank has ended this one
+        for r, s in enumerate(group):
+            s.set_epoch(e)
+            out[r].append(list(s))
+    return out
+
+
+def batches(idx, size):
+    return [idx[k:k + size] for k in range(0, len(idx), size)]
+
+
+def trained(out, world, saved):
+    """{rank: [(epoch, [i, ...]), ...]}: the batches the model kept, in order: the first run's
+    up to the checkpoint step `saved` (what followed was lost with the kill or the stop), then
+    the restarted run's. Also the restart counts seen."""
+    kept, restarts = {}, set()
+    for r in range(world):
+        if not os.path.exists(os.path.join(out, "rank-%d.log" % r)):
+            continue
+        with open(os.path.join(out, "rank-%d.log" % r)) as f:
+            for line in f:
+                restart, step, epoch, idx = line.split()
+                restarts.add(int(restart))
+                if int(restart) == 0 and int(step) > saved:
+                    continue
+                kept.setdefault(r, []).append((int(epoch), [int(i) for i in idx.split(",")]))
+    return kept, restarts
+
+
+def weight_after(per_rank):
+    """The worker's model weight after training per_rank[r][k] on rank r at step k from its
+    initial state (the update of a step: every rank's batch summed)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    for step in zip(*per_rank):
+        g = sum(torch.tensor(b).float().sum() for b in step).reshape(1)
+        model.weight.data += g * 1e-6
+    return float(model.weight.data.item()).hex()
+
+
+def _children():
+    """The pids whose parent is this process (orphans come here once it is a subreaper)."""
+    me, out = str(os.getpid()), []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
             try:
-                rc = p.wait(timeout=RUN_TIMEOUT)
-            except subprocess.TimeoutExpired:
+                with open("/proc/%s/stat" % d) as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if fields[1] == me:
+                out.append(int(d))
+    return out
+
+
+def _reap_orphans(keep):
+    """SIGKILL and reap what a group left behind (this process's children but those in `keep`,
+    the daemon's): torch elastic starts each rank in a session of its own, and a SIGKILLed
+    rank's forkserver DataLoader workers outlive it (torch's worker watchdog watches the
+    forkserver, not the rank)."""
+    for _ in range(100):
+        pids = [p for p in _children() if p not in keep]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+class TorchrunTest(unittest.TestCase):
+    """torchrun groups of torch_state_worker.py: the loader's state inside DCP checkpoints in
+    sluiced, a rank killed, the group restarted (or stopped and restarted in another world)."""
+
+    @classmethod
+    def setUpClass(cls):
+        import ctypes
+        # PR_SET_CHILD_SUBREAPER: the groups' orphans become this process's children.
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+
+    def run_group(self, d, out, nproc, *args, restarts=1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+               "--nproc_per_node", str(nproc), "--max_restarts", str(restarts),
+               "--monitor_interval", "0.5", os.path.join(HERE, "torch_state_worker.py"),
+               "--addr", d.addrs, "--job", "titan", "--out", out] + list(args)
+        log = os.path.join(out, "run-%d.log" % nproc)
+        keep = set(_children())
+        with open(log, "wb") as f:
+            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                 start_new_session=True,
+                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
+        try:
+            rc = p.wait(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        finally:
+            try:
                 os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-                rc = "timeout"
-            with open(os.path.join(out, "run.log"), errors="replace") as f:
-                text = f.read()
-            self.assertEqual(rc, 0, text[-12000:])
+            except ProcessLookupError:
+                pass
+            p.wait()
+            _reap_orphans(keep)
+        with open(log, errors="replace") as f:
+            text = f.read()
+        self.assertEqual(rc, 0, text[-12000:])
+        return text
+
+    def kill_and_restart(self, loader):
+        every, kill, world = 4, 7, 2
+        with Daemon() as d, tempfile.TemporaryDirectory() as out:
+            text = self.run_group(d, out, world, "--every", str(every), "--kill",
+                                  "1:%d" % kill, "--loader", loader)
             saved = (kill - 1) // every * every    # the checkpoint the restart loaded
-            per_epoch = collections.defaultdict(list)
-            steps = collections.defaultdict(collections.Counter)
-            restarts = set()
-            for r in range(2):
-                with open(os.path.join(out, "rank-%d.log" % r)) as f:
-                    for line in f:
-                        restart, step, epoch, idx = line.split()
-                        restarts.add(int(restart))
-                        if int(restart) == 0 and int(step) > saved:
-                            continue    # trained after the checkpoint, then lost with the kill
-                        per_epoch[int(epoch)].extend(int(i) for i in idx.split(","))
-                        steps[int(epoch)][r] += 1
-            self.assertEqual(sorted(per_epoch), [0, 1], text[-3000:])
-            for epoch, idx in per_epoch.items():
-                self.assertEqual(len(idx), 100, (epoch, sorted(idx)))
-                self.assertEqual(len(set(idx)), 100, (epoch, collections.Counter(idx)))
-                self.assertEqual(steps[epoch][0], steps[epoch][1], epoch)
+            kept, restarts = trained(out, world, saved)
             self.assertEqual(restarts, {0, 1})    # the kill happened and torchrun restarted
+            want = twin_shares(d.addr, "titan-ref", world, 2)
+            for r in range(world):
+                # Exactly the uninterrupted run's batches, in its order, each epoch once...
+                self.assertEqual(kept[r], [(e, b) for e in range(2)
+                                           for b in batches(want[r][e], 4)], (r, text[-3000:]))
+            # ...and the model the uninterrupted run ends with, bit for bit.
+            want_w = weight_after([[b for _, b in kept[r]] for r in range(world)])
+            for r in range(world):
+                with open(os.path.join(out, "final-%d.txt" % r)) as f:
+                    self.assertEqual(f.read(), want_w, r)
+            for e in range(2):
+                idx = [i for r in range(world) for i in want[r][e]]
+                self.assertEqual(len(set(idx)), 100)
+
+    def test_kill_and_restart_from_dcp(self):
+        self.kill_and_restart("sluice")
+
+    def test_stateful_dataloader_kill_and_restart(self):
+        # torchdata's StatefulDataLoader with 2 workers and sluice's sampler: its state_dict
+        # (the sampler's inside) saved in the DCP checkpoint, a rank killed, the group resumed.
+        self.kill_and_restart("stateful")
+
+    def test_restart_into_another_world(self):
+        # 3 ranks train and stop after the step-8 checkpoint; 2 ranks load it and finish: the
+        # rest of epoch 0 is redistributed over 2, nothing is trained twice.
+        with Daemon() as d, tempfile.TemporaryDirectory() as out:
+            self.run_group(d, out, 3, "--every", "4", "--stop-after", "8", restarts=0)
+            first, _ = trained(out, 3, 8)
+            for r in range(3):
+                os.rename(os.path.join(out, "rank-%d.log" % r),
+                          os.path.join(out, "first-%d.log" % r))
+            text = self.run_group(d, out, 2, "--every", "4", restarts=0)
+            second, _ = trained(out, 2, 1 << 30)
+            per_epoch = collections.defaultdict(list)
+            for kept in (first, second):
+                for r in kept:
+                    for e, b in kept[r]:
+                        per_epoch[e].extend(b)
+            for r in range(2):
+                steps = collections.Counter(e for e, _ in second[r])
+                self.assertEqual(steps, collections.Counter(e for e, _ in second[0]), text[-3000:])
+            # Epoch 0: 3 ranks of 33 (drop_last) trained 8 batches of 4 each: 96; the 3 left are
+            # cut to equal shares of 1 for 2 ranks (one left out). Epoch 1: 2 ranks of 50.
+            self.assertEqual(len(per_epoch[0]), 98, sorted(per_epoch[0]))
+            self.assertEqual(len(set(per_epoch[0])), 98)
+            self.assertEqual(len(per_epoch[1]), 100)
+            self.assertEqual(len(set(per_epoch[1])), 100)
 
 
 def _saved(obj):

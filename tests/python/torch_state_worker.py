@@ -2,11 +2,15 @@
 the state dict that torch.distributed.checkpoint saves every --every steps into sluiced
 (sluice.torch.dcp, checkpoint ids sluice://JOB-ckpt/STEP), with the model and the step; a
 restarted group loads the newest COMPLETE checkpoint (dcp.load calls the loader's
-load_state_dict) and trains on. Ranks step in lockstep (a barrier per step, as DDP's allreduce).
+load_state_dict) and trains on. Ranks step in lockstep (an allreduce of the update per step, as
+DDP's).
 
-Each trained batch is appended to OUT/rank-R.log as "restart step epoch i,j,...". With --kill
-"RANK:STEP", that rank SIGKILLs itself right after training that step in the first run (before
-the step's checkpoint, if one was due).
+Each trained batch is appended to OUT/rank-R.log as "restart step epoch i,j,...", and the
+model's weight at the end to OUT/final-R.txt (float.hex). With --kill "RANK:STEP", that rank
+SIGKILLs itself right after training that step in the first run (before the step's checkpoint,
+if one was due). --loader stateful: torchdata's StatefulDataLoader with 2 workers and sluice's
+sampler in place of sluice.torch.DataLoader. --stop-after STEP: every rank leaves after the
+checkpoint of that step (a job stopped, to be restarted in another world).
 """
 import argparse
 import os
@@ -57,6 +61,8 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--kill", default="")
+    p.add_argument("--loader", choices=("sluice", "stateful"), default="sluice")
+    p.add_argument("--stop-after", type=int, default=0)
     a = p.parse_args()
     init_gloo(timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -67,7 +73,12 @@ def main():
     sampler = st.DistributedSampler(num_replicas=world, rank=rank, address=a.addr, job=a.job,
                                     dataset_name=a.job, num_samples=a.samples, seed=3,
                                     drop_last=True)
-    loader = st.DataLoader(Items(a.samples), sampler=sampler, batch_size=a.batch)
+    if a.loader == "stateful":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+        loader = StatefulDataLoader(Items(a.samples), sampler=sampler, batch_size=a.batch,
+                                    num_workers=2, multiprocessing_context="forkserver")
+    else:
+        loader = st.DataLoader(Items(a.samples), sampler=sampler, batch_size=a.batch)
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     step = 0
@@ -82,8 +93,11 @@ def main():
         for epoch in range(sampler.epoch, a.epochs):
             sampler.set_epoch(epoch)
             for batch in loader:
-                model.weight.data += batch.float().sum() * 1e-6
-                dist.barrier()
+                # As DDP: every rank applies the group's update, so the model is the same on
+                # all ranks (DCP keeps one copy of a plain tensor).
+                g = batch.float().sum().reshape(1)
+                dist.all_reduce(g)
+                model.weight.data += g * 1e-6
                 step += 1
                 log.write("%d %d %d %s\n" % (restart, step, epoch,
                                              ",".join(str(int(i)) for i in batch)))
@@ -94,6 +108,12 @@ def main():
                     dcp.save({"dataloader": loader, "model": model.state_dict(),
                               "step": torch.tensor(step)},
                              checkpoint_id="sluice://%s/%d" % (ckpts, step))
+                if step == a.stop_after:
+                    break
+            if step == a.stop_after:
+                break
+    with open(os.path.join(a.out, "final-%d.txt" % rank), "w") as f:
+        f.write(float(model.weight.data.item()).hex())
     dist.barrier()
     dist.destroy_process_group()
 

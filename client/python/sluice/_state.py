@@ -456,6 +456,53 @@ def encode_state(torch, state_dict, allow_pickle=False):
     return root, enc.tensors
 
 
+# ---- one value without tensors: sluice.torch.dcp's items of non-tensor values ----
+#
+# VALUE_MAGIC, then the JSON text (ASCII) {"format": "sluice.value", "version": 1, "root": node}
+# with the skeleton's nodes, never "T" (a value holding tensors stays torch.save's) nor "P".
+
+VALUE_MAGIC = b"SLUICEV1"
+_VALUE_FORMAT = "sluice.value"
+
+
+def encode_value(torch, obj):
+    """obj as VALUE_MAGIC + JSON, or None when the skeleton cannot hold it without pickle or
+    tensors (the caller then keeps torch.save's bytes)."""
+    enc = _Encoder(torch, False)
+    try:
+        root = enc.node(obj, [])
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if enc.tensors:
+        return None
+    text = json.dumps({"format": _VALUE_FORMAT, "version": _VERSION, "root": root},
+                      separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    if len(text) > _MAX_SKELETON:
+        return None
+    return VALUE_MAGIC + text
+
+
+def decode_value(torch, blob):
+    """The value encode_value wrote; ValueError for anything else (nothing is executed)."""
+    blob = bytes(blob)
+    if not blob.startswith(VALUE_MAGIC):
+        raise ValueError("not a sluice value")
+    text = blob[len(VALUE_MAGIC):]
+    if len(text) > _MAX_SKELETON or _skeleton_values(text) > _MAX_SKELETON_VALUES:
+        raise ValueError("a sluice value of %d bytes is over the caps" % len(text))
+    try:
+        doc = json.loads(text.decode("ascii"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise ValueError("a sluice value is not valid JSON: %s" % e) from None
+    if type(doc) is not dict or doc.get("format") != _VALUE_FORMAT or \
+            doc.get("version") != _VERSION or "root" not in doc:
+        raise ValueError("not a %s document of version %d" % (_VALUE_FORMAT, _VERSION))
+    try:
+        return _Decoder(torch, [], False).node(doc["root"], [])
+    except RecursionError:
+        raise ValueError("a sluice value is nested too deeply") from None
+
+
 class _StateShard:
     """The data section of a save_state_dict shard laid out from an encoded state: the
     skeleton entry, each tensor's offset, the TensorInfo list (``layout``), the total ``size``,

@@ -15,8 +15,11 @@ or with an explicit writer and reader (their address, token and options)::
 
 One DCP checkpoint is one sluice checkpoint ``JOB/step_STEP`` (``sluice://JOB/NAME`` for a name
 that is not a number) of N + 1 shards: shard r holds what DCP's plan gives rank r to write, each
-item's bytes one after the other (a tensor as its raw contiguous bytes); shard N holds DCP's
-metadata (the state dict's layout, where each item lies, its SHA-256), as JSON, never pickled.
+item's bytes one after the other (a tensor as its raw contiguous bytes, a non-tensor value in
+sluice's JSON value encoding, or torch.save's pickle when that encoding cannot hold it); shard N
+holds DCP's metadata (the state dict's layout, where each item lies, its SHA-256), as JSON, never
+pickled. Loading never unpickles what torch's weights_only unpickler refuses unless the Reader
+has ``allow_pickle=True``.
 The coordinator begins the checkpoint in its global plan (refused if that step is COMPLETE
 already); each rank streams its shard to sluiced, which hashes it on arrival and stores it
 durably; ``finish()`` writes the metadata shard and commits: the checkpoint is COMPLETE only when
@@ -41,9 +44,11 @@ import uuid
 import grpc
 import torch
 from torch.distributed.checkpoint import metadata as dmeta
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
+from sluice._state import VALUE_MAGIC, decode_value, encode_value
 from sluice.checkpoint import COMPLETE, ChecksumError, Checkpoints
 from sluice.v1 import checkpoint_pb2 as pb
 
@@ -274,6 +279,42 @@ class _Concat(io.RawIOBase):
         return n
 
 
+def _value_bytes(planner, item):
+    """A non-tensor item's bytes: the value in sluice's JSON encoding (loads without unpickling)
+    when it has one and the planner transforms objects as DCP's default does, else what the
+    planner made of it (torch.save's pickle)."""
+    lookup = getattr(planner, "lookup_object", None)
+    if lookup is not None and getattr(type(planner), "transform_object", None) is \
+            DefaultSavePlanner.transform_object:
+        blob = encode_value(torch, lookup(item.index))
+        if blob is not None:
+            return memoryview(blob)
+    data = planner.resolve_data(item)
+    return memoryview(data.getbuffer() if isinstance(data, io.BytesIO) else bytes(data))
+
+
+def _load_value(planner, req, b, allow_pickle, where):
+    """Hand a non-tensor item to the planner: a sluice value decoded (nothing executed), a
+    pickle only if torch's weights_only unpickler takes it or with allow_pickle."""
+    if bytes(b[:len(VALUE_MAGIC)]) == VALUE_MAGIC:
+        buf = io.BytesIO()
+        torch.save(decode_value(torch, b), buf)   # the planner reads torch.save's bytes
+        buf.seek(0)
+        planner.load_bytes(req, buf)
+        return
+    if not allow_pickle:
+        try:
+            torch.load(io.BytesIO(b.tobytes()), weights_only=True)
+        except Exception as e:
+            raise ValueError("item %s of %s is a pickle of more than plain values: loading it "
+                             "runs code, so only with allow_pickle=True on the Reader (a "
+                             "checkpoint you trust): %s"
+                             % (req.storage_index.fqn, where,
+                                str(e).strip().splitlines()[-1][:300] if str(e).strip()
+                                else type(e).__name__)) from None
+    planner.load_bytes(req, io.BytesIO(b.tobytes()))
+
+
 def _tensor_name(index):
     name = index.fqn if index.offset is None or not len(index.offset) else "%s@%s" % (
         index.fqn, ",".join(map(str, index.offset)))
@@ -368,11 +409,11 @@ class Writer(_Target, StorageWriter):
         rank = plan.storage_data
         bufs, results, tensors, off = [], [], [], 0
         for item in plan.items:
-            data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
-                b = memoryview(data.getbuffer() if isinstance(data, io.BytesIO) else bytes(data))
+                b = _value_bytes(planner, item)
                 dtype = sizes = None
             else:
+                data = planner.resolve_data(item)
                 b = _tensor_bytes(data)
                 dtype, sizes = str(data.dtype), list(data.shape)
             sha = hashlib.sha256(b).hexdigest()
@@ -406,7 +447,9 @@ class Writer(_Target, StorageWriter):
 
 class Reader(_Target, StorageReader):
     """DCP StorageReader from sluiced (the Writer's arguments). The checkpoint must be
-    COMPLETE; every item is checked against its SHA-256 before it is used (ChecksumError)."""
+    COMPLETE; every item is checked against its SHA-256 before it is used (ChecksumError).
+    ``allow_pickle``: also load items pickled with more than plain values (objects of your own
+    classes: unpickling them runs code) and a custom planner's pickled planner_data."""
 
     def __init__(self, checkpoint_id=None, address=None, token=None, allow_pickle=False):
         self.storage_data = None
@@ -495,7 +538,8 @@ class Reader(_Target, StorageReader):
                             % (req.storage_index.fqn, self.job, self.name, rank,
                                hashlib.sha256(b).hexdigest(), info[3]))
                     if req.type == LoadItemType.BYTE_IO:
-                        planner.load_bytes(req, io.BytesIO(b.tobytes()))
+                        _load_value(planner, req, b, self.allow_pickle,
+                                    "%s/%s" % (self.job, self.name))
                         continue
                     t = torch.frombuffer(raw, dtype=torch.uint8, offset=o, count=len(b)) \
                         if len(b) else torch.empty(0, dtype=torch.uint8)
