@@ -7,7 +7,8 @@
 - a sluice sampler inside torch's own DataLoader with workers warns once that it counts what
   the workers prefetched;
 - a script without the `if __name__ == "__main__":` guard gets a clear error, not dead workers
-  (nor workers that consume the epoch themselves)."""
+  (nor workers that consume the epoch themselves);
+- a rank SIGKILLed with its workers prefetching: the workers and the fork server end too."""
 import os
 import socket
 import subprocess
@@ -63,6 +64,78 @@ class WorkersWithoutScriptFile(unittest.TestCase):
                 self.run_script(lambda src: ["-"], lambda src: src, d.addr, "stdin")
             with self.subTest("python -c"):
                 self.run_script(lambda src: ["-c", src], lambda src: None, d.addr, "dashc")
+
+
+KILLED = r"""
+import os, sys, time
+import torch
+import sluice.torch as st
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4000
+    def __getitem__(self, i):
+        return i * i
+
+def stat(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rpartition(")")[2].split()
+
+if __name__ == "__main__":
+    s = st.DistributedSampler(num_replicas=1, rank=0, address=ADDR, job=JOB, dataset_name=JOB,
+                              num_samples=4000, seed=1)
+    loader = st.DataLoader(Squares(), sampler=s, batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    procs = [int(x) for x in os.listdir("/proc") if x.isdigit()]
+    def kids(ppid):
+        out = []
+        for x in procs:
+            try:
+                if int(stat(x)[1]) == ppid:
+                    out.append(x)
+            except OSError:
+                pass
+        return out
+    server = [x for x in kids(os.getpid())
+              if b"forkserver" in open("/proc/%d/cmdline" % x, "rb").read()]
+    print(" ".join(map(str, kids(server[0]) + server)), flush=True)
+    time.sleep(600)
+"""
+
+
+def _gone(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+class RankKilled(unittest.TestCase):
+    def test_workers_end_with_the_rank(self):
+        # A rank SIGKILLed while its loader's workers (fork server) prefetch: the workers end
+        # within seconds, and the fork server with them; torch's own watchdog watches the
+        # workers' parent, the server, and never fired.
+        with Daemon() as d, tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "train.py")
+            with open(path, "w") as f:
+                f.write(KILLED.replace("ADDR", repr(d.addr)).replace("JOB", repr("killed")))
+            p = subprocess.Popen([sys.executable, path], stdout=subprocess.PIPE, text=True)
+            try:
+                line = p.stdout.readline()
+                pids = [int(x) for x in line.split()]
+                self.assertEqual(len(pids), 3, line)    # 2 workers, then their server
+                p.kill()
+                p.wait(timeout=30)
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline and not all(map(_gone, pids)):
+                    time.sleep(0.1)
+                self.assertEqual([x for x in pids if not _gone(x)], [])
+            finally:
+                p.kill()
+                p.wait()
+                p.stdout.close()
 
 
 class RoughEdges(unittest.TestCase):

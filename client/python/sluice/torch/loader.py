@@ -66,6 +66,47 @@ def _workers_failed(loader):
             "risks gRPC's fork hang (docs/feeding.md)" % (loader.num_workers, how))
 
 
+class _ExitWithRank:
+    """worker_init_fn of sluice.torch.DataLoader's workers: a worker ends when the process that
+    iterates the loader (the rank) is gone, then runs the user's worker_init_fn. torch's worker
+    watchdog checks the worker's parent, which under the fork server is the server, not the
+    rank: a SIGKILLed rank left its workers (and through them the fork server) running for
+    good."""
+
+    def __init__(self, pid, inner):
+        self.pid, self.inner = pid, inner
+
+    def __call__(self, worker_id):
+        import threading
+        threading.Thread(target=_wait_for_exit, args=(self.pid,), daemon=True,
+                         name="sluice-rank-watch").start()
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def _wait_for_exit(pid):
+    """os._exit(1) once process `pid` has exited (a pidfd turns readable; where there is none,
+    polled once a second)."""
+    import select
+    import time
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])
+    else:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:
+                pass
+            time.sleep(1.0)
+    os._exit(1)
+
+
 def _fed_sampler(loader):
     """(sluice sampler, positions per batch) of a DataLoader, or (None, 0)."""
     bs = loader.batch_sampler
@@ -95,7 +136,8 @@ class DataLoader(torch.utils.data.DataLoader):
     collate_fn and worker_init_fn go to the workers pickled, and each worker runs the training
     script's top level again (as with ``spawn``): guard the training with
     ``if __name__ == "__main__":``. Where there is no script file to run again (``python -``,
-    ``python -c``, a notebook), the workers are forked as torch's DataLoader forks them."""
+    ``python -c``, a notebook), the workers are forked as torch's DataLoader forks them.
+    Each worker ends when the process iterating the loader is gone, however it died."""
 
     def __init__(self, *args, report_every=1, **kwargs):
         if report_every < 1:
@@ -127,6 +169,11 @@ class DataLoader(torch.utils.data.DataLoader):
         return sampler
 
     def __iter__(self):
+        if self.num_workers > 0:
+            fn = self.worker_init_fn
+            if not isinstance(fn, _ExitWithRank) or fn.pid != os.getpid():
+                self.worker_init_fn = _ExitWithRank(
+                    os.getpid(), fn.inner if isinstance(fn, _ExitWithRank) else fn)
         sampler, per_batch = _fed_sampler(self)
         if sampler is None:
             return super().__iter__()
