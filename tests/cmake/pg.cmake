@@ -4,7 +4,10 @@
 # and one data dir, its clients spread over them: sltest.Daemon.addr names the next replica each
 # time, and the torchrun ranks start on different replicas of Daemon.addrs). The two long torchrun
 # suites run so in the release build only (label no_asan): sanitized, they would double its
-# longest tests.
+# longest tests; and only the cases where replicas differ from one daemon (a rank killed with its
+# reports on another replica, a replica killed, a resize, a batch job): the rest of each suite
+# exercises the catalog as the sanitized single-daemon runs do, at 5 min a suite. A module field
+# may name several tests, joined by "+".
 set(SL_PG_TESTS
     "feed_integration_pg|integration|test_feed|feed,pg"
     "feed_resize_integration_pg|integration|test_feed_resize|feed,pg"
@@ -16,14 +19,15 @@ set(SL_PG_TESTS
     "ckpt_torch_pg|python|test_torch_ckpt|checkpoint,pg,python"
     "feed_torch_ddp_pg|python|test_torch_ddp|feed,pg,python,torchrun"
     "sampling2_torchrun_pg|python|test_torch_strat|feed,pg,python,torchrun"
-    "feed_torch_train_pg|python|test_torch_train|feed,pg,python,torchrun,no_asan"
-    "ckpt_torch_train_pg|python|test_torch_ckpt_train|checkpoint,pg,python,torchrun,no_asan")
+    "feed_torch_train_pg|python|test_torch_train.RankKillTest.test_killed_after_step_two_workers+test_torch_train.DaemonRestartTest.test_daemon_restart_and_rank_kill+test_torch_train.BatchJobTest|feed,pg,python,torchrun,no_asan"
+    "ckpt_torch_train_pg|python|test_torch_ckpt_train.ExactTest.test_rank_killed_index_job+test_torch_ckpt_train.ExactTest.test_daemon_killed_during_upload+test_torch_ckpt_train.ResizeTest.test_restart_into_another_world|checkpoint,pg,python,torchrun,no_asan")
 foreach (spec ${SL_PG_TESTS})
   string(REPLACE "|" ";" parts "${spec}")
   list(GET parts 0 name)
   list(GET parts 1 dir)
   list(GET parts 2 module)
   list(GET parts 3 labels)
+  string(REPLACE "+" ";" module "${module}")
   string(REPLACE "," ";" labels "${labels}")
   add_test(NAME ${name} COMMAND ${SL_PYTHON} -m unittest -v ${module}
            WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/${dir}")
