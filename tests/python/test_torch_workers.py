@@ -31,17 +31,19 @@ class Squares(torch.utils.data.Dataset):
     def __getitem__(self, i):
         return i * i
 
-SCRIPT = r"""
-import sys
+PRELUDE = r"""
+import os, sys, time
 import torch
 import sluice.torch as st
 
 class Squares(torch.utils.data.Dataset):
     def __len__(self):
-        return 40
+        return N
     def __getitem__(self, i):
         return i * i
+"""
 
+SCRIPT = PRELUDE.replace("N", "40") + r"""
 s = st.DistributedSampler(num_replicas=1, rank=0, address=ADDR, job=JOB, dataset_name=JOB,
                           num_samples=40, seed=1)
 loader = st.DataLoader(Squares(), sampler=s, batch_size=4, num_workers=2)
@@ -66,17 +68,7 @@ class WorkersWithoutScriptFile(unittest.TestCase):
                 self.run_script(lambda src: ["-c", src], lambda src: None, d.addr, "dashc")
 
 
-KILLED = r"""
-import os, sys, time
-import torch
-import sluice.torch as st
-
-class Squares(torch.utils.data.Dataset):
-    def __len__(self):
-        return 4000
-    def __getitem__(self, i):
-        return i * i
-
+KILLED = PRELUDE.replace("N", "4000") + r"""
 def stat(pid):
     with open("/proc/%d/stat" % pid) as f:
         return f.read().rpartition(")")[2].split()
