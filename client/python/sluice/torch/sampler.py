@@ -154,6 +154,7 @@ class _Fed:
         self.retries = 0            # calls repeated after a retryable failure
         self.epoch = 0              # the epoch of the current (or last) iteration, or set_epoch's
         self._next_epoch = 0        # served by the next iteration unless set_epoch says otherwise
+        self._live = None           # (end, list iterator) of the chunk being handed out
         self.position = 0           # positions [0, position) of the share were handed out
         self.start_position = 0     # where the current iteration resumed
         self.consumed = None        # counted by sluice.torch.DataLoader, else None
@@ -406,17 +407,47 @@ class _Fed:
         if not self._tracked:
             _warn_if_prefetching()
         begun = False
-        for chunk in self._chunks(self._open):
-            if not begun:
-                self._begin(chunk.epoch, *self._start_and_count(chunk))
-                begun = True
-            for position, item in self._items(chunk):
-                self.position = position
-                yield item
-                if self.report_every and self.position - self._reported >= self.report_every:
-                    self.report()
+        try:
+            for chunk in self._chunks(self._open):
+                if not begun:
+                    self._begin(chunk.epoch, *self._start_and_count(chunk))
+                    begun = True
+                plain = self._plain(chunk) if not self.report_every else None
+                if plain is not None:
+                    # No per-item Python work: the list iterator yields in C, and the position
+                    # is read off how much of it is left (the position property).
+                    self._live = (chunk.start + len(plain), iter(plain))
+                    yield from self._live[1]
+                    self._live = None
+                    self._position = chunk.start + len(plain)
+                    continue
+                for position, item in self._items(chunk):
+                    self.position = position
+                    yield item
+                    if self.report_every and self.position - self._reported >= self.report_every:
+                        self.report()
+        finally:
+            if self._live is not None:
+                self.position = self.position   # what was handed out, fixed
         if begun and not self._tracked:
             self._finish()
+
+    @property
+    def position(self):
+        """Positions [0, position) of the share were handed out."""
+        live = self._live
+        if live is not None:
+            return live[0] - live[1].__length_hint__()
+        return self._position
+
+    @position.setter
+    def position(self, value):
+        self._live = None
+        self._position = value
+
+    def _plain(self, chunk):
+        """The chunk's items as a list when each is its index itself, else None."""
+        return None
 
     def _chunks(self, open_stream):
         """Chunks of this iteration from open_stream(epoch, position). If the stream breaks
@@ -557,6 +588,9 @@ class DistributedSampler(_Fed, Sampler):
 
     def _items(self, chunk):
         return enumerate(chunk.indices, chunk.start + 1)
+
+    def _plain(self, chunk):
+        return list(chunk.indices)
 
 
 class BatchSampler(_Fed, Sampler):
