@@ -11,6 +11,7 @@ user runs it: torchrun, 4 ranks, gloo on CPU, a small transformer sharded with F
 
 Every run is bounded (RUN_TIMEOUT); a hang fails the test."""
 import hashlib
+import io
 import json
 import os
 import signal
@@ -182,13 +183,14 @@ class DcpBadInputTest(unittest.TestCase):
         import numpy as np
         state = {"np": np.random.RandomState(5).get_state(), "py": random.Random(5).getstate(),
                  "plain": {"lr": 0.5, "tags": ("a", None), "big": 1 << 80}, "boom": _Boom(),
-                 "t": torch.ones(3)}
+                 "t": torch.ones(3), "raw": io.BytesIO(b"\0raw")}
         dcp.save(state, storage_writer=sdcp.Writer("sluice://vals/1", address=self.addr))
         data = self.ck.download("vals", "step_1", 0)
-        self.assertEqual(data.count(b"SLUICEV1"), 5)    # np (two items: dict leaves), py, ...
+        self.assertEqual(data.count(b"SLUICEV1"), 6)    # all but the tensor and _Boom
         like = {"np": None, "py": None, "plain": {"lr": 0, "tags": None, "big": 0},
-                "t": torch.zeros(3)}
+                "t": torch.zeros(3), "raw": io.BytesIO()}
         dcp.load(like, storage_reader=sdcp.Reader("sluice://vals/1", address=self.addr))
+        self.assertEqual(like["raw"].getvalue(), b"\0raw")
         self.assertEqual(like["py"], state["py"])
         self.assertEqual(like["plain"], state["plain"])
         self.assertTrue(all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b

@@ -459,7 +459,8 @@ def encode_state(torch, state_dict, allow_pickle=False):
 # ---- one value without tensors: sluice.torch.dcp's items of non-tensor values ----
 #
 # VALUE_MAGIC, then the JSON text (ASCII) {"format": "sluice.value", "version": 1, "root": node}
-# with the skeleton's nodes, never "T" (a value holding tensors stays torch.save's) nor "P".
+# with the skeleton's nodes, never "T" (a value holding tensors stays torch.save's) nor "P"; or,
+# for an io.BytesIO (DCP's raw bytes), {"format": ..., "version": 1, "bytesio": base64}.
 
 VALUE_MAGIC = b"SLUICEV1"
 _VALUE_FORMAT = "sluice.value"
@@ -467,7 +468,15 @@ _VALUE_FORMAT = "sluice.value"
 
 def encode_value(torch, obj):
     """obj as VALUE_MAGIC + JSON, or None when the skeleton cannot hold it without pickle or
-    tensors (the caller then keeps torch.save's bytes)."""
+    tensors (the caller then keeps torch.save's bytes). An io.BytesIO (DCP's raw-bytes value)
+    is {"bytesio": base64} in place of a root."""
+    if type(obj) is io.BytesIO:
+        data = obj.getvalue()
+        if len(data) > _MAX_SKELETON // 2:
+            return None
+        return VALUE_MAGIC + json.dumps({"format": _VALUE_FORMAT, "version": _VERSION,
+                                         "bytesio": base64.b64encode(data).decode()},
+                                        separators=(",", ":")).encode("ascii")
     enc = _Encoder(torch, False)
     try:
         root = enc.node(obj, [])
@@ -495,8 +504,13 @@ def decode_value(torch, blob):
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ValueError("a sluice value is not valid JSON: %s" % e) from None
     if type(doc) is not dict or doc.get("format") != _VALUE_FORMAT or \
-            doc.get("version") != _VERSION or "root" not in doc:
+            doc.get("version") != _VERSION or ("root" in doc) == ("bytesio" in doc):
         raise ValueError("not a %s document of version %d" % (_VALUE_FORMAT, _VERSION))
+    if "bytesio" in doc:
+        try:
+            return io.BytesIO(base64.b64decode(doc["bytesio"], validate=True))
+        except (TypeError, binascii.Error) as e:
+            raise ValueError("a sluice value's bytes are not base64: %s" % e) from None
     try:
         return _Decoder(torch, [], False).node(doc["root"], [])
     except RecursionError:
