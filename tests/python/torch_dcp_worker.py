@@ -160,6 +160,11 @@ def main():
             full = full_state(model, opt)
             if rank == 0:
                 torch.save(full, os.path.join(a.out, "full-%d.pt" % step))
+        if DIST:
+            # Without it, gloo's threads still hold work at interpreter teardown, and a rank
+            # now and then aborts there ("terminate called without an active exception").
+            dist.barrier()
+            dist.destroy_process_group()
         return 0
 
     # load: a model built with another seed and trained one step (so that the optimizer has
