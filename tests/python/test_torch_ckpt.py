@@ -23,13 +23,16 @@ import sys
 import tempfile
 import time
 import unittest
+import warnings
 
 import grpc
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import DistributedSampler as TorchSampler
 
 import sluice.torch as st
+import sluice.torch.dcp
 from sluice.checkpoint import COMPLETE, WRITING, Checkpoints, to_data_position
 from sluice.client import Client
 from sltest import Daemon
@@ -610,11 +613,16 @@ class ManagerTest(ManagerBase):
             self.assertEqual([b.data_ptr() for b in m._staged], bufs)
         self.assertIsNotNone(m.last_upload)
         self.complete("res", "step_2")
-        got = self.ck.load_state_dict("res", "step_1", 0)
-        self.assertTrue(torch.equal(got["w"], torch.arange(6.0).reshape(2, 3)))
-        got = self.ck.load_state_dict("res", "step_2", 0)
-        self.assertTrue(torch.equal(got["w"], 2 * torch.arange(6.0).reshape(2, 3)))
-        self.assertEqual(got["n"], 3)
+        # The manager's checkpoints are DCP checkpoints: dcp.load reads them into a template.
+        for step, scale in ((1, 1), (2, 2)):
+            got = {"w": torch.zeros(2, 3), "b": torch.zeros(2, dtype=torch.int64), "n": 0}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")      # "assuming ... a single process"
+                dcp.load(got, storage_reader=sluice.torch.dcp.Reader(
+                    "sluice://res/%d" % step, address=self.d.addr))
+            self.assertTrue(torch.equal(got["w"], scale * torch.arange(6.0).reshape(2, 3)))
+            self.assertTrue(torch.equal(got["b"], torch.ones(2, dtype=torch.int64)))
+            self.assertEqual(got["n"], 3)
         with self.assertRaises(ValueError):
             st.CheckpointManager(s, address=self.d.addr, rank=0, world_size=1,
                                  reuse_buffers=False).reserve(state)
@@ -665,7 +673,7 @@ class ManagerTest(ManagerBase):
         self.assertIs(type(got["np_scalar"]), np.float32)
         # Without allow_pickle the pickled object is refused, naming where it is.
         plain = st.CheckpointManager(s, address=self.d.addr, rank=0, world_size=1)
-        with self.assertRaisesRegex(ValueError, r"obj: the state holds a pickled .*_Opaque"):
+        with self.assertRaisesRegex(ValueError, r"item obj of inflight/step_1 is a pickle"):
             plain.restore(step=1)
         with self.assertRaisesRegex(TypeError, r"obj: .*allow_pickle=True"):
             plain.save(3, {"obj": _Opaque(1)})

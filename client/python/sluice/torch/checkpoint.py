@@ -1,11 +1,14 @@
 """sluice.torch.CheckpointManager: asynchronous checkpoints that carry the data position.
 
 Every rank calls ``mgr.save(step, state)`` with its own state (model, optimizer, scheduler, RNG
-states: anything save_state_dict takes). The call copies the state's tensors to host memory,
-records where the training loop is in the feed (what sluice.torch.DataLoader handed to the loop,
-not what its workers prefetched) and returns; this rank's shard is uploaded on a background
-thread. Begin asks the daemon to commit by itself once every rank's shard is durable, so the
-ranks never wait for one another. ``mgr.restore()`` puts the model state and the feed back to the
+states: anything torch.distributed.checkpoint saves, FSDP2's DTensors included). The call copies
+the state's tensors to host memory, records where the training loop is in the feed (what
+sluice.torch.DataLoader handed to the loop, not what its workers prefetched) and returns; this
+rank's shard is uploaded on a background thread. Each rank plans its shard with DCP's default
+planner by itself and writes its part of DCP's metadata at the shard's end, so the ranks never
+wait for one another: Begin asks the daemon to commit once every rank's shard is durable. The
+checkpoint is a DCP checkpoint (``dcp.load(state, checkpoint_id="sluice://JOB/STEP")`` reads it,
+resharded). ``mgr.restore()`` puts the model state and the feed back to the
 latest COMPLETE checkpoint::
 
     sampler = sluice.torch.DistributedSampler(ds, shuffle=True, seed=0, job="run1")
@@ -25,10 +28,19 @@ latest COMPLETE checkpoint::
                                 "step": step})
     mgr.close()                                  # waits for the last upload
 
+With FSDP2 (DTensor state), restore into a template of the new sharding, which DCP's planner
+fills in place whatever the world size the checkpoint was saved with::
+
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    msd, osd = get_state_dict(model, opt)
+    if mgr.restore(state_dict={"model": msd, "opt": osd}):
+        set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+
 The shape is Orbax's CheckpointManager and PyTorch DCP's async_save: at most one save in
 flight (the next waits for it), ``wait()``, an error of a background save raised by the next
 call, ``keep_last``, ``latest_step()``, ``restore(step=None)``.
 """
+import re
 import threading
 import time
 import warnings
@@ -36,11 +48,19 @@ import warnings
 import grpc
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+# Loading without a template: DCP's own planner that builds the state from the metadata, as its
+# dcp_to_torch_save does (private names, in every torch 2.x that has DCP's Stateful).
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
 
 from sluice import _retry
 from sluice._retry import Backoff as _Backoff
-from sluice.checkpoint import CHUNK, COMPLETE, WRITING, Checkpoints, _StateShard, encode_state
+from sluice.checkpoint import CHUNK, COMPLETE, WRITING, Checkpoints
 from sluice.client import Client
+from sluice.torch.dcp import LocalShard, Reader, _dcp_format, read_footer, retype
 from sluice.torch.loader import DataLoader, _fed_sampler
 from sluice.torch.sampler import BatchSampler, DistributedSampler, _dp_rank, _world_and_rank
 
@@ -186,17 +206,22 @@ class CheckpointManager:
         memory, record the data position of what the training loop consumed, start the upload
         in the background and return. Call it on every rank at the same step, after the
         optimizer step of the last batch the loop took. Waits first for a save still in flight
-        and raises its error if it failed (CheckpointError). A value save_state_dict cannot save
-        raises TypeError naming its key path, before anything is copied."""
+        and raises its error if it failed (CheckpointError).
+
+        The state is anything torch.distributed.checkpoint saves: nested dicts and lists of
+        tensors, DTensors (FSDP2: this rank's chunk), Stateful values (through their
+        state_dict()) and plain values; DCP's default planner lays it out, without collectives:
+        each rank writes its own shard. A value that would load back only by unpickling it
+        raises TypeError naming its key, before anything is copied, unless allow_pickle."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError("step %r must be an integer >= 0" % (step,))
         t0 = time.perf_counter()
         self.wait()
-        root, tensors = encode_state(torch, state_dict, self.allow_pickle)
-        copies = self._stage(tensors)
+        shard = LocalShard(state_dict, self.rank, stage=self._stage,
+                           allow_pickle=self.allow_pickle)
         position = self._source.data_position() if self._source is not None else None
         self._thread = threading.Thread(target=self._background, name="sluice-ckpt-%d" % step,
-                                        args=(step, root, copies, position, user_metadata))
+                                        args=(step, shard, position, user_metadata))
         self._thread.start()
         self.last_stall = time.perf_counter() - t0
 
@@ -209,40 +234,43 @@ class CheckpointManager:
         if not self.reuse_buffers:
             raise ValueError("reserve() keeps buffers for the saves: not with reuse_buffers=False")
         self.wait()
-        _, tensors = encode_state(torch, state_dict, self.allow_pickle)
-        key = [(t.dtype, tuple(t.shape)) for _, t in tensors]
+        LocalShard(state_dict, self.rank, stage=self._reserve, allow_pickle=True)
+
+    def _reserve(self, tensors):
+        key = [(t.dtype, tuple(t.shape)) for t in tensors]
         if key != self._staged_key:
             self._staged = self._staged_key = None
             bufs = [torch.empty(shape, dtype=dtype) for dtype, shape in key]
             for b in bufs:
                 b.zero_()
             self._staged, self._staged_key = bufs, key
+        return self._staged
 
     def _stage(self, tensors):
-        """[(path, copy)]: every tensor copied to (contiguous, CPU) host memory, into the
-        buffers of the last save when the dtypes and shapes are the same."""
-        key = [(t.dtype, tuple(t.shape)) for _, t in tensors]
+        """Every tensor copied to (contiguous, CPU) host memory, into the buffers of the last
+        save when the dtypes and shapes are the same."""
+        key = [(t.dtype, tuple(t.shape)) for t in tensors]
         if self.reuse_buffers and key == self._staged_key:
             bufs = self._staged
         else:
             self._staged = self._staged_key = None
             bufs = [torch.empty(shape, dtype=dtype) for dtype, shape in key]
         with torch.no_grad():
-            for b, (_, t) in zip(bufs, tensors):
+            for b, t in zip(bufs, tensors):
                 b.copy_(t.detach())
         if self.reuse_buffers:
             self._staged, self._staged_key = bufs, key
-        return [(path, b) for b, (path, _) in zip(bufs, tensors)]
+        return bufs
 
-    def _background(self, step, root, copies, position, user_metadata):
+    def _background(self, step, shard, position, user_metadata):
         t0 = time.perf_counter()
         try:
-            self._upload(step, root, copies, position, user_metadata)
+            self._upload(step, shard, position, user_metadata)
             self.last_upload = time.perf_counter() - t0
         except BaseException as e:     # raised by the next call of the training loop
             self._error = (step, e)
 
-    def _upload(self, step, root, copies, position, user_metadata):
+    def _upload(self, step, shard, position, user_metadata):
         name = _step_name(step)
         feed = dict(feed_job=self._feed_job) if position is not None else dict(no_feed=True)
         ck = self._retry(self.ck.begin, self.job, name, step, self.world, user_metadata,
@@ -251,7 +279,7 @@ class CheckpointManager:
             raise CheckpointError("%s/%s is already COMPLETE: a step is saved once (restore() "
                                   "an earlier step and save a later one, or delete it)"
                                   % (self.job, name))
-        shard = _StateShard(torch, root, copies, chunk_size=self.chunk_size)
+        shard.build()
         self._send(name, shard, position)
 
     def _send(self, name, shard, position):
@@ -301,10 +329,16 @@ class CheckpointManager:
 
     # ---- restoring ----
 
-    def restore(self, step=None, shard_rank=None, mesh=None):
+    def restore(self, step=None, shard_rank=None, mesh=None, state_dict=None):
         """Put the run back to checkpoint ``step`` (default the latest COMPLETE one): rewind
-        the feed job to the data position the checkpoint was taken at and return this rank's
-        state (as load_state_dict returns it), or None if the job has no checkpoint yet.
+        the feed job to the data position the checkpoint was taken at and load the state, or
+        return None if the job has no checkpoint yet.
+
+        With ``state_dict`` (a template as for dcp.load: the model's and optimizer's state
+        dicts, DTensors of the new sharding, Stateful values) the state loads into it in place
+        and DCP's planner reshards: FSDP2/DTensor state saved by N ranks loads into any number;
+        restore() returns the template. Without it, it returns the saved state as plain
+        values, every tensor whole on the CPU.
 
         Every rank calls it, before training. Rank 0 picks the checkpoint, aborts checkpoints
         still WRITING (left by the ranks that died) and calls Restore once; the other ranks wait
@@ -313,9 +347,10 @@ class CheckpointManager:
         ``data`` start their next iteration at the restored position, in the restored epoch
         (``sampler.epoch``: start the epoch loop there). With another world size than the
         checkpoint's, the rest of the epoch is redistributed over the new world (index jobs;
-        batch jobs resize at epoch boundaries) and rank r loads shard r mod the old world
-        (right for replicated state such as DDP's; pass ``shard_rank`` for another choice);
-        ``mesh`` goes to Restore for jobs with a mesh."""
+        batch jobs resize at epoch boundaries). A key that every rank saved whole (DDP's
+        replicated state, a per-rank RNG state) comes from the shard of rank ``shard_rank``
+        (default this rank modulo the old world); ``mesh`` goes to Restore for jobs with a
+        mesh. Checkpoints of the older state format (Checkpoints.save_state_dict) load too."""
         self.wait()
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)
                                  or step < 0):
@@ -346,8 +381,47 @@ class CheckpointManager:
         self.restored_step = info["step"]
         if shard_rank is None:
             shard_rank = self.rank % info["world"]
-        return self._retry(self.ck.load_state_dict, self.job, info["name"], shard_rank,
-                           allow_pickle=self.allow_pickle)
+        return self._retry(self._load, info["name"], shard_rank, state_dict)
+
+    def _load(self, name, shard_rank, state_dict):
+        """Checkpoint ``name`` through DCP's load (sluice.torch.dcp.Reader), or one of the
+        older state format through load_state_dict."""
+        got = self.ck.get(self.job, name)
+        shard = next((s for s in got.shards if s.rank == 0), None)
+        if _dcp_format(got.user_metadata) is None and (
+                shard is None or read_footer(self.ck, self.job, name, 0, shard.data_size) is None):
+            return self._load_old(name, shard_rank, state_dict)
+        m = re.fullmatch(r"step_([0-9]+)", name)
+        reader = Reader("sluice://%s/%s" % (self.job, m.group(1) if m else name),
+                        allow_pickle=self.allow_pickle, prefer_rank=shard_rank,
+                        checkpoints=self.ck)
+        with warnings.catch_warnings():   # each rank loads by itself: no collectives
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            try:
+                if state_dict is not None:
+                    dcp.load(state_dict, storage_reader=reader, no_dist=True)
+                    return state_dict
+                out = {}
+                _load_state_dict(out, storage_reader=reader,
+                                 planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+            except CheckpointException as e:   # DCP's wrapper: the reader's own error
+                inner = next(iter(e.failures.values()), None)
+                if isinstance(inner, tuple) and inner and isinstance(inner[0], Exception):
+                    raise inner[0] from None
+                raise
+            return retype(out, reader.key_types)
+
+    def _load_old(self, name, shard_rank, state_dict):
+        old = self.ck.load_state_dict(self.job, name, shard_rank, allow_pickle=self.allow_pickle)
+        if state_dict is None:
+            return old
+        for k, v in state_dict.items():
+            if k in old:
+                if isinstance(v, Stateful):
+                    v.load_state_dict(old[k])
+                else:
+                    state_dict[k] = old[k]
+        return state_dict
 
     def _find(self, step):
         """The checkpoint to restore: step's, or the latest COMPLETE one (None if none)."""

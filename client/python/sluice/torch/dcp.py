@@ -40,19 +40,21 @@ import hashlib
 import io
 import json
 import re
+import struct
 import uuid
 import grpc
 import torch
 from torch.distributed.checkpoint import metadata as dmeta
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
 from sluice._state import VALUE_MAGIC, decode_value, encode_value
 from sluice.checkpoint import COMPLETE, ChecksumError, Checkpoints
 from sluice.v1 import checkpoint_pb2 as pb
 
-__all__ = ["Writer", "Reader", "parse_checkpoint_id", "SCHEME"]
+__all__ = ["Writer", "Reader", "parse_checkpoint_id", "SCHEME", "LocalShard"]
 
 SCHEME = "sluice://"
 FORMAT = "sluice-dcp 1"
@@ -60,6 +62,12 @@ FORMAT = "sluice-dcp 1"
 COALESCE_GAP = 1 << 20
 # A range read at once at most (several when items are larger).
 RANGE_MAX = 64 << 20
+# A shard written without collectives (LocalShard, CheckpointManager) ends in its own rank's DCP
+# metadata: the JSON, its length (u64, little-endian) and this magic.
+FOOTER_MAGIC = b"SLDCPFT1"
+FOOTER_TAIL = 16
+# The tail of a shard read at once for its footer (a larger footer takes a second read).
+FOOTER_PROBE = 64 << 10
 
 
 def parse_checkpoint_id(checkpoint_id):
@@ -138,8 +146,9 @@ def _unplain(v):
     return v
 
 
-def encode_metadata(md, allow_pickle=False):
-    """DCP's Metadata (its storage_data: {MetadataIndex: item}) as JSON bytes."""
+def encode_metadata(md, allow_pickle=False, key_types=None):
+    """DCP's Metadata (its storage_data: {MetadataIndex: item}) as JSON bytes; ``key_types``:
+    {fqn: the key path with the state's own key types} where DCP's str() changed one."""
     sdm = {}
     for fqn, m in md.state_dict_metadata.items():
         if isinstance(m, dmeta.BytesStorageMetadata):
@@ -169,11 +178,14 @@ def encode_metadata(md, allow_pickle=False):
             "checkpoint_id": None if sm.checkpoint_id is None else str(sm.checkpoint_id),
             "save_id": sm.save_id, "load_id": sm.load_id, "modules": list(sm.modules)},
     }
+    if key_types:
+        doc["key_types"] = key_types
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def decode_metadata(blob, allow_pickle=False):
-    """The Metadata that encode_metadata wrote; anything else raises ValueError."""
+def decode_metadata(blob, allow_pickle=False, key_types=None):
+    """The Metadata that encode_metadata wrote; anything else raises ValueError. Its key types
+    go into the dict ``key_types`` (fqns already there are kept)."""
     try:
         doc = json.loads(blob)
     except ValueError as e:
@@ -206,6 +218,11 @@ def decode_metadata(blob, allow_pickle=False):
     storage = {}
     for row in doc["storage_data"]:
         storage[_index_of(row[:3])] = _Item.check(row[3])
+    kt = doc.get("key_types") or {}
+    if key_types is not None and isinstance(kt, dict):
+        for fqn, path in kt.items():
+            if isinstance(path, list) and all(type(k) in (str, int) for k in path):
+                key_types.setdefault(fqn, path)
     sm = doc.get("storage_meta")
     return dmeta.Metadata(
         state_dict_metadata=sdm, planner_data=planner_data, storage_data=storage,
@@ -230,11 +247,13 @@ class _Item:
 # ---- the client ----
 
 class _Conn:
-    """A Checkpoints client made on first use (never pickled: DCP's process-based async_save
-    sends the writer to another process)."""
+    """A Checkpoints client made on first use, or the one given (never pickled: DCP's
+    process-based async_save sends the writer to another process)."""
 
-    def __init__(self, address, token):
-        self.address, self.token, self._ck = address, token, None
+    def __init__(self, address, token, ck=None):
+        if ck is not None and address is None:
+            address = ck.address
+        self.address, self.token, self._ck = address, token, ck
 
     def get(self):
         if self._ck is None:
@@ -328,11 +347,230 @@ def _need_id(storage, call):
                          "%s" % (SCHEME, call, type(storage).__name__))
 
 
+# ---- one rank's shard without collectives (CheckpointManager) ----
+
+def _host_copies(tensors):
+    return [t.detach().to("cpu", copy=True).contiguous() for t in tensors]
+
+
+class LocalShard:
+    """One rank's part of a checkpoint that the ranks save without collectives, as
+    CheckpointManager does: DCP's default planner run over this rank's state alone (Stateful
+    values through their state_dict(), nested dicts flattened to DCP's keys, a DTensor as its
+    local chunk), every tensor it plans copied to host memory at construction by ``stage``
+    (a list of tensors -> their copies; the training loop's stall), every other value encoded
+    then too. ``build()`` (on a background thread) hashes the items and adds the footer.
+
+    The shard is the items' bytes one after the other, then this rank's DCP metadata (JSON, as
+    in the metadata shard of dcp.save, the items' SHA-256 included), its length and
+    FOOTER_MAGIC. A Reader merges the footers of all shards: a sharded tensor (FSDP2, DTensor)
+    from the chunks of every rank, so that it reshards as with dcp.save; a key that several
+    ranks hold whole (DDP's replicated state, a per-rank RNG state) from the loading rank's
+    own shard (``prefer_rank``, default its rank modulo the saved world), else the lowest."""
+
+    def __init__(self, state_dict, rank, stage=None, allow_pickle=False):
+        if not isinstance(state_dict, dict):
+            raise TypeError("a state dict is a dict, not %s" % type(state_dict).__name__)
+        sd = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
+        planner = DefaultSavePlanner()
+        planner.set_up_planner(sd, storage_meta=None, is_coordinator=True)
+        plans, self.metadata = planner.create_global_plan([planner.create_local_plan()])
+        plan = planner.finish_plan(plans[0])
+        self.key_types = _key_types(sd, getattr(planner, "mappings", {}))
+        self.rank = rank
+        self.items, tensors, slots = [], [], []
+        for item in plan.items:
+            if item.type == WriteItemType.BYTE_IO:
+                self.items.append([item.index, _local_value(planner, item, allow_pickle),
+                                   None, None])
+                continue
+            t = planner.resolve_data(item)
+            slots.append(len(self.items))
+            tensors.append(t)
+            self.items.append([item.index, None, str(t.dtype), list(t.shape)])
+        self.key = [(t.dtype, tuple(t.shape)) for t in tensors]
+        for i, c in zip(slots, (stage or _host_copies)(tensors)):
+            self.items[i][1] = c
+        self.size = self.layout = self._built = None
+
+    def build(self):
+        """(buffers, layout, size): the shard's bytes as buffers in order, the TensorInfo list
+        the daemon records (None past its 65536 entries), the total size."""
+        bufs, layout, storage, off = [], [], {}, 0
+        for index, data, dtype, sizes in self.items:
+            b = memoryview(data) if isinstance(data, bytes) else _tensor_bytes(data)
+            storage[index] = [self.rank, off, len(b), hashlib.sha256(b).hexdigest(), dtype,
+                              sizes]
+            bufs.append(b)
+            layout.append(pb.TensorInfo(name=_tensor_name(index), dtype="bytes",
+                                        shape=[len(b)], offset=off, size=len(b)))
+            off += len(b)
+        self.metadata.storage_data = storage
+        blob = encode_metadata(self.metadata, key_types=self.key_types)
+        footer = blob + struct.pack("<Q", len(blob)) + FOOTER_MAGIC
+        layout.append(pb.TensorInfo(name="dcp_metadata", dtype="bytes", shape=[len(footer)],
+                                    offset=off, size=len(footer)))
+        bufs.append(memoryview(footer))
+        self.size = off + len(footer)
+        self.layout = layout if len(layout) <= 65536 else None
+        self._built = bufs
+        return bufs, self.layout, self.size
+
+    def reader(self):
+        """A fresh stream over the built shard."""
+        return _Concat(self._built)
+
+    def sha256(self):
+        h = hashlib.sha256()
+        for b in self._built:
+            h.update(b)
+        return h.hexdigest()
+
+
+def _key_types(sd, mappings):
+    """{fqn: key path} for the fqns whose path in ``sd`` has a key that is not a str (an
+    optimizer's int parameter ids): DCP's flattening str()s every dict key."""
+    out = {}
+    for fqn, path in mappings.items():
+        node, typed = sd, []
+        for part in path:
+            if isinstance(node, dict) and part not in node:
+                part = next((k for k in node if str(k) == part), part)
+            typed.append(part)
+            try:
+                node = node[part]
+            except (KeyError, IndexError, TypeError):
+                break
+        if typed != list(path) and all(type(k) in (str, int) for k in typed):
+            out[fqn] = typed
+    return out
+
+
+def retype(state, key_types):
+    """``state`` as DCP loaded it without a template (every dict key a str) with the saved key
+    types put back (LocalShard's key_types)."""
+    rename = {}
+    for path in key_types.values():
+        for i in range(len(path)):
+            rename[tuple(str(k) for k in path[:i + 1])] = path[i]
+    if not rename:
+        return state
+
+    def walk(node, at):
+        if isinstance(node, dict):
+            return {rename.get(at + (str(k),), k): walk(v, at + (str(k),))
+                    for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, at + (str(i),)) for i, v in enumerate(node)]
+        return node
+    return walk(state, ())
+
+
+def _local_value(planner, item, allow_pickle):
+    """A value's bytes for a LocalShard: sluice's value encoding, else torch.save's pickle if
+    torch's weights_only unpickler takes it back (plain tensors in a tuple) or with
+    allow_pickle; anything else is a TypeError naming its key."""
+    obj = planner.lookup_object(item.index)
+    blob = encode_value(torch, obj)
+    if blob is not None:
+        return blob
+    buf = io.BytesIO()
+    try:
+        torch.save(obj, buf)
+    except Exception as e:
+        raise TypeError("%s: a %s cannot be saved: %s" % (item.index.fqn, type(obj).__name__,
+                                                          e)) from None
+    if not allow_pickle:
+        try:
+            torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
+        except Exception:
+            raise TypeError("%s: a %s, which loads back only by unpickling it (running code): "
+                            "pass allow_pickle=True to save it, and again to restore it"
+                            % (item.index.fqn, type(obj).__name__)) from None
+    return buf.getvalue()
+
+
+def read_footer(ck, job, name, rank, size):
+    """The DCP metadata footer of shard ``rank`` (``size`` bytes) of a COMPLETE checkpoint, or
+    None if the shard has none (a state-format shard of Checkpoints.save_state_dict)."""
+    if size < FOOTER_TAIL:
+        return None
+    n = min(size, FOOTER_PROBE)
+    tail = ck.read_range(job, name, rank, size - n, n)
+    if tail[-8:] != FOOTER_MAGIC:
+        return None
+    (m,) = struct.unpack("<Q", tail[-FOOTER_TAIL:-8])
+    if m > size - FOOTER_TAIL:
+        raise ValueError("the DCP metadata footer of %s/%s shard %d claims %d bytes, the shard "
+                         "has %d" % (job, name, rank, m, size))
+    if m + FOOTER_TAIL <= n:
+        return tail[n - FOOTER_TAIL - m:n - FOOTER_TAIL]
+    return ck.read_range(job, name, rank, size - FOOTER_TAIL - m, m)
+
+
+def _whole(m):
+    if not isinstance(m, dmeta.TensorStorageMetadata) or len(m.chunks) != 1:
+        return False
+    c = m.chunks[0]
+    return not any(c.offsets) and list(c.sizes) == list(m.size)
+
+
+def merge_metadata(mds, prefer):
+    """One Metadata of the footers [(rank, Metadata)] of a checkpoint's shards (LocalShard)."""
+    order = sorted(mds, key=lambda x: (x[0] != prefer, x[0]))
+    sdm, storage, planner = {}, {}, {}
+    for rank, md in order:
+        by_fqn = {}
+        for idx, info in md.storage_data.items():
+            by_fqn.setdefault(idx.fqn, []).append((idx, info))
+        for fqn, m in md.state_dict_metadata.items():
+            have = sdm.get(fqn)
+            if have is None:
+                if isinstance(m, dmeta.TensorStorageMetadata):
+                    m = dmeta.TensorStorageMetadata(properties=m.properties, size=m.size,
+                                                    chunks=list(m.chunks))
+                sdm[fqn] = m
+                for idx, info in by_fqn.get(fqn, ()):
+                    storage[idx] = info
+                if md.planner_data and fqn in md.planner_data:
+                    planner[fqn] = md.planner_data[fqn]
+                continue
+            if (not isinstance(have, dmeta.TensorStorageMetadata)
+                    or not isinstance(m, dmeta.TensorStorageMetadata) or _whole(have)
+                    or _whole(m) or list(have.size) != list(m.size)
+                    or have.properties.dtype != m.properties.dtype):
+                continue     # held whole by a rank before: that rank's copy
+            seen = {tuple(c.offsets) for c in have.chunks}
+            for c in m.chunks:
+                if tuple(c.offsets) in seen:
+                    continue
+                seen.add(tuple(c.offsets))
+                have.chunks.append(c)
+                for idx, info in by_fqn.get(fqn, ()):
+                    if idx.offset is not None and tuple(idx.offset) == tuple(c.offsets):
+                        storage[idx] = info
+    first = order[0][1]
+    return dmeta.Metadata(state_dict_metadata=sdm, planner_data=planner, storage_data=storage,
+                          storage_meta=first.storage_meta, version=first.version)
+
+
+def _dcp_format(user_metadata):
+    """The dcp.save record in a checkpoint's user_metadata, or None."""
+    try:
+        doc = json.loads(user_metadata) if user_metadata else None
+    except ValueError:
+        return None
+    if isinstance(doc, dict) and doc.get("format") == FORMAT and isinstance(doc.get("ranks"),
+                                                                            int):
+        return doc
+    return None
+
+
 class _Target:
     """What the Writer and the Reader share: the checkpoint id, the connection, allow_pickle."""
 
-    def __init__(self, checkpoint_id, address, token, allow_pickle):
-        self._conn = _Conn(address, token)
+    def __init__(self, checkpoint_id, address, token, allow_pickle, checkpoints=None):
+        self._conn = _Conn(address, token, checkpoints)
         self.allow_pickle = allow_pickle
         self.checkpoint_id = None
         if checkpoint_id is not None:
@@ -449,12 +687,20 @@ class Reader(_Target, StorageReader):
     """DCP StorageReader from sluiced (the Writer's arguments). The checkpoint must be
     COMPLETE; every item is checked against its SHA-256 before it is used (ChecksumError).
     ``allow_pickle``: also load items pickled with more than plain values (objects of your own
-    classes: unpickling them runs code) and a custom planner's pickled planner_data."""
+    classes: unpickling them runs code) and a custom planner's pickled planner_data.
 
-    def __init__(self, checkpoint_id=None, address=None, token=None, allow_pickle=False):
+    It also reads what the ranks saved without collectives (CheckpointManager: each shard ends
+    in its rank's metadata); a key several ranks hold whole comes from shard ``prefer_rank``
+    modulo their number (default this process's torch.distributed rank, else 0) if that shard
+    has it. ``checkpoints``: an open sluice.checkpoint.Checkpoints to read through."""
+
+    def __init__(self, checkpoint_id=None, address=None, token=None, allow_pickle=False,
+                 prefer_rank=None, checkpoints=None):
         self.storage_data = None
         self.load_id = None
-        _Target.__init__(self, checkpoint_id, address, token, allow_pickle)
+        self.prefer_rank = prefer_rank
+        self.key_types = {}   # a LocalShard checkpoint's key paths with their own key types
+        _Target.__init__(self, checkpoint_id, address, token, allow_pickle, checkpoints)
 
     def reset(self, checkpoint_id=None):
         self._reset_id(checkpoint_id, "dcp.load")
@@ -472,6 +718,11 @@ class Reader(_Target, StorageReader):
         if got.state != COMPLETE:
             raise ValueError("checkpoint %s/%s is %s, not COMPLETE: only committed steps load"
                              % (self.job, self.name, pb.CheckpointState.Name(got.state)))
+        if _dcp_format(got.user_metadata) is None:
+            md = self._merged_footers(ck, got)
+            md.storage_meta = dmeta.StorageMeta(checkpoint_id=self.checkpoint_id,
+                                                load_id=self.load_id)
+            return md
         meta_rank = got.world_size - 1
         shard = next((s for s in got.shards if s.rank == meta_rank), None)
         size = shard.data_size if shard is not None else None
@@ -489,6 +740,29 @@ class Reader(_Target, StorageReader):
             md.storage_meta = dmeta.StorageMeta()
         md.storage_meta.load_id = self.load_id
         return md
+
+    def _merged_footers(self, ck, got):
+        shards = {s.rank: s for s in got.shards}
+        mds = []
+        for r in range(got.world_size):
+            if r not in shards:
+                raise ValueError("checkpoint %s/%s has no shard %d" % (self.job, self.name, r))
+            blob = read_footer(ck, self.job, self.name, r, shards[r].data_size)
+            if blob is None:
+                raise ValueError("checkpoint %s/%s is not a DCP checkpoint: shard %d has no DCP "
+                                 "metadata (saved with Checkpoints.save_state_dict or by an "
+                                 "older CheckpointManager: load it with "
+                                 "Checkpoints.load_state_dict)" % (self.job, self.name, r))
+            mds.append((r, blob))
+        prefer = self.prefer_rank
+        if prefer is None:
+            import torch.distributed as dist
+            prefer = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        prefer %= got.world_size
+        self.key_types = {}
+        mds = [(r, decode_metadata(b, self.allow_pickle, self.key_types))
+               for r, b in sorted(mds, key=lambda x: (x[0] != prefer, x[0]))]
+        return merge_metadata(mds, prefer)
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
         self.storage_data = metadata.storage_data
