@@ -111,7 +111,7 @@ foreach (variant "s3|SL_TEST_STORE=s3|s3" "pg|SL_TEST_CATALOG=postgresql;SL_TEST
                    test_torch_dcp.DcpBadInputTest
            WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
   set_tests_properties(ckpt_dcp_${sfx} PROPERTIES
-                       ENVIRONMENT "${SL_TEST_ENV};${parts};SL_DCP_SAVES=2:sync,3:thread"
+                       ENVIRONMENT "${SL_TEST_ENV};${parts};SL_DCP_SAVES=2:sync,3:thread,4:manager"
                        TIMEOUT 600 LABELS "python;checkpoint;torchrun;no_asan;${label}"
                        RESOURCE_LOCK torchrun)
 endforeach ()

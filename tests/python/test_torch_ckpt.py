@@ -680,6 +680,62 @@ class ManagerTest(ManagerBase):
         m.close()
         plain.close()
 
+    def test_dcp_form_and_damage(self):
+        # The manager's checkpoint is DCP's: every rank's shard ends in its part of the
+        # metadata. Restored without a template, the optimizer's int keys come back as ints (DCP
+        # str()s them); a key every rank saved whole comes from the loading rank's shard. A
+        # damaged byte in a footer or an item is refused (the daemon's block digests:
+        # DATA_LOSS), and a checkpoint of the older state format still restores.
+        world = 2
+        mgrs = self.managers("dform", world)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.Adam(model.parameters())
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+        for r, m in enumerate(mgrs):
+            m.save(1, {"model": model.state_dict(), "opt": opt.state_dict(), "rank": r,
+                       "pair": (r, "x"), "empty": {}})
+        for m in mgrs:
+            m.wait()
+        ck = self.complete("dform", "step_1")
+        for r, m in enumerate(mgrs):
+            got = m.restore()
+            self.assertEqual((got["rank"], got["pair"], got["empty"]), (r, (r, "x"), {}))
+            assert_state_equal(self, got["model"], model.state_dict())
+            fresh = torch.optim.Adam(torch.nn.Linear(3, 2).parameters())
+            fresh.load_state_dict(got["opt"])          # int parameter ids, as saved
+            assert_state_equal(self, fresh.state_dict(), opt.state_dict())
+        size = {sh.rank: sh.file_size for sh in ck.shards}
+        self.d.store_flip("dform", "step_1_shard_1.shard", size[1] - 30)   # rank 1's footer
+        with self.assertRaises(grpc.RpcError) as cm:
+            mgrs[0].restore()
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.DATA_LOSS)
+        for m in mgrs:
+            m.save(2, {"w": torch.arange(5.0)})
+        for m in mgrs:
+            m.wait()
+        self.complete("dform", "step_2")
+        self.d.store_flip("dform", "step_2_shard_0.shard", 200)           # inside an item
+        with self.assertRaises(grpc.RpcError) as cm:
+            mgrs[1].restore(step=2)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.DATA_LOSS)
+        # The older state format (Checkpoints.save_state_dict), bound to the feed.
+        pos = mgrs[0].data.data_position() if mgrs[0].data else None
+        self.assertIsNone(pos)
+        self.ck.begin("dform", "step_3", step=3, world_size=world, no_feed=True)
+        for r in range(world):
+            self.ck.save_state_dict("dform", "step_3", r, {"old": r, "t": torch.ones(2)})
+        self.ck.commit("dform", "step_3")
+        for r, m in enumerate(mgrs):
+            got = m.restore(step=3)
+            self.assertEqual(got["old"], r)
+            into = {"old": -1, "t": torch.zeros(2)}
+            self.assertIs(m.restore(step=3, state_dict=into), into)
+            self.assertEqual(into["old"], r)
+            self.assertTrue(torch.equal(into["t"], torch.ones(2)))
+        for m in mgrs:
+            m.close()
+
     def test_bad_input(self):
         s = self.sampler("bad", 10)
         m = st.CheckpointManager(s, address=self.d.addr, rank=0, world_size=1)

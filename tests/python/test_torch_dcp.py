@@ -39,13 +39,15 @@ DCP_ERRORS = (Exception, CheckpointException)
 
 # The steps the save run writes and how: SL_DCP_SAVES (the S3 and replica variants of ctest
 # leave out the process checkpointer, which costs a process start of its own).
-SAVES = os.environ.get("SL_DCP_SAVES", "2:sync,3:thread,4:process").split(",")
+SAVES = os.environ.get("SL_DCP_SAVES", "2:sync,3:thread,4:process,5:manager").split(",")
 STEPS = [int(x.split(":")[0]) for x in SAVES]
 
 
 class DcpTorchrunTest(unittest.TestCase):
-    """One daemon; the save run writes steps 2 (dcp.save), 3 (async_save, thread) and 4
-    (async_save, process) of one training run, which the load runs check."""
+    """One daemon; the save run writes steps 2 (dcp.save), 3 (async_save, thread), 4
+    (async_save, process) and 5 (sluice.torch.CheckpointManager: each rank's shard with its
+    part of the metadata, no collectives) of one training run, which the load runs check
+    (step 5 through CheckpointManager.restore into the template too)."""
 
     @classmethod
     def setUpClass(cls):
@@ -87,16 +89,20 @@ class DcpTorchrunTest(unittest.TestCase):
         return text
 
     def loaded(self, n, steps):
-        text = self.run_workers(n, "load", "--job", "fsdp",
-                                *[x for s in steps for x in ("--ckpt", str(s))])
+        hows = dict(x.split(":") for x in SAVES)
+        specs = ["%d:%s" % (s, hows[str(s)]) for s in steps]
+        text = self.run_workers(n, "load", "--job", "fsdp", *[x for s in specs
+                                                              for x in ("--ckpt", s)])
         for s in steps:
             self.assertIn("step %d into %d rank(s): bit-identical" % (s, max(n, 1)), text)
 
     def test_saved_checkpoints_are_complete(self):
-        for step in STEPS:
+        for x in SAVES:
+            step, how = int(x.split(":")[0]), x.split(":")[1]
             c = self.ck.get("fsdp", "step_%d" % step)
             self.assertEqual(c.state, COMPLETE)
-            self.assertEqual(c.world_size, 5)   # 4 ranks' items and the metadata
+            # 4 ranks' items and the metadata; the manager's: 4 shards with a metadata footer
+            self.assertEqual(c.world_size, 4 if how == "manager" else 5)
             self.assertEqual(c.step, step)
             self.assertTrue(self.ck.verify("fsdp", "step_%d" % step, deep=True).ok)
 
@@ -239,14 +245,21 @@ class DcpBadInputTest(unittest.TestCase):
         self.assertIn("StatusCode.DATA_LOSS", str(cm.exception))
 
     def test_metadata_not_ours_is_refused(self):
-        # A checkpoint whose last shard is not DCP metadata: a clear error, nothing unpickled.
-        self.ck.begin("bad", "step_8", step=8, world_size=2, no_feed=True)
-        for r, data in enumerate([b"\0" * 10, b"\x80\x04K\x01."]):   # the second: a pickle
-            self.ck.upload("bad", "step_8", r, data)
-        self.ck.commit("bad", "step_8")
+        # A checkpoint whose last shard is not DCP metadata: a clear error, nothing unpickled;
+        # without the record of dcp.save nor the footers of CheckpointManager's shards, it is
+        # not a DCP checkpoint at all.
+        for step, um in ((8, json.dumps({"format": "sluice-dcp 1", "ranks": 1})), (9, "")):
+            self.ck.begin("bad", "step_%d" % step, step=step, world_size=2, no_feed=True,
+                          user_metadata=um)
+            for r, data in enumerate([b"\0" * 10, b"\x80\x04K\x01."]):  # the second: a pickle
+                self.ck.upload("bad", "step_%d" % step, r, data)
+            self.ck.commit("bad", "step_%d" % step)
         with self.assertRaises(DCP_ERRORS) as cm:
             self.load("sluice://bad/8")
         self.assertIn("is not JSON", str(cm.exception))
+        with self.assertRaises(DCP_ERRORS) as cm:
+            self.load("sluice://bad/9")
+        self.assertIn("bad/step_9 is not a DCP checkpoint", str(cm.exception))
 
     def test_item_checksum_checked(self):
         # The metadata names another checksum for an item: ChecksumError before it is used.

@@ -1,10 +1,12 @@
 """A torchrun worker of test_torch_dcp.py: a small transformer sharded with FSDP2 (fully_shard,
 gloo, CPU) whose model and optimizer state go through torch.distributed.checkpoint into sluiced.
 
-    save  --steps N --ckpt STEP[:sync|thread|process] ...   train N steps, save each step given,
-                                                           and the full state of each to --out
-    load  --ckpt STEP ...     build the model afresh (another seed), load each step, compare its
-                              full state with what the save wrote: bit-identical or exit 1
+    save  --steps N --ckpt STEP[:sync|thread|process|manager] ...   train N steps, save each
+                              step given (dcp.save, async_save with either checkpointer, or
+                              sluice.torch.CheckpointManager), and the full state of each to --out
+    load  --ckpt STEP[:how] ...  build the model afresh (another seed), load each step (dcp.load;
+                              CheckpointManager.restore into the template for :manager), compare
+                              its full state with what the save wrote: bit-identical or exit 1
     kill  --steps N --ckpt STEP --kill-rank R   async_save with rank R SIGKILLed in its write
 
 Without torchrun (no RANK): one process, no process group, no FSDP: load only.
@@ -24,6 +26,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
                                                      set_state_dict)
 
 import sluice.torch.dcp as sdcp  # noqa: E402
+from sluice.checkpoint import COMPLETE, Checkpoints  # noqa: E402
+from sluice.torch import CheckpointManager  # noqa: E402
 
 DIST = "RANK" in os.environ
 
@@ -113,6 +117,19 @@ def same(a, b, path=""):
     return None if a == b else "%s: %r vs %r" % (path, a, b)
 
 
+def wait_complete(job, name, timeout=30.0):
+    import time
+    deadline = time.monotonic() + timeout
+    ck = Checkpoints()
+    try:
+        while ck.get(job, name).state != COMPLETE:
+            if time.monotonic() > deadline:
+                raise SystemExit("%s/%s did not become COMPLETE" % (job, name))
+            time.sleep(0.05)
+    finally:
+        ck.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["save", "load", "kill"])
@@ -149,7 +166,14 @@ def main():
                 dcp.async_save(state, checkpoint_id=cid, storage_writer=KillingWriter()).result()
                 print("rank %d: the save went through" % rank, flush=True)
                 return 1
-            if how == "sync":
+            if how == "manager":
+                # Each rank writes its shard by itself; the daemon commits once all are durable.
+                with CheckpointManager(job=a.job) as mgr:
+                    mgr.save(step, state)
+                dist.barrier()
+                if rank == 0:
+                    wait_complete(a.job, "step_%d" % step)
+            elif how == "sync":
                 dcp.save(state, checkpoint_id=cid)
             elif how == "thread":
                 dcp.async_save(state, checkpoint_id=cid).result()
@@ -173,10 +197,17 @@ def main():
     train(model, opt, 1, seed=99)
     bad = 0
     for c in a.ckpt:
-        step = int(c)
+        step, _, how = c.partition(":")
+        step = int(step)
         msd, osd = get_state_dict(model, opt)
         state = {"model": msd, "optim": osd, "meta": {"step": 0, "world": 0}}
-        dcp.load(state, checkpoint_id="sluice://%s/%d" % (a.job, step))
+        if how == "manager":
+            with CheckpointManager(job=a.job) as mgr:
+                if mgr.restore(step=step, state_dict=state) is not state:
+                    print("step %d: restore() did not return the template" % step, flush=True)
+                    bad += 1
+        else:
+            dcp.load(state, checkpoint_id="sluice://%s/%d" % (a.job, step))
         set_state_dict(model, opt, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
         full = full_state(model, opt)

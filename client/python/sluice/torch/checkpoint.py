@@ -395,6 +395,7 @@ class CheckpointManager:
         reader = Reader("sluice://%s/%s" % (self.job, m.group(1) if m else name),
                         allow_pickle=self.allow_pickle, prefer_rank=shard_rank,
                         checkpoints=self.ck)
+        reader.preload()
         with warnings.catch_warnings():   # each rank loads by itself: no collectives
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             try:
@@ -409,7 +410,7 @@ class CheckpointManager:
                 if isinstance(inner, tuple) and inner and isinstance(inner[0], Exception):
                     raise inner[0] from None
                 raise
-            return retype(out, reader.key_types)
+            return retype(out, reader.key_types, reader.empty_dicts)
 
     def _load_old(self, name, shard_rank, state_dict):
         old = self.ck.load_state_dict(self.job, name, shard_rank, allow_pickle=self.allow_pickle)

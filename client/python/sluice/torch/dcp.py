@@ -146,9 +146,10 @@ def _unplain(v):
     return v
 
 
-def encode_metadata(md, allow_pickle=False, key_types=None):
+def encode_metadata(md, allow_pickle=False, key_types=None, empty_dicts=None):
     """DCP's Metadata (its storage_data: {MetadataIndex: item}) as JSON bytes; ``key_types``:
-    {fqn: the key path with the state's own key types} where DCP's str() changed one."""
+    {fqn: the key path with the state's own key types} where DCP's str() changed one;
+    ``empty_dicts``: the key paths of empty dicts (DCP's flattening drops them)."""
     sdm = {}
     for fqn, m in md.state_dict_metadata.items():
         if isinstance(m, dmeta.BytesStorageMetadata):
@@ -180,12 +181,15 @@ def encode_metadata(md, allow_pickle=False, key_types=None):
     }
     if key_types:
         doc["key_types"] = key_types
+    if empty_dicts:
+        doc["empty_dicts"] = empty_dicts
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def decode_metadata(blob, allow_pickle=False, key_types=None):
+def decode_metadata(blob, allow_pickle=False, key_types=None, empty_dicts=None):
     """The Metadata that encode_metadata wrote; anything else raises ValueError. Its key types
-    go into the dict ``key_types`` (fqns already there are kept)."""
+    go into the dict ``key_types`` (fqns already there are kept), its empty dicts' paths into
+    the list ``empty_dicts``."""
     try:
         doc = json.loads(blob)
     except ValueError as e:
@@ -223,6 +227,12 @@ def decode_metadata(blob, allow_pickle=False, key_types=None):
         for fqn, path in kt.items():
             if isinstance(path, list) and all(type(k) in (str, int) for k in path):
                 key_types.setdefault(fqn, path)
+    ed = doc.get("empty_dicts") or []
+    if empty_dicts is not None and isinstance(ed, list):
+        for path in ed:
+            if isinstance(path, list) and path and all(type(k) in (str, int) for k in path) \
+                    and path not in empty_dicts:
+                empty_dicts.append(path)
     sm = doc.get("storage_meta")
     return dmeta.Metadata(
         state_dict_metadata=sdm, planner_data=planner_data, storage_data=storage,
@@ -377,6 +387,7 @@ class LocalShard:
         plans, self.metadata = planner.create_global_plan([planner.create_local_plan()])
         plan = planner.finish_plan(plans[0])
         self.key_types = _key_types(sd, getattr(planner, "mappings", {}))
+        self.empty_dicts = _empty_dicts(sd)
         self.rank = rank
         self.items, tensors, slots = [], [], []
         for item in plan.items:
@@ -406,7 +417,8 @@ class LocalShard:
                                         shape=[len(b)], offset=off, size=len(b)))
             off += len(b)
         self.metadata.storage_data = storage
-        blob = encode_metadata(self.metadata, key_types=self.key_types)
+        blob = encode_metadata(self.metadata, key_types=self.key_types,
+                               empty_dicts=self.empty_dicts)
         footer = blob + struct.pack("<Q", len(blob)) + FOOTER_MAGIC
         layout.append(pb.TensorInfo(name="dcp_metadata", dtype="bytes", shape=[len(footer)],
                                     offset=off, size=len(footer)))
@@ -446,9 +458,40 @@ def _key_types(sd, mappings):
     return out
 
 
-def retype(state, key_types):
-    """``state`` as DCP loaded it without a template (every dict key a str) with the saved key
-    types put back (LocalShard's key_types)."""
+def _empty_dicts(sd, limit=100000):
+    """The key paths of the empty dicts in ``sd`` (those of str and int keys)."""
+    out, todo = [], [((), sd)]
+    while todo and len(out) < limit:
+        path, node = todo.pop()
+        if isinstance(node, dict):
+            if not node and path:
+                out.append(list(path))
+            todo.extend((path + (k,), v) for k, v in node.items() if type(k) in (str, int))
+        elif isinstance(node, list):
+            todo.extend((path + (i,), v) for i, v in enumerate(node))
+    return out
+
+
+def retype(state, key_types, empty_dicts=()):
+    """``state`` as DCP loaded it without a template (every dict key a str, no empty dict) with
+    the saved key types and empty dicts put back (LocalShard's key_types, empty_dicts)."""
+    state = _retyped(state, key_types)
+    for path in empty_dicts:
+        node = state
+        for k in path[:-1]:
+            if isinstance(node, dict):
+                node = node.setdefault(k, {})
+            elif isinstance(node, list) and isinstance(k, int) and 0 <= k < len(node):
+                node = node[k]
+            else:
+                break
+        else:
+            if isinstance(node, dict):
+                node.setdefault(path[-1], {})
+    return state
+
+
+def _retyped(state, key_types):
     rename = {}
     for path in key_types.values():
         for i in range(len(path)):
@@ -698,20 +741,32 @@ class Reader(_Target, StorageReader):
                  prefer_rank=None, checkpoints=None):
         self.storage_data = None
         self.load_id = None
+        self._preloaded = None
         self.prefer_rank = prefer_rank
-        self.key_types = {}   # a LocalShard checkpoint's key paths with their own key types
+        # A LocalShard checkpoint's key paths with their own key types, and its empty dicts.
+        self.key_types, self.empty_dicts = {}, []
         _Target.__init__(self, checkpoint_id, address, token, allow_pickle, checkpoints)
 
     def reset(self, checkpoint_id=None):
         self._reset_id(checkpoint_id, "dcp.load")
-        self.storage_data = None
+        self.storage_data = self._preloaded = None
         self.load_id = uuid.uuid4().hex
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
         return Writer.validate_checkpoint_id(checkpoint_id)
 
+    def preload(self):
+        """Read the metadata now, its errors raised as they are (dcp.load wraps them in a
+        CheckpointException); the next read_metadata() returns it."""
+        self._preloaded = None
+        self._preloaded = self.read_metadata()
+        return self._preloaded
+
     def read_metadata(self, *args, **kwargs):
+        md, self._preloaded = self._preloaded, None
+        if md is not None:
+            return md
         _need_id(self, "dcp.load")
         ck = self._conn.get()
         got = ck.get(self.job, self.name)
@@ -759,8 +814,8 @@ class Reader(_Target, StorageReader):
             import torch.distributed as dist
             prefer = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         prefer %= got.world_size
-        self.key_types = {}
-        mds = [(r, decode_metadata(b, self.allow_pickle, self.key_types))
+        self.key_types, self.empty_dicts = {}, []
+        mds = [(r, decode_metadata(b, self.allow_pickle, self.key_types, self.empty_dicts))
                for r, b in sorted(mds, key=lambda x: (x[0] != prefer, x[0]))]
         return merge_metadata(mds, prefer)
 
