@@ -8,6 +8,10 @@ loopback with its data dir under --dir, DCP's files under --dir too.
   async       dcp.async_save (thread checkpointer): the training loop's stall (until it returns)
               and the whole save (until its future is done)
   load        dcp.load into a state of the same layout (page cache warm for both)
+  manager     sluice.torch.CheckpointManager (each rank's shard with its part of the
+              metadata, no collectives): save()'s stall, until its shard is durable, and
+              restore(state_dict=...) into a state of the same layout; against the FileSystem
+              async_save stall, its whole save, and its load
 
 Single process by default; under torchrun (RANK set) every rank holds --mib of its own and rank
 0 prints. It prints medians of --runs and the ratios sluice / filesystem (below 1: sluice faster).
@@ -34,6 +38,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 import sluice.torch.dcp as sdcp
+from sluice.checkpoint import COMPLETE
 
 DIST = "RANK" in os.environ
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -94,7 +99,10 @@ def main():
         daemon = Daemon(data_dir=os.path.join(work, "data"), args=["--log-level", "warn"]).start()
         addr = daemon.addr
     res = {k: [] for k in ("fs_save", "sl_save", "fs_stall", "fs_async", "sl_stall", "sl_async",
-                           "fs_load", "sl_load")}
+                           "fs_load", "sl_load", "mg_stall", "mg_async", "mg_load")}
+    from sluice.torch import CheckpointManager
+    mgr = CheckpointManager(job="dcpbench-mgr%d" % os.getpid() if not DIST else "dcpbench-mgr",
+                            address=addr, rank=rank, world_size=world)
     mib = nbytes * world / (1 << 20)
     if rank == 0:
         print("state: %.0f MiB per rank in %d tensors, %d rank(s), torch %s; under %s"
@@ -127,8 +135,21 @@ def main():
             loaded2 = empty_like(state)
             t, _ = timed(lambda: dcp.load(loaded2, storage_reader=sdcp.Reader(sl_id(1), addr)))
             res["sl_load"].append(t)
+            barrier()
+            t0 = time.perf_counter()
+            mgr.save(run + 1, state)
+            res["mg_stall"].append(time.perf_counter() - t0)
+            mgr.wait()
+            while mgr.ck.get(mgr.job, "step_%d" % (run + 1)).state != COMPLETE:
+                time.sleep(0.001)          # the daemon commits once every shard is durable
+            barrier()
+            res["mg_async"].append(time.perf_counter() - t0)
+            loaded3 = empty_like(state)
+            t, _ = timed(lambda: mgr.restore(step=run + 1, state_dict=loaded3))
+            res["mg_load"].append(t)
             for k, v in state.items():
-                if isinstance(v, torch.Tensor) and not torch.equal(v, loaded2[k]):
+                if isinstance(v, torch.Tensor) and not (torch.equal(v, loaded2[k])
+                                                        and torch.equal(v, loaded3[k])):
                     raise SystemExit("sluice's load differs at %s" % k)
             if rank == 0:
                 print("run %d: save fs %.3f s sluice %.3f s; async stall fs %.3f s sluice %.3f s;"
@@ -140,6 +161,7 @@ def main():
                 for tag in ("s", "a"):
                     shutil.rmtree(fs_dir(tag), ignore_errors=True)
     finally:
+        mgr.close()
         if daemon:
             daemon.stop()
         if rank == 0:
@@ -151,6 +173,11 @@ def main():
         for label, k in (("dcp.save (durable)", "save"), ("dcp.async_save: loop stall", "stall"),
                          ("dcp.async_save: until done", "async"), ("dcp.load", "load")):
             fs, sl = med["fs_" + k], med["sl_" + k]
+            print("  %-34s %8.3fs %8.3fs %7.2fx" % (label, fs, sl, sl / fs if fs else 0))
+        for label, k, fk in (("CheckpointManager.save: loop stall", "stall", "fs_stall"),
+                             ("CheckpointManager: until durable", "async", "fs_async"),
+                             ("CheckpointManager.restore", "load", "fs_load")):
+            fs, sl = med[fk], med["mg_" + k]
             print("  %-34s %8.3fs %8.3fs %7.2fx" % (label, fs, sl, sl / fs if fs else 0))
         print("  %-34s %7.0f/s %7.0f/s" % ("save MiB/s", mib / med["fs_save"],
                                             mib / med["sl_save"]))
