@@ -35,12 +35,14 @@ the same checkpoint as a Stateful value (``{"dataloader": loader}``, sluice.torc
 state_dict), so it commits with the model.
 """
 import base64
+import concurrent.futures
 import dataclasses
 import hashlib
 import io
 import json
 import re
 import struct
+import threading
 import uuid
 import grpc
 import torch
@@ -62,6 +64,8 @@ FORMAT = "sluice-dcp 1"
 COALESCE_GAP = 1 << 20
 # A range read at once at most (several when items are larger).
 RANGE_MAX = 64 << 20
+# Ranges read at once by one rank's load.
+READ_THREADS = 4
 # A shard written without collectives (LocalShard, CheckpointManager) ends in its own rank's DCP
 # metadata: the JSON, its length (u64, little-endian) and this magic.
 FOOTER_MAGIC = b"SLDCPFT1"
@@ -846,44 +850,60 @@ class Reader(_Target, StorageReader):
             yield start, end, group
 
     def read_data(self, plan, planner):
-        from torch.distributed._shard._utils import narrow_tensor_by_index
+        """Every item of the plan, read as ranges of its shard on READ_THREADS threads at once
+        (sluiced serves each range on its worker pool; the hashing and copies here release the
+        GIL), each item checked against its SHA-256 before its bytes are used. The planner is
+        called under one lock."""
         per_rank = {}
         for req in plan.items:
             info = self.storage_data.get(req.storage_index)
             if info is None:
                 raise ValueError("the checkpoint has no item %s" % (req.storage_index,))
             per_rank.setdefault(info[0], []).append(req)
-        ck = self._conn.get()
-        for rank in sorted(per_rank):
-            for start, end, group in self._ranges(per_rank[rank]):
-                raw = ck._read_range(self.job, self.name, rank, start, end - start)
-                buf = memoryview(raw)
-                for info, req in group:
-                    o = info[1] - start
-                    b = buf[o:o + info[2]]
-                    if hashlib.sha256(b).hexdigest() != info[3]:
-                        raise ChecksumError(
-                            "item %s of %s/%s rank %d hashes to %s, the metadata says %s"
-                            % (req.storage_index.fqn, self.job, self.name, rank,
-                               hashlib.sha256(b).hexdigest(), info[3]))
-                    if req.type == LoadItemType.BYTE_IO:
-                        _load_value(planner, req, b, self.allow_pickle,
-                                    "%s/%s" % (self.job, self.name))
-                        continue
-                    t = torch.frombuffer(raw, dtype=torch.uint8, offset=o, count=len(b)) \
-                        if len(b) else torch.empty(0, dtype=torch.uint8)
-                    t = t.view(_dtype(info[4])).reshape(info[5])
-                    t = narrow_tensor_by_index(t, req.storage_offsets, req.lengths)
-                    target = planner.resolve_tensor(req).detach()
-                    if target.size() != t.size():
-                        raise ValueError("item %s: stored %s, the state wants %s"
-                                         % (req.storage_index.fqn, tuple(t.size()),
-                                            tuple(target.size())))
-                    target.copy_(t)
-                    planner.commit_tensor(req, target)
+        ranges = [(rank,) + r for rank in sorted(per_rank) for r in self._ranges(per_rank[rank])]
+        lock = threading.Lock()
+        if len(ranges) <= 1 or READ_THREADS <= 1:
+            for r in ranges:
+                self._read_group(planner, lock, *r)
+        else:
+            with concurrent.futures.ThreadPoolExecutor(min(READ_THREADS, len(ranges)),
+                                                       thread_name_prefix="sluice-dcp-read") as ex:
+                for f in [ex.submit(self._read_group, planner, lock, *r) for r in ranges]:
+                    f.result()
         fut = torch.futures.Future()
         fut.set_result(None)
         return fut
+
+    def _read_group(self, planner, lock, rank, start, end, group):
+        from torch.distributed._shard._utils import narrow_tensor_by_index
+        raw = self._conn.get()._read_range(self.job, self.name, rank, start, end - start)
+        buf = memoryview(raw)
+        for info, req in group:
+            o = info[1] - start
+            b = buf[o:o + info[2]]
+            got = hashlib.sha256(b).hexdigest()
+            if got != info[3]:
+                raise ChecksumError("item %s of %s/%s rank %d hashes to %s, the metadata says %s"
+                                    % (req.storage_index.fqn, self.job, self.name, rank, got,
+                                       info[3]))
+            if req.type == LoadItemType.BYTE_IO:
+                with lock:
+                    _load_value(planner, req, b, self.allow_pickle,
+                                "%s/%s" % (self.job, self.name))
+                continue
+            t = torch.frombuffer(raw, dtype=torch.uint8, offset=o, count=len(b)) \
+                if len(b) else torch.empty(0, dtype=torch.uint8)
+            t = t.view(_dtype(info[4])).reshape(info[5])
+            t = narrow_tensor_by_index(t, req.storage_offsets, req.lengths)
+            with lock:
+                target = planner.resolve_tensor(req).detach()
+            if target.size() != t.size():
+                raise ValueError("item %s: stored %s, the state wants %s"
+                                 % (req.storage_index.fqn, tuple(t.size()),
+                                    tuple(target.size())))
+            target.copy_(t)
+            with lock:
+                planner.commit_tensor(req, target)
 
 
 # ---- sluice:// ids without an explicit writer or reader ----
