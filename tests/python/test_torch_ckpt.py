@@ -745,6 +745,8 @@ class ManagerTest(ManagerBase):
         for step in (-1, 1.5, True):
             with self.assertRaises(ValueError):
                 m.save(step, {})
+        with self.assertRaisesRegex(ValueError, "user_metadata"):
+            m.save(1, {}, user_metadata='{"format": "sluice-dcp 1", "ranks": 1}')
         m.wait()                              # nothing was started
         self.assertIsNone(m.latest_step())
         with self.assertRaises(ValueError):

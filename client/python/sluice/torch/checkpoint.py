@@ -215,6 +215,9 @@ class CheckpointManager:
         raises TypeError naming its key, before anything is copied, unless allow_pickle."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError("step %r must be an integer >= 0" % (step,))
+        if not isinstance(user_metadata, str) or _dcp_format(user_metadata) is not None:
+            raise ValueError("user_metadata %.200r: a string, not dcp.save's record of its "
+                             "metadata shard" % (user_metadata,))
         t0 = time.perf_counter()
         self.wait()
         shard = LocalShard(state_dict, self.rank, stage=self._stage,
