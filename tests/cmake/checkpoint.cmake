@@ -80,7 +80,7 @@ add_test(NAME ckpt_torch_train
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(ckpt_torch_train PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 900
                      LABELS "python;checkpoint"
-                     RESOURCE_LOCK torchrun)
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
 
 # torch.distributed.checkpoint into sluiced (sluice.torch.dcp, tests/python/test_torch_dcp.py):
 # FSDP2 on 4 torchrun ranks saved with dcp.save and async_save (thread, process), loaded into 4,
@@ -93,7 +93,7 @@ add_test(NAME ckpt_dcp
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(ckpt_dcp PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 900
                      LABELS "python;checkpoint;torchrun;no_asan"
-                     RESOURCE_LOCK torchrun)
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
 add_test(NAME ckpt_dcp_input
          COMMAND ${SL_PYTHON} -m unittest -v test_torch_dcp.DcpBadInputTest
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
@@ -113,7 +113,7 @@ foreach (variant "s3|SL_TEST_STORE=s3|s3" "pg|SL_TEST_CATALOG=postgresql;SL_TEST
   set_tests_properties(ckpt_dcp_${sfx} PROPERTIES
                        ENVIRONMENT "${SL_TEST_ENV};${parts};SL_DCP_SAVES=2:sync,3:thread,4:manager"
                        TIMEOUT 600 LABELS "python;checkpoint;torchrun;no_asan;${label}"
-                       RESOURCE_LOCK torchrun)
+                       RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
 endforeach ()
 
 # DCP's save, async_save and load into sluiced against its FileSystemWriter/Reader

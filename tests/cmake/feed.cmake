@@ -16,10 +16,10 @@ add_test(NAME feed_torch_ddp
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(feed_torch_ddp PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 600)
 
-# Torchrun groups (RESOURCE_LOCK torchrun) run one at a time: each wants both
-# cores of a CI machine for its 3-4 ranks. Another test may run beside one (torch 2.x's torchrun
-# keeps the ports it binds, unlike the 1.13 one that once made these tests run alone), and
-# tests/CMakeLists.txt gives them a high COST so that their chain starts first.
+# torchrun --standalone rendezvous on the fixed port 29400: the tests that use it never run at the
+# same time (RESOURCE_LOCK), or one fails with "Address already in use". They also run alone
+# (RUN_SERIAL): torchrun picks its workers' store port by binding port 0 and releasing it, and a
+# test running beside it may take that port first (seen: EADDRINUSE on the store's port).
 # Real training with the drop-in under torchrun (3 DDP ranks, gloo, CPU): ranks SIGKILLed mid-epoch,
 # sluiced killed or stopped while they train, a batch job, empty shares, job mismatches; ~3 min,
 # alone. Release build only (no_asan): what it asks of the daemon (streams, reports, restarts,
@@ -30,7 +30,7 @@ add_test(NAME feed_torch_train
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(feed_torch_train PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 900
                      LABELS "python;feed;no_asan"
-                     RESOURCE_LOCK torchrun)
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
 
 # The PyTorch drop-in against torch's DataLoader + DistributedSampler (tests/bench/
 # torch_loader_bench.py); ctest runs a small smoke round only.
@@ -87,7 +87,7 @@ add_test(NAME sampling2_torchrun
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(sampling2_torchrun PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 300
                      LABELS "python;feed"
-                     RESOURCE_LOCK torchrun)
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
 
 # sluice.torch.DataLoader(num_workers=2) from `python -` and `python -c` (no script file).
 add_test(NAME feed_torch_workers
@@ -108,11 +108,11 @@ add_test(NAME feed_torch_state
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(feed_torch_state PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIMEOUT 480
                      LABELS "python;feed;torchrun"
-                     RESOURCE_LOCK torchrun)
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
 add_test(NAME feed_torch_state_pg
          COMMAND ${SL_PYTHON} -m unittest -v test_torch_state.TorchrunTest.test_kill_and_restart_from_dcp
          WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/python")
 set_tests_properties(feed_torch_state_pg PROPERTIES
                      ENVIRONMENT "${SL_TEST_ENV};SL_TEST_CATALOG=postgresql;SL_TEST_REPLICAS=3"
                      TIMEOUT 300 LABELS "python;feed;torchrun;no_asan;pg"
-                     RESOURCE_LOCK torchrun)
+                     RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)

@@ -35,7 +35,7 @@ foreach (spec ${SL_PG_TESTS})
                        ENVIRONMENT "${SL_TEST_ENV};SL_TEST_CATALOG=postgresql;SL_TEST_REPLICAS=3"
                        TIMEOUT 600 LABELS "${labels}")
   if ("torchrun" IN_LIST labels)
-    set_tests_properties(${name} PROPERTIES RESOURCE_LOCK torchrun)
+    set_tests_properties(${name} PROPERTIES RESOURCE_LOCK torchrun_rendezvous_29400 RUN_SERIAL ON)
   endif ()
 endforeach ()
 
