@@ -19,7 +19,9 @@ set_tests_properties(feed_torch_ddp PROPERTIES ENVIRONMENT "${SL_TEST_ENV}" TIME
 # torchrun --standalone rendezvous on the fixed port 29400: the tests that use it never run at the
 # same time (RESOURCE_LOCK), or one fails with "Address already in use". They also run alone
 # (RUN_SERIAL): torchrun picks its workers' store port by binding port 0 and releasing it, and a
-# test running beside it may take that port first (seen: EADDRINUSE on the store's port).
+# test running beside it may take that port first (seen: EADDRINUSE on the store's port). torch
+# 2.x's torchrun keeps its ports, but the groups keep both cores busy: run beside other tests,
+# each took about 1.7x as long and the stage gained nothing (2026-11-28).
 # Real training with the drop-in under torchrun (3 DDP ranks, gloo, CPU): ranks SIGKILLed mid-epoch,
 # sluiced killed or stopped while they train, a batch job, empty shares, job mismatches; ~3 min,
 # alone. Release build only (no_asan): what it asks of the daemon (streams, reports, restarts,
