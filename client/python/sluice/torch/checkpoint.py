@@ -60,7 +60,7 @@ from sluice import _retry
 from sluice._retry import Backoff as _Backoff
 from sluice.checkpoint import CHUNK, COMPLETE, WRITING, Checkpoints
 from sluice.client import Client
-from sluice.torch.dcp import LocalShard, Reader, _dcp_format, read_footer, retype
+from sluice.torch.dcp import LocalShard, NotDcp, Reader, _dcp_format, retype
 from sluice.torch.loader import DataLoader, _fed_sampler
 from sluice.torch.sampler import BatchSampler, DistributedSampler, _dp_rank, _world_and_rank
 
@@ -389,16 +389,14 @@ class CheckpointManager:
     def _load(self, name, shard_rank, state_dict):
         """Checkpoint ``name`` through DCP's load (sluice.torch.dcp.Reader), or one of the
         older state format through load_state_dict."""
-        got = self.ck.get(self.job, name)
-        shard = next((s for s in got.shards if s.rank == 0), None)
-        if _dcp_format(got.user_metadata) is None and (
-                shard is None or read_footer(self.ck, self.job, name, 0, shard.data_size) is None):
-            return self._load_old(name, shard_rank, state_dict)
         m = re.fullmatch(r"step_([0-9]+)", name)
         reader = Reader("sluice://%s/%s" % (self.job, m.group(1) if m else name),
                         allow_pickle=self.allow_pickle, prefer_rank=shard_rank,
                         checkpoints=self.ck)
-        reader.preload()
+        try:
+            reader.preload()
+        except NotDcp:
+            return self._load_old(name, shard_rank, state_dict)
         with warnings.catch_warnings():   # each rank loads by itself: no collectives
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             try:

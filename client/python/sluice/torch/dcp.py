@@ -56,7 +56,7 @@ from sluice._state import VALUE_MAGIC, decode_value, encode_value
 from sluice.checkpoint import COMPLETE, ChecksumError, Checkpoints
 from sluice.v1 import checkpoint_pb2 as pb
 
-__all__ = ["Writer", "Reader", "parse_checkpoint_id", "SCHEME", "LocalShard"]
+__all__ = ["Writer", "Reader", "parse_checkpoint_id", "SCHEME", "LocalShard", "NotDcp"]
 
 SCHEME = "sluice://"
 FORMAT = "sluice-dcp 1"
@@ -537,6 +537,11 @@ def _local_value(planner, item, allow_pickle):
     return buf.getvalue()
 
 
+class NotDcp(ValueError):
+    """A COMPLETE checkpoint that is no DCP checkpoint: neither dcp.save's metadata shard nor
+    LocalShard footers (the state format of Checkpoints.save_state_dict)."""
+
+
 def read_footer(ck, job, name, rank, size):
     """The DCP metadata footer of shard ``rank`` (``size`` bytes) of a COMPLETE checkpoint, or
     None if the shard has none (a state-format shard of Checkpoints.save_state_dict)."""
@@ -808,7 +813,7 @@ class Reader(_Target, StorageReader):
                 raise ValueError("checkpoint %s/%s has no shard %d" % (self.job, self.name, r))
             blob = read_footer(ck, self.job, self.name, r, shards[r].data_size)
             if blob is None:
-                raise ValueError("checkpoint %s/%s is not a DCP checkpoint: shard %d has no DCP "
+                raise NotDcp("checkpoint %s/%s is not a DCP checkpoint: shard %d has no DCP "
                                  "metadata (saved with Checkpoints.save_state_dict or by an "
                                  "older CheckpointManager: load it with "
                                  "Checkpoints.load_state_dict)" % (self.job, self.name, r))
