@@ -19,6 +19,8 @@ typedef struct ckpt_opts {
     const char *meta, *dir, *output, *sha, *feed_job;
     int jobs, deep, state, resume, no_verify, no_progress, no_feed, auto_commit;
     size_t chunk;
+    uint64_t offset, length; /* download: a range of one rank's data (length 0: to its end) */
+    int have_range;
 } ckpt_opts;
 
 struct sl_client;

@@ -360,6 +360,84 @@ static int download_one(const sl_cli *cli, sl_client *c, const char *job, const 
     return SL_CLI_OK;
 }
 
+#define RANGE_WINDOW (16u << 20) /* bytes read per DownloadShard of a ranged download */
+
+/* Bytes [o->offset, o->offset + o->length) of rank's data (length 0: to its end) into `path`
+ * (through path.part, renamed when complete), a window at a time straight into one buffer
+ * (sl_ckpt_read_pieces). */
+static int download_range(const sl_cli *cli, sl_client *c, const char *job, const char *name,
+                          const ckpt_opts *o, progress *p)
+{
+    char tmp[4200];
+    sl_ckpt_shard *shards = NULL;
+    sl_ckpt_piece piece;
+    uint64_t size = 0, len, at;
+    size_t n = 0;
+    uint8_t *buf = NULL;
+    FILE *f;
+    int err, werr = 0, found = 0;
+
+    if (sl_ckpt_get(c, NULL, &shards, &n, job, name))
+        return sl_cli_call_fail(cli, "ckpt download");
+    for (size_t i = 0; i < n; i++)
+        if (shards[i].rank == o->rank) {
+            size = shards[i].data_size;
+            found = 1;
+        }
+    free(shards);
+    if (!found)
+        return sl_cli_fail("ckpt download", "%s/%s has no shard of rank %d", job, name, o->rank);
+    if (o->offset > size || o->length > size - o->offset)
+        return sl_cli_fail("ckpt download",
+                           "--offset %" PRIu64 " --length %" PRIu64 " is past the %" PRIu64
+                           " data bytes of rank %d",
+                           o->offset, o->length, size, o->rank);
+    len = o->length ? o->length : size - o->offset;
+    p->total = len;
+    snprintf(tmp, sizeof(tmp), "%s.part", o->output);
+    if (!(buf = malloc(RANGE_WINDOW)))
+        return sl_cli_fail("ckpt download", "out of memory");
+    if (!(f = fopen(tmp, "wbe"))) {
+        free(buf);
+        return sl_cli_fail("ckpt download", "%s: %s", tmp, strerror(errno));
+    }
+    for (at = 0, err = 0; at < len && !err && !werr; at += piece.size) {
+        piece.offset = o->offset + at;
+        piece.size = len - at < RANGE_WINDOW ? len - at : RANGE_WINDOW;
+        piece.dst = buf;
+        err = sl_ckpt_read_pieces(c, job, name, o->rank, piece.offset, piece.size, &piece, 1);
+        if (!err && fwrite(buf, 1, (size_t)piece.size, f) != piece.size)
+            werr = errno ? errno : EIO;
+        if (!err && !werr) {
+            atomic_fetch_add(&p->done, piece.size);
+            progress_draw(p, 0);
+        }
+    }
+    free(buf);
+    if (fclose(f) != 0 && !werr)
+        werr = errno ? errno : EIO;
+    if (err || werr) {
+        unlink(tmp);
+        if (err)
+            return sl_cli_call_fail(cli, "ckpt download");
+        return sl_cli_fail("ckpt download", "%s: %s", tmp, strerror(werr));
+    }
+    if (rename(tmp, o->output) != 0) {
+        unlink(tmp);
+        return sl_cli_fail("ckpt download", "%s: %s", o->output, strerror(errno));
+    }
+    if (cli->json) {
+        printf("{\"rank\":%d,\"offset\":%" PRIu64 ",\"length\":%" PRIu64 ",\"path\":", o->rank,
+               o->offset, len);
+        sl_cli_json_str(stdout, o->output);
+        printf("}\n");
+    } else {
+        printf("rank %d: data bytes [%" PRIu64 ", %" PRIu64 ") -> %s\n", o->rank, o->offset,
+               o->offset + len, o->output);
+    }
+    return SL_CLI_OK;
+}
+
 /* Every rank into dir/rank_<R>.bin. */
 static int download_dir(const sl_cli *cli, sl_client *c, const char *dir, char **argv, progress *p)
 {
@@ -385,7 +463,13 @@ int ckpt_download(sl_cli *cli, sl_client *c, void *opts, int argc, char **argv)
     int rc;
 
     progress_init(&p, cli, o);
-    if (o->have_rank && o->output) {
+    if (o->have_range && !(o->have_rank && o->output)) {
+        fprintf(stderr, "sluice ckpt download: --offset and --length go with --rank R -o FILE\n");
+        rc = SL_CLI_USAGE;
+    } else if (o->have_range) {
+        rc = download_range(cli, c, argv[0], argv[1], o, &p);
+        progress_draw(&p, 1);
+    } else if (o->have_rank && o->output) {
         rc = download_one(cli, c, argv[0], argv[1], o->rank, o->output, &p);
         progress_draw(&p, 1);
     } else if (o->dir) {

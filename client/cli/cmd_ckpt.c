@@ -367,6 +367,10 @@ static const sl_cli_opt download_opts[] = {
     SL_CLI_ROW("--rank R -o FILE", "one rank"),
     RANK(NULL),
     {"output", SL_CLI_STR, "FILE", NULL, .letter = 'o', AT(output)},
+    {"offset", SL_CLI_U64, "N", "with --rank: data bytes from N on (default 0)", AT(offset),
+     SL_CLI_SEEN(ckpt_opts, have_range), .max = INT64_MAX},
+    {"length", SL_CLI_U64, "N", "with --rank: N data bytes (default: to the end)", AT(length),
+     SL_CLI_SEEN(ckpt_opts, have_range), .max = INT64_MAX},
     DIR_OPT("all ranks"),
     NO_PROGRESS("no progress bar"),
     SL_CLI_OPTS_END,
@@ -404,7 +408,8 @@ static const sl_cli_cmd subs[] = {
     SUB("show", run_show, 2, 2, "JOB NAME", NULL, "Show a checkpoint and its shards.\n"),
     SUB("download", ckpt_download, 2, 2, "JOB NAME", download_opts,
         "Download shard data (checked against its SHA-256): --rank R -o FILE, or every rank\n"
-        "into --dir DIR as rank_<R>.bin.\n"),
+        "into --dir DIR as rank_<R>.bin. --offset/--length: a range of the rank's data, each\n"
+        "block it comes from checked by the daemon against its digest.\n"),
     SUB("rm", run_rm, 2, 2, "JOB NAME", NULL, "Delete a checkpoint that is not being written.\n"),
     SUB("retention", run_retention, 2, 2, "JOB KEEP", NULL,
         "Keep the last KEEP complete checkpoints of JOB (0 keeps all); applied now and at every\n"

@@ -772,6 +772,10 @@ int sl_ckpt_download_fd(sl_client *c, char sha256[65], const char *job, const ch
 again:
     req.offset = done;
     err = download_open(&s, c, &replica, &req);
+    if (!s) {
+        err = sl_client_set_error(err, "cannot start the download: %s", sl_strerror(err));
+        goto out;
+    }
     while (!err && (r = sl_rpc_stream_read(s, &sluice__v1__download_shard_response__descriptor,
                                            &packed)) == 1) {
         m = (Sluice__V1__DownloadShardResponse *)packed;
@@ -819,6 +823,128 @@ again:
         memcpy(sha256, got, 65);
 out:
     sl_rpc_stream_free(s);
+    sl_sha256_free(sha);
+    return err;
+}
+
+static int pieces_check(uint64_t offset, uint64_t length, const sl_ckpt_piece *p, size_t n)
+{
+    uint64_t at = offset, end = offset + length;
+
+    if (end < offset)
+        return sl_client_set_error(SL_EINVAL, "range of %llu bytes at offset %llu overflows",
+                                   (unsigned long long)length, (unsigned long long)offset);
+    for (size_t i = 0; i < n; i++) {
+        if (p[i].offset < at || p[i].offset > end || p[i].size > end - p[i].offset ||
+            (p[i].size && !p[i].dst))
+            return sl_client_set_error(SL_EINVAL,
+                                       "piece %zu (%llu bytes at offset %llu) is not inside "
+                                       "[%llu, %llu) after the one before it, or has no buffer",
+                                       i, (unsigned long long)p[i].size,
+                                       (unsigned long long)p[i].offset,
+                                       (unsigned long long)at, (unsigned long long)end);
+        at = p[i].offset + p[i].size;
+    }
+    return 0;
+}
+
+/* The bytes of one message, at data offset `at`, into the pieces from *k on: each piece hashed
+ * as it is copied (the bytes still in cache), its digest set once its last byte is in. */
+static void pieces_feed(sl_ckpt_piece *p, size_t n, size_t *k, sl_sha256 *sha, uint64_t at,
+                        const uint8_t *data, size_t len)
+{
+    while (*k < n) {
+        sl_ckpt_piece *q = &p[*k];
+        uint64_t qend = q->offset + q->size;
+
+        if (at >= qend) { /* done (an empty piece is done once reached) */
+            sl_sha256_final(sha, q->sha256);
+            sl_sha256_reset(sha);
+            ++*k;
+            continue;
+        }
+        if (!len)
+            return;
+        if (at < q->offset) { /* bytes between pieces */
+            uint64_t skip = q->offset - at < len ? q->offset - at : len;
+            at += skip, data += skip, len -= (size_t)skip;
+            continue;
+        }
+        size_t cnt = qend - at < len ? (size_t)(qend - at) : len;
+        uint8_t *dst = (uint8_t *)q->dst + (at - q->offset);
+        memcpy(dst, data, cnt);
+        sl_sha256_update(sha, dst, cnt);
+        at += cnt, data += cnt, len -= cnt;
+    }
+}
+
+int sl_ckpt_read_pieces(sl_client *c, const char *job, const char *name, int32_t rank,
+                        uint64_t offset, uint64_t length, sl_ckpt_piece *pieces, size_t n)
+{
+    Sluice__V1__DownloadShardRequest req = SLUICE__V1__DOWNLOAD_SHARD_REQUEST__INIT;
+    Sluice__V1__DownloadShardResponse *m;
+    ProtobufCMessage *packed = NULL;
+    sl_rpc_stream *s = NULL;
+    sl_sha256 *sha = NULL;
+    sl_rpc_status st;
+    uint64_t done = offset, end = offset + length;
+    size_t replica = 0, first = sl_client_pick(c), tries = 0, k = 0;
+    int r = 0, err, ferr;
+
+    if ((err = pieces_check(offset, length, pieces, n)) != 0)
+        return err;
+    if ((err = sl_sha256_new(&sha)) != 0)
+        return sl_client_set_error(err, "cannot hash: %s", sl_strerror(err));
+    req.job = (char *)job;
+    req.name = (char *)name;
+    req.rank = rank;
+    while (done < end) {
+        req.offset = done;
+        req.length = end - done;
+        err = download_open(&s, c, &replica, &req);
+        if (!s) {
+            err = sl_client_set_error(err, "cannot start the download: %s", sl_strerror(err));
+            break;
+        }
+        while (!err && (r = sl_rpc_stream_read(s, &sluice__v1__download_shard_response__descriptor,
+                                               &packed)) == 1) {
+            m = (Sluice__V1__DownloadShardResponse *)packed;
+            if (m->offset != done || m->data.len > end - done)
+                err = sl_client_set_error(SL_EPROTO,
+                                          "%zu bytes at offset %llu, expected at most %llu at "
+                                          "offset %llu",
+                                          m->data.len, (unsigned long long)m->offset,
+                                          (unsigned long long)(end - done),
+                                          (unsigned long long)done);
+            else
+                pieces_feed(pieces, n, &k, sha, done, m->data.data, m->data.len);
+            if (!err) {
+                done += m->data.len;
+                tries = 0;
+            }
+            protobuf_c_message_free_unpacked(packed, NULL);
+            packed = NULL;
+        }
+        if (!err && r < 0)
+            err = r;
+        ferr = sl_rpc_stream_finish(s, &st);
+        sl_rpc_stream_free(s);
+        s = NULL;
+        if (ferr && sl_client_fail_over(c, replica, ferr, ++tries))
+            continue; /* the next replica sends the rest, from the offset reached */
+        if (ferr) {
+            err = sl_client_record_tried(ferr, &st, c, first, tries);
+            break;
+        }
+        if (!err && done != end)
+            err = sl_client_set_error(SL_EPROTO, "the range ended after %llu of %llu bytes",
+                                      (unsigned long long)(done - offset),
+                                      (unsigned long long)length);
+        if (err)
+            break;
+    }
+    if (!err)
+        pieces_feed(pieces, n, &k, sha, end, NULL, 0); /* empty pieces at the end */
     sl_sha256_free(sha);
     return err;
 }

@@ -225,6 +225,27 @@ SL_API int sl_ckpt_upload_status(sl_client *c, uint64_t *held, int *in_progress,
 SL_API int sl_ckpt_download_fd(sl_client *c, char sha256[65], const char *job, const char *name,
                                int32_t rank, int fd, sl_ckpt_progress_fn progress, void *arg);
 
+/* A piece of a ranged read (sl_ckpt_read_pieces): `size` data bytes of the shard from data
+ * offset `offset`, written to `dst`; sha256 is filled with their hex SHA-256. */
+typedef struct sl_ckpt_piece {
+    uint64_t offset;
+    uint64_t size;
+    void *dst;
+    char sha256[65];
+} sl_ckpt_piece;
+
+/* Checkpoints.DownloadShard of data bytes [offset, offset + length) of rank's shard (a COMPLETE
+ * checkpoint; the daemon checks every block they come from against its digest before it sends
+ * any), each byte written straight into the piece that covers it and hashed there as it is
+ * copied: the pieces lie inside the range, sorted by offset, none overlapping (bytes of the range
+ * between them are read and dropped). Failover as sl_ckpt_download_fd (the read goes on at the
+ * offset reached). Returns 0 with every piece's sha256 set (the caller compares it with what it
+ * expects); SL_EINVAL for pieces that break those rules, SL_EPROTO for a stream that is not the
+ * range asked for, or another negative error (the pieces then hold part of the data). Safe to
+ * call from several threads at once on one client, each with its own pieces. */
+SL_API int sl_ckpt_read_pieces(sl_client *c, const char *job, const char *name, int32_t rank,
+                               uint64_t offset, uint64_t length, sl_ckpt_piece *pieces, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

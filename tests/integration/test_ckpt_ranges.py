@@ -5,13 +5,14 @@ object is written anew through the S3 API)."""
 import hashlib
 import os
 import sqlite3
+import subprocess
 import unittest
 
 import grpc
 
 from sluice.v1 import checkpoint_pb2 as pb
 from sluice.v1 import checkpoint_pb2_grpc as pbg
-from sltest import CATALOG, STORE, Daemon
+from sltest import CATALOG, SLUICE_CLI, STORE, Daemon
 
 HEADER = 88
 MiB = 1 << 20
@@ -202,6 +203,82 @@ class RangeTest(unittest.TestCase):
         self.assertEqual(got, b"")  # the range fits one message: held back, never sent
         code, _, _ = self.fails("o", BLOCK)
         self.assertEqual(code, grpc.StatusCode.DATA_LOSS)
+
+    # -- the clients' ranged reads: libsluice's sl_ckpt_read_pieces --
+
+    def cli(self, *args):
+        return subprocess.run([SLUICE_CLI, "--addr", self.d.addr] + list(args),
+                              capture_output=True, text=True, timeout=60)
+
+    def test_cli_ranges(self):
+        # sluice ckpt download --offset/--length: 16 MiB windows straight into one buffer.
+        data = data_of(17 * MiB + 333, b"cli")
+        self.save("k", data)
+        n = len(data)
+        out = os.path.join(self.d.data_dir, "..", "range.bin")
+        for off, length in [(0, 0), (5, 100), (16 * MiB - 7, 14), (MiB + 1, 0), (n - 1, 1),
+                            (n, 0), (3, 16 * MiB)]:
+            r = self.cli("ckpt", "download", "rj", "k", "--rank", "0", "-o", out,
+                         "--offset", str(off), "--length", str(length), "--no-progress")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            want = data[off:off + length] if length else data[off:]
+            with open(out, "rb") as f:
+                self.assertEqual(f.read(), want, (off, length))
+            self.assertIn("data bytes [%d, %d)" % (off, off + len(want)), r.stdout)
+        r = self.cli("ckpt", "download", "rj", "k", "--rank", "0", "-o", out, "--offset",
+                     str(n - 10), "--length", "11")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("--offset %d --length 11 is past the %d data bytes" % (n - 10, n),
+                      r.stderr)
+        r = self.cli("ckpt", "download", "rj", "k", "--dir", out + ".d", "--offset", "5")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--offset and --length go with --rank R -o FILE", r.stderr)
+        os.unlink(out)
+        self.damage("k", 16 * MiB + 100)
+        r = self.cli("ckpt", "download", "rj", "k", "--rank", "0", "-o", out, "--offset",
+                     str(MiB), "--no-progress")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("DATA_LOSS", r.stderr)
+        self.assertIn("block 16 (data offset %d" % (16 * MiB), r.stderr)
+        self.assertFalse(os.path.exists(out) or os.path.exists(out + ".part"))
+
+    def test_read_into(self):
+        # Checkpoints.read_into: pieces of a range written into memory, each hashed as copied
+        # (libsluice in the release build, grpcio and a copy where SLUICE_LIB=none).
+        import ctypes
+        from sluice.checkpoint import Checkpoints
+        data = data_of(3 * MiB + 12345, b"pieces")
+        self.save("p", data)
+        ck = Checkpoints(self.d.addr, timeout=30)
+        try:
+            bufs = []
+
+            def piece(o, n):
+                b = ctypes.create_string_buffer(max(n, 1))
+                bufs.append(b)
+                return (o, n, ctypes.addressof(b) if n else 0)
+            start, end = 100, 3 * MiB + 5000
+            spec = [(100, 0), (100, 10), (200, MiB), (MiB + 200, 0), (MiB + 300, MiB + 7),
+                    (3 * MiB, 5000), (end, 0)]
+            pieces = [piece(o, n) for o, n in spec]
+            sums = ck.read_into("rj", "p", 0, start, end - start, pieces)
+            for (o, n), b, got in zip(spec, bufs, sums):
+                self.assertEqual(b.raw[:n], data[o:o + n], (o, n))
+                self.assertEqual(got, hashlib.sha256(data[o:o + n]).hexdigest(), (o, n))
+            for bad in ([(50, 10, 1)], [(200, 10, 1), (205, 10, 1)], [(end - 5, 10, 1)],
+                        [(200, 10, 0)]):
+                with self.assertRaises(ValueError):
+                    ck.read_into("rj", "p", 0, start, end - start, bad)
+            self.damage("p", 2 * BLOCK + 1)
+            with self.assertRaises(grpc.RpcError) as e:
+                ck.read_into("rj", "p", 0, start, end - start, pieces)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.DATA_LOSS)
+            self.assertIn("block 2 (data offset %d" % (2 * BLOCK), e.exception.details())
+            with self.assertRaises(grpc.RpcError) as e:
+                ck.read_into("rj", "nope", 0, 0, 10, [piece(0, 10)])
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        finally:
+            ck.close()
 
 
 if __name__ == "__main__":

@@ -286,13 +286,20 @@ def make_channel(address, tls=None, tls_ca=None, tls_cert=None, tls_key=None):
     return _make_one(address, tls, tls_ca, tls_cert, tls_key)
 
 
-def _make_one(address, tls, tls_ca, tls_cert, tls_key):
+def tls_settings(tls=None, tls_ca=None, tls_cert=None, tls_key=None):
+    """(tls, tls_ca, tls_cert, tls_key) with the SLUICE_TLS_* environment filled in: tls is true
+    if it was asked for or any file is given. ValueError for a certificate without its key."""
     tls_ca = tls_ca or os.environ.get("SLUICE_TLS_CA")
     tls_cert = tls_cert or os.environ.get("SLUICE_TLS_CERT")
     tls_key = tls_key or os.environ.get("SLUICE_TLS_KEY")
     if bool(tls_cert) != bool(tls_key):
         raise ValueError("tls_cert and tls_key go together")
-    if not (tls or tls_ca or tls_cert):
+    return bool(tls or tls_ca or tls_cert), tls_ca, tls_cert, tls_key
+
+
+def _make_one(address, tls, tls_ca, tls_cert, tls_key):
+    tls, tls_ca, tls_cert, tls_key = tls_settings(tls, tls_ca, tls_cert, tls_key)
+    if not tls:
         return grpc.insecure_channel(address, options=OPTIONS)
     creds = grpc.ssl_channel_credentials(
         root_certificates=_read(tls_ca) if tls_ca else None,
@@ -304,9 +311,16 @@ def _make_one(address, tls, tls_ca, tls_cert, tls_key):
 def bearer_metadata(token=None):
     """Call metadata carrying the bearer token (argument, SLUICE_TOKEN, or the first line of
     SLUICE_TOKEN_FILE), or None."""
+    token = bearer_token(token)
+    return (("authorization", "Bearer " + token),) if token else None
+
+
+def bearer_token(token=None):
+    """The bearer token: the argument, SLUICE_TOKEN, or the first line of SLUICE_TOKEN_FILE;
+    None if there is none."""
     if not token:
         token = os.environ.get("SLUICE_TOKEN")
     if not token and os.environ.get("SLUICE_TOKEN_FILE"):
         with open(os.environ["SLUICE_TOKEN_FILE"]) as f:
             token = f.readline().strip()
-    return (("authorization", "Bearer " + token),) if token else None
+    return token or None

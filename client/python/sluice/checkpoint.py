@@ -29,13 +29,16 @@ daemon sends. Failures raise ``grpc.RpcError`` (the daemon's status) or ``Checks
 state data raises ``ValueError``, unsavable values ``TypeError``. Only Debian's python3-grpcio and
 python3-protobuf are needed (and torch for the state dict methods).
 """
+import ctypes
 import hashlib
 import io
 import os
 
 import grpc
 
-from sluice._channel import bearer_metadata, default_address, make_channel
+from sluice import _native
+from sluice._channel import (bearer_metadata, bearer_token, default_address, make_channel,
+                             tls_settings)
 from sluice.v1 import checkpoint_pb2 as pb
 from sluice.v1 import checkpoint_pb2_grpc as pbg
 from sluice.v1 import feed_pb2
@@ -201,6 +204,10 @@ class Checkpoints:
         self._own = channel is None
         self.channel = channel or make_channel(self.address, tls, tls_ca, tls_cert, tls_key)
         self.stub = pbg.CheckpointsStub(self.channel)
+        # What libsluice needs to reach the same daemon the same way (read_into); None for a
+        # channel given by the caller, whose settings are not known here.
+        self._native = None if channel is not None else \
+            (self.address,) + tls_settings(tls, tls_ca, tls_cert, tls_key) + (bearer_token(token),)
 
     def close(self):
         if self._own:
@@ -511,6 +518,36 @@ class Checkpoints:
             n += len(m.data)
         if n != length:
             raise ValueError("the daemon sent %d bytes of a %d-byte range" % (n, length))
+        return out
+
+    def read_into(self, job, name, rank, offset, length, pieces):
+        """Data bytes [offset, offset + length) of rank's shard (a COMPLETE checkpoint) written
+        into `pieces`: (offset, size, address) triples, sorted by offset, inside the range, none
+        overlapping, each `address` the start of `size` writable bytes (a tensor's data_ptr(),
+        a buffer's); bytes between them are dropped. Returns each piece's hex SHA-256, computed
+        as its bytes were copied (the caller checks them). Through libsluice when it is there
+        (sluice._native: the bytes go straight from gRPC into the pieces, the GIL released),
+        else read_range and a copy. Errors as read_range's; on one, the pieces may hold part
+        of the data. ValueError for pieces that break those rules."""
+        at = offset
+        for o, n, a in pieces:
+            if not (at <= o and n >= 0 and o + n <= offset + length and (a or not n)):
+                raise ValueError("piece of %r bytes at offset %r (address %r) is not inside "
+                                 "[%d, %d) after the one before it"
+                                 % (n, o, a, at, offset + length))
+            at = o + n
+        if self._native is not None and length and _native.available():
+            arr = (_native.Piece * len(pieces))()
+            for p, (o, n, a) in zip(arr, pieces):
+                p.offset, p.size, p.dst = o, n, a
+            return _native.read_pieces(self._native, job, name, rank, offset, length, arr)
+        raw = self._read_range(job, name, rank, offset, length)
+        base = ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw)) if raw else 0
+        out, view = [], memoryview(raw)
+        for o, n, a in pieces:
+            if n:
+                ctypes.memmove(a, base + o - offset, n)
+            out.append(hashlib.sha256(view[o - offset:o - offset + n]).hexdigest())
         return out
 
     def download(self, job, name, rank, dest=None):
