@@ -1,15 +1,21 @@
-"""The PyTorch drop-in against torch's own sampler, side by side in one run: one epoch of a
-DataLoader over a map-style dataset with
+"""The PyTorch drop-in against torch's and torchdata's loaders, side by side in one run: epochs of
+a map-style dataset with a model step of about --step-ms per batch (a real torch matmul chain,
+which releases the GIL as a model's step does), through
 
-  torch      torch.utils.data.DataLoader + torch.utils.data.DistributedSampler (the peer)
-  sluice     torch.utils.data.DataLoader + sluice.torch.DistributedSampler (reports at the end)
-  sluice+dl  sluice.torch.DataLoader + sluice.torch.DistributedSampler (reports every step)
+  torch        torch.utils.data.DataLoader + torch.utils.data.DistributedSampler (the peer)
+  sluice       torch.utils.data.DataLoader + sluice.torch.DistributedSampler (reports at the end)
+  sluice+dl    sluice.torch.DataLoader + sluice.torch.DistributedSampler (a report every step,
+               in the background: report_lag 8)
+  sluice+dl/0  the same with report_lag=0 (every report waited for before the next batch)
+  sdl          torchdata's StatefulDataLoader + StatefulDistributedSampler (the peer)
+  sdl+sluice   StatefulDataLoader + sluice.torch.DistributedSampler
 
-with a real sluiced on loopback, world 1 (rank 0's share), num_workers 0 and 2. It prints the
-median epoch time and per-step time of each, and their ratio to torch. The per-step report of
-sluice+dl is a synchronous ReportProgress (group-committed by the daemon, one fsync each here).
+with a real sluiced on loopback, world 1 (rank 0's share), for each --workers count. It prints
+the median epoch time and time per step of each, and the ratio of each sluice row to its peer
+(torch's loader for the first three, StatefulDataLoader for the last).
 
-    torch_loader_bench.py [--samples N] [--batch B] [--runs R] [--workers W,...] [--smoke]
+    torch_loader_bench.py [--samples N] [--batch B] [--step-ms MS] [--runs R] [--workers W,...]
+                          [--smoke]
 
 Needs SLUICED and PYTHONPATH as ctest sets them (build/python and tests/python).
 """
@@ -35,48 +41,96 @@ class Tensors(tud.Dataset):
         return self.x[i]
 
 
-def epoch_seconds(loader):
+class Step:
+    """A model step of about `ms` milliseconds: a chain of 128x128 matmuls, its length measured
+    once."""
+
+    def __init__(self, ms):
+        self.a = torch.rand(128, 128)
+        self.n = 0
+        if ms <= 0:
+            return
+        t0, k = time.perf_counter(), 200
+        for _ in range(k):
+            self.a = torch.tanh(self.a @ self.a)
+        per = (time.perf_counter() - t0) / k
+        self.n = max(1, round(ms / 1e3 / per))
+
+    def __call__(self, batch):
+        a = self.a
+        for _ in range(self.n):
+            a = torch.tanh(a @ a)
+        return a
+
+
+def epoch_seconds(loader, step):
     t0 = time.perf_counter()
-    steps = sum(1 for _ in loader)
+    steps = 0
+    for batch in loader:
+        step(batch)
+        steps += 1
     return time.perf_counter() - t0, steps
+
+
+def loaders(ds, d, workers, batch):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+    kw = dict(batch_size=batch, num_workers=workers)
+    if workers:
+        kw["multiprocessing_context"] = "forkserver"  # as sluice.torch.DataLoader's default
+
+    def sampler(tag):
+        return st.DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0,
+                                     address=d.addr, job="%s-w%d" % (tag, workers))
+    torch_sampler = tud.DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
+    sdl_sampler = StatefulDistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
+    return {
+        "torch": (tud.DataLoader(ds, sampler=torch_sampler, **kw), torch_sampler),
+        "sluice": (tud.DataLoader(ds, sampler=sampler("plain"), **kw), None),
+        "sluice+dl": (st.DataLoader(ds, sampler=sampler("dl"), **kw), None),
+        "sluice+dl/0": (st.DataLoader(ds, sampler=sampler("dl0"), report_lag=0, **kw), None),
+        "sdl": (StatefulDataLoader(ds, sampler=sdl_sampler, **kw), sdl_sampler),
+        "sdl+sluice": (StatefulDataLoader(ds, sampler=sampler("sdl"), **kw), None),
+    }
+
+
+PEER = {"sluice": "torch", "sluice+dl": "torch", "sluice+dl/0": "torch", "sdl+sluice": "sdl"}
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--samples", type=int, default=200_000)
+    ap.add_argument("--samples", type=int, default=64_000)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--step-ms", type=float, default=2.0)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--workers", default="0,2")
+    ap.add_argument("--workers", default="0,4")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if a.smoke:
-        a.samples, a.runs, a.workers = 2000, 1, "0"
+        a.samples, a.runs, a.workers, a.step_ms = 2000, 1, "0", 0.2
+    torch.manual_seed(0)
+    step = Step(a.step_ms)
     ds = Tensors(a.samples)
+    print("N=%d batch=%d step %.1f ms (%d matmuls), %d runs, torch %s"
+          % (a.samples, a.batch, a.step_ms, step.n, a.runs, torch.__version__))
     with Daemon(args=["--log-level", "warn"]) as d:
         for workers in [int(w) for w in a.workers.split(",")]:
-            kw = dict(batch_size=a.batch, num_workers=workers)
-            ts = tud.DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
-            s1 = st.DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0,
-                                       address=d.addr, job="plain%d" % workers)
-            s2 = st.DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0,
-                                       address=d.addr, job="dl%d" % workers)
-            loaders = {"torch": tud.DataLoader(ds, sampler=ts, **kw),
-                       "sluice": tud.DataLoader(ds, sampler=s1, **kw),
-                       "sluice+dl": st.DataLoader(ds, sampler=s2, **kw)}
-            times = {k: [] for k in loaders}
+            rows = loaders(ds, d, workers, a.batch)
+            times = {k: [] for k in rows}
             steps = {}
             for r in range(a.runs):
-                for name, loader in loaders.items():  # interleaved: same machine state
-                    if name == "torch":
-                        ts.set_epoch(r)
-                    secs, steps[name] = epoch_seconds(loader)
+                for name, (loader, peer_sampler) in rows.items():  # interleaved: same state
+                    if peer_sampler is not None:
+                        peer_sampler.set_epoch(r)
+                    secs, steps[name] = epoch_seconds(loader, step)
                     times[name].append(secs)
-            base = statistics.median(times["torch"])
-            for name in loaders:
+            for name in rows:
                 m = statistics.median(times[name])
-                print("N=%d batch=%d workers=%d %-9s epoch %.3f s  %.1f us/step  "
-                      "ratio to torch %.2f" % (a.samples, a.batch, workers, name, m,
-                                               m / max(steps[name], 1) * 1e6, m / base))
+                peer = PEER.get(name)
+                ratio = ("  ratio to %s %.3f" % (peer, m / statistics.median(times[peer]))
+                         if peer else "")
+                print("workers=%d %-12s epoch %.3f s  %7.1f us/step%s"
+                      % (workers, name, m, m / max(steps[name], 1) * 1e6, ratio))
 
 
 if __name__ == "__main__":

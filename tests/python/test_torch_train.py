@@ -290,26 +290,41 @@ class Base(unittest.TestCase):
 
 
 class RankKillTest(Base):
-    """A rank SIGKILLed mid-epoch; torchrun restarts the group (--max_restarts 1)."""
+    """A rank SIGKILLed mid-epoch; torchrun restarts the group (--max_restarts 1) from the
+    positions the daemon recorded. REPORT_LAG=0 (every report landed before the next batch is
+    handed out): the restart resumes exactly after the last trained step; with the loader's
+    default report_lag the reports go in the background and the restart may resume up to
+    LAG batches earlier, never later."""
 
-    def check_resumed_at(self, steps, epoch, k):
-        # Every rank resumed at the group's position k: the killed rank had reported [0, k),
-        # the others [0, k + 1); each trains step k twice and nothing else.
+    LAG = 64  # sluice.torch.DataLoader's default report_lag (report_every 1)
+
+    def check_resumed_at(self, steps, epoch, k, lag=0):
+        # Every rank resumed at the group's position p: the killed rank had reported [0, k) (or,
+        # with a lag, at least [0, k - lag)), the others at least as much; each trains steps
+        # [p, k] twice and nothing else.
+        p = None
         for r in range(WORLD):
-            self.assertEqual(steps[epoch][r], list(range(k + 1)) + list(range(k, len(
-                set(steps[epoch][r])))), "epoch %d rank %d" % (epoch, r))
+            got = steps[epoch][r]
+            self.assertEqual(got[:k + 1], list(range(k + 1)), "epoch %d rank %d" % (epoch, r))
+            p = got[k + 1] if p is None else p
+            self.assertTrue(max(0, k - lag) <= p <= k, "epoch %d rank %d resumed at %d, after "
+                            "step %d (lag %d): %s" % (epoch, r, p, k, lag, got))
+            self.assertEqual(got, list(range(k + 1)) + list(range(p, len(set(got)))),
+                             "epoch %d rank %d" % (epoch, r))
 
     def test_killed_after_step_no_workers(self):
         _, steps = self.train_indices("kill_step_w0", seed=7, drop_last=True, workers=0,
                                       restarts=1, redo=1, redo_steps={0: {2}},
-                                      env={"KILL_AT": "1:0:2:after_step"})
+                                      env={"KILL_AT": "1:0:2:after_step", "REPORT_LAG": "0"})
         self.check_resumed_at(steps, 0, 2)
 
     def test_killed_after_step_two_workers(self):
+        # The loader's default report_lag: reports in the background.
         _, steps = self.train_indices("kill_step_w2", seed=3, drop_last=False, workers=2,
-                                      restarts=1, redo=1, redo_steps={1: {3}},
+                                      restarts=1, redo=self.LAG + 1,
+                                      redo_steps={1: set(range(3 + 1))},
                                       env={"KILL_AT": "2:1:3:after_step"})
-        self.check_resumed_at(steps, 1, 3)
+        self.check_resumed_at(steps, 1, 3, lag=self.LAG)
 
     def test_killed_after_last_step(self):
         # Rank 1 dies after training the epoch's last batch, before its loop ends (its end-of-epoch
@@ -318,7 +333,8 @@ class RankKillTest(Base):
         # batch again, then epoch 1.
         _, steps = self.train_indices("kill_last_step", seed=6, drop_last=True, workers=0,
                                       restarts=1, redo=1, redo_steps={0: {4}},
-                                      env={"KILL_AT": "1:0:last:after_step"})
+                                      env={"KILL_AT": "1:0:last:after_step",
+                                           "REPORT_LAG": "0"})
         self.check_resumed_at(steps, 0, 4)
 
     def test_killed_with_last_batch_in_flight(self):
@@ -327,7 +343,8 @@ class RankKillTest(Base):
         # (once), and epoch 1 follows.
         _, steps = self.train_indices("kill_last", seed=5, drop_last=False, workers=2,
                                       restarts=1, redo=1, redo_steps={},
-                                      env={"KILL_AT": "0:0:last:last_batch"})
+                                      env={"KILL_AT": "0:0:last:last_batch",
+                                           "REPORT_LAG": "0"})
         for r in range(WORLD):
             self.assertEqual(steps[0][r], list(range(len(steps[0][r]))))
 
@@ -421,7 +438,7 @@ class BatchJobTest(Base):
         self.assertNotEqual(plans[0], plans[1])
 
         t, logpath = self.torchrun("batch_kill", "jb", epochs=epochs, max_restarts=1,
-                                   env={"KILL_AT": "2:0:1:after_step"},
+                                   env={"KILL_AT": "2:0:1:after_step", "REPORT_LAG": "0"},
                                    extra=["--mode", "batches", "--samples", str(n),
                                           "--num-workers", "2"])
         self.check_done(t, 1, logpath)
@@ -548,27 +565,69 @@ class SamplerApiTest(Base):
         n, bs = 20, 8
         c.create_dataset("tokp", n)
         c.upload_lengths("tokp", [1 + i % 7 for i in range(n)])
-        for workers in (0, 2):
-            with self.subTest(workers=workers):
-                job = "took-%d" % workers
+        # report_lag=0: exactly [0, k) recorded; the default lag: never more, at most the lag
+        # less.
+        for workers, lag in ((0, 0), (2, 0), (0, 8), (2, 1)):
+            with self.subTest(workers=workers, lag=lag):
+                job = "took-%d-%d" % (workers, lag)
                 s = self.sampler(list(range(n)), job, shuffle=True)
                 self.check_took(c, job, st.DataLoader(list(range(n)), batch_size=bs, sampler=s,
-                                                      num_workers=workers), bs)
-                job = "took-b%d" % workers
+                                                      num_workers=workers, report_lag=lag), bs,
+                                lag)
+                job = "took-b%d-%d" % (workers, lag)
                 c.create_job(job, "tokp", 1, batching=BATCHING)
                 b = st.BatchSampler(num_replicas=1, rank=0, job=job, address=self.d.addr)
                 self.assertLessEqual(len(b), 4)
                 self.check_took(c, job, st.DataLoader(list(range(n)), batch_sampler=b,
-                                                      num_workers=workers), 1)
+                                                      num_workers=workers, report_lag=lag), 1,
+                                lag)
 
-    def check_took(self, c, job, loader, per_batch):
+    def check_took(self, c, job, loader, per_batch, lag=0):
         k = 0
         for k, _ in enumerate(loader):
             st_ = c.get_epoch(job)
-            self.assertEqual((st_.epoch, st_.ranks[0].position), (0, k * per_batch),
-                             "holding batch %d" % k)
+            self.assertEqual(st_.epoch, 0, "holding batch %d" % k)
+            self.assertLessEqual(st_.ranks[0].position, k * per_batch, "holding batch %d" % k)
+            self.assertGreaterEqual(st_.ranks[0].position, max(0, k - lag) * per_batch,
+                                    "holding batch %d, lag %d" % (k, lag))
         self.assertEqual(k + 1, len(loader))
         self.assertEqual(c.get_epoch(job).epoch, 1)
+
+    def test_background_reports_hold_the_loop_at_the_lag(self):
+        # A daemon that stops answering (SIGSTOP): the loop goes on for report_lag batches past
+        # what the daemon recorded, then waits for it; once it answers again the loop goes on
+        # and the epoch ends with the whole share recorded.
+        import threading
+        n, bs, lag = 64, 2, 3
+        c = Client(self.d.addr)
+        s = self.sampler(list(range(n)), "lagged", shuffle=False)
+        it = iter(st.DataLoader(list(range(n)), batch_size=bs, sampler=s, report_lag=lag))
+        for _ in range(4):
+            next(it)  # batches 0-3 taken: at most [0, 3) reported, coalesced
+        s._report_wait()  # the one in flight landed
+        recorded = c.get_epoch("lagged").ranks[0].position // bs
+        self.assertTrue(1 <= recorded <= 3, recorded)
+        got = []
+        self.d.proc.send_signal(signal.SIGSTOP)
+        try:
+            t = threading.Thread(target=lambda: got.extend(next(it) for _ in range(lag + 2)))
+            t.start()
+            t.join(2.0)
+            self.assertTrue(t.is_alive())
+            # Batch k is handed out while k - recorded <= lag.
+            self.assertEqual(len(got), recorded + lag - 3,
+                             "batches handed out with [0, %d) recorded" % recorded)
+        finally:
+            self.d.proc.send_signal(signal.SIGCONT)
+        t.join(30)
+        self.assertFalse(t.is_alive())
+        self.assertEqual(len(got), lag + 2)
+        self.assertEqual([b.tolist() for b in got],
+                         [[i, i + 1] for i in range(4 * bs, (4 + lag + 2) * bs, bs)])
+        for _ in it:
+            pass
+        st_ = c.get_epoch("lagged")
+        self.assertEqual(st_.epoch, 1)
 
     def test_torch_distributed_sampler_padding(self):
         # torch's test_DistributedSampler_padding (distributed_test.py), each world size played

@@ -155,14 +155,16 @@ class Trainer:
         init_gloo(timedelta(seconds=60 * self.slow))
         ds = Indexed(a.n)
         self.marker("started-%d-%d" % (self.rank, self.restart))
+        # REPORT_LAG: the loader's report_lag (its default when unset).
+        lag = {"report_lag": int(os.environ["REPORT_LAG"])} if "REPORT_LAG" in os.environ else {}
         if a.mode == "indices":
             sampler = st.DistributedSampler(ds, shuffle=True, seed=a.seed, drop_last=a.drop_last,
                                             job=a.job, address=a.addr)
             loader = st.DataLoader(ds, batch_size=a.batch_size, sampler=sampler,
-                                   num_workers=a.num_workers)
+                                   num_workers=a.num_workers, **lag)
         else:
             sampler = st.BatchSampler(job=a.job, address=a.addr)
-            loader = st.DataLoader(ds, batch_sampler=sampler, num_workers=a.num_workers)
+            loader = st.DataLoader(ds, batch_sampler=sampler, num_workers=a.num_workers, **lag)
         torch.manual_seed(0)
         model = DDP(torch.nn.Linear(4, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -124,12 +124,21 @@ class DataLoader(torch.utils.data.DataLoader):
     """torch.utils.data.DataLoader (same arguments) that reports what the training loop consumed
     to the coordinator, when its sampler or batch_sampler is a sluice sampler.
 
-    When the loop asks for batch k of an epoch, batches [0, k) are consumed: the report of that
-    (every ``report_every`` batches) is sent while batch k is fetched and has been recorded
-    before batch k is handed out (retried on transient failures). When the loop has taken every
-    batch the whole share is reported, which may end the epoch. Prefetched batches
-    (num_workers > 0) are not counted until the loop takes them, so a rank killed at any moment
-    loses no sample and trains at most ``report_every`` batches again.
+    When the loop asks for batch k of an epoch, batches [0, k) are consumed. That position
+    (counted every ``report_every`` batches) is reported in the background, off the step's
+    path, and coalesced: at most one report in flight, and a new one only once
+    ``report_interval`` seconds (default 0.05) have passed since the last was sent or the loop
+    is ``report_lag // 2`` batches past what the daemon recorded; the latest position wins. The
+    loop waits for the daemon only when what it has recorded falls more than report_every - 1 +
+    ``report_lag`` (default 64) batches behind what the loop consumed. So a rank killed without
+    a checkpoint (torchrun restarting the group from the daemon's positions) trains at most
+    report_every - 1 + report_lag batches again besides the one it was training, and loses
+    none: only consumed positions are reported. ``report_lag=0`` reports every report_every
+    batches and waits for each report before handing out the next batch (the report still
+    overlaps the batch's fetch): a rank killed after a step resumes exactly after it. A restart from a checkpoint takes the position from the checkpoint (the
+    loader's state_dict()), whatever the lag. When the loop has taken every batch the whole
+    share is reported and waited for, which may end the epoch. Prefetched batches
+    (num_workers > 0) are not counted until the loop takes them.
 
     Workers start with ``multiprocessing_context="forkserver"`` unless another is given, not by
     forking this process as torch does by default on Linux (see _WORKER_START). The dataset,
@@ -139,11 +148,18 @@ class DataLoader(torch.utils.data.DataLoader):
     ``python -c``, a notebook), the workers are forked as torch's DataLoader forks them.
     Each worker ends when the process iterating the loader is gone, however it died."""
 
-    def __init__(self, *args, report_every=1, **kwargs):
+    def __init__(self, *args, report_every=1, report_lag=64, report_interval=0.05, **kwargs):
         if report_every < 1:
             raise ValueError("report_every %r must be at least 1" % (report_every,))
+        if report_lag < 0:
+            raise ValueError("report_lag %r must be at least 0" % (report_lag,))
+        if not report_interval >= 0:
+            raise ValueError("report_interval %r must be at least 0 (seconds)"
+                             % (report_interval,))
         super().__init__(*args, **kwargs)
         self.report_every = report_every
+        self.report_lag = report_lag
+        self.report_interval = report_interval
         if self.num_workers > 0 and self.multiprocessing_context is None:
             self.multiprocessing_context = _worker_context()
 
@@ -184,25 +200,25 @@ class DataLoader(torch.utils.data.DataLoader):
         return self._tracked(super().__iter__(), sampler, per_batch)
 
     def _tracked(self, it, sampler, per_batch):
-        taken = 0
+        taken, lag = 0, (self.report_every - 1 + self.report_lag) * per_batch
+        gap = max(1, self.report_lag // 2) * per_batch
         try:
             while True:
-                pending = None
                 if taken:
                     sampler.consumed = min(sampler.start_position + taken * per_batch,
                                            sampler._share)
                     if taken % self.report_every == 0:
-                        pending = sampler._report_begin(sampler.consumed)
+                        sampler._report_async(sampler.consumed, gap, self.report_interval)
                 try:
                     batch = next(it)
                 except StopIteration:
-                    sampler._report_end(pending)
                     break
                 except RuntimeError as e:
                     if taken or "exited unexpectedly" not in str(e):
                         raise
                     raise RuntimeError(_workers_failed(self)) from e
-                sampler._report_end(pending)
+                if taken:
+                    sampler._report_bound(sampler.consumed, lag)
                 taken += 1
                 # What a checkpoint taken while the loop holds this batch carries (the loop is
                 # expected to save after training it).

@@ -4,6 +4,8 @@ bookkeeping, progress reports, the stream loop). See sluice.torch for the guaran
 import multiprocessing
 import os
 import sys
+import threading
+import time
 import warnings
 
 import grpc
@@ -161,6 +163,14 @@ class _Fed:
         self._serving = None        # epoch of the iteration under way
         self._share = 0             # share size of the iteration under way
         self._reported = -1
+        # Background reports (_report_async): the one in flight (a grpc future), when the last
+        # one was sent, a generation that tells a new iteration's reports from earlier ones,
+        # and a failure that was not transient, raised on the loop's next report.
+        self._rcond = threading.Condition(threading.RLock())
+        self._rflight = None
+        self._rsent = -1e9           # time.monotonic() of the last one sent
+        self._rgen = 0
+        self._rerror = None
         self._epoch_set = False     # set_epoch was called since the last iteration began
         self._tracked = False       # a sluice.torch.DataLoader reports for this sampler
         # (epoch, position) the training loop has consumed, as sluice.torch.DataLoader counts
@@ -254,7 +264,10 @@ class _Fed:
         self.epoch = self._serving = epoch
         self.position = self.start_position = start
         self._share = share
-        self._reported = start if start else -1
+        with self._rcond:
+            self._rgen += 1  # a report of an earlier iteration still in flight no longer counts
+            self._reported = start if start else -1
+            self._rerror = None
         if not self._tracked:
             self._at = None
 
@@ -362,40 +375,76 @@ class _Fed:
             return None
         resp = self._call(self.client.report_progress, self.job, self.rank, self._serving,
                           position)
-        self._reported = position
+        with self._rcond:
+            self._reported = max(self._reported, position)
         return resp
 
-    def _report_begin(self, position):
-        """Start reporting `position` without waiting; _report_end waits for it. None if there
-        is nothing new to report."""
-        if self._serving is None or position <= self._reported:
-            return None
-        try:
-            fut = self.client.report_progress_future(self.job, self.rank, self._serving, position)
-        except grpc.RpcError:
-            fut = None
-        return position, fut
-
-    def _report_end(self, pending):
-        """Wait for a report started by _report_begin; a transient failure is retried like
-        report() does."""
-        if pending is None:
-            return
-        position, fut = pending
-        if fut is not None:
-            try:
-                fut.result()
-                self._reported = max(self._reported, position)
+    def _report_async(self, position, gap, interval):
+        """Report `position` in the background (sluice.torch.DataLoader's reports): sent only
+        when no report is in flight and either `interval` seconds have passed since the last
+        one was sent or `position` is at least `gap` past what the daemon recorded; otherwise
+        a later call sends a later position (the latest wins). A transient failure is sent
+        again by a later call (or by _report_bound); one that is not transient is raised by
+        the next call."""
+        with self._rcond:
+            self._raise_report_error()
+            if self._rflight is not None or position <= self._reported:
                 return
-            except grpc.RpcError as e:
-                if e.code() not in _RETRY:
-                    raise
-        self.report(position)
+            now = time.monotonic()
+            if (now - self._rsent < interval and
+                    position - max(self._reported, self.start_position) < gap):
+                return
+            gen = self._rgen
+            try:
+                fut = self.client.report_progress_future(self.job, self.rank, self._serving,
+                                                         position)
+            except grpc.RpcError:
+                return  # sent again later
+            self._rsent, self._rflight = now, fut
+        fut.add_done_callback(lambda f: self._report_done(f, gen, position))
+
+    def _report_done(self, fut, gen, position):
+        """A background report landed (on gRPC's thread, or at once): record it."""
+        with self._rcond:
+            if self._rflight is fut:
+                self._rflight = None
+            if gen == self._rgen:
+                try:
+                    fut.result()
+                    self._reported = max(self._reported, position)
+                except grpc.RpcError as e:
+                    if e.code() not in _RETRY:
+                        self._rerror = e
+            self._rcond.notify_all()
+
+    def _raise_report_error(self):
+        if self._rerror is not None:
+            e, self._rerror = self._rerror, None
+            raise e
+
+    def _report_bound(self, position, lag):
+        """Wait until the daemon has recorded at least position - lag (the bound on what a rank
+        killed without a checkpoint trains again): for the report in flight, then, if that is
+        not enough, report `position` itself (retried like report())."""
+        if position - max(self._reported, self.start_position) <= lag:
+            return
+        self._report_wait()
+        if position - max(self._reported, self.start_position) > lag:
+            self.report(position)
+
+    def _report_wait(self):
+        """Wait for the background report in flight, if any; raise its failure if it was not
+        transient."""
+        with self._rcond:
+            while self._rflight is not None:
+                self._rcond.wait()
+            self._raise_report_error()
 
     def _finish(self):
         """The share of the iteration is consumed: report it (also an empty one, so that its
         epoch can end) and move on to the next epoch."""
         self._at = (self._serving, self._share)
+        self._report_wait()
         self.report(self._share)
         self._next_epoch = self._serving + 1
 
