@@ -884,6 +884,7 @@ int sl_ckpt_read_pieces(sl_client *c, const char *job, const char *name, int32_t
     Sluice__V1__DownloadShardRequest req = SLUICE__V1__DOWNLOAD_SHARD_REQUEST__INIT;
     Sluice__V1__DownloadShardResponse *m;
     ProtobufCMessage *packed = NULL;
+    sl_rpc_bytes *bytes = NULL;
     sl_rpc_stream *s = NULL;
     sl_sha256 *sha = NULL;
     sl_rpc_status st;
@@ -906,24 +907,35 @@ int sl_ckpt_read_pieces(sl_client *c, const char *job, const char *name, int32_t
             err = sl_client_set_error(err, "cannot start the download: %s", sl_strerror(err));
             break;
         }
-        while (!err && (r = sl_rpc_stream_read(s, &sluice__v1__download_shard_response__descriptor,
-                                               &packed)) == 1) {
+        /* The data as received, in the transport's own slices: copied once, into the pieces. */
+        while (!err && (r = sl_rpc_stream_read_bytes(
+                            s, &sluice__v1__download_shard_response__descriptor, 1, &packed,
+                            &bytes)) == 1) {
             m = (Sluice__V1__DownloadShardResponse *)packed;
-            if (m->offset != done || m->data.len > end - done)
+            if (m->offset != done || m->data.len > end - done) {
                 err = sl_client_set_error(SL_EPROTO,
                                           "%zu bytes at offset %llu, expected at most %llu at "
                                           "offset %llu",
                                           m->data.len, (unsigned long long)m->offset,
                                           (unsigned long long)(end - done),
                                           (unsigned long long)done);
-            else
-                pieces_feed(pieces, n, &k, sha, done, m->data.data, m->data.len);
+            } else if (bytes) {
+                int n_iov;
+                const struct iovec *iov = sl_rpc_bytes_iov(bytes, &n_iov);
+                uint64_t at = done;
+                for (int i = 0; i < n_iov; i++) {
+                    pieces_feed(pieces, n, &k, sha, at, iov[i].iov_base, iov[i].iov_len);
+                    at += iov[i].iov_len;
+                }
+            }
             if (!err) {
                 done += m->data.len;
                 tries = 0;
             }
             protobuf_c_message_free_unpacked(packed, NULL);
             packed = NULL;
+            sl_rpc_bytes_free(bytes);
+            bytes = NULL;
         }
         if (!err && r < 0)
             err = r;

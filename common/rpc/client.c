@@ -527,14 +527,14 @@ int sl_rpc_stream_close_send(sl_rpc_stream *s)
     return pluck(s->cq, &s->t_close) ? 0 : SL_ERPC;
 }
 
-int sl_rpc_stream_read(sl_rpc_stream *s, const ProtobufCMessageDescriptor *desc,
-                       ProtobufCMessage **msg)
+/* The next message's bytes into *bb (NULL at the end of the stream). Returns 0 or SL_ERPC. */
+static int stream_recv(sl_rpc_stream *s, grpc_byte_buffer **out)
 {
     grpc_byte_buffer *bb = NULL;
     grpc_op ops[2];
     size_t n = 0;
 
-    *msg = NULL;
+    *out = NULL;
     memset(ops, 0, sizeof(ops));
     if (!s->got_init_md) {
         ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
@@ -552,11 +552,37 @@ int sl_rpc_stream_read(sl_rpc_stream *s, const ProtobufCMessageDescriptor *desc,
             grpc_byte_buffer_destroy(bb);
         return SL_ERPC;
     }
-    if (!bb)
-        return 0;
+    *out = bb;
+    return 0;
+}
+
+int sl_rpc_stream_read(sl_rpc_stream *s, const ProtobufCMessageDescriptor *desc,
+                       ProtobufCMessage **msg)
+{
+    grpc_byte_buffer *bb;
+    int err = stream_recv(s, &bb);
+
+    *msg = NULL;
+    if (err || !bb)
+        return err;
     *msg = sl_rpc_unpack(desc, bb, NULL, 0);
     grpc_byte_buffer_destroy(bb);
     return *msg ? 1 : SL_EPROTO;
+}
+
+int sl_rpc_stream_read_bytes(sl_rpc_stream *s, const ProtobufCMessageDescriptor *desc,
+                             uint32_t field, ProtobufCMessage **msg, sl_rpc_bytes **bytes)
+{
+    grpc_byte_buffer *bb;
+    int err = stream_recv(s, &bb);
+
+    *msg = NULL;
+    *bytes = NULL;
+    if (err || !bb)
+        return err;
+    err = sl_rpc_decode_bytes(msg, desc, field, bb, bytes, NULL, 0);
+    grpc_byte_buffer_destroy(bb);
+    return err == 0 ? 1 : err == -ENOMEM ? err : SL_EPROTO;
 }
 
 int sl_rpc_stream_finish(sl_rpc_stream *s, sl_rpc_status *st)

@@ -98,6 +98,13 @@ int sl_rpc_stream_close_send(sl_rpc_stream *s);
 int sl_rpc_stream_read(sl_rpc_stream *s, const ProtobufCMessageDescriptor *desc,
                        ProtobufCMessage **msg);
 
+/* sl_rpc_stream_read for a message whose singular bytes field number `field` is delivered as an
+ * sl_rpc_bytes (*bytes, NULL when the field is empty; free with sl_rpc_bytes_free): a message
+ * that begins with that field keeps the received slices, no copy (rpc/internal.h,
+ * sl_rpc_unpack_bytes). The message's field keeps its len with data NULL. */
+int sl_rpc_stream_read_bytes(sl_rpc_stream *s, const ProtobufCMessageDescriptor *desc,
+                             uint32_t field, ProtobufCMessage **msg, sl_rpc_bytes **bytes);
+
 /* Wait for the call's final status. Returns 0 for OK or the mapped sluice error; `st` may be
  * NULL. May be called once. */
 int sl_rpc_stream_finish(sl_rpc_stream *s, sl_rpc_status *st);

@@ -164,13 +164,17 @@ const ProtobufCFieldDescriptor *sl_rpc_bytes_field(const ProtobufCMessageDescrip
     return f;
 }
 
-/* If the uncompressed wire form in bb is exactly one length-delimited field with a non-empty
- * value, and that field is a singular bytes field of desc: the field, with *hlen the length of
- * its tag and length prefix and *len the length of its value. Otherwise NULL. The prefix may span
- * slices. */
-static const ProtobufCFieldDescriptor *one_bytes_field(const ProtobufCMessageDescriptor *desc,
-                                                       grpc_byte_buffer *bb, size_t *hlen,
-                                                       size_t *len)
+#define TAIL_MAX 1024 /* bytes of other fields after a leading bytes field, decoded apart */
+
+/* If the uncompressed wire form in bb begins with a length-delimited field with a non-empty
+ * value, that field is a singular bytes field of desc, and at most `tail_max` bytes follow it
+ * (other fields: a download chunk's offset and checksum): the field, with *hlen the length of its
+ * tag and length prefix, *len the length of its value and *tail what follows. Otherwise NULL. The
+ * prefix may span slices. */
+static const ProtobufCFieldDescriptor *leading_bytes_field(const ProtobufCMessageDescriptor *desc,
+                                                           grpc_byte_buffer *bb, size_t tail_max,
+                                                           size_t *hlen, size_t *len,
+                                                           size_t *tail)
 {
     const grpc_slice_buffer *sb;
     uint8_t head[15];
@@ -192,11 +196,22 @@ static const ProtobufCFieldDescriptor *one_bytes_field(const ProtobufCMessageDes
     if (read_varint(&p, end, &n) != 0 || (size_t)(p - head) - h > 5 || n > UINT32_MAX)
         return NULL;
     h = (size_t)(p - head);
-    if (n == 0 || n != sb->length - h)
+    if (n == 0 || n > sb->length - h || sb->length - h - n > tail_max)
         return NULL;
     *hlen = h;
     *len = (size_t)n;
+    *tail = sb->length - h - (size_t)n;
     return sl_rpc_bytes_field(desc, (uint32_t)(tag >> 3));
+}
+
+/* The message is exactly one such field. */
+static const ProtobufCFieldDescriptor *one_bytes_field(const ProtobufCMessageDescriptor *desc,
+                                                       grpc_byte_buffer *bb, size_t *hlen,
+                                                       size_t *len)
+{
+    size_t tail;
+
+    return leading_bytes_field(desc, bb, 0, hlen, len, &tail);
 }
 
 /* A message of `desc` with every field at its default, as protobuf-c leaves it, except field f,
@@ -380,13 +395,13 @@ static sl_rpc_bytes *bytes_adopt(uint8_t *data, size_t len)
     return b;
 }
 
-/* Bytes holding [hlen, hlen + len) of bb, which must be all of it after hlen. The slices move
- * out of bb (bb is left empty) unless they are too many and small, then they are copied. Returns
- * NULL if memory ran out; bb is then unchanged. */
+/* Bytes holding [hlen, hlen + len) of bb (what follows is left out). The slices move out of bb
+ * (bb is left empty) unless they are too many and small, then they are copied. Returns NULL if
+ * memory ran out; bb is then unchanged. */
 static sl_rpc_bytes *bytes_from_slices(grpc_byte_buffer *bb, size_t hlen, size_t len)
 {
     grpc_slice_buffer *src = &bb->data.raw.slice_buffer;
-    size_t skip = hlen;
+    size_t skip = hlen, left = len;
     sl_rpc_bytes *b;
     int n = 0;
 
@@ -409,15 +424,18 @@ static sl_rpc_bytes *bytes_from_slices(grpc_byte_buffer *bb, size_t hlen, size_t
     grpc_slice_buffer_swap(&b->sb, src);
     /* After the swap: an inlined slice keeps its bytes inside the slice struct, which now lives
      * in b->sb and stays put. */
-    for (size_t i = 0; i < b->sb.count; i++) {
+    for (size_t i = 0; i < b->sb.count && left > 0; i++) {
         uint8_t *p = GRPC_SLICE_START_PTR(b->sb.slices[i]);
         size_t l = GRPC_SLICE_LENGTH(b->sb.slices[i]);
         if (skip >= l) {
             skip -= l;
             continue;
         }
+        l -= skip;
+        l = l < left ? l : left;
         b->iov[n].iov_base = p + skip;
-        b->iov[n].iov_len = l - skip;
+        b->iov[n].iov_len = l;
+        left -= l;
         skip = 0;
         n++;
     }
@@ -437,6 +455,46 @@ static int field_present(const ProtobufCMessage *msg, const ProtobufCFieldDescri
     return bd->len > 0;
 }
 
+/* The message of the `tail` bytes at offset `at` of bb (the fields after a leading bytes field f,
+ * decoded apart from it) with f then set to `len` bytes (data NULL). NULL with *err 0 if the tail
+ * sets f (or another field of its oneof) again, which protobuf's last-one-wins leaves to the
+ * general path; NULL with *err SL_EPROTO or -ENOMEM (why set) if the tail is not valid. */
+static ProtobufCMessage *decode_tail(const ProtobufCMessageDescriptor *desc,
+                                     const ProtobufCFieldDescriptor *f, grpc_byte_buffer *bb,
+                                     size_t at, size_t tail, size_t len, char *why,
+                                     size_t why_len, int *err)
+{
+    pb_mem mem = {0};
+    ProtobufCAllocator alloc = {pb_alloc, pb_free, &mem};
+    uint8_t buf[TAIL_MAX];
+    ProtobufCMessage *msg;
+
+    *err = 0;
+    slices_copy(buf, &bb->data.raw.slice_buffer, at, tail);
+    msg = protobuf_c_message_unpack(desc, &alloc, tail, buf);
+    if (!msg || !strings_ok(desc, buf, tail, why, why_len, 0)) {
+        if (msg)
+            protobuf_c_message_free_unpacked(msg, NULL);
+        else if (why && why_len)
+            snprintf(why, why_len, mem.failed ? "too large to hold (out of memory)"
+                                              : "not a valid %s message", desc->name);
+        *err = mem.failed ? -ENOMEM : SL_EPROTO;
+        return NULL;
+    }
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+            ? *(const uint32_t *)((const char *)msg + f->quantifier_offset) != 0
+            : field_present(msg, f)) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        return NULL;
+    }
+    if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+        *(uint32_t *)((char *)msg + f->quantifier_offset) = f->id;
+    else if (f->label == PROTOBUF_C_LABEL_OPTIONAL)
+        *(protobuf_c_boolean *)((char *)msg + f->quantifier_offset) = 1;
+    ((ProtobufCBinaryData *)((char *)msg + f->offset))->len = len;
+    return msg;
+}
+
 int sl_rpc_decode_bytes(ProtobufCMessage **out, const ProtobufCMessageDescriptor *desc,
                         uint32_t field, grpc_byte_buffer *bb, sl_rpc_bytes **bytes, char *why,
                         size_t why_len)
@@ -444,14 +502,22 @@ int sl_rpc_decode_bytes(ProtobufCMessage **out, const ProtobufCMessageDescriptor
     const ProtobufCFieldDescriptor *want = sl_rpc_bytes_field(desc, field);
     ProtobufCMessage *msg;
     ProtobufCBinaryData *bd;
-    size_t hlen, len;
+    size_t hlen, len, tail;
     int err;
 
     *out = NULL;
     *bytes = NULL;
-    if (want && one_bytes_field(desc, bb, &hlen, &len) == want) {
+    if (want && leading_bytes_field(desc, bb, TAIL_MAX, &hlen, &len, &tail) == want) {
         sl_rpc_bytes *b = NULL;
-        msg = message_with_bytes(desc, want, NULL, len);
+        if (!tail) {
+            msg = message_with_bytes(desc, want, NULL, len);
+        } else {
+            msg = decode_tail(desc, want, bb, hlen + len, tail, len, why, why_len, &err);
+            if (!msg && err)
+                return err;
+            if (!msg)
+                goto general; /* the tail sets the field again */
+        }
         if (msg)
             b = bytes_from_slices(bb, hlen, len);
         if (!b) {
@@ -465,6 +531,7 @@ int sl_rpc_decode_bytes(ProtobufCMessage **out, const ProtobufCMessageDescriptor
         *out = msg;
         return 0;
     }
+general:
     if ((err = sl_rpc_decode(&msg, desc, bb, why, why_len)) != 0)
         return err;
     if (want && field_present(msg, want)) {
