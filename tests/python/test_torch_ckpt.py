@@ -626,6 +626,19 @@ class ManagerTest(ManagerBase):
         with self.assertRaises(ValueError):
             st.CheckpointManager(s, address=self.d.addr, rank=0, world_size=1,
                                  reuse_buffers=False).reserve(state)
+        # restore(state_dict=...) allocates them in the background (with a checkpoint to load,
+        # and on a fresh start with none): the first save copies into them.
+        for job, n in (("res", 10), ("res-fresh", 10)):
+            s2 = s if job == "res" else self.sampler(job, n)
+            with st.CheckpointManager(s2, address=self.d.addr, rank=0, world_size=1) as m:
+                got = {"w": torch.zeros(2, 3), "b": torch.zeros(2, dtype=torch.int64), "n": 0}
+                out = m.restore(state_dict=got)
+                self.assertIs(out, None if job == "res-fresh" else got)
+                m._reserved()
+                self.assertEqual(m._staged_key, [(torch.float32, (2, 3)), (torch.int64, (2,))])
+                bufs = [b.data_ptr() for b in m._staged]
+                m.save(3, got)
+                self.assertEqual([b.data_ptr() for b in m._staged], bufs)
 
     def test_one_save_in_flight_and_every_rng_state(self):
         # The next save() waits for the upload in flight; the state may hold every RNG state a

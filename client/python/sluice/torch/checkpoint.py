@@ -131,6 +131,7 @@ class CheckpointManager:
         self._thread = None
         self._error = None
         self._staged, self._staged_key = None, None
+        self._reserving = None      # the thread restore(state_dict=...) allocates buffers on
         self.last_stall = None      # seconds the last save() took (the training loop's stall)
         self.last_upload = None     # seconds the last background upload took, until durable
         self.restored_step = None   # the step restore() put back, or None
@@ -240,18 +241,52 @@ class CheckpointManager:
         LocalShard(state_dict, self.rank, stage=self._reserve, allow_pickle=True)
 
     def _reserve(self, tensors):
-        key = [(t.dtype, tuple(t.shape)) for t in tensors]
+        self._reserved()
+        self._allocate([(t.dtype, tuple(t.shape)) for t in tensors])
+        return self._staged
+
+    def _allocate(self, key):
+        """Buffers for tensors of these (dtype, shape), faulted in (kept if they are there)."""
         if key != self._staged_key:
             self._staged = self._staged_key = None
             bufs = [torch.empty(shape, dtype=dtype) for dtype, shape in key]
             for b in bufs:
                 b.zero_()
             self._staged, self._staged_key = bufs, key
-        return self._staged
+
+    def _reserve_ahead(self, state_dict):
+        """restore(state_dict=...): the template has the layout of the states the loop will
+        save, so the buffers of the first save are allocated now, on a background thread (the
+        plan is made here, on the caller's thread: it calls the Stateful values' state_dict());
+        the first save() waits for them if they are not ready yet. A template this cannot plan
+        is left to the first save."""
+        if not self.reuse_buffers or state_dict is None:
+            return
+        keys = []
+
+        def plan(tensors):
+            keys.append([(t.dtype, tuple(t.shape)) for t in tensors])
+            return [None] * len(tensors)
+        try:
+            LocalShard(state_dict, self.rank, stage=plan, allow_pickle=True)
+        except Exception:   # the first save() says what is wrong with such a state
+            return
+        self._reserved()
+        if keys and keys[0] != self._staged_key:
+            self._reserving = threading.Thread(target=self._allocate, args=(keys[0],),
+                                               name="sluice-ckpt-reserve", daemon=True)
+            self._reserving.start()
+
+    def _reserved(self):
+        """Wait for restore()'s background allocation, if one runs."""
+        if self._reserving is not None:
+            self._reserving.join()
+            self._reserving = None
 
     def _stage(self, tensors):
         """Every tensor copied to (contiguous, CPU) host memory, into the buffers of the last
         save when the dtypes and shapes are the same."""
+        self._reserved()
         key = [(t.dtype, tuple(t.shape)) for t in tensors]
         if self.reuse_buffers and key == self._staged_key:
             bufs = self._staged
@@ -353,7 +388,10 @@ class CheckpointManager:
         batch jobs resize at epoch boundaries). A key that every rank saved whole (DDP's
         replicated state, a per-rank RNG state) comes from the shard of rank ``shard_rank``
         (default this rank modulo the old world); ``mesh`` goes to Restore for jobs with a
-        mesh. Checkpoints of the older state format (Checkpoints.save_state_dict) load too."""
+        mesh. Checkpoints of the older state format (Checkpoints.save_state_dict) load too.
+        With ``state_dict``, the host buffers the saves copy into are then allocated on a
+        background thread, as reserve() would (also when there is no checkpoint yet), so
+        that the loop's first save() only copies."""
         self.wait()
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)
                                  or step < 0):
@@ -378,13 +416,16 @@ class CheckpointManager:
         else:
             info = self._follow(step)
         if info is None:
+            self._reserve_ahead(state_dict)
             return None
         if self._source is not None and info["feed"]:
             self._source._resync()
         self.restored_step = info["step"]
         if shard_rank is None:
             shard_rank = self.rank % info["world"]
-        return self._retry(self._load, info["name"], shard_rank, state_dict)
+        out = self._retry(self._load, info["name"], shard_rank, state_dict)
+        self._reserve_ahead(state_dict)
+        return out
 
     def _load(self, name, shard_rank, state_dict):
         """Checkpoint ``name`` through DCP's load (sluice.torch.dcp.Reader), or one of the
@@ -527,6 +568,7 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
+            self._reserved()
             if self._own_ck:
                 self.ck.close()
 
