@@ -9,14 +9,19 @@ loopback with its data dir under --dir, DCP's files under --dir too.
               and the whole save (until its future is done)
   load        dcp.load into a state of the same layout (page cache warm for both)
   manager     sluice.torch.CheckpointManager (each rank's shard with its part of the
-              metadata, no collectives): save()'s stall, until its shard is durable, and
-              restore(state_dict=...) into a state of the same layout; against the FileSystem
-              async_save stall, its whole save, and its load
+              metadata, no collectives): save()'s stall (the first, allocating its buffers, on
+              its own row), until its shard is durable, and restore(state_dict=...) into a
+              state of the same layout; against the FileSystem async_save stall, its whole save,
+              and its load
+
+--device cuda puts the state on the GPU (each rank's own under torchrun): saves copy from it,
+loads go into GPU templates (sluice's reader through pinned buffers), every figure waits for
+the GPU (tests/bench/gpu_bench.sh runs this and the loader benchmark on a CUDA machine).
 
 Single process by default; under torchrun (RANK set) every rank holds --mib of its own and rank
 0 prints. It prints medians of --runs and the ratios sluice / filesystem (below 1: sluice faster).
 
-    dcp_bench.py [--mib M] [--tensors N] [--runs R] [--dir DIR] [--smoke]
+    dcp_bench.py [--mib M] [--tensors N] [--runs R] [--dir DIR] [--device cpu|cuda] [--smoke]
     torchrun --standalone --nproc_per_node 4 tests/bench/dcp_bench.py --mib 256
 
 Needs SLUICED and PYTHONPATH (build/python and tests/python), as ctest sets them; under torchrun,
@@ -44,11 +49,13 @@ DIST = "RANK" in os.environ
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
 
-def make_state(nbytes, ntensors, rank, seed=0):
+def make_state(nbytes, ntensors, rank, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed + rank)
     per = max(1, nbytes // ntensors // 4)
-    state = {"r%d.w%d" % (rank, i): torch.rand(per, generator=g) for i in range(ntensors)}
-    state.update({"r%d.step%d" % (rank, i): torch.tensor(float(i)) for i in range(8)})
+    state = {"r%d.w%d" % (rank, i): torch.rand(per, generator=g).to(device)
+             for i in range(ntensors)}
+    state.update({"r%d.step%d" % (rank, i): torch.tensor(float(i)).to(device)
+                  for i in range(8)})
     state["r%d.meta" % rank] = io.BytesIO(b"x" * 4096)
     return state
 
@@ -63,10 +70,17 @@ def barrier():
         dist.barrier()
 
 
+def sync():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed(fn):
+    sync()
     barrier()
     t0 = time.perf_counter()
     out = fn()
+    sync()
     barrier()
     return time.perf_counter() - t0, out
 
@@ -77,16 +91,22 @@ def main():
     ap.add_argument("--tensors", type=int, default=32)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=tempfile.gettempdir())
+    ap.add_argument("--device", default="cpu",
+                    help="where the state lives: cpu, or cuda (cuda:N under torchrun: the "
+                         "rank's local GPU)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if a.smoke:
         a.mib, a.tensors, a.runs = 4, 4, 1
+    if a.device == "cuda" and DIST:
+        a.device = "cuda:%d" % int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(a.device)
     if DIST:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if DIST else 0
     world = dist.get_world_size() if DIST else 1
     nbytes = int(a.mib * (1 << 20))
-    state = make_state(nbytes, a.tensors, rank)
+    state = make_state(nbytes, a.tensors, rank, device=a.device)
     work = tempfile.mkdtemp(prefix="dcp-bench-", dir=a.dir) if rank == 0 else None
     if DIST:
         box = [work]
@@ -105,8 +125,9 @@ def main():
                             address=addr, rank=rank, world_size=world)
     mib = nbytes * world / (1 << 20)
     if rank == 0:
-        print("state: %.0f MiB per rank in %d tensors, %d rank(s), torch %s; under %s"
-              % (nbytes / (1 << 20), a.tensors, world, torch.__version__, work), flush=True)
+        print("state: %.0f MiB per rank in %d tensors on %s, %d rank(s), torch %s; under %s"
+              % (nbytes / (1 << 20), a.tensors, a.device, world, torch.__version__, work),
+              flush=True)
     job = "dcpbench%d" % os.getpid() if not DIST else "dcpbench"
     try:
         for run in range(a.runs):
@@ -174,6 +195,9 @@ def main():
                          ("dcp.async_save: until done", "async"), ("dcp.load", "load")):
             fs, sl = med["fs_" + k], med["sl_" + k]
             print("  %-34s %8.3fs %8.3fs %7.2fx" % (label, fs, sl, sl / fs if fs else 0))
+        fs, sl = res["fs_stall"][0], res["mg_stall"][0]
+        print("  %-34s %8.3fs %8.3fs %7.2fx" % ("first save: loop stall (run 1)", fs, sl,
+                                               sl / fs if fs else 0))
         for label, k, fk in (("CheckpointManager.save: loop stall", "stall", "fs_stall"),
                              ("CheckpointManager: until durable", "async", "fs_async"),
                              ("CheckpointManager.restore", "load", "fs_load")):

@@ -1,6 +1,6 @@
 """The PyTorch drop-in against torch's and torchdata's loaders, side by side in one run: epochs of
-a map-style dataset with a model step of about --step-ms per batch (a real torch matmul chain,
-which releases the GIL as a model's step does), through
+a map-style dataset with a real model step of about --step-ms per batch (an MLP's forward,
+backward and SGD, on --device: cpu, or cuda on a GPU machine), through
 
   torch        torch.utils.data.DataLoader + torch.utils.data.DistributedSampler (the peer)
   sluice       torch.utils.data.DataLoader + sluice.torch.DistributedSampler (reports at the end)
@@ -15,7 +15,7 @@ the median epoch time and time per step of each, and the ratio of each sluice ro
 (torch's loader for the first three, StatefulDataLoader for the last).
 
     torch_loader_bench.py [--samples N] [--batch B] [--step-ms MS] [--runs R] [--workers W,...]
-                          [--smoke]
+                          [--device cpu|cuda] [--smoke]
 
 Needs SLUICED and PYTHONPATH as ctest sets them (build/python and tests/python).
 """
@@ -42,25 +42,49 @@ class Tensors(tud.Dataset):
 
 
 class Step:
-    """A model step of about `ms` milliseconds: a chain of 128x128 matmuls, its length measured
-    once."""
+    """A training step of about `ms` milliseconds on `device`: an MLP of 256-wide Linear+Tanh
+    layers, forward, backward and SGD on the batch (each sample spread over the width), its
+    depth measured once; on a GPU it waits for the step (as a loss.item() would)."""
 
-    def __init__(self, ms):
-        self.a = torch.rand(128, 128)
-        self.n = 0
+    def __init__(self, ms, device="cpu"):
+        self.device = torch.device(device)
+        self.model = None
         if ms <= 0:
             return
-        t0, k = time.perf_counter(), 200
+        per = self._probe(8)
+        depth = max(1, round(ms / 1e3 / per))
+        self._build(depth)
+        self.depth = depth
+
+    def _build(self, depth):
+        layers = []
+        for _ in range(depth):
+            layers += [torch.nn.Linear(256, 256), torch.nn.Tanh()]
+        self.model = torch.nn.Sequential(*layers).to(self.device)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-4)
+
+    def _probe(self, depth):
+        self._build(depth)
+        x = torch.rand(64)
+        for _ in range(5):
+            self(x)
+        t0, k = time.perf_counter(), 30
         for _ in range(k):
-            self.a = torch.tanh(self.a @ self.a)
-        per = (time.perf_counter() - t0) / k
-        self.n = max(1, round(ms / 1e3 / per))
+            self(x)
+        return (time.perf_counter() - t0) / k / depth
 
     def __call__(self, batch):
-        a = self.a
-        for _ in range(self.n):
-            a = torch.tanh(a @ a)
-        return a
+        if self.model is None:
+            return None
+        x = batch.to(self.device, non_blocking=True).float().reshape(-1, 1).expand(-1, 256)
+        x = x.contiguous()
+        loss = self.model(x).square().mean()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return loss
 
 
 def epoch_seconds(loader, step):
@@ -104,15 +128,17 @@ def main():
     ap.add_argument("--step-ms", type=float, default=2.0)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--workers", default="0,4")
+    ap.add_argument("--device", default="cpu", help="where the model step runs: cpu or cuda")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if a.smoke:
         a.samples, a.runs, a.workers, a.step_ms = 2000, 1, "0", 0.2
     torch.manual_seed(0)
-    step = Step(a.step_ms)
+    step = Step(a.step_ms, a.device)
     ds = Tensors(a.samples)
-    print("N=%d batch=%d step %.1f ms (%d matmuls), %d runs, torch %s"
-          % (a.samples, a.batch, a.step_ms, step.n, a.runs, torch.__version__))
+    print("N=%d batch=%d step %.1f ms on %s (MLP of %d layers), %d runs, torch %s"
+          % (a.samples, a.batch, a.step_ms, a.device, getattr(step, "depth", 0), a.runs,
+             torch.__version__))
     with Daemon(args=["--log-level", "warn"]) as d:
         for workers in [int(w) for w in a.workers.split(",")]:
             rows = loaders(ds, d, workers, a.batch)

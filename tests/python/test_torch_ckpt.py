@@ -635,7 +635,8 @@ class ManagerTest(ManagerBase):
                 out = m.restore(state_dict=got)
                 self.assertIs(out, None if job == "res-fresh" else got)
                 m._reserved()
-                self.assertEqual(m._staged_key, [(torch.float32, (2, 3)), (torch.int64, (2,))])
+                self.assertEqual(m._staged_key, [(torch.float32, (2, 3), False),
+                                                 (torch.int64, (2,), False)])
                 bufs = [b.data_ptr() for b in m._staged]
                 m.save(3, got)
                 self.assertEqual([b.data_ptr() for b in m._staged], bufs)

@@ -80,6 +80,12 @@ def _step_name(step):
     return "step_%d" % step
 
 
+def _layout(tensors):
+    """What host buffers for copies of `tensors` need: (dtype, shape, pinned) each, pinned for
+    a CUDA tensor (the device-to-host copies then run at full speed and without blocking)."""
+    return [(t.dtype, tuple(t.shape), t.device.type == "cuda") for t in tensors]
+
+
 class CheckpointManager:
     """Asynchronous checkpoints of one training run, bound to its feed.
 
@@ -242,16 +248,18 @@ class CheckpointManager:
 
     def _reserve(self, tensors):
         self._reserved()
-        self._allocate([(t.dtype, tuple(t.shape)) for t in tensors])
+        self._allocate(_layout(tensors))
         return self._staged
 
-    def _allocate(self, key):
-        """Buffers for tensors of these (dtype, shape), faulted in (kept if they are there)."""
+    def _allocate(self, key, fault_in=True):
+        """Buffers for tensors of this layout (_layout), faulted in unless told not to; the
+        ones there are kept if the layout is the same."""
         if key != self._staged_key:
             self._staged = self._staged_key = None
-            bufs = [torch.empty(shape, dtype=dtype) for dtype, shape in key]
-            for b in bufs:
-                b.zero_()
+            bufs = [torch.empty(shape, dtype=dtype, pin_memory=pin) for dtype, shape, pin in key]
+            if fault_in:
+                for b in bufs:
+                    b.zero_()
             self._staged, self._staged_key = bufs, key
 
     def _reserve_ahead(self, state_dict):
@@ -265,7 +273,7 @@ class CheckpointManager:
         keys = []
 
         def plan(tensors):
-            keys.append([(t.dtype, tuple(t.shape)) for t in tensors])
+            keys.append(_layout(tensors))
             return [None] * len(tensors)
         try:
             LocalShard(state_dict, self.rank, stage=plan, allow_pickle=True)
@@ -285,19 +293,21 @@ class CheckpointManager:
 
     def _stage(self, tensors):
         """Every tensor copied to (contiguous, CPU) host memory, into the buffers of the last
-        save when the dtypes and shapes are the same."""
+        save when the layout is the same: pinned memory for GPU tensors, copied without
+        blocking and waited for once at the end."""
         self._reserved()
-        key = [(t.dtype, tuple(t.shape)) for t in tensors]
-        if self.reuse_buffers and key == self._staged_key:
-            bufs = self._staged
-        else:
+        key = _layout(tensors)
+        if not self.reuse_buffers:
             self._staged = self._staged_key = None
-            bufs = [torch.empty(shape, dtype=dtype) for dtype, shape in key]
+        self._allocate(key, fault_in=False)
+        bufs = self._staged
         with torch.no_grad():
-            for b, t in zip(bufs, tensors):
-                b.copy_(t.detach())
-        if self.reuse_buffers:
-            self._staged, self._staged_key = bufs, key
+            for b, t, (_, _, pin) in zip(bufs, tensors, key):
+                b.copy_(t.detach(), non_blocking=pin)
+        if any(pin for _, _, pin in key):
+            torch.cuda.synchronize()   # the background upload reads them
+        if not self.reuse_buffers:
+            self._staged = self._staged_key = None
         return bufs
 
     def _background(self, step, shard, position, user_metadata):
