@@ -841,8 +841,8 @@ static int pieces_check(uint64_t offset, uint64_t length, const sl_ckpt_piece *p
                                        "piece %zu (%llu bytes at offset %llu) is not inside "
                                        "[%llu, %llu) after the one before it, or has no buffer",
                                        i, (unsigned long long)p[i].size,
-                                       (unsigned long long)p[i].offset,
-                                       (unsigned long long)at, (unsigned long long)end);
+                                       (unsigned long long)p[i].offset, (unsigned long long)at,
+                                       (unsigned long long)end);
         at = p[i].offset + p[i].size;
     }
     return 0;
@@ -908,17 +908,17 @@ int sl_ckpt_read_pieces(sl_client *c, const char *job, const char *name, int32_t
             break;
         }
         /* The data as received, in the transport's own slices: copied once, into the pieces. */
-        while (!err && (r = sl_rpc_stream_read_bytes(
-                            s, &sluice__v1__download_shard_response__descriptor, 1, &packed,
-                            &bytes)) == 1) {
+        while (!err &&
+               (r = sl_rpc_stream_read_bytes(s, &sluice__v1__download_shard_response__descriptor, 1,
+                                             &packed, &bytes)) == 1) {
             m = (Sluice__V1__DownloadShardResponse *)packed;
             if (m->offset != done || m->data.len > end - done) {
-                err = sl_client_set_error(SL_EPROTO,
-                                          "%zu bytes at offset %llu, expected at most %llu at "
-                                          "offset %llu",
-                                          m->data.len, (unsigned long long)m->offset,
-                                          (unsigned long long)(end - done),
-                                          (unsigned long long)done);
+                err =
+                    sl_client_set_error(SL_EPROTO,
+                                        "%zu bytes at offset %llu, expected at most %llu at "
+                                        "offset %llu",
+                                        m->data.len, (unsigned long long)m->offset,
+                                        (unsigned long long)(end - done), (unsigned long long)done);
             } else if (bytes) {
                 int n_iov;
                 const struct iovec *iov = sl_rpc_bytes_iov(bytes, &n_iov);

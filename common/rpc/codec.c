@@ -173,8 +173,7 @@ const ProtobufCFieldDescriptor *sl_rpc_bytes_field(const ProtobufCMessageDescrip
  * prefix may span slices. */
 static const ProtobufCFieldDescriptor *leading_bytes_field(const ProtobufCMessageDescriptor *desc,
                                                            grpc_byte_buffer *bb, size_t tail_max,
-                                                           size_t *hlen, size_t *len,
-                                                           size_t *tail)
+                                                           size_t *hlen, size_t *len, size_t *tail)
 {
     const grpc_slice_buffer *sb;
     uint8_t head[15];
@@ -461,8 +460,8 @@ static int field_present(const ProtobufCMessage *msg, const ProtobufCFieldDescri
  * general path; NULL with *err SL_EPROTO or -ENOMEM (why set) if the tail is not valid. */
 static ProtobufCMessage *decode_tail(const ProtobufCMessageDescriptor *desc,
                                      const ProtobufCFieldDescriptor *f, grpc_byte_buffer *bb,
-                                     size_t at, size_t tail, size_t len, char *why,
-                                     size_t why_len, int *err)
+                                     size_t at, size_t tail, size_t len, char *why, size_t why_len,
+                                     int *err)
 {
     pb_mem mem = {0};
     ProtobufCAllocator alloc = {pb_alloc, pb_free, &mem};
@@ -476,8 +475,9 @@ static ProtobufCMessage *decode_tail(const ProtobufCMessageDescriptor *desc,
         if (msg)
             protobuf_c_message_free_unpacked(msg, NULL);
         else if (why && why_len)
-            snprintf(why, why_len, mem.failed ? "too large to hold (out of memory)"
-                                              : "not a valid %s message", desc->name);
+            snprintf(why, why_len,
+                     mem.failed ? "too large to hold (out of memory)" : "not a valid %s message",
+                     desc->name);
         *err = mem.failed ? -ENOMEM : SL_EPROTO;
         return NULL;
     }
